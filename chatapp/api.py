@@ -1,0 +1,135 @@
+"""The JSON HTTP API the browser UI uses (docs/http.md). Session-authenticated."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Q
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.http import require_http_methods
+
+from chatapp import conversations as conv_logic
+from chatapp.conversations import InvalidSettings, NotFound
+from chatapp.export import conversation_markdown, conversation_payload
+from chatapp.models import Conversation
+
+MAX_BODY_BYTES = 64 * 1024
+
+
+def api_error(status: int, code: str, message: str) -> JsonResponse:
+    return JsonResponse({"error": {"code": code, "message": message}}, status=status)
+
+
+def api_view(*methods: str) -> Callable:
+    """Login required (401 as JSON, not a redirect), method check, JSON errors."""
+
+    def wrap(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        @require_http_methods(list(methods))
+        @wraps(view)
+        def inner(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if not request.user.is_authenticated:
+                return api_error(401, "unauthenticated", "Log in first.")
+            try:
+                return view(request, *args, **kwargs)
+            except NotFound:
+                return api_error(404, "not_found", "Not found.")
+            except InvalidSettings as exc:
+                return api_error(400, "invalid", str(exc))
+
+        return inner
+
+    return wrap
+
+
+def read_json(request: HttpRequest) -> dict[str, Any]:
+    if len(request.body) > MAX_BODY_BYTES:
+        raise InvalidSettings("request body too large")
+    try:
+        data = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidSettings("body must be JSON") from exc
+    if not isinstance(data, dict):
+        raise InvalidSettings("body must be a JSON object")
+    return data
+
+
+@api_view("GET")
+def me(request: HttpRequest) -> HttpResponse:
+    return JsonResponse(
+        {"username": request.user.get_username(), "is_staff": request.user.is_staff}
+    )
+
+
+@api_view("GET", "POST")
+def conversations(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        data = read_json(request)
+        unknown = set(data) - {"title", "settings"}
+        if unknown:
+            raise InvalidSettings(f"unknown field(s): {', '.join(sorted(unknown))}")
+        title = data.get("title", "")
+        if not isinstance(title, str) or len(title) > 200:
+            raise InvalidSettings("title must be a string of at most 200 characters")
+        conv = conv_logic.create_conversation(
+            request.user, title.strip(), conv_logic.clean_settings(data.get("settings"))
+        )
+        return JsonResponse(conv_logic.conversation_json(conv), status=201)
+    qs = Conversation.objects.filter(owner=request.user)
+    q = request.GET.get("q", "").strip()
+    if q:
+        qs = qs.filter(Q(title__icontains=q) | Q(messages__text__icontains=q)).distinct()
+    items = [conv_logic.conversation_json(c) for c in qs.order_by("-updated_at", "-id")[:500]]
+    return JsonResponse({"conversations": items})
+
+
+@api_view("GET", "PATCH", "DELETE")
+def conversation(request: HttpRequest, pk: int) -> HttpResponse:
+    conv = conv_logic.get_conversation(request.user, pk)
+    if request.method == "DELETE":
+        conv.delete()
+        return HttpResponse(status=204)
+    if request.method == "PATCH":
+        data = read_json(request)
+        unknown = set(data) - {"title", "settings", "active_message"}
+        if unknown:
+            raise InvalidSettings(f"unknown field(s): {', '.join(sorted(unknown))}")
+        conv = conv_logic.update_conversation(conv, data)
+    branch = conv_logic.active_branch(conv)
+    return JsonResponse(
+        {
+            "conversation": conv_logic.conversation_json(conv),
+            "messages": [conv_logic.message_json(m, with_alternatives=True) for m in branch],
+        }
+    )
+
+
+@api_view("GET")
+def export(request: HttpRequest, pk: int, fmt: str) -> HttpResponse:
+    conv = conv_logic.get_conversation(request.user, pk)
+    slug = f"conversation-{conv.pk}"
+    if fmt == "md":
+        response = HttpResponse(
+            conversation_markdown(conv), content_type="text/markdown; charset=utf-8"
+        )
+        response["Content-Disposition"] = f'attachment; filename="{slug}.md"'
+        return response
+    response = JsonResponse(conversation_payload(conv), json_dumps_params={"indent": 2})
+    response["Content-Disposition"] = f'attachment; filename="{slug}.json"'
+    return response
+
+
+@api_view("GET")
+def engine_info(request: HttpRequest) -> HttpResponse:
+    return JsonResponse(
+        {
+            "model": settings.ENGINE["MODEL"].rstrip("/").rsplit("/", 1)[-1],
+            "speculative_modes": [],
+            "defaults": {k: v for k, v in settings.CHAT_DEFAULTS.items() if k != "system_prompt"},
+            "max_new_tokens": settings.CHAT_MAX_NEW_TOKENS,
+            "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
+        }
+    )

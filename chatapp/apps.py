@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class ChatappConfig(AppConfig):
+    name = "chatapp"
+    verbose_name = "Chat"
+    default_auto_field = "django.db.models.BigAutoField"

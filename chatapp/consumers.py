@@ -1,0 +1,356 @@
+"""The chat WebSocket (/ws/chat/). Protocol: docs/websocket.md.
+
+Every frame is validated here; anything wrong gets an `error` frame and the socket
+stays open. Generation itself lives in chatapp.generation so a reply survives the
+socket that asked for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+
+from chatapp import conversations as conv_logic
+from chatapp.conversations import InvalidSettings, NotFound
+from chatapp.generation import ERROR_TEXT, Generation, Subscription, message_snapshot, registry
+from chatapp.models import Conversation, Message
+from inference.client import EngineUnavailableError, get_engine_client
+from inference.engine import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class FrameError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _text_field(content: dict[str, Any], name: str = "text") -> str:
+    text = content.get(name)
+    if not isinstance(text, str):
+        raise FrameError("bad_frame", f"'{name}' must be a string")
+    if not text.strip():
+        raise FrameError("invalid", "The message is empty.")
+    if len(text) > settings.CHAT_MAX_MESSAGE_CHARS:
+        raise FrameError(
+            "too_long", f"The message is longer than {settings.CHAT_MAX_MESSAGE_CHARS} characters."
+        )
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise FrameError("invalid", "The message contains invalid Unicode.") from exc
+    if "\x00" in text:
+        raise FrameError("invalid", "The message contains a NUL character.")
+    return text
+
+
+def _id_field(content: dict[str, Any], name: str, allow_null: bool = False) -> int | None:
+    value = content.get(name)
+    if value is None and allow_null:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FrameError("bad_frame", f"'{name}' must be an integer")
+    return value
+
+
+class ChatConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return
+        self.user = user
+        self.forwarders: dict[int, tuple[Generation, Subscription, asyncio.Task[None]]] = {}
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        for gen, sub, task in list(getattr(self, "forwarders", {}).values()):
+            task.cancel()
+            gen.unsubscribe(sub)
+        self.forwarders = {}
+
+    # --- framing --------------------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if text_data is None:
+            await self.send_error("bad_frame", "Binary frames are not supported; send JSON text.")
+            return
+        if len(text_data.encode("utf-8", "surrogatepass")) > settings.CHAT_MAX_FRAME_BYTES:
+            await self.send_error("frame_too_large", "That message is too large to send.")
+            return
+        try:
+            content = json.loads(text_data)
+        except (ValueError, RecursionError):
+            await self.send_error("bad_frame", "The frame is not valid JSON.")
+            return
+        await self.receive_json(content)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        if not isinstance(content, dict):
+            await self.send_error("bad_frame", "A frame must be a JSON object.")
+            return
+        kind = content.get("type")
+        handler = self.HANDLERS.get(kind) if isinstance(kind, str) else None
+        if handler is None:
+            await self.send_error("bad_frame", f"Unknown frame type: {str(kind)[:40]!r}.")
+            return
+        client_id = content.get("client_id")
+        if client_id is not None and (not isinstance(client_id, str) or len(client_id) > 64):
+            await self.send_error("bad_frame", "'client_id' must be a string of at most 64 chars.")
+            return
+        extra = {"client_id": client_id} if client_id else {}
+        try:
+            await handler(self, content)
+        except FrameError as exc:
+            await self.send_error(exc.code, exc.message, **extra)
+        except NotFound:
+            await self.send_error(
+                "not_found", "That conversation or message does not exist.", **extra
+            )
+        except InvalidSettings as exc:
+            await self.send_error("invalid", str(exc), **extra)
+        except EngineUnavailableError:
+            await self.send_error("engine_unavailable", ERROR_TEXT["engine_unavailable"], **extra)
+        except Exception:
+            log.exception("chat frame %r failed", kind)
+            await self.send_error("server_error", "Something went wrong on the server.", **extra)
+
+    async def send_error(self, code: str, message: str, **fields: Any) -> None:
+        await self.send_json({"type": "error", "code": code, "message": message, **fields})
+
+    # --- handlers -------------------------------------------------------------------
+
+    async def on_ping(self, content: dict[str, Any]) -> None:
+        await self.send_json({"type": "pong", "time": time.time()})
+
+    async def on_send(self, content: dict[str, Any]) -> None:
+        text = _text_field(content)
+        conv_id = _id_field(content, "conversation_id", allow_null=True)
+        new_settings = conv_logic.clean_settings(content.get("settings"))
+        if conv_id is not None:
+            conv = await database_sync_to_async(conv_logic.get_conversation)(self.user, conv_id)
+            await self._refuse_if_streaming(conv.pk)
+            await self._generate(conv, None, text, content, new_conversation=False)
+            return
+        conv = await database_sync_to_async(conv_logic.create_conversation)(
+            self.user, "", new_settings
+        )
+        try:
+            await self._generate(conv, None, text, content, new_conversation=True)
+        except Exception:
+            # Refused before anything was saved in it: leave no empty conversation behind.
+            await database_sync_to_async(conv.delete)()
+            raise
+
+    async def on_regenerate(self, content: dict[str, Any]) -> None:
+        message = await database_sync_to_async(conv_logic.get_message)(
+            self.user, _id_field(content, "message_id")
+        )
+        if message.role != Message.Role.ASSISTANT:
+            raise FrameError("invalid", "Only a reply can be regenerated.")
+        await self._refuse_if_streaming(message.conversation_id)
+        parent = await database_sync_to_async(lambda: message.parent)()
+        await self._generate(message.conversation, parent, None, content, new_conversation=False)
+
+    async def on_edit(self, content: dict[str, Any]) -> None:
+        text = _text_field(content)
+        message = await database_sync_to_async(conv_logic.get_message)(
+            self.user, _id_field(content, "message_id")
+        )
+        if message.role != Message.Role.USER:
+            raise FrameError("invalid", "Only your own messages can be edited.")
+        await self._refuse_if_streaming(message.conversation_id)
+        parent = await database_sync_to_async(lambda: message.parent)()
+        await self._generate(
+            message.conversation, parent, text, content, new_conversation=False, branch_from=True
+        )
+
+    async def on_stop(self, content: dict[str, Any]) -> None:
+        message_id = _id_field(content, "message_id")
+        message = await database_sync_to_async(conv_logic.get_message)(self.user, message_id)
+        gen = registry.get(message.pk)
+        if gen is not None:
+            gen.stop("abort")
+
+    async def on_resume(self, content: dict[str, Any]) -> None:
+        message = await database_sync_to_async(conv_logic.get_message)(
+            self.user, _id_field(content, "message_id")
+        )
+        gen = registry.get(message.pk)
+        if gen is not None and not gen.finished:
+            as_json = await database_sync_to_async(conv_logic.message_json)(message, True)
+            # Subscribe and snapshot with no await in between: no delta can slip past.
+            sub = gen.subscribe()
+            snapshot = message_snapshot(gen, as_json)
+            await self.send_json({"type": "snapshot", "message": snapshot})
+            self._forward(gen, sub)
+            return
+        as_json = await database_sync_to_async(self._settle_orphan)(message)
+        await self.send_json({"type": "snapshot", "message": as_json})
+        if as_json["role"] == Message.Role.ASSISTANT:
+            await self.send_json(
+                {
+                    "type": "done",
+                    "message_id": message.pk,
+                    "status": as_json["status"],
+                    "finish_reason": as_json["finish_reason"],
+                    "stats": as_json["stats"],
+                    "message": as_json,
+                }
+            )
+
+    @staticmethod
+    def _settle_orphan(message: Message) -> dict[str, Any]:
+        # Marked streaming but generated by no one here: the server restarted mid-reply.
+        # Keep what was checkpointed and say why it ended.
+        if message.status == Message.Status.STREAMING and registry.get(message.pk) is None:
+            message.status = Message.Status.STOPPED
+            message.finish_reason = "interrupted"
+            message.save(update_fields=["status", "finish_reason", "updated_at"])
+        return conv_logic.message_json(message, with_alternatives=True)
+
+    HANDLERS = {
+        "ping": on_ping,
+        "send": on_send,
+        "stop": on_stop,
+        "regenerate": on_regenerate,
+        "edit": on_edit,
+        "resume": on_resume,
+    }
+
+    # --- generation -----------------------------------------------------------------
+
+    async def _refuse_if_streaming(self, conversation_id: int) -> None:
+        if registry.streaming_in(conversation_id) is not None:
+            raise FrameError("already_streaming", "A reply is already being written here.")
+
+    async def _generate(
+        self,
+        conv: Conversation,
+        parent: Message | None,
+        user_text: str | None,
+        content: dict[str, Any],
+        new_conversation: bool,
+        branch_from: bool = False,
+    ) -> None:
+        client = await asyncio.to_thread(get_engine_client)
+        client_id = content.get("client_id")
+
+        def prepare() -> tuple[list[int], list[int], Message | None]:
+            # The branch the reply continues: for a plain send, the active branch; for
+            # regenerate and edit, the path down to `parent`.
+            if parent is None and not branch_from and user_text is not None:
+                branch = conv_logic.active_branch(conv)
+            else:
+                branch = conv_logic.path_to(parent)
+            turns = conv_logic.turns_for(conv, branch)
+            anchor = branch[-1] if branch else None
+            user_ids: list[int] = []
+            if user_text is not None:
+                from inference.chat_template import Turn
+
+                turn = Turn("user", user_text)
+                user_ids = (
+                    client.prompts.turn_ids(turn, first=not turns) if client.prompts.exact else []
+                )
+                turns.append(turn)
+            prompt = client.prompts.build(turns)
+            return prompt, user_ids, anchor
+
+        prompt, user_ids, anchor = await database_sync_to_async(prepare)()
+        if len(prompt) + 1 > client.max_model_len:
+            raise FrameError("too_long", ERROR_TEXT["too_long"])
+        await self._refuse_if_streaming(conv.pk)
+        user_msg, reply = await database_sync_to_async(conv_logic.add_exchange)(
+            conv, anchor, user_text, user_ids
+        )
+        sampling = SamplingParams(
+            max_tokens=conv.max_tokens,
+            temperature=conv.temperature,
+            top_p=conv.top_p if conv.top_p > 0 else 1.0,
+        )
+        gen = registry.start(reply, prompt, sampling)
+        sub = gen.subscribe()
+        if new_conversation:
+            conv_json = await database_sync_to_async(conv_logic.conversation_json)(conv)
+            await self.send_json({"type": "conversation", "conversation": conv_json})
+        user_json = (
+            await database_sync_to_async(conv_logic.message_json)(user_msg, True)
+            if user_msg
+            else None
+        )
+        reply_json = await database_sync_to_async(conv_logic.message_json)(reply, True)
+        start: dict[str, Any] = {
+            "type": "start",
+            "conversation_id": conv.pk,
+            "user_message": user_json,
+            "message": reply_json,
+        }
+        if client_id:
+            start["client_id"] = client_id
+        await self.send_json(start)
+        self._forward(gen, sub)
+        registry.launch(gen)
+
+    def _forward(self, gen: Generation, sub: Subscription) -> None:
+        old = self.forwarders.pop(gen.message_id, None)
+        if old is not None:
+            old[2].cancel()
+            gen.unsubscribe(old[1])
+        task = asyncio.get_running_loop().create_task(self._pump(gen, sub))
+        self.forwarders[gen.message_id] = (gen, sub, task)
+
+    async def _pump(self, gen: Generation, sub: Subscription) -> None:
+        """Send a reply's events to this socket, coalescing deltas: the first one goes
+        out at once (that is the TTFT a person sees), later ones at most every
+        CHAT_FLUSH_INTERVAL_MS, so a fast engine does not flood the socket."""
+        interval = settings.CHAT_FLUSH_INTERVAL_MS / 1000.0
+        last_sent = 0.0
+        try:
+            while True:
+                event = await sub.queue.get()
+                if event["type"] != "delta":
+                    await self.send_json(event)
+                    if event["type"] == "done":
+                        return
+                    continue
+                wait = last_sent + interval - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                text, seq, held = event["text"], event["seq"], []
+                while not sub.queue.empty():
+                    nxt = sub.queue.get_nowait()
+                    if nxt["type"] == "delta" and not held:
+                        text += nxt["text"]
+                        seq = nxt["seq"]
+                    else:
+                        held.append(nxt)
+                await self.send_json(
+                    {"type": "delta", "message_id": gen.message_id, "text": text, "seq": seq}
+                )
+                last_sent = time.monotonic()
+                for nxt in held:
+                    if nxt["type"] == "delta":
+                        await self.send_json(nxt)
+                        continue
+                    await self.send_json(nxt)
+                    if nxt["type"] == "done":
+                        return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.debug("socket gone while forwarding %s", gen.message_id, exc_info=True)
+        finally:
+            entry = self.forwarders.get(gen.message_id)
+            if entry is not None and entry[1] is sub:
+                self.forwarders.pop(gen.message_id, None)
+                gen.unsubscribe(sub)

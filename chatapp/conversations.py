@@ -1,0 +1,246 @@
+"""Conversation logic shared by the socket consumer and the HTTP views (sync ORM code;
+async callers wrap it in database_sync_to_async)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from chatapp.models import Conversation, Message
+from inference.chat_template import Turn
+
+TITLE_WORDS = 8
+
+
+class NotFound(Exception):
+    """No such object for this user (other users' ids are reported the same way)."""
+
+
+class InvalidSettings(ValueError):
+    pass
+
+
+def default_title(text: str) -> str:
+    words = " ".join(text.split()).split(" ")
+    title = " ".join(words[:TITLE_WORDS])
+    if len(words) > TITLE_WORDS:
+        title += "…"
+    return title[:120]
+
+
+def get_conversation(user: Any, conversation_id: Any) -> Conversation:
+    try:
+        return Conversation.objects.get(pk=int(conversation_id), owner=user)
+    except (Conversation.DoesNotExist, TypeError, ValueError) as exc:
+        raise NotFound("conversation") from exc
+
+
+def get_message(user: Any, message_id: Any) -> Message:
+    try:
+        return Message.objects.select_related("conversation").get(
+            pk=int(message_id), conversation__owner=user
+        )
+    except (Message.DoesNotExist, TypeError, ValueError) as exc:
+        raise NotFound("message") from exc
+
+
+def clean_settings(raw: Any) -> dict[str, Any]:
+    """Validate per-conversation settings; raise InvalidSettings with a readable reason."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise InvalidSettings("settings must be an object")
+    unknown = set(raw) - {"system_prompt", "temperature", "top_p", "max_tokens"}
+    if unknown:
+        raise InvalidSettings(f"unknown setting(s): {', '.join(sorted(unknown))}")
+    out: dict[str, Any] = {}
+    if "system_prompt" in raw:
+        sp = raw["system_prompt"]
+        if not isinstance(sp, str) or len(sp) > settings.CHAT_MAX_MESSAGE_CHARS:
+            raise InvalidSettings("system_prompt must be a string of reasonable length")
+        out["system_prompt"] = sp
+    if "temperature" in raw:
+        out["temperature"] = _number(raw["temperature"], "temperature", 0.0, 2.0)
+    if "top_p" in raw:
+        out["top_p"] = _number(raw["top_p"], "top_p", 0.0, 1.0)
+        if out["top_p"] <= 0:
+            raise InvalidSettings("top_p must be greater than 0")
+    if "max_tokens" in raw:
+        mt = raw["max_tokens"]
+        if isinstance(mt, bool) or not isinstance(mt, int):
+            raise InvalidSettings("max_tokens must be an integer")
+        if not 1 <= mt <= settings.CHAT_MAX_NEW_TOKENS:
+            raise InvalidSettings(
+                f"max_tokens must be between 1 and {settings.CHAT_MAX_NEW_TOKENS}"
+            )
+        out["max_tokens"] = mt
+    return out
+
+
+def _number(value: Any, name: str, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidSettings(f"{name} must be a number")
+    if not lo <= float(value) <= hi:
+        raise InvalidSettings(f"{name} must be between {lo:g} and {hi:g}")
+    return float(value)
+
+
+def create_conversation(
+    user: Any, title: str = "", conv_settings: dict | None = None
+) -> Conversation:
+    values = {**settings.CHAT_DEFAULTS, **(conv_settings or {})}
+    return Conversation.objects.create(owner=user, title=title[:200], **values)
+
+
+def update_conversation(conv: Conversation, data: dict[str, Any]) -> Conversation:
+    if "title" in data:
+        title = data["title"]
+        if not isinstance(title, str) or len(title) > 200:
+            raise InvalidSettings("title must be a string of at most 200 characters")
+        conv.title = title.strip()
+    for key, value in clean_settings(data.get("settings")).items():
+        setattr(conv, key, value)
+    if "active_message" in data:
+        message = Message.objects.filter(pk=_int(data["active_message"]), conversation=conv).first()
+        if message is None:
+            raise NotFound("message")
+        conv.active_leaf = latest_leaf_under(message)
+    conv.save()
+    return conv
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidSettings("ids are integers")
+    return value
+
+
+# --- the message tree --------------------------------------------------------------
+
+
+def _all_messages(conv: Conversation) -> dict[int, Message]:
+    return {m.pk: m for m in Message.objects.filter(conversation=conv).order_by("id")}
+
+
+def path_to(message: Message | None, by_id: dict[int, Message] | None = None) -> list[Message]:
+    """Messages from the root down to `message`, inclusive."""
+    if message is None:
+        return []
+    by_id = by_id or _all_messages(message.conversation)
+    path: list[Message] = []
+    node: Message | None = by_id.get(message.pk, message)
+    while node is not None:
+        path.append(node)
+        node = by_id.get(node.parent_id) if node.parent_id else None
+    path.reverse()
+    return path
+
+
+def active_branch(conv: Conversation) -> list[Message]:
+    if conv.active_leaf_id is None:
+        return []
+    by_id = _all_messages(conv)
+    leaf = by_id.get(conv.active_leaf_id)
+    return path_to(leaf, by_id) if leaf else []
+
+
+def latest_leaf_under(message: Message) -> Message:
+    """Follow the newest child down to a leaf: flipping to an alternative shows the most
+    recent continuation of it."""
+    by_parent: dict[int | None, list[Message]] = {}
+    for m in Message.objects.filter(conversation_id=message.conversation_id).order_by("id"):
+        by_parent.setdefault(m.parent_id, []).append(m)
+    node = message
+    while by_parent.get(node.pk):
+        node = by_parent[node.pk][-1]
+    return node
+
+
+def alternatives(message: Message) -> list[int]:
+    """Ids of the message and its siblings of the same role, oldest first."""
+    return list(
+        Message.objects.filter(
+            conversation_id=message.conversation_id, parent_id=message.parent_id, role=message.role
+        )
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
+
+
+def turns_for(conv: Conversation, branch: list[Message]) -> list[Turn]:
+    """The chat-template turns for a branch: system prompt first, then the messages."""
+    turns: list[Turn] = []
+    if conv.system_prompt.strip():
+        turns.append(Turn("system", conv.system_prompt))
+    for m in branch:
+        if m.role == Message.Role.ASSISTANT:
+            turns.append(Turn("assistant", m.text, list(m.token_ids) if m.token_ids else None))
+        else:
+            turns.append(Turn(m.role, m.text))
+    return turns
+
+
+@transaction.atomic
+def add_exchange(
+    conv: Conversation, parent: Message | None, user_text: str | None, user_token_ids: list[int]
+) -> tuple[Message | None, Message]:
+    """Save the user message (if any) and an empty streaming assistant reply under it,
+    and make the reply the conversation's active leaf."""
+    user_msg = None
+    if user_text is not None:
+        user_msg = Message.objects.create(
+            conversation=conv,
+            parent=parent,
+            role=Message.Role.USER,
+            text=user_text,
+            token_ids=user_token_ids,
+        )
+        parent = user_msg
+    reply = Message.objects.create(
+        conversation=conv,
+        parent=parent,
+        role=Message.Role.ASSISTANT,
+        text="",
+        status=Message.Status.STREAMING,
+    )
+    conv.active_leaf = reply
+    if not conv.title and user_text:
+        conv.title = default_title(user_text)
+    conv.save()
+    return user_msg, reply
+
+
+# --- serialisation ------------------------------------------------------------------
+
+
+def conversation_json(conv: Conversation) -> dict[str, Any]:
+    return {
+        "id": conv.pk,
+        "title": conv.title,
+        "created_at": conv.created_at.isoformat(),
+        "updated_at": conv.updated_at.isoformat(),
+        "settings": conv.settings_dict,
+    }
+
+
+def message_json(m: Message, with_alternatives: bool = False) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "id": m.pk,
+        "conversation_id": m.conversation_id,
+        "role": m.role,
+        "text": m.text,
+        "status": m.status,
+        "finish_reason": m.finish_reason or None,
+        "parent_id": m.parent_id,
+        "created_at": m.created_at.isoformat(),
+        "stats": m.stats or {},
+    }
+    if m.error:
+        data["error"] = m.error
+    if with_alternatives:
+        alts = alternatives(m)
+        data["alternatives"] = alts
+        data["alternative_index"] = alts.index(m.pk) if m.pk in alts else 0
+    return data

@@ -1,0 +1,299 @@
+"""One assistant reply being generated, decoupled from the socket that asked for it.
+
+A reply outlives its socket for CHAT_DISCONNECT_GRACE_S, so that a page refresh or a
+dropped connection can `resume` it; viewers subscribe and get every delta from then
+on. The reply is saved as it streams (every CHAT_CHECKPOINT_INTERVAL_S) and once at
+the end with its figures and why it ended, so a stop, disconnect or error loses nothing
+that was generated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+
+from chatapp.conversations import message_json
+from chatapp.models import Message
+from inference.client import get_engine_client
+from inference.engine import (
+    EngineBusyError,
+    EngineError,
+    PromptTooLongError,
+    RequestMetrics,
+    SamplingParams,
+)
+
+log = logging.getLogger(__name__)
+
+# Why a reply ended → the status it is saved with.
+STATUS_FOR_FINISH = {
+    "stop": Message.Status.COMPLETE,
+    "length": Message.Status.COMPLETE,
+    "abort": Message.Status.STOPPED,
+    "disconnect": Message.Status.STOPPED,
+    "error": Message.Status.ERROR,
+}
+
+ERROR_TEXT = {
+    "busy": "The server is busy right now. Please try again in a moment.",
+    "too_long": "This conversation is too long for the model. Start a new chat.",
+    "engine_unavailable": "The model is not available right now. Please try again shortly.",
+    "engine_error": "The model failed while writing this reply.",
+}
+
+
+@dataclass
+class Subscription:
+    queue: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+
+
+def stats_from_metrics(m: RequestMetrics | None) -> dict[str, Any]:
+    if m is None:
+        return {}
+    decode_s = None
+    if m.first_token_time is not None and m.finish_time is not None:
+        decode_s = m.finish_time - m.first_token_time
+    tps = (m.output_tokens - 1) / decode_s if decode_s and m.output_tokens > 1 else None
+
+    def ms(v: float | None) -> float | None:
+        return None if v is None else round(v * 1000, 1)
+
+    return {
+        "ttft_ms": ms(m.ttft),
+        "output_tokens": m.output_tokens,
+        "tokens_per_s": None if tps is None else round(tps, 1),
+        "prompt_tokens": m.prompt_tokens,
+        "cached_tokens": m.cached_tokens,
+        "e2e_ms": ms(m.e2e),
+        "queue_ms": ms(m.queue_time),
+    }
+
+
+class Generation:
+    def __init__(
+        self,
+        registry: GenerationRegistry,
+        message: Message,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams,
+    ) -> None:
+        self.registry = registry
+        self.message_id: int = message.pk
+        self.conversation_id: int = message.conversation_id
+        self.prompt_token_ids = prompt_token_ids
+        self.sampling = sampling
+        self.request_id = f"chat-{message.pk}-{uuid.uuid4().hex[:8]}"
+        self.text = ""
+        self.token_ids: list[int] = []
+        self.seq = 0
+        self.finished = False
+        self.stop_reason: str | None = None
+        self.subscribers: set[Subscription] = set()
+        self._grace: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    # --- viewers --------------------------------------------------------------------
+
+    def subscribe(self) -> Subscription:
+        sub = Subscription()
+        self.subscribers.add(sub)
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        self.subscribers.discard(sub)
+        if not self.subscribers and not self.finished:
+            grace = float(settings.CHAT_DISCONNECT_GRACE_S)
+            if grace <= 0:
+                self.stop("disconnect")
+            else:
+                loop = asyncio.get_running_loop()
+                self._grace = loop.call_later(grace, self._stop_if_unwatched)
+
+    def _stop_if_unwatched(self) -> None:
+        self._grace = None
+        if not self.subscribers:
+            self.stop("disconnect")
+
+    def _publish(self, event: dict[str, Any]) -> None:
+        for sub in list(self.subscribers):
+            sub.queue.put_nowait(event)
+
+    # --- control --------------------------------------------------------------------
+
+    def stop(self, reason: str = "abort") -> None:
+        if self.finished:
+            return
+        self.stop_reason = self.stop_reason or reason
+        with contextlib.suppress(EngineError):
+            get_engine_client().abort(self.request_id)
+
+    async def run(self) -> None:
+        finish_reason = "error"
+        error_code: str | None = None
+        metrics: RequestMetrics | None = None
+        last_checkpoint = time.monotonic()
+        try:
+            client = await asyncio.to_thread(get_engine_client)
+            stream = client.generate(
+                self.prompt_token_ids,
+                self.sampling,
+                session_id=f"conversation-{self.conversation_id}",
+                request_id=self.request_id,
+            )
+            async for delta in stream:
+                if delta.token_ids:
+                    self.token_ids.extend(delta.token_ids)
+                if delta.text:
+                    self.text += delta.text
+                    self.seq += 1
+                    self._publish(
+                        {
+                            "type": "delta",
+                            "message_id": self.message_id,
+                            "text": delta.text,
+                            "seq": self.seq,
+                        }
+                    )
+                if delta.finished:
+                    finish_reason = delta.finish_reason or "stop"
+                    metrics = delta.metrics
+                    if finish_reason == "error":
+                        error_code = "engine_error"
+                        log.error("engine error on %s: %s", self.request_id, delta.error)
+                if time.monotonic() - last_checkpoint >= settings.CHAT_CHECKPOINT_INTERVAL_S:
+                    last_checkpoint = time.monotonic()
+                    await self._checkpoint()
+        except EngineBusyError:
+            error_code = "busy"
+        except PromptTooLongError:
+            error_code = "too_long"
+        except EngineError as exc:
+            error_code = getattr(exc, "code", "engine_error")
+            if error_code not in ERROR_TEXT:
+                error_code = "engine_error"
+            log.warning("generation %s failed: %s", self.request_id, exc)
+        except asyncio.CancelledError:
+            finish_reason = "abort"
+            self.stop_reason = self.stop_reason or "shutdown"
+            raise
+        except Exception:
+            log.exception("generation %s crashed", self.request_id)
+            error_code = "engine_error"
+        finally:
+            if finish_reason == "abort" and self.stop_reason:
+                finish_reason = "abort" if self.stop_reason == "shutdown" else self.stop_reason
+            await self._finish(
+                finish_reason if error_code is None else "error", error_code, metrics
+            )
+
+    async def _checkpoint(self) -> None:
+        await database_sync_to_async(
+            Message.objects.filter(pk=self.message_id, status=Message.Status.STREAMING).update
+        )(text=self.text, token_ids=list(self.token_ids))
+
+    async def _finish(
+        self, finish_reason: str, error_code: str | None, metrics: RequestMetrics | None
+    ) -> None:
+        self.finished = True
+        if self._grace is not None:
+            self._grace.cancel()
+        status = STATUS_FOR_FINISH.get(finish_reason, Message.Status.ERROR)
+        stats = stats_from_metrics(metrics)
+        error_text = ERROR_TEXT.get(error_code or "", "") if error_code else ""
+        message = await asyncio.shield(self._save_final(status, finish_reason, stats, error_text))
+        if error_code:
+            self._publish(
+                {
+                    "type": "error",
+                    "code": error_code,
+                    "message": error_text,
+                    "conversation_id": self.conversation_id,
+                    "message_id": self.message_id,
+                }
+            )
+        self._publish(
+            {
+                "type": "done",
+                "message_id": self.message_id,
+                "status": status,
+                "finish_reason": finish_reason,
+                "stats": stats,
+                "message": message,
+            }
+        )
+        self.registry.forget(self)
+
+    @database_sync_to_async
+    def _save_final(
+        self, status: str, finish_reason: str, stats: dict, error: str
+    ) -> dict[str, Any]:
+        # A briefly locked database must not lose the reply: retry before giving up.
+        for attempt in range(5):
+            try:
+                msg = Message.objects.get(pk=self.message_id)
+                msg.text = self.text
+                msg.token_ids = list(self.token_ids)
+                msg.status = status
+                msg.finish_reason = finish_reason
+                msg.stats = stats
+                msg.error = error
+                msg.save()
+                return message_json(msg, with_alternatives=True)
+            except Message.DoesNotExist:
+                # The conversation was deleted while the reply streamed.
+                return {"id": self.message_id, "text": self.text, "status": status}
+            except Exception:
+                if attempt == 4:
+                    log.exception("could not save reply %s", self.message_id)
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+
+class GenerationRegistry:
+    """The replies generating in this process, by message and by conversation."""
+
+    def __init__(self) -> None:
+        self.by_message: dict[int, Generation] = {}
+        self.by_conversation: dict[int, int] = {}
+
+    def get(self, message_id: int) -> Generation | None:
+        return self.by_message.get(message_id)
+
+    def streaming_in(self, conversation_id: int) -> Generation | None:
+        mid = self.by_conversation.get(conversation_id)
+        return self.by_message.get(mid) if mid is not None else None
+
+    def start(
+        self, message: Message, prompt_token_ids: list[int], sampling: SamplingParams
+    ) -> Generation:
+        gen = Generation(self, message, prompt_token_ids, sampling)
+        self.by_message[gen.message_id] = gen
+        self.by_conversation[gen.conversation_id] = gen.message_id
+        return gen
+
+    def launch(self, gen: Generation) -> None:
+        gen.task = asyncio.get_running_loop().create_task(gen.run(), name=gen.request_id)
+
+    def forget(self, gen: Generation) -> None:
+        self.by_message.pop(gen.message_id, None)
+        if self.by_conversation.get(gen.conversation_id) == gen.message_id:
+            self.by_conversation.pop(gen.conversation_id, None)
+
+
+registry = GenerationRegistry()
+
+
+def message_snapshot(gen: Generation, message: dict[str, Any]) -> dict[str, Any]:
+    return {**message, "text": gen.text, "status": Message.Status.STREAMING, "seq": gen.seq}

@@ -1,0 +1,168 @@
+"""Settings shared by every environment. Everything a user may change reads the
+environment; README.md lists the variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+
+from chatapp.settings.env import env_bool, env_float, env_int, env_list, env_str
+from inference.model_files import default_model_path
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+VAR_DIR = Path(env_str("CHATAPP_VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "dev-only-insecure-key-change-me")
+DEBUG = env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "chatapp",
+    "inference",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "chatapp.urls"
+ASGI_APPLICATION = "chatapp.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "chatapp.context_processors.flags",
+            ],
+        },
+    },
+]
+
+# SQLite by default (the embedded setup); DATABASE_URL switches to PostgreSQL.
+DATABASES = {
+    "default": dj_database_url.parse(
+        env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}"), conn_max_age=0
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL + IMMEDIATE transactions + a busy timeout: the streaming writer and the
+    # request handlers share the file without "database is locked" errors.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+# The frontend build (npm run build) lands in frontend/dist/ and is served as-is.
+STATICFILES_DIRS = [BASE_DIR / "frontend" / "dist"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+# Serve straight from STATICFILES_DIRS, so `make run` needs no collectstatic step.
+WHITENOISE_USE_FINDERS = True
+
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# "memory" (one process, the embedded default) or "redis" (several processes).
+CHANNEL_LAYER = env_str("CHANNEL_LAYER", "memory")
+if CHANNEL_LAYER == "redis":
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1500, "expiry": 30},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# Celery: tasks run in-process unless a broker is configured (docker compose sets one).
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "")
+CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", "")
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", not CELERY_BROKER_URL)
+CELERY_TASK_EAGER_PROPAGATES = True
+
+# The engine. "embedded" runs it in-process, beside the asyncio loop.
+ENGINE = {
+    "MODE": env_str("ENGINE_MODE", "embedded"),
+    "MODEL": env_str("CHATAPP_MODEL", str(default_model_path())),
+    "DTYPE": env_str("ENGINE_DTYPE", "auto"),
+    "DEVICE": env_str("ENGINE_DEVICE", "auto"),
+    "MAX_NUM_SEQS": env_int("ENGINE_MAX_NUM_SEQS", 64),
+    "MAX_NUM_BATCHED_TOKENS": env_int("ENGINE_MAX_NUM_BATCHED_TOKENS", 512),
+    "KV_CACHE_MEMORY_MB": env_int("ENGINE_KV_CACHE_MEMORY_MB", 512),
+    "MAX_MODEL_LEN": env_int("ENGINE_MAX_MODEL_LEN", 0),
+    "MAX_WAITING_REQUESTS": env_int("ENGINE_MAX_WAITING_REQUESTS", 256),
+    "NUM_THREADS": env_int("ENGINE_NUM_THREADS", 0),
+    # Load the model when the server starts rather than on the first message.
+    "PRELOAD": env_bool("ENGINE_PRELOAD", True),
+}
+
+# Chat behaviour.
+CHAT_ALLOW_SIGNUP = env_bool("CHAT_ALLOW_SIGNUP", True)
+CHAT_FLUSH_INTERVAL_MS = env_int("CHAT_FLUSH_INTERVAL_MS", 30)
+CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 32000)
+CHAT_MAX_FRAME_BYTES = env_int("CHAT_MAX_FRAME_BYTES", 256 * 1024)
+CHAT_MAX_NEW_TOKENS = env_int("CHAT_MAX_NEW_TOKENS", 2048)
+# How long a reply keeps generating after its last viewer disconnected, so that a page
+# refresh can pick it up again; past this it is stopped and saved (finish "disconnect").
+CHAT_DISCONNECT_GRACE_S = env_float("CHAT_DISCONNECT_GRACE_S", 20.0)
+# Save a streaming reply's partial text this often, so a crash loses at most this much.
+CHAT_CHECKPOINT_INTERVAL_S = env_float("CHAT_CHECKPOINT_INTERVAL_S", 2.0)
+CHAT_DEFAULTS = {
+    "system_prompt": env_str("CHAT_DEFAULT_SYSTEM_PROMPT", ""),
+    "temperature": env_float("CHAT_DEFAULT_TEMPERATURE", 0.7),
+    "top_p": env_float("CHAT_DEFAULT_TOP_P", 0.95),
+    "max_tokens": env_int("CHAT_DEFAULT_MAX_TOKENS", 512),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

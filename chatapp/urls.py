@@ -1,0 +1,19 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import path, re_path
+
+from chatapp import api, views
+
+urlpatterns = [
+    path("", views.index, name="index"),
+    path("healthz", views.healthz, name="healthz"),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("accounts/signup/", views.signup, name="signup"),
+    path("api/me/", api.me),
+    path("api/engine/", api.engine_info),
+    path("api/conversations/", api.conversations),
+    path("api/conversations/<int:pk>/", api.conversation),
+    re_path(r"^api/conversations/(?P<pk>[0-9]+)/export\.(?P<fmt>md|json)$", api.export),
+    path("admin/", admin.site.urls),
+]

@@ -1,0 +1,40 @@
+"""Server-rendered pages: the chat shell (the UI itself is the frontend bundle) and
+sign-up. Login and logout are Django's own views."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.auth import login
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.forms import UserCreationForm
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.csrf import ensure_csrf_cookie
+
+
+@login_required
+@ensure_csrf_cookie
+def index(request: HttpRequest) -> HttpResponse:
+    return render(
+        request,
+        "chatapp/index.html",
+        {"allow_signup": settings.CHAT_ALLOW_SIGNUP},
+    )
+
+
+def signup(request: HttpRequest) -> HttpResponse:
+    if not settings.CHAT_ALLOW_SIGNUP:
+        raise Http404("sign-up is turned off")
+    if request.method == "POST":
+        form = UserCreationForm(request.POST)
+        if form.is_valid():
+            user = form.save()
+            login(request, user)
+            return redirect("/")
+    else:
+        form = UserCreationForm()
+    return render(request, "registration/signup.html", {"form": form})
+
+
+def healthz(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok", content_type="text/plain")

@@ -1,0 +1,1 @@
+"""Inference: the engine library (inference.engine) and its Django wrapping."""

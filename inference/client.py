@@ -1,0 +1,126 @@
+"""The web app's handle on the engine.
+
+The consumer and the API views call `get_engine_client()` and use only `generate`,
+`abort`, `stats` and the prompt builder; whether the engine runs in this process
+(embedded, the default) or elsewhere is decided here, from settings.ENGINE.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+from django.conf import settings
+
+from inference.chat_template import PromptBuilder
+from inference.engine import Delta, EngineConfig, EngineError, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineUnavailableError(EngineError):
+    code = "engine_unavailable"
+
+
+class EngineClient:
+    """Wraps an in-process AsyncEngine."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.prompts = PromptBuilder(engine.tokenizer)
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.engine.max_model_len)
+
+    @property
+    def model_name(self) -> str:
+        return str(getattr(self.engine, "model_name", "") or settings.ENGINE["MODEL"])
+
+    def generate(
+        self,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams,
+        session_id: str | None = None,
+        request_id: str | None = None,
+    ) -> AsyncIterator[Delta]:
+        return self.engine.generate(
+            prompt_token_ids, sampling, session_id=session_id, request_id=request_id
+        )
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.engine.stats())
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+_client: EngineClient | None = None
+_lock = threading.Lock()
+_load_error: BaseException | None = None
+
+
+def engine_config_from_settings(overrides: dict[str, Any] | None = None) -> EngineConfig:
+    cfg = {**settings.ENGINE, **(overrides or {})}
+    return EngineConfig(
+        model=cfg["MODEL"],
+        dtype=cfg["DTYPE"],
+        device=cfg["DEVICE"],
+        max_num_seqs=cfg["MAX_NUM_SEQS"],
+        max_num_batched_tokens=cfg["MAX_NUM_BATCHED_TOKENS"],
+        kv_cache_memory_mb=cfg["KV_CACHE_MEMORY_MB"],
+        max_model_len=cfg["MAX_MODEL_LEN"],
+        max_waiting_requests=cfg["MAX_WAITING_REQUESTS"],
+        num_threads=cfg["NUM_THREADS"],
+    )
+
+
+def get_engine_client() -> EngineClient:
+    """The process-wide client, created (and the model loaded) on first use."""
+    global _client, _load_error
+    if _client is not None:
+        return _client
+    with _lock:
+        if _client is None:
+            mode = settings.ENGINE["MODE"]
+            if mode != "embedded":
+                raise EngineUnavailableError(f"unknown ENGINE_MODE {mode!r}")
+            try:
+                from inference.engine import AsyncEngine
+
+                _client = EngineClient(AsyncEngine(engine_config_from_settings()))
+                _load_error = None
+            except Exception as exc:
+                _load_error = exc
+                log.exception("the engine failed to start")
+                raise EngineUnavailableError(f"the engine failed to start: {exc}") from exc
+    return _client
+
+
+def set_engine_client(client: EngineClient | None) -> None:
+    """Install a client (tests build one over a tiny model) or clear it."""
+    global _client
+    with _lock:
+        if _client is not None and client is not _client:
+            _client.shutdown()
+        _client = client
+
+
+def preload_in_background() -> None:
+    """Load the model in a thread so the server answers at once and the first message
+    does not pay for loading."""
+
+    def load() -> None:
+        try:
+            get_engine_client()
+            log.info("engine ready: %s", settings.ENGINE["MODEL"])
+        except EngineError:
+            pass  # already logged; the first message will report it to the user
+
+    threading.Thread(target=load, name="engine-preload", daemon=True).start()

@@ -1,0 +1,35 @@
+"""The inference engine: a plain Python + torch library (no Django).
+
+Public surface::
+
+    from inference.engine import AsyncEngine, EngineConfig, SamplingParams
+    engine = AsyncEngine(EngineConfig(model="/path/to/hf-folder"))
+    async for delta in engine.generate(prompt_token_ids, SamplingParams(max_tokens=64)):
+        print(delta.text, end="")
+"""
+
+from inference.engine.config import EngineConfig
+from inference.engine.errors import EngineBusyError, EngineError, PromptTooLongError
+from inference.engine.outputs import Delta, RequestMetrics
+from inference.engine.sampling_params import SamplingParams
+
+__all__ = [
+    "AsyncEngine",
+    "Delta",
+    "EngineBusyError",
+    "EngineConfig",
+    "EngineError",
+    "PromptTooLongError",
+    "RequestMetrics",
+    "SamplingParams",
+]
+
+
+def __getattr__(name: str) -> object:
+    # AsyncEngine pulls in torch and transformers; import it only when asked for so
+    # that light users (settings, validation) stay fast to import.
+    if name == "AsyncEngine":
+        from inference.engine.async_engine import AsyncEngine
+
+        return AsyncEngine
+    raise AttributeError(name)

@@ -1,0 +1,25 @@
+"""Errors the engine raises to its callers. Each carries a stable machine code."""
+
+
+class EngineError(Exception):
+    """Something went wrong inside the engine; the request cannot continue."""
+
+    code = "engine_error"
+
+
+class EngineBusyError(EngineError):
+    """The waiting queue is full (requests or tokens): refused at once, try again later."""
+
+    code = "busy"
+
+
+class PromptTooLongError(EngineError):
+    """The prompt (plus max_tokens) does not fit the model's context window."""
+
+    code = "prompt_too_long"
+
+
+class InvalidRequestError(EngineError):
+    """Sampling settings or prompt ids are out of range."""
+
+    code = "invalid_request"

@@ -1,0 +1,81 @@
+"""What the engine hands back: text deltas and, at the end, the request's figures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    """Timestamps are wall-clock seconds (time.time()); definitions follow vLLM's."""
+
+    arrival_time: float
+    scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    # Time each output token became available (one entry per token).
+    token_times: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    preemptions: int = 0
+
+    @property
+    def ttft(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def queue_time(self) -> float | None:
+        if self.scheduled_time is None:
+            return None
+        return self.scheduled_time - self.arrival_time
+
+    @property
+    def e2e(self) -> float | None:
+        if self.finish_time is None:
+            return None
+        return self.finish_time - self.arrival_time
+
+    @property
+    def tpot(self) -> float | None:
+        """(e2e - TTFT) / (output tokens - 1): mean time per output token after the first."""
+        if self.e2e is None or self.ttft is None or self.output_tokens < 2:
+            return None
+        return (self.e2e - self.ttft) / (self.output_tokens - 1)
+
+    @property
+    def itl(self) -> list[float]:
+        """Gaps between consecutive output tokens."""
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:], strict=False)]
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {
+            "ttft": self.ttft,
+            "tpot": self.tpot,
+            "e2e": self.e2e,
+            "queue_time": self.queue_time,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "output_tokens": self.output_tokens,
+            "preemptions": self.preemptions,
+        }
+
+
+@dataclass
+class Delta:
+    """New output of one request since its previous delta.
+
+    The last delta of a request has finished=True, a finish_reason
+    ("stop", "length", "abort" or "error"), and its metrics.
+    """
+
+    request_id: str
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+    metrics: RequestMetrics | None = None

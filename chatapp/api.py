@@ -16,6 +16,7 @@ from chatapp import conversations as conv_logic
 from chatapp.conversations import InvalidSettings, NotFound
 from chatapp.export import conversation_markdown, conversation_payload
 from chatapp.models import Conversation
+from inference.client import engine_ready, get_engine_client
 
 MAX_BODY_BYTES = 64 * 1024
 
@@ -124,9 +125,17 @@ def export(request: HttpRequest, pk: int, fmt: str) -> HttpResponse:
 
 @api_view("GET")
 def engine_info(request: HttpRequest) -> HttpResponse:
+    live = None
+    max_model_len = None
+    if engine_ready():
+        client = get_engine_client()
+        live, max_model_len = client.stats(), client.max_model_len
     return JsonResponse(
         {
             "model": settings.ENGINE["MODEL"].rstrip("/").rsplit("/", 1)[-1],
+            "ready": live is not None,
+            "max_model_len": max_model_len,
+            "stats": live,
             "speculative_modes": [],
             "defaults": {k: v for k, v in settings.CHAT_DEFAULTS.items() if k != "system_prompt"},
             "max_new_tokens": settings.CHAT_MAX_NEW_TOKENS,

@@ -107,7 +107,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if client_id is not None and (not isinstance(client_id, str) or len(client_id) > 64):
             await self.send_error("bad_frame", "'client_id' must be a string of at most 64 chars.")
             return
-        extra = {"client_id": client_id} if client_id else {}
+        # Echo the ids the frame named, so the UI can tie the error to what it asked for.
+        extra: dict[str, Any] = {"client_id": client_id} if client_id else {}
+        for name in ("conversation_id", "message_id"):
+            value = content.get(name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                extra[name] = value
         try:
             await handler(self, content)
         except FrameError as exc:

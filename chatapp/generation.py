@@ -50,7 +50,7 @@ ERROR_TEXT = {
 }
 
 
-@dataclass
+@dataclass(eq=False)
 class Subscription:
     queue: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
 

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path, re_path
 
-from chatapp import api, views
+from chatapp import api, api_keys, openai_api, views
 
 urlpatterns = [
     path("", views.index, name="index"),
@@ -15,5 +15,10 @@ urlpatterns = [
     path("api/conversations/", api.conversations),
     path("api/conversations/<int:pk>/", api.conversation),
     re_path(r"^api/conversations/(?P<pk>[0-9]+)/export\.(?P<fmt>md|json)$", api.export),
+    path("settings/keys/", api_keys.keys_page, name="api-keys"),
+    path("settings/keys/<int:pk>/revoke", api_keys.revoke_key, name="api-key-revoke"),
+    path("v1/models", openai_api.models),
+    path("v1/chat/completions", openai_api.chat_completions),
+    path("v1/completions", openai_api.completions),
     path("admin/", admin.site.urls),
 ]

@@ -37,4 +37,10 @@ def signup(request: HttpRequest) -> HttpResponse:
 
 
 def healthz(request: HttpRequest) -> HttpResponse:
+    """Liveness; with ?engine=1, readiness too: 503 until the model is loaded."""
+    if request.GET.get("engine"):
+        from inference.client import engine_ready
+
+        if not engine_ready():
+            return HttpResponse("engine loading", status=503, content_type="text/plain")
     return HttpResponse("ok", content_type="text/plain")

@@ -7,14 +7,16 @@ The consumer and the API views call `get_engine_client()` and use only `generate
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
 from django.conf import settings
 
-from inference.chat_template import PromptBuilder
+from inference.chat_template import PromptBuilder, Turn
 from inference.engine import Delta, EngineConfig, EngineError, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,32 @@ class EngineClient:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.prompts = PromptBuilder(engine.tokenizer)
+        self._replies: OrderedDict[str, list[int]] = OrderedDict()
+        self._replies_lock = threading.Lock()
+
+    # API clients resend a history as text. Re-tokenizing a reply's text does not always
+    # give back the ids the engine produced, and then the prefix cache misses from that
+    # point on; so remember recent replies' ids by their exact text and splice them back.
+    REPLY_MEMORY = 4096
+
+    def remember_reply(self, text: str, token_ids: list[int]) -> None:
+        if not text or not token_ids:
+            return
+        with self._replies_lock:
+            self._replies[text] = list(token_ids)
+            self._replies.move_to_end(text)
+            while len(self._replies) > self.REPLY_MEMORY:
+                self._replies.popitem(last=False)
+
+    def recall_replies(self, turns: list[Turn]) -> list[Turn]:
+        out = []
+        with self._replies_lock:
+            for turn in turns:
+                ids = self._replies.get(turn.text) if turn.role == "assistant" else None
+                out.append(
+                    Turn(turn.role, turn.text, ids) if ids and turn.token_ids is None else turn
+                )
+        return out
 
     @property
     def max_model_len(self) -> int:
@@ -96,11 +124,17 @@ def get_engine_client() -> EngineClient:
 
                 _client = EngineClient(AsyncEngine(engine_config_from_settings()))
                 _load_error = None
+                # Stop the engine thread before the interpreter tears torch down under it.
+                atexit.register(_client.shutdown)
             except Exception as exc:
                 _load_error = exc
                 log.exception("the engine failed to start")
                 raise EngineUnavailableError(f"the engine failed to start: {exc}") from exc
     return _client
+
+
+def engine_ready() -> bool:
+    return _client is not None
 
 
 def set_engine_client(client: EngineClient | None) -> None:

@@ -158,6 +158,11 @@ CHAT_DEFAULTS = {
     "max_tokens": env_int("CHAT_DEFAULT_MAX_TOKENS", 512),
 }
 
+# OpenAI-compatible API (/v1/...).
+OPENAI_MAX_BODY_BYTES = env_int("OPENAI_MAX_BODY_BYTES", 1024 * 1024)
+OPENAI_RATE_LIMIT_PER_MINUTE = env_int("OPENAI_RATE_LIMIT_PER_MINUTE", 120)
+OPENAI_MAX_CONCURRENT = env_int("OPENAI_MAX_CONCURRENT", 8)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

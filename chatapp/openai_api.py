@@ -1,0 +1,602 @@
+"""OpenAI-compatible API: /v1/chat/completions, /v1/completions, /v1/models.
+
+Served by the same ASGI app and engine as the chat UI. Requests carry
+`Authorization: Bearer <key>` (keys are made on /settings/keys/). Every failure is an
+OpenAI-style error object with the matching status, never a traceback. A client that
+disconnects mid-stream cancels the response iterator, and closing the engine stream
+aborts the request in the engine within one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from chatapp.api_keys import key_for_token
+from chatapp.models import ApiKey
+from chatapp.rate_limits import RateLimited, limiter
+from inference.chat_template import Turn
+from inference.client import EngineUnavailableError, get_engine_client
+from inference.engine import (
+    Delta,
+    EngineBusyError,
+    EngineError,
+    PromptTooLongError,
+    SamplingParams,
+)
+
+# Fields we honour, and fields clients commonly send that we accept at their defaults.
+CHAT_FIELDS = {
+    "model",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "n",
+    "stream",
+    "stream_options",
+    "user",
+}
+COMPLETION_FIELDS = {
+    "model",
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "n",
+    "stream",
+    "stream_options",
+    "user",
+}
+DEFAULT_ONLY = {
+    "frequency_penalty": 0,
+    "presence_penalty": 0,
+    "logprobs": (False, None),
+    "echo": False,
+    "logit_bias": (None, {}),
+    "best_of": (1, None),
+    "suffix": None,
+    "top_logprobs": None,
+    "parallel_tool_calls": (None, True, False),
+    "store": (None, False),
+    "metadata": None,
+    "service_tier": (None, "auto", "default"),
+}
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = (
+            status,
+            message,
+            type_,
+            param,
+            code,
+        )
+        self.headers = headers or {}
+
+    def response(self) -> JsonResponse:
+        body = {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+        resp = JsonResponse(body, status=self.status)
+        for k, v in self.headers.items():
+            resp[k] = v
+        return resp
+
+
+def invalid(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+@dataclass
+class ApiRequest:
+    model: str
+    turns: list[Turn] | None = None
+    prompt_text: str | None = None
+    prompt_ids: list[int] | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stream: bool = False
+    include_usage: bool = False
+    user: str | None = None
+
+
+# --- parsing --------------------------------------------------------------------------
+
+
+def _number(body: dict, name: str, lo: float, hi: float, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise invalid(f"'{name}' must be a number", name)
+    if not lo <= value <= hi:
+        raise invalid(f"'{name}' must be between {lo:g} and {hi:g}", name)
+    return float(value)
+
+
+def _int(body: dict, name: str, lo: int, hi: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid(f"'{name}' must be an integer", name)
+    if not lo <= value <= hi:
+        raise invalid(f"'{name}' must be between {lo} and {hi}", name)
+    return value
+
+
+def _stop(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if (
+        not isinstance(stop, list)
+        or not all(isinstance(s, str) and s for s in stop)
+        or len(stop) > 4
+    ):
+        raise invalid("'stop' must be a non-empty string or a list of at most 4 of them", "stop")
+    return stop
+
+
+def _content(message: dict, index: int) -> str:
+    content = message.get("content")
+    if content is None and message.get("role") == "assistant":
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                raise invalid("only text content parts are supported", f"messages[{index}].content")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise invalid(
+        "'content' must be a string or a list of text parts", f"messages[{index}].content"
+    )
+
+
+def _check_fields(body: dict, allowed: set[str]) -> None:
+    for name, value in body.items():
+        if name in allowed:
+            continue
+        if name in DEFAULT_ONLY:
+            ok = DEFAULT_ONLY[name]
+            if value == ok or (isinstance(ok, tuple) and value in ok):
+                continue
+            raise invalid(f"'{name}' is not supported with a value other than its default", name)
+        raise invalid(f"Unrecognized request argument supplied: {name}", name)
+
+
+def _text_ok(text: str, param: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise invalid("text contains invalid Unicode (lone surrogates)", param) from exc
+    return text
+
+
+def parse_common(body: dict, allowed: set[str], default_max_tokens: int | None) -> ApiRequest:
+    _check_fields(body, allowed)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid("you must provide a model parameter", "model")
+    if model not in model_ids():
+        raise ApiError(
+            404, f"The model '{model[:100]}' does not exist", param="model", code="model_not_found"
+        )
+    n = _int(body, "n", 1, 128)
+    if n not in (None, 1):
+        raise invalid("only n=1 is supported", "n")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise invalid("'stream' must be a boolean", "stream")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict) or set(options) - {"include_usage"}:
+            raise invalid("'stream_options' takes only include_usage", "stream_options")
+        if not stream:
+            raise invalid(
+                "'stream_options' is only allowed when 'stream' is true", "stream_options"
+            )
+        include_usage = bool(options.get("include_usage"))
+    user = body.get("user")
+    if user is not None and (not isinstance(user, str) or len(user) > 256):
+        raise invalid("'user' must be a string", "user")
+    max_new = settings.CHAT_MAX_NEW_TOKENS
+    max_tokens = _int(body, "max_completion_tokens", 1, 1 << 20) or _int(
+        body, "max_tokens", 1, 1 << 20
+    )
+    if max_tokens is not None and max_tokens > max_new:
+        raise invalid(f"max_tokens must be at most {max_new}", "max_tokens")
+    seed = _int(body, "seed", -(1 << 63), (1 << 63) - 1)
+    sampling = SamplingParams(
+        max_tokens=max_tokens or default_max_tokens or max_new,
+        temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
+        top_p=_number(body, "top_p", 0.0, 1.0, 1.0) or 1.0,
+        seed=seed,
+        stop=_stop(body),
+    )
+    if body.get("top_p") == 0:
+        raise invalid("'top_p' must be greater than 0", "top_p")
+    return ApiRequest(
+        model=model, sampling=sampling, stream=stream, include_usage=include_usage, user=user
+    )
+
+
+def parse_chat(body: dict) -> ApiRequest:
+    req = parse_common(body, CHAT_FIELDS, None)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise invalid("'messages' must be a non-empty list", "messages")
+    turns = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise invalid("each message must be an object", f"messages[{i}]")
+        role = m.get("role")
+        if role == "developer":
+            role = "system"
+        if role not in ("system", "user", "assistant"):
+            raise invalid("role must be system, user or assistant", f"messages[{i}].role")
+        extra = set(m) - {"role", "content", "name"}
+        if extra:
+            raise invalid(
+                f"unsupported message field(s): {', '.join(sorted(extra))}", f"messages[{i}]"
+            )
+        turns.append(Turn(role, _text_ok(_content(m, i), f"messages[{i}].content")))
+    req.turns = turns
+    return req
+
+
+def parse_completion(body: dict) -> ApiRequest:
+    req = parse_common(body, COMPLETION_FIELDS, 16)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        req.prompt_text = _text_ok(prompt, "prompt")
+    elif (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        req.prompt_ids = prompt
+    elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        req.prompt_text = _text_ok(prompt[0], "prompt")
+    else:
+        raise invalid("'prompt' must be a string or a list of token ids", "prompt")
+    return req
+
+
+# --- plumbing ---------------------------------------------------------------------------
+
+
+def model_ids() -> list[str]:
+    return [settings.ENGINE["MODEL"].rstrip("/").rsplit("/", 1)[-1]]
+
+
+async def authenticate(request: HttpRequest) -> ApiKey:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(
+            401,
+            "Missing API key: send 'Authorization: Bearer <key>'.",
+            "invalid_request_error",
+            code="invalid_api_key",
+        )
+    key = await sync_to_async(key_for_token)(token.strip())
+    if key is None:
+        raise ApiError(
+            401, "Incorrect API key provided.", "invalid_request_error", code="invalid_api_key"
+        )
+    return key
+
+
+def read_body(request: HttpRequest) -> dict:
+    if len(request.body) > settings.OPENAI_MAX_BODY_BYTES:
+        raise ApiError(413, "The request body is too large.", code="request_too_large")
+    try:
+        body = json.loads(request.body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise invalid("We could not parse the JSON body of your request.") from exc
+    if not isinstance(body, dict):
+        raise invalid("The request body must be a JSON object.")
+    return body
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def finish_reason(delta: Delta) -> str:
+    return "length" if delta.finish_reason == "length" else "stop"
+
+
+def api_view(handler: Any) -> Any:
+    @csrf_exempt
+    async def view(request: HttpRequest) -> HttpResponse:
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return exc.response()
+
+    view.__name__ = handler.__name__
+    return view
+
+
+def build_prompt(client: Any, req: ApiRequest) -> list[int]:
+    if req.prompt_ids is not None:
+        vocab = len(client.tokenizer)
+        if any(not 0 <= t < vocab for t in req.prompt_ids):
+            raise invalid("token ids must be within the model's vocabulary", "prompt")
+        return list(req.prompt_ids)
+    if req.prompt_text is not None:
+        return list(client.tokenizer.encode(req.prompt_text, add_special_tokens=False))
+    assert req.turns is not None
+    return client.prompts.build(client.recall_replies(req.turns))
+
+
+async def start_stream(
+    request: HttpRequest, req: ApiRequest, key: ApiKey
+) -> tuple[Any, list[int], AsyncIterator[Delta], Delta, Any]:
+    """Check limits, build the prompt and pull the first delta before any header goes out,
+    so that busy / too long / unavailable become proper statuses."""
+    try:
+        release = await limiter.acquire(key, request)
+    except RateLimited as exc:
+        raise ApiError(
+            429,
+            str(exc),
+            "rate_limit_exceeded",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(exc.retry_after)},
+        ) from exc
+    try:
+        try:
+            client = await asyncio.to_thread(get_engine_client)
+        except EngineUnavailableError as exc:
+            raise ApiError(
+                503,
+                "The model is not available right now.",
+                "server_error",
+                code="engine_unavailable",
+                headers={"Retry-After": "5"},
+            ) from exc
+        prompt = await asyncio.to_thread(build_prompt, client, req)
+        if len(prompt) + 1 > client.max_model_len:
+            raise invalid(
+                f"This model's maximum context length is {client.max_model_len} tokens; "
+                f"your prompt has "
+                f"{len(prompt)}.",
+                "messages",
+                "context_length_exceeded",
+            )
+        stream = client.generate(
+            prompt, req.sampling, session_id=req.user, request_id=f"api-{uuid.uuid4().hex}"
+        )
+        try:
+            first = await stream.__anext__()
+        except EngineBusyError as exc:
+            raise ApiError(
+                503,
+                "The engine is busy; retry shortly.",
+                "server_error",
+                code="busy",
+                headers={"Retry-After": "1"},
+            ) from exc
+        except PromptTooLongError as exc:
+            raise invalid(str(exc), "messages", "context_length_exceeded") from exc
+        except EngineError as exc:
+            raise invalid(str(exc)) from exc
+        return client, prompt, stream, first, release
+    except BaseException:
+        release()
+        raise
+
+
+async def collect(stream: AsyncIterator[Delta], first: Delta) -> tuple[str, list[int], Delta]:
+    text, ids, last = first.text, list(first.token_ids), first
+    if not first.finished:
+        async for delta in stream:
+            text += delta.text
+            ids.extend(delta.token_ids)
+            last = delta
+    return text, ids, last
+
+
+def check_failed(last: Delta) -> None:
+    if last.finish_reason == "error":
+        raise ApiError(
+            500, "The engine failed while generating.", "server_error", code="engine_error"
+        )
+
+
+# --- endpoints --------------------------------------------------------------------------
+
+
+@api_view
+async def models(request: HttpRequest) -> HttpResponse:
+    if request.method != "GET":
+        raise ApiError(405, "Use GET.", code="method_not_allowed")
+    await authenticate(request)
+    data = [{"id": m, "object": "model", "created": 0, "owned_by": "chatapp"} for m in model_ids()]
+    return JsonResponse({"object": "list", "data": data})
+
+
+@api_view
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    return await _complete(request, chat=True)
+
+
+@api_view
+async def completions(request: HttpRequest) -> HttpResponse:
+    return await _complete(request, chat=False)
+
+
+async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
+    if request.method != "POST":
+        raise ApiError(405, "Use POST.", code="method_not_allowed")
+    key = await authenticate(request)
+    body = read_body(request)
+    req = parse_chat(body) if chat else parse_completion(body)
+    client, prompt, stream, first, release = await start_stream(request, req, key)
+    created = int(time.time())
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    if req.stream:
+        events = sse_events(client, req, rid, created, chat, len(prompt), stream, first, release)
+        response = StreamingHttpResponse(events, content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return response
+    try:
+        text, ids, last = await collect(stream, first)
+    finally:
+        await stream.aclose()
+        release()
+    check_failed(last)
+    if chat and req.turns is not None:
+        client.remember_reply(text, ids)
+    m = last.metrics
+    usage_obj = usage(len(prompt), len(ids), m.cached_tokens if m else 0)
+    if chat:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": finish_reason(last),
+            "logprobs": None,
+        }
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": finish_reason(last), "logprobs": None}
+        obj = "text_completion"
+    return JsonResponse(
+        {
+            "id": rid,
+            "object": obj,
+            "created": created,
+            "model": req.model,
+            "choices": [choice],
+            "usage": usage_obj,
+        }
+    )
+
+
+async def sse_events(
+    client: Any,
+    req: ApiRequest,
+    rid: str,
+    created: int,
+    chat: bool,
+    prompt_len: int,
+    stream: AsyncIterator[Delta],
+    first: Delta,
+    release: Any,
+) -> AsyncIterator[bytes]:
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(choice_fields: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, **choice_fields, "finish_reason": finish, "logprobs": None}
+        body: dict[str, Any] = {
+            "id": rid,
+            "object": obj,
+            "created": created,
+            "model": req.model,
+            "choices": [choice],
+        }
+        if req.include_usage:
+            body["usage"] = None
+        return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+
+    def piece(text: str) -> dict[str, Any]:
+        return {"delta": {"content": text}} if chat else {"text": text}
+
+    ids: list[int] = []
+    text_all = ""
+    try:
+        if chat:
+            yield chunk({"delta": {"role": "assistant", "content": ""}})
+        pending = [first]
+        while pending:
+            delta = pending.pop()
+            ids.extend(delta.token_ids)
+            text_all += delta.text
+            if delta.finished:
+                if delta.finish_reason == "error":
+                    err = {
+                        "error": {
+                            "message": "The engine failed while generating.",
+                            "type": "server_error",
+                            "param": None,
+                            "code": "engine_error",
+                        }
+                    }
+                    yield b"data: " + json.dumps(err).encode() + b"\n\n"
+                    break
+                if delta.text:
+                    yield chunk(piece(delta.text))
+                yield chunk(piece("") if not chat else {"delta": {}}, finish_reason(delta))
+                if req.include_usage:
+                    m = delta.metrics
+                    body = {
+                        "id": rid,
+                        "object": obj,
+                        "created": created,
+                        "model": req.model,
+                        "choices": [],
+                        "usage": usage(prompt_len, len(ids), m.cached_tokens if m else 0),
+                    }
+                    yield b"data: " + json.dumps(body).encode() + b"\n\n"
+                break
+            if delta.text:
+                yield chunk(piece(delta.text))
+            try:
+                pending.append(await stream.__anext__())
+            except StopAsyncIteration:
+                break
+        if chat and req.turns is not None:
+            client.remember_reply(text_all, ids)
+        yield b"data: [DONE]\n\n"
+    finally:
+        await stream.aclose()
+        release()

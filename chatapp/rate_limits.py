@@ -1,0 +1,66 @@
+"""Per-API-key limits: requests per minute (django-ratelimit's counters in the Django
+cache, shared by every process when the cache is Redis) and concurrent streams (counted
+in this process)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import HttpRequest
+from django_ratelimit.core import get_usage
+
+
+class RateLimited(Exception):
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class KeyLimiter:
+    def __init__(self) -> None:
+        self.active: dict[int, int] = defaultdict(int)
+
+    def limits(self, key: Any) -> tuple[int, int]:
+        per_minute = key.rate_limit_per_minute or settings.OPENAI_RATE_LIMIT_PER_MINUTE
+        concurrent = key.max_concurrent or settings.OPENAI_MAX_CONCURRENT
+        return per_minute, concurrent
+
+    async def acquire(self, key: Any, request: HttpRequest) -> Callable[[], None]:
+        """Count one request against `key`; return the function that ends it."""
+        per_minute, concurrent = self.limits(key)
+        usage = await sync_to_async(get_usage)(
+            request,
+            group="openai-api",
+            key=lambda _g, _r: str(key.pk),
+            rate=f"{per_minute}/m",
+            increment=True,
+        )
+        if usage and usage["should_limit"]:
+            retry = max(1, math.ceil(usage.get("time_left", 60)))
+            raise RateLimited(
+                f"Rate limit reached: {per_minute} requests per minute for this key.", retry
+            )
+        if self.active[key.pk] >= concurrent:
+            raise RateLimited(
+                f"Too many concurrent requests: at most {concurrent} for this key.", 1
+            )
+        self.active[key.pk] += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.active[key.pk] -= 1
+
+        return release
+
+
+limiter = KeyLimiter()
+
+__all__ = ["KeyLimiter", "RateLimited", "limiter"]

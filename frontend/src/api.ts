@@ -1,0 +1,61 @@
+import type { Conversation, EngineInfo, Message, Settings } from './types';
+
+export function getCookie(name: string, cookie = typeof document !== 'undefined' ? document.cookie : ''): string {
+  for (const part of cookie.split(';')) {
+    const [k, ...v] = part.trim().split('=');
+    if (k === name) return decodeURIComponent(v.join('='));
+  }
+  return '';
+}
+
+export class ApiError extends Error {
+  constructor(public status: number, public code: string, message: string) {
+    super(message);
+  }
+}
+
+async function request<T>(method: string, path: string, body?: unknown): Promise<T> {
+  const headers: Record<string, string> = { Accept: 'application/json' };
+  if (body !== undefined) headers['Content-Type'] = 'application/json';
+  if (method !== 'GET' && method !== 'HEAD') headers['X-CSRFToken'] = getCookie('csrftoken');
+  let res: Response;
+  try {
+    res = await fetch(path, {
+      method,
+      headers,
+      credentials: 'same-origin',
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+  } catch {
+    throw new ApiError(0, 'network', 'Could not reach the server. Check your connection.');
+  }
+  if (res.status === 204) return undefined as T;
+  let data: any = null;
+  try {
+    data = await res.json();
+  } catch {
+    /* not JSON */
+  }
+  if (!res.ok) {
+    const e = data && data.error;
+    if (res.status === 401 || res.status === 403) {
+      throw new ApiError(res.status, e?.code || 'unauthorized', e?.message || 'You are signed out. Please sign in again.');
+    }
+    throw new ApiError(res.status, e?.code || 'http_' + res.status, e?.message || `The server answered ${res.status}.`);
+  }
+  return data as T;
+}
+
+export const api = {
+  me: () => request<{ username: string; is_staff: boolean }>('GET', '/api/me/'),
+  list: (q = '') =>
+    request<{ conversations: Conversation[] }>('GET', '/api/conversations/' + (q ? '?q=' + encodeURIComponent(q) : '')),
+  create: (body: { title?: string; settings?: Settings }) => request<Conversation>('POST', '/api/conversations/', body),
+  get: (id: number) => request<{ conversation: Conversation; messages: Message[] }>('GET', `/api/conversations/${id}/`),
+  patch: (id: number, body: { title?: string; settings?: Settings; active_message?: number }) =>
+    request<Conversation | { conversation: Conversation; messages: Message[] }>('PATCH', `/api/conversations/${id}/`, body),
+  remove: (id: number) => request<void>('DELETE', `/api/conversations/${id}/`),
+  engine: () => request<EngineInfo>('GET', '/api/engine/'),
+};
+
+export const exportUrl = (id: number, kind: 'md' | 'json') => `/api/conversations/${id}/export.${kind}`;

@@ -1,0 +1,63 @@
+import type { Stats } from './types';
+
+const isNum = (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v);
+
+/** 84.2 → "84 ms", 1234 → "1.23 s", 65000 → "65.0 s". */
+export function formatMs(ms: number | null | undefined): string {
+  if (!isNum(ms)) return '–';
+  if (ms < 1000) return `${Math.round(ms)} ms`;
+  if (ms < 10000) return `${(ms / 1000).toFixed(2)} s`;
+  return `${(ms / 1000).toFixed(1)} s`;
+}
+
+/** 41.66 → "41.7 tok/s", 312.4 → "312 tok/s". */
+export function formatRate(tps: number | null | undefined): string {
+  if (!isNum(tps)) return '–';
+  if (tps >= 100) return `${Math.round(tps)} tok/s`;
+  return `${tps.toFixed(1)} tok/s`;
+}
+
+export function formatCount(n: number | null | undefined, one: string, many: string): string {
+  if (!isNum(n)) return '–';
+  const v = Math.round(n);
+  return `${v.toLocaleString('en-US')} ${v === 1 ? one : many}`;
+}
+
+export interface Figure {
+  key: 'ttft' | 'rate' | 'tokens' | 'cached';
+  label: string;
+  value: string;
+  title: string;
+}
+
+/** The figures shown under a reply, in order. Missing values show as "–". */
+export function formatStats(stats: Stats | null | undefined): Figure[] {
+  const s = stats || {};
+  const cached = isNum(s.cached_tokens)
+    ? isNum(s.prompt_tokens) && s.prompt_tokens > 0
+      ? `${formatCount(s.cached_tokens, 'token', 'tokens')} (${Math.round((100 * s.cached_tokens) / s.prompt_tokens)}%)`
+      : formatCount(s.cached_tokens, 'token', 'tokens')
+    : '–';
+  return [
+    { key: 'ttft', label: 'TTFT', value: formatMs(s.ttft_ms), title: 'Time to first token' },
+    { key: 'rate', label: 'Speed', value: formatRate(s.tokens_per_s), title: 'Output tokens per second after the first' },
+    { key: 'tokens', label: 'Output', value: formatCount(s.output_tokens, 'token', 'tokens'), title: 'Output tokens' },
+    { key: 'cached', label: 'Cached', value: cached, title: 'Prompt tokens reused from the KV cache' },
+  ];
+}
+
+export function hasStats(stats: Stats | null | undefined): boolean {
+  return !!stats && (isNum(stats.ttft_ms) || isNum(stats.output_tokens) || isNum(stats.tokens_per_s));
+}
+
+/** Relative day buckets for the sidebar. */
+export function dayBucket(iso: string, now = new Date()): string {
+  const d = new Date(iso);
+  if (Number.isNaN(d.getTime())) return 'Older';
+  const startOfToday = new Date(now.getFullYear(), now.getMonth(), now.getDate()).getTime();
+  const t = d.getTime();
+  if (t >= startOfToday) return 'Today';
+  if (t >= startOfToday - 86400000) return 'Yesterday';
+  if (t >= startOfToday - 7 * 86400000) return 'Previous 7 days';
+  return 'Older';
+}

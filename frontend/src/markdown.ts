@@ -1,0 +1,102 @@
+import { Marked, type Tokens } from 'marked';
+import DOMPurify from 'dompurify';
+import hljs from 'highlight.js/lib/core';
+import bash from 'highlight.js/lib/languages/bash';
+import c from 'highlight.js/lib/languages/c';
+import cpp from 'highlight.js/lib/languages/cpp';
+import css from 'highlight.js/lib/languages/css';
+import diff from 'highlight.js/lib/languages/diff';
+import go from 'highlight.js/lib/languages/go';
+import java from 'highlight.js/lib/languages/java';
+import javascript from 'highlight.js/lib/languages/javascript';
+import json from 'highlight.js/lib/languages/json';
+import markdown from 'highlight.js/lib/languages/markdown';
+import plaintext from 'highlight.js/lib/languages/plaintext';
+import python from 'highlight.js/lib/languages/python';
+import rust from 'highlight.js/lib/languages/rust';
+import shell from 'highlight.js/lib/languages/shell';
+import sql from 'highlight.js/lib/languages/sql';
+import typescript from 'highlight.js/lib/languages/typescript';
+import xml from 'highlight.js/lib/languages/xml';
+import yaml from 'highlight.js/lib/languages/yaml';
+
+const langs: Record<string, any> = {
+  bash, c, cpp, css, diff, go, java, javascript, json, markdown, plaintext, python, rust, shell, sql, typescript, xml, yaml,
+};
+for (const [name, def] of Object.entries(langs)) hljs.registerLanguage(name, def);
+hljs.registerAliases(['sh', 'zsh', 'console'], { languageName: 'bash' });
+hljs.registerAliases(['js', 'jsx', 'mjs'], { languageName: 'javascript' });
+hljs.registerAliases(['ts', 'tsx'], { languageName: 'typescript' });
+hljs.registerAliases(['py', 'python3'], { languageName: 'python' });
+hljs.registerAliases(['html', 'svg'], { languageName: 'xml' });
+hljs.registerAliases(['yml'], { languageName: 'yaml' });
+hljs.registerAliases(['text', 'txt'], { languageName: 'plaintext' });
+
+export function escapeHtml(s: string): string {
+  return s.replace(/[&<>"']/g, (ch) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[ch]!);
+}
+
+/** Highlight code; unknown languages and very long blocks are only escaped. */
+export function highlight(code: string, lang: string | undefined): string {
+  const l = (lang || '').trim().split(/\s+/)[0].toLowerCase();
+  if (code.length > 100_000) return escapeHtml(code);
+  try {
+    if (l && hljs.getLanguage(l)) return hljs.highlight(code, { language: l, ignoreIllegals: true }).value;
+  } catch {
+    /* fall through */
+  }
+  return escapeHtml(code);
+}
+
+const md = new Marked({ gfm: true, breaks: false });
+md.use({
+  renderer: {
+    code({ text, lang }: Tokens.Code): string {
+      const l = (lang || '').trim().split(/\s+/)[0];
+      const label = l ? escapeHtml(l) : 'code';
+      const cls = l ? ` class="hljs language-${escapeHtml(l.toLowerCase())}"` : ' class="hljs"';
+      return (
+        `<div class="code-block"><div class="code-head"><span class="code-lang">${label}</span>` +
+        `<button type="button" class="copy-code" data-testid="copy-code" aria-label="Copy code">Copy</button></div>` +
+        `<pre><code${cls}>${highlight(text, l)}</code></pre></div>\n`
+      );
+    },
+  },
+});
+
+let hooked = false;
+function purifier() {
+  if (!hooked) {
+    hooked = true;
+    DOMPurify.addHook('afterSanitizeAttributes', (node: Element) => {
+      if (node.tagName === 'A' && node.hasAttribute('href')) {
+        node.setAttribute('target', '_blank');
+        node.setAttribute('rel', 'noopener noreferrer nofollow');
+      }
+    });
+  }
+  return DOMPurify;
+}
+
+const PURIFY_CONFIG = {
+  FORBID_TAGS: ['style', 'form', 'input', 'textarea', 'select', 'iframe', 'object', 'embed'],
+  FORBID_ATTR: ['style'],
+  ALLOWED_URI_REGEXP: /^(?:(?:https?|mailto):|[^a-z]|[a-z+.-]+(?:[^a-z+.\-:]|$))/i,
+};
+
+/**
+ * Markdown → sanitised HTML. Works on partial text while a reply streams: an unclosed code
+ * fence renders as a code block up to the end (CommonMark), so nothing jumps when it closes.
+ */
+export function renderMarkdown(text: string, streaming = false): string {
+  let src = text;
+  // A fence opener still being typed ("``" or "```py" with no newline yet) would flash as
+  // inline code; hold the last line back until it is complete.
+  const lastNl = src.lastIndexOf('\n');
+  const lastLine = src.slice(lastNl + 1);
+  if (streaming && /^\s{0,3}(`{1,2}|`{3,}[^`\n]*|~{1,2}|~{3,}[^\n]*)$/.test(lastLine)) {
+    src = src.slice(0, lastNl + 1);
+  }
+  const html = md.parse(src, { async: false }) as string;
+  return purifier().sanitize(html, PURIFY_CONFIG) as unknown as string;
+}

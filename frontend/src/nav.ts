@@ -1,0 +1,10 @@
+/** The current conversation lives in the URL hash (#/c/7) so a refresh returns to it. */
+export function parseHash(hash = location.hash): number | null {
+  const m = /^#\/c\/(\d+)$/.exec(hash);
+  return m ? Number(m[1]) : null;
+}
+
+export function syncHash(id: number | null): void {
+  const h = id == null ? '' : `#/c/${id}`;
+  if (location.hash !== h) history.replaceState(null, '', h || location.pathname + location.search);
+}

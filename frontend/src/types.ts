@@ -1,0 +1,77 @@
+// Shapes from docs/websocket.md and docs/http.md.
+
+export interface Settings {
+  system_prompt?: string;
+  temperature?: number;
+  top_p?: number;
+  max_tokens?: number;
+}
+
+export interface Conversation {
+  id: number;
+  title: string;
+  created_at: string;
+  updated_at: string;
+  settings?: Settings | null;
+}
+
+export interface Stats {
+  ttft_ms?: number | null;
+  output_tokens?: number | null;
+  tokens_per_s?: number | null;
+  prompt_tokens?: number | null;
+  cached_tokens?: number | null;
+  e2e_ms?: number | null;
+  queue_ms?: number | null;
+}
+
+export type Role = 'user' | 'assistant' | 'system';
+/** Server statuses plus two client-only ones for an optimistic user message. */
+export type Status = 'complete' | 'streaming' | 'stopped' | 'error' | 'sending' | 'failed';
+
+export interface Message {
+  /** Server id; a negative number for a message the server has not confirmed yet. */
+  id: number;
+  conversation_id: number | null;
+  role: Role;
+  text: string;
+  status: Status;
+  finish_reason?: string | null;
+  parent_id?: number | null;
+  created_at?: string;
+  stats?: Stats | null;
+  alternatives?: number[];
+  alternative_index?: number;
+  /** Generation sequence number (the server adds it to snapshots and deltas; optional). */
+  seq?: number;
+  /** client-only */
+  client_id?: string;
+  /** client-only: performance.now() when the person pressed send (for the TTFT they see). */
+  client_sent_at?: number;
+  error?: string;
+}
+
+export interface EngineInfo {
+  model: string;
+  max_model_len: number;
+  speculative_modes: string[];
+  defaults: { temperature: number; top_p: number; max_tokens: number };
+}
+
+export type ServerFrame =
+  | { type: 'conversation'; conversation: Conversation }
+  | { type: 'start'; conversation_id: number; client_id?: string; user_message?: Message | null; message: Message }
+  | { type: 'delta'; message_id: number; text: string; seq?: number }
+  | { type: 'snapshot'; message: Message }
+  | { type: 'done'; message_id: number; status: 'complete' | 'stopped' | 'error'; finish_reason?: string; stats?: Stats; message?: Message }
+  | { type: 'title'; conversation_id: number; title: string }
+  | { type: 'error'; code: string; message: string; conversation_id?: number; message_id?: number; client_id?: string }
+  | { type: 'pong' };
+
+export type ClientFrame =
+  | { type: 'send'; conversation_id: number | null; text: string; client_id?: string; settings?: Settings }
+  | { type: 'stop'; message_id: number }
+  | { type: 'regenerate'; message_id: number }
+  | { type: 'edit'; message_id: number; text: string }
+  | { type: 'resume'; message_id: number }
+  | { type: 'ping' };

@@ -1,0 +1,105 @@
+import { useEffect, useState } from 'preact/hooks';
+import { exportUrl } from '../api';
+import { applyTheme, effectiveTheme, setTheme, watchSystemTheme, type Theme } from '../theme';
+import { Composer } from './Composer';
+import { useStore, useStoreInstance } from './hooks';
+import { MessageList } from './MessageList';
+import { SettingsDialog } from './SettingsDialog';
+import { Sidebar } from './Sidebar';
+
+export interface AppProps {
+  username: string;
+  isStaff: boolean;
+  logoutUrl: string;
+}
+
+const CONN_WORDS: Record<string, string> = {
+  open: 'Connected',
+  connecting: 'Connecting…',
+  reconnecting: 'Reconnecting…',
+  unauthorized: 'Signed out',
+  closed: 'Offline',
+};
+
+export function App(props: AppProps) {
+  const store = useStoreInstance();
+  const currentId = useStore((s) => s.currentId);
+  const title = useStore((s) => s.conversation(s.currentId)?.title);
+  const conn = useStore((s) => s.conn);
+  const toasts = useStore((s) => s.toasts);
+  const [theme, setThemeState] = useState<Theme>(() => effectiveTheme());
+  const [settingsOpen, setSettingsOpen] = useState(false);
+  const [drawer, setDrawer] = useState(false);
+
+  useEffect(() => {
+    applyTheme();
+    return watchSystemTheme(setThemeState);
+  }, []);
+
+  useEffect(() => {
+    document.title = title ? `${title} · Chat` : 'Chat';
+  }, [title]);
+
+  useEffect(() => {
+    const onKey = (e: KeyboardEvent) => {
+      const mod = e.ctrlKey || e.metaKey;
+      if (mod && e.shiftKey && (e.key === 'o' || e.key === 'O' || e.code === 'KeyO')) {
+        e.preventDefault();
+        store.newChat();
+        setDrawer(false);
+        return;
+      }
+      if (e.key === 'Escape' && !e.defaultPrevented) {
+        if (settingsOpen) setSettingsOpen(false);
+        else if (drawer) setDrawer(false);
+        else store.stop();
+      }
+    };
+    window.addEventListener('keydown', onKey);
+    return () => window.removeEventListener('keydown', onKey);
+  }, [settingsOpen, drawer]);
+
+  const toggleTheme = () => setThemeState(setTheme(theme === 'dark' ? 'light' : 'dark'));
+
+  return (
+    <div class={'app' + (drawer ? ' drawer-open' : '')} data-testid="app">
+      <Sidebar
+        username={props.username}
+        isStaff={props.isStaff}
+        logoutUrl={props.logoutUrl}
+        theme={theme}
+        onToggleTheme={toggleTheme}
+        onNavigate={() => setDrawer(false)}
+      />
+      <div class="scrim" data-testid="drawer-scrim" onClick={() => setDrawer(false)} />
+      <main class="chat">
+        <header class="chat-head">
+          <button type="button" class="icon-btn menu" data-testid="sidebar-toggle" aria-label="Show conversations" aria-expanded={drawer} onClick={() => setDrawer(!drawer)}>☰</button>
+          <h1 class="chat-title" data-testid="conversation-title">{title || 'New chat'}</h1>
+          <span class={'conn conn-' + conn} data-testid="connection-status" data-state={conn} title={CONN_WORDS[conn]}>
+            <span class="dot" aria-hidden="true" />
+            <span class="conn-text">{CONN_WORDS[conn]}</span>
+          </span>
+          {currentId != null ? (
+            <span class="exports">
+              <a class="icon-btn" data-testid="export-md" href={exportUrl(currentId, 'md')} download title="Export as Markdown">MD</a>
+              <a class="icon-btn" data-testid="export-json" href={exportUrl(currentId, 'json')} download title="Export as JSON">JSON</a>
+            </span>
+          ) : null}
+          <button type="button" class="icon-btn" data-testid="settings-button" aria-label="Conversation settings" title="Settings" onClick={() => setSettingsOpen(true)}>⚙</button>
+        </header>
+        <MessageList />
+        <Composer />
+      </main>
+      {settingsOpen ? <SettingsDialog key={String(currentId)} onClose={() => setSettingsOpen(false)} /> : null}
+      <div class="toasts" aria-live="polite">
+        {toasts.map((t) => (
+          <div class="toast" role="alert" data-testid="toast" key={t.id}>
+            <span>{t.text}</span>
+            <button type="button" class="icon-btn" aria-label="Dismiss" onClick={() => store.dismiss(t.id)}>×</button>
+          </div>
+        ))}
+      </div>
+    </div>
+  );
+}

@@ -1,0 +1,95 @@
+import { useEffect, useLayoutEffect, useRef, useState } from 'preact/hooks';
+import { useStore, useStoreInstance } from './hooks';
+
+const MAX_HEIGHT = 220;
+
+export function Composer() {
+  const store = useStoreInstance();
+  const key = useStore((s) => s.currentKey);
+  const draftVersion = useStore((s) => s.draftVersion);
+  const conn = useStore((s) => s.conn);
+  const streaming = useStore((s) => s.streamingIn());
+  const busy = useStore((s) => s.isBusy());
+  const [text, setText] = useState(() => store.getDraft());
+  const ta = useRef<HTMLTextAreaElement>(null);
+
+  useEffect(() => {
+    setText(store.getDraft(key));
+    ta.current?.focus();
+  }, [key, draftVersion]);
+
+  useLayoutEffect(() => {
+    const el = ta.current;
+    if (!el) return;
+    el.style.height = 'auto';
+    el.style.height = Math.min(MAX_HEIGHT, el.scrollHeight) + 'px';
+  }, [text]);
+
+  const send = () => {
+    if (!text.trim()) return;
+    const r = store.sendMessage(text);
+    if (r.ok) setText('');
+  };
+
+  const online = conn === 'open';
+  return (
+    <form
+      class="composer"
+      data-testid="composer"
+      onSubmit={(e) => {
+        e.preventDefault();
+        send();
+      }}
+    >
+      {!online ? (
+        <div class="composer-offline" data-testid="composer-offline" role="status">
+          {conn === 'unauthorized' ? (
+            <span>You are signed out. <a href="/accounts/login/">Sign in again</a>.</span>
+          ) : conn === 'connecting' ? (
+            'Connecting…'
+          ) : (
+            'Connection lost — reconnecting… Messages cannot be sent until it is back.'
+          )}
+        </div>
+      ) : null}
+      <div class="composer-box">
+        <textarea
+          ref={ta}
+          data-testid="composer-input"
+          aria-label="Message"
+          placeholder="Message"
+          rows={1}
+          value={text}
+          onInput={(e) => {
+            const v = (e.target as HTMLTextAreaElement).value;
+            setText(v);
+            store.setDraft(key, v);
+          }}
+          onKeyDown={(e) => {
+            if (e.key === 'Enter' && !e.shiftKey && !e.isComposing && (e as KeyboardEvent).keyCode !== 229) {
+              e.preventDefault();
+              send();
+            }
+          }}
+        />
+        {streaming ? (
+          <button type="button" class="btn stop" data-testid="stop-button" aria-label="Stop generating" onClick={() => store.stop()}>
+            <span class="stop-square" aria-hidden="true" /> Stop
+          </button>
+        ) : (
+          <button
+            type="submit"
+            class="btn primary send"
+            data-testid="send-button"
+            aria-label="Send message"
+            data-online={online ? 'true' : 'false'}
+            disabled={!text.trim() || busy}
+          >
+            Send
+          </button>
+        )}
+      </div>
+      <div class="composer-hint">Enter to send · Shift+Enter for a new line · Esc stops · Ctrl+Shift+O new chat</div>
+    </form>
+  );
+}

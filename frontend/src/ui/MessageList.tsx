@@ -1,0 +1,144 @@
+import { useCallback, useEffect, useLayoutEffect, useMemo, useRef, useState } from 'preact/hooks';
+import { copyText } from './clipboard';
+import { useStore, useStoreInstance } from './hooks';
+import { MessageView, type MessageActions } from './MessageView';
+
+/** Within this many pixels of the bottom counts as "at the bottom". */
+const STICK_PX = 48;
+
+export function MessageList() {
+  const store = useStoreInstance();
+  const key = useStore((s) => s.currentKey);
+  const thread = useStore((s) => s.thread());
+  const version = useStore((s) => s.version);
+  const loading = useStore((s) => s.currentId != null && s.loading.has(s.currentId) && !s.loaded.has(s.currentId));
+  const notices = useStore((s) => s.noticesFor());
+  const busy = useStore((s) => s.isBusy());
+  const scroller = useRef<HTMLDivElement>(null);
+  const inner = useRef<HTMLDivElement>(null);
+  const stick = useRef(true);
+  const lastTop = useRef(0);
+  const [atBottom, setAtBottom] = useState(true);
+
+  const actions: MessageActions = useMemo(
+    () => ({
+      regenerate: (id) => {
+        stick.current = true;
+        store.regenerate(id);
+      },
+      edit: (id, text) => {
+        stick.current = true;
+        return store.edit(id, text).ok;
+      },
+      alternative: (id, d) => void store.showAlternative(id, d),
+    }),
+    [store],
+  );
+
+  const toBottom = useCallback(() => {
+    const el = scroller.current;
+    if (el) {
+      el.scrollTop = el.scrollHeight;
+      lastTop.current = el.scrollTop;
+    }
+  }, []);
+
+  // New conversation shown, or the reader sent something: follow the bottom again.
+  useLayoutEffect(() => {
+    stick.current = true;
+    setAtBottom(true);
+    toBottom();
+  }, [key]);
+  const lastId = thread[thread.length - 1];
+  const lastRole = lastId != null ? store.messages.get(lastId)?.role : undefined;
+  useLayoutEffect(() => {
+    if (lastRole === 'user') stick.current = true;
+  }, [lastId]);
+
+  // Content grew (a delta, a new message, a highlighted block): keep the bottom in view if we follow it.
+  useLayoutEffect(() => {
+    if (stick.current) toBottom();
+  });
+  useEffect(() => {
+    if (typeof ResizeObserver === 'undefined' || !inner.current) return;
+    const ro = new ResizeObserver(() => {
+      if (stick.current) toBottom();
+    });
+    ro.observe(inner.current);
+    return () => ro.disconnect();
+  }, []);
+
+  const onScroll = () => {
+    const el = scroller.current!;
+    const bottom = el.scrollHeight - el.scrollTop - el.clientHeight <= STICK_PX;
+    // Only the reader moving up lets go of the bottom; content growing under us does not.
+    if (bottom) stick.current = true;
+    else if (el.scrollTop < lastTop.current - 2) stick.current = false;
+    lastTop.current = el.scrollTop;
+    const shown = bottom || stick.current;
+    if (shown !== atBottom) setAtBottom(shown);
+  };
+  const onWheel = (e: WheelEvent) => {
+    if (e.deltaY < 0) {
+      stick.current = false;
+      setAtBottom(false);
+    }
+  };
+
+  // Copy buttons inside rendered code blocks.
+  const onClick = async (e: MouseEvent) => {
+    const btn = (e.target as HTMLElement).closest?.('.copy-code') as HTMLButtonElement | null;
+    if (!btn) return;
+    const code = btn.closest('.code-block')?.querySelector('code');
+    if (code && (await copyText(code.textContent || ''))) {
+      btn.textContent = 'Copied';
+      btn.dataset.copied = 'true';
+      setTimeout(() => {
+        btn.textContent = 'Copy';
+        delete btn.dataset.copied;
+      }, 1500);
+    }
+  };
+
+  void version;
+  return (
+    <div class="messages-wrap">
+      <div class="messages" ref={scroller} onScroll={onScroll} onWheel={onWheel} onClick={onClick} data-testid="message-list">
+        <div class="messages-inner" ref={inner}>
+          {thread.length === 0 && !loading ? (
+            <div class="empty" data-testid="empty-state">
+              <h2>What can I help with?</h2>
+              <p>Type a message below. Enter sends, Shift+Enter adds a new line.</p>
+            </div>
+          ) : null}
+          {loading ? <div class="loading" data-testid="loading">Loading…</div> : null}
+          {thread.map((id) => {
+            const m = store.messages.get(id);
+            return m ? <MessageView key={id} m={m} busy={busy} actions={actions} /> : null;
+          })}
+          {notices.map((n) => (
+            <div class="notice" role="alert" data-testid="chat-error" data-code={n.code || ''} key={n.id}>
+              <span>{n.text}</span>
+              <button type="button" class="icon-btn" aria-label="Dismiss" data-testid="chat-error-dismiss" onClick={() => store.dismiss(n.id)}>×</button>
+            </div>
+          ))}
+        </div>
+      </div>
+      {!atBottom && thread.length > 0 ? (
+        <button
+          type="button"
+          class="scroll-bottom"
+          data-testid="scroll-bottom"
+          aria-label="Scroll to the latest message"
+          onClick={() => {
+            stick.current = true;
+            setAtBottom(true);
+            toBottom();
+          }}
+        >
+          ↓
+        </button>
+      ) : null}
+    </div>
+  );
+}

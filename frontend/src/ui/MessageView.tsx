@@ -1,0 +1,176 @@
+import { memo } from 'preact/compat';
+import { useLayoutEffect, useMemo, useRef, useState } from 'preact/hooks';
+import { formatStats, hasStats } from '../format';
+import { renderMarkdown } from '../markdown';
+import type { Message } from '../types';
+import { copyText } from './clipboard';
+
+export interface MessageActions {
+  regenerate(id: number): void;
+  edit(id: number, text: string): boolean;
+  alternative(id: number, delta: -1 | 1): void;
+}
+
+interface Props {
+  m: Message;
+  busy: boolean;
+  actions: MessageActions;
+}
+
+const FINISH_WORDS: Record<string, string> = {
+  length: 'Stopped at the length limit.',
+  abort: 'Stopped.',
+  disconnect: 'Cut short: the connection was lost.',
+  error: 'Cut short by an error.',
+  interrupted: 'Interrupted: the server restarted while writing this reply. It is kept as far as it got.',
+};
+
+function Markdown({ text, streaming }: { text: string; streaming: boolean }) {
+  const html = useMemo(() => renderMarkdown(text, streaming), [text, streaming]);
+  return <div class="md" data-testid="message-content" dangerouslySetInnerHTML={{ __html: html }} />;
+}
+
+function Figures({ m }: { m: Message }) {
+  if (m.role !== 'assistant') return null;
+  const show = hasStats(m.stats);
+  return (
+    <div class="figures" data-testid="message-stats" data-ready={show ? 'true' : 'false'} aria-label="Reply figures">
+      {show
+        ? formatStats(m.stats).map((f) => (
+            <span class="figure" key={f.key} data-figure={f.key} title={f.title}>
+              <span class="figure-label">{f.label}</span> {f.value}
+            </span>
+          ))
+        : m.status === 'streaming'
+          ? <span class="figure muted">writing…</span>
+          : null}
+    </div>
+  );
+}
+
+function Alternatives({ m, busy, actions }: Props) {
+  const alts = m.alternatives;
+  if (!alts || alts.length < 2) return null;
+  const idx = m.alternative_index ?? Math.max(0, alts.indexOf(m.id));
+  return (
+    <span class="alts" data-testid="alternatives">
+      <button type="button" class="icon-btn" data-testid="alt-prev" aria-label="Previous version" disabled={busy || idx <= 0} onClick={() => actions.alternative(m.id, -1)}>‹</button>
+      <span class="alt-counter" data-testid="alt-counter">{idx + 1}/{alts.length}</span>
+      <button type="button" class="icon-btn" data-testid="alt-next" aria-label="Next version" disabled={busy || idx >= alts.length - 1} onClick={() => actions.alternative(m.id, 1)}>›</button>
+    </span>
+  );
+}
+
+function MessageViewInner({ m, busy, actions }: Props) {
+  const [editing, setEditing] = useState(false);
+  const [draft, setDraft] = useState('');
+  const [copied, setCopied] = useState(false);
+  const editRef = useRef<HTMLTextAreaElement>(null);
+  const el = useRef<HTMLElement>(null);
+  const painted = useRef(false);
+  // The TTFT a person sees: from pressing send to the first reply text on screen.
+  useLayoutEffect(() => {
+    if (painted.current || !m.text || m.client_sent_at === undefined) return;
+    painted.current = true;
+    const sent = m.client_sent_at;
+    const mark = () => {
+      if (el.current) el.current.dataset.clientTtftMs = String(Math.round(performance.now() - sent));
+    };
+    if (typeof requestAnimationFrame === 'function') requestAnimationFrame(mark);
+    else mark();
+  }, [m.text]);
+  const streaming = m.status === 'streaming';
+  const confirmed = m.id > 0;
+
+  const copy = async () => {
+    if (await copyText(m.text)) {
+      setCopied(true);
+      setTimeout(() => setCopied(false), 1500);
+    }
+  };
+  const startEdit = () => {
+    setDraft(m.text);
+    setEditing(true);
+    setTimeout(() => editRef.current?.focus(), 0);
+  };
+  const saveEdit = () => {
+    if (draft.trim() && actions.edit(m.id, draft)) setEditing(false);
+  };
+
+  return (
+    <article
+      ref={el}
+      class={`msg msg-${m.role} status-${m.status}`}
+      data-testid="message"
+      data-message-id={String(m.id)}
+      data-role={m.role}
+      data-status={m.status}
+    >
+      <div class="msg-body">
+        {editing ? (
+          <div class="edit-box">
+            <textarea
+              ref={editRef}
+              data-testid="edit-input"
+              value={draft}
+              rows={Math.min(12, Math.max(2, draft.split('\n').length))}
+              onInput={(e) => setDraft((e.target as HTMLTextAreaElement).value)}
+              onKeyDown={(e) => {
+                if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) {
+                  e.preventDefault();
+                  saveEdit();
+                } else if (e.key === 'Escape') {
+                  e.stopPropagation();
+                  setEditing(false);
+                }
+              }}
+            />
+            <div class="edit-actions">
+              <button type="button" class="btn" data-testid="edit-cancel" onClick={() => setEditing(false)}>Cancel</button>
+              <button type="button" class="btn primary" data-testid="edit-save" disabled={busy || !draft.trim()} onClick={saveEdit}>Save &amp; send</button>
+            </div>
+          </div>
+        ) : m.role === 'assistant' ? (
+          <Markdown text={m.text} streaming={streaming} />
+        ) : (
+          <div class="plain" data-testid="message-content">{m.text}</div>
+        )}
+        {streaming && !m.text ? <span class="typing" aria-label="Writing">●●●</span> : null}
+      </div>
+      {m.error ? <div class="msg-error" role="alert" data-testid="message-error">{m.error}</div> : null}
+      {!streaming && m.role === 'assistant' && m.status !== 'complete' && !m.error ? (
+        <div class="msg-note" data-testid="message-note">
+          {m.status === 'stopped'
+            ? m.finish_reason && m.finish_reason !== 'abort' && FINISH_WORDS[m.finish_reason]
+              ? FINISH_WORDS[m.finish_reason]
+              : 'Stopped — the reply is kept as far as it got.'
+            : FINISH_WORDS[m.finish_reason || ''] || 'The reply ended with an error.'}
+        </div>
+      ) : m.role === 'assistant' && m.status === 'complete' && m.finish_reason === 'length' ? (
+        <div class="msg-note" data-testid="message-note">{FINISH_WORDS.length}</div>
+      ) : null}
+      {m.status === 'sending' ? <div class="msg-note muted">Sending…</div> : null}
+      {!editing ? (
+        <div class="msg-foot">
+          <Alternatives m={m} busy={busy} actions={actions} />
+          {confirmed && !streaming ? (
+            <span class="msg-actions">
+              <button type="button" class="icon-btn" data-testid="message-copy" aria-label="Copy message" title="Copy" onClick={copy}>
+                {copied ? 'Copied' : 'Copy'}
+              </button>
+              {m.role === 'user' ? (
+                <button type="button" class="icon-btn" data-testid="message-edit" aria-label="Edit and resend" title="Edit" disabled={busy} onClick={startEdit}>Edit</button>
+              ) : null}
+              {m.role === 'assistant' ? (
+                <button type="button" class="icon-btn" data-testid="message-regenerate" aria-label="Regenerate reply" title="Regenerate" disabled={busy} onClick={() => actions.regenerate(m.id)}>Regenerate</button>
+              ) : null}
+            </span>
+          ) : null}
+          <Figures m={m} />
+        </div>
+      ) : null}
+    </article>
+  );
+}
+
+export const MessageView = memo(MessageViewInner, (a, b) => a.m === b.m && a.busy === b.busy && a.actions === b.actions);

@@ -1,0 +1,181 @@
+import { useEffect, useRef, useState } from 'preact/hooks';
+import { getCookie } from '../api';
+import { dayBucket } from '../format';
+import type { Conversation } from '../types';
+import { useStore, useStoreInstance } from './hooks';
+
+interface Props {
+  username: string;
+  isStaff: boolean;
+  logoutUrl: string;
+  theme: 'light' | 'dark';
+  onToggleTheme(): void;
+  onNavigate(): void;
+}
+
+function Item({ c, active, onNavigate }: { c: Conversation; active: boolean; onNavigate(): void }) {
+  const store = useStoreInstance();
+  const [renaming, setRenaming] = useState(false);
+  const [confirming, setConfirming] = useState(false);
+  const [title, setTitle] = useState(c.title);
+  const input = useRef<HTMLInputElement>(null);
+  useEffect(() => {
+    if (renaming) input.current?.select();
+  }, [renaming]);
+
+  const save = async () => {
+    if (!renaming) return;
+    setRenaming(false);
+    if (title.trim() && title.trim() !== c.title) await store.rename(c.id, title);
+  };
+
+  return (
+    <li class={'conv-item' + (active ? ' active' : '')} data-testid="conversation-item" data-conversation-id={String(c.id)} data-active={active ? 'true' : 'false'}>
+      {renaming ? (
+        <input
+          ref={input}
+          class="conv-rename"
+          data-testid="conversation-rename-input"
+          aria-label="Conversation title"
+          value={title}
+          maxLength={200}
+          onInput={(e) => setTitle((e.target as HTMLInputElement).value)}
+          onKeyDown={(e) => {
+            if (e.key === 'Enter') save();
+            else if (e.key === 'Escape') {
+              e.stopPropagation();
+              setRenaming(false);
+            }
+          }}
+          onBlur={save}
+        />
+      ) : confirming ? (
+        <div class="conv-confirm" data-testid="conversation-delete-prompt">
+          <span>Delete “{c.title || 'New chat'}”?</span>
+          <button type="button" class="btn danger small" data-testid="conversation-delete-confirm" onClick={() => { setConfirming(false); store.deleteConversation(c.id); }}>Delete</button>
+          <button type="button" class="btn small" data-testid="conversation-delete-cancel" onClick={() => setConfirming(false)}>Cancel</button>
+        </div>
+      ) : (
+        <>
+          <button
+            type="button"
+            class="conv-open"
+            data-testid="conversation-open"
+            title={c.title}
+            aria-current={active ? 'page' : undefined}
+            onClick={() => {
+              store.selectConversation(c.id);
+              onNavigate();
+            }}
+            onDblClick={() => {
+              setTitle(c.title);
+              setRenaming(true);
+            }}
+          >
+            {c.title || 'New chat'}
+          </button>
+          <span class="conv-tools">
+            <button type="button" class="icon-btn" data-testid="conversation-rename" aria-label="Rename" title="Rename" onClick={() => { setTitle(c.title); setRenaming(true); }}>✎</button>
+            <button type="button" class="icon-btn" data-testid="conversation-delete" aria-label="Delete" title="Delete" onClick={() => setConfirming(true)}>🗑</button>
+          </span>
+        </>
+      )}
+    </li>
+  );
+}
+
+export function Sidebar(props: Props) {
+  const store = useStoreInstance();
+  const conversations = useStore((s) => s.conversations);
+  const results = useStore((s) => s.searchResults);
+  const currentId = useStore((s) => s.currentId);
+  const listLoaded = useStore((s) => s.listLoaded);
+  const [q, setQ] = useState('');
+  const timer = useRef<ReturnType<typeof setTimeout>>();
+
+  const onSearch = (v: string) => {
+    setQ(v);
+    clearTimeout(timer.current);
+    timer.current = setTimeout(() => store.search(v), 200);
+  };
+
+  const list = results ?? conversations;
+  const groups: [string, Conversation[]][] = [];
+  for (const c of list) {
+    const b = results ? 'Results' : dayBucket(c.updated_at || c.created_at);
+    const g = groups[groups.length - 1];
+    if (g && g[0] === b) g[1].push(c);
+    else groups.push([b, [c]]);
+  }
+
+  return (
+    <aside class="sidebar" data-testid="sidebar" aria-label="Conversations">
+      <div class="sidebar-top">
+        <button
+          type="button"
+          class="btn primary new-chat"
+          data-testid="new-chat"
+          title="New chat (Ctrl+Shift+O)"
+          onClick={() => {
+            store.newChat();
+            props.onNavigate();
+          }}
+        >
+          + New chat
+        </button>
+      </div>
+      <div class="search">
+        <input
+          type="search"
+          data-testid="conversation-search"
+          placeholder="Search conversations"
+          aria-label="Search conversations"
+          value={q}
+          onInput={(e) => onSearch((e.target as HTMLInputElement).value)}
+        />
+      </div>
+      <nav class="conv-list" data-testid="conversation-list">
+        {groups.map(([label, items]) => (
+          <section key={label}>
+            <h3 class="conv-group">{label}</h3>
+            <ul>
+              {items.map((c) => (
+                <Item key={c.id} c={c} active={c.id === currentId} onNavigate={props.onNavigate} />
+              ))}
+            </ul>
+          </section>
+        ))}
+        {listLoaded && list.length === 0 ? (
+          <p class="conv-empty" data-testid="conversation-empty">{results ? 'No conversation matches.' : 'No conversations yet.'}</p>
+        ) : null}
+      </nav>
+      <div class="sidebar-foot">
+        <span class="user" data-testid="username" title={props.username}>{props.username}</span>
+        {props.isStaff ? <a class="icon-btn" href="/admin/" data-testid="admin-link">Admin</a> : null}
+        <button
+          type="button"
+          class="icon-btn"
+          data-testid="theme-toggle"
+          data-theme={props.theme}
+          aria-label={props.theme === 'dark' ? 'Switch to light theme' : 'Switch to dark theme'}
+          title={props.theme === 'dark' ? 'Light theme' : 'Dark theme'}
+          onClick={props.onToggleTheme}
+        >
+          {props.theme === 'dark' ? '☀' : '☾'}
+        </button>
+        <form
+          method="post"
+          action={props.logoutUrl}
+          class="logout"
+          onSubmit={(e) => {
+            const f = e.currentTarget as HTMLFormElement;
+            (f.elements.namedItem('csrfmiddlewaretoken') as HTMLInputElement).value = getCookie('csrftoken');
+          }}
+        >
+          <input type="hidden" name="csrfmiddlewaretoken" value={getCookie('csrftoken')} />
+          <button type="submit" class="icon-btn" data-testid="logout-button">Log out</button>
+        </form>
+      </div>
+    </aside>
+  );
+}

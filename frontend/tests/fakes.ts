@@ -1,0 +1,110 @@
+import type { SocketLike } from '../src/ws';
+import type { ApiPort, SocketPort } from '../src/store';
+import type { ClientFrame, Conversation, Message } from '../src/types';
+
+/** A stand-in for the browser WebSocket, driven by the test. */
+export class FakeSocket implements SocketLike {
+  static all: FakeSocket[] = [];
+  readyState = 0;
+  sent: any[] = [];
+  closedWith: number | undefined;
+  onopen: ((ev: any) => any) | null = null;
+  onclose: ((ev: any) => any) | null = null;
+  onmessage: ((ev: any) => any) | null = null;
+  onerror: ((ev: any) => any) | null = null;
+  constructor(public url: string) {
+    FakeSocket.all.push(this);
+  }
+  send(data: string) {
+    if (this.readyState !== 1) throw new Error('not open');
+    this.sent.push(JSON.parse(data));
+  }
+  close(code?: number) {
+    this.closedWith = code;
+    this.readyState = 3;
+  }
+  // test controls
+  open() {
+    this.readyState = 1;
+    this.onopen?.({});
+  }
+  receive(frame: unknown) {
+    this.onmessage?.({ data: typeof frame === 'string' ? frame : JSON.stringify(frame) });
+  }
+  drop(code = 1006) {
+    this.readyState = 3;
+    this.onclose?.({ code });
+  }
+  static last(): FakeSocket {
+    return FakeSocket.all[FakeSocket.all.length - 1];
+  }
+}
+
+/** Socket port for store tests: records frames; `open` toggles connectivity. */
+export class FakePort implements SocketPort {
+  isOpen = true;
+  sent: ClientFrame[] = [];
+  queued: { key?: string; frame: ClientFrame }[] = [];
+  send(frame: ClientFrame) {
+    if (!this.isOpen) return false;
+    this.sent.push(frame);
+    return true;
+  }
+  sendWhenOpen(frame: ClientFrame, key?: string) {
+    if (key) this.queued = this.queued.filter((q) => q.key !== key);
+    if (this.send(frame)) return true;
+    this.queued.push({ key, frame });
+    return false;
+  }
+  unqueue(key: string) {
+    this.queued = this.queued.filter((q) => q.key !== key);
+  }
+}
+
+export function conv(id: number, title = 'Chat ' + id, updated = '2026-11-30T05:00:00Z'): Conversation {
+  return { id, title, created_at: updated, updated_at: updated, settings: {} };
+}
+
+export function msg(p: Partial<Message> & { id: number; role: Message['role'] }): Message {
+  return {
+    conversation_id: 1,
+    text: '',
+    status: 'complete',
+    finish_reason: 'stop',
+    parent_id: null,
+    created_at: '2026-11-30T05:00:00Z',
+    stats: null,
+    ...p,
+  } as Message;
+}
+
+export class FakeApi implements ApiPort {
+  convs = new Map<number, { conversation: Conversation; messages: Message[] }>();
+  calls: [string, ...any[]][] = [];
+  async list(q?: string) {
+    this.calls.push(['list', q]);
+    return { conversations: [...this.convs.values()].map((c) => c.conversation).filter((c) => !q || c.title.includes(q)) };
+  }
+  async get(id: number) {
+    this.calls.push(['get', id]);
+    const c = this.convs.get(id);
+    if (!c) throw Object.assign(new Error('Not found'), { status: 404, code: 'not_found' });
+    return structuredClone(c);
+  }
+  async patch(id: number, body: any) {
+    this.calls.push(['patch', id, body]);
+    const c = this.convs.get(id)!;
+    if (body.title) c.conversation.title = body.title;
+    if (body.settings) c.conversation.settings = body.settings;
+    return c.conversation;
+  }
+  async remove(id: number) {
+    this.calls.push(['remove', id]);
+    this.convs.delete(id);
+  }
+  async engine() {
+    return { model: 'test', max_model_len: 2048, speculative_modes: [], defaults: { temperature: 0.7, top_p: 0.9, max_tokens: 256 } };
+  }
+}
+
+export const flush = () => new Promise((r) => setTimeout(r, 0));

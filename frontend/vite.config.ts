@@ -1,0 +1,32 @@
+import { defineConfig } from 'vitest/config';
+
+// Built once into dist/ with fixed names; Django serves dist/ under /static/.
+export default defineConfig({
+  base: '/static/',
+  publicDir: false,
+  oxc: {
+    jsx: { runtime: 'automatic', importSource: 'preact' },
+  },
+  build: {
+    outDir: 'dist',
+    emptyOutDir: true,
+    target: 'es2020',
+    cssCodeSplit: false,
+    sourcemap: false,
+    modulePreload: false,
+    rolldownOptions: {
+      input: 'src/main.tsx',
+      output: {
+        format: 'es',
+        entryFileNames: 'app.js',
+        chunkFileNames: 'assets/[name]-[hash].js',
+        assetFileNames: (info) =>
+          (info.names || [info.name || '']).some((n) => n && n.endsWith('.css')) ? 'app.css' : 'assets/[name]-[hash][extname]',
+      },
+    },
+  },
+  test: {
+    environment: 'jsdom',
+    include: ['tests/**/*.test.{ts,tsx}'],
+  },
+});

@@ -1,0 +1,114 @@
+"""A real server for tests that need one: daphne in a subprocess on a free port, with
+its own SQLite file, serving the whole app (HTTP, WebSocket, /v1) from a chosen model."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LiveServer:
+    def __init__(self, workdir: Path, model_dir: Path | str, **env: str) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "chatapp.settings.dev",
+            "DJANGO_DEBUG": "false",
+            "CHATAPP_VAR_DIR": str(workdir),
+            "DATABASE_URL": f"sqlite:///{workdir / 'db.sqlite3'}",
+            "CHATAPP_MODEL": str(model_dir),
+            "ENGINE_DTYPE": env.pop("ENGINE_DTYPE", "float32"),
+            "ENGINE_PRELOAD": "true",
+            "PYTHONUNBUFFERED": "1",
+            **env,
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = workdir / "server.log"
+
+    def manage(self, *args: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(out.stdout + out.stderr)
+        return out.stdout
+
+    def python(self, code: str) -> str:
+        """Run Django ORM code against this server's database; returns what it prints."""
+        return self.manage("shell", "--no-imports", "-c", code).strip()
+
+    def start(self) -> LiveServer:
+        self.manage("migrate", "--noinput", "-v", "0")
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "daphne",
+                    "-b",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.port),
+                    "chatapp.asgi:application",
+                ],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited:\n{self.log.read_text()}")
+            try:
+                urllib.request.urlopen(self.url + "/healthz?engine=1", timeout=2).read()
+                return self
+            except Exception:
+                time.sleep(0.3)
+        raise RuntimeError(f"server did not come up:\n{self.log.read_text()}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def make_user(self, username: str, password: str, staff: bool = False) -> None:
+        self.python(
+            "from django.contrib.auth import get_user_model as g; "
+            f"u = g().objects.create_user({username!r}, password={password!r}); "
+            f"u.is_staff = u.is_superuser = {staff!r}; u.save()"
+        )
+
+    def make_key(self, username: str, **limits: Any) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in limits.items())
+        return self.python(
+            "from django.contrib.auth import get_user_model as g; "
+            "from chatapp.api_keys import create_key; "
+            f"k, raw = create_key(g().objects.get(username={username!r}), 'test'); "
+            + (f"type(k).objects.filter(pk=k.pk).update({fields}); " if fields else "")
+            + "print(raw)"
+        )

@@ -21,8 +21,9 @@ from chatapp import conversations as conv_logic
 from chatapp.conversations import InvalidSettings, NotFound
 from chatapp.generation import ERROR_TEXT, Generation, Subscription, message_snapshot, registry
 from chatapp.models import Conversation, Message
-from inference.client import EngineUnavailableError, get_engine_client
-from inference.engine import SamplingParams
+from inference.chat_template import Turn
+from inference.client import EngineUnavailableError, Prompt, get_engine_client
+from inference.engine import PromptTooLongError, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +251,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         client = await asyncio.to_thread(get_engine_client)
         client_id = content.get("client_id")
 
-        def prepare() -> tuple[list[int], list[int], Message | None]:
+        def prepare() -> tuple[Prompt, Message | None]:
             # The branch the reply continues: for a plain send, the active branch; for
             # regenerate and edit, the path down to `parent`.
             if parent is None and not branch_from and user_text is not None:
@@ -258,25 +259,18 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             else:
                 branch = conv_logic.path_to(parent)
             turns = conv_logic.turns_for(conv, branch)
-            anchor = branch[-1] if branch else None
-            user_ids: list[int] = []
             if user_text is not None:
-                from inference.chat_template import Turn
+                turns.append(Turn("user", user_text))
+            return client.chat_prompt(turns), (branch[-1] if branch else None)
 
-                turn = Turn("user", user_text)
-                user_ids = (
-                    client.prompts.turn_ids(turn, first=not turns) if client.prompts.exact else []
-                )
-                turns.append(turn)
-            prompt = client.prompts.build(turns)
-            return prompt, user_ids, anchor
-
-        prompt, user_ids, anchor = await database_sync_to_async(prepare)()
-        if len(prompt) + 1 > client.max_model_len:
-            raise FrameError("too_long", ERROR_TEXT["too_long"])
+        prompt, anchor = await database_sync_to_async(prepare)()
+        try:
+            client.check_fits(prompt)
+        except PromptTooLongError as exc:
+            raise FrameError("too_long", ERROR_TEXT["too_long"]) from exc
         await self._refuse_if_streaming(conv.pk)
         user_msg, reply = await database_sync_to_async(conv_logic.add_exchange)(
-            conv, anchor, user_text, user_ids
+            conv, anchor, user_text, prompt.user_token_ids
         )
         sampling = SamplingParams(
             max_tokens=conv.max_tokens,

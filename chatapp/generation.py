@@ -22,7 +22,7 @@ from django.conf import settings
 
 from chatapp.conversations import message_json
 from chatapp.models import Message
-from inference.client import get_engine_client
+from inference.client import Prompt, get_engine_client
 from inference.engine import (
     EngineBusyError,
     EngineError,
@@ -82,13 +82,13 @@ class Generation:
         self,
         registry: GenerationRegistry,
         message: Message,
-        prompt_token_ids: list[int],
+        prompt: Prompt,
         sampling: SamplingParams,
     ) -> None:
         self.registry = registry
         self.message_id: int = message.pk
         self.conversation_id: int = message.conversation_id
-        self.prompt_token_ids = prompt_token_ids
+        self.prompt = prompt
         self.sampling = sampling
         self.request_id = f"chat-{message.pk}-{uuid.uuid4().hex[:8]}"
         self.text = ""
@@ -145,8 +145,8 @@ class Generation:
         last_checkpoint = time.monotonic()
         try:
             client = await asyncio.to_thread(get_engine_client)
-            stream = client.generate(
-                self.prompt_token_ids,
+            stream = client.stream(
+                self.prompt,
                 self.sampling,
                 session_id=f"conversation-{self.conversation_id}",
                 request_id=self.request_id,
@@ -275,10 +275,8 @@ class GenerationRegistry:
         mid = self.by_conversation.get(conversation_id)
         return self.by_message.get(mid) if mid is not None else None
 
-    def start(
-        self, message: Message, prompt_token_ids: list[int], sampling: SamplingParams
-    ) -> Generation:
-        gen = Generation(self, message, prompt_token_ids, sampling)
+    def start(self, message: Message, prompt: Prompt, sampling: SamplingParams) -> Generation:
+        gen = Generation(self, message, prompt, sampling)
         self.by_message[gen.message_id] = gen
         self.by_conversation[gen.conversation_id] = gen.message_id
         return gen

@@ -26,7 +26,7 @@ from chatapp.api_keys import key_for_token
 from chatapp.models import ApiKey
 from chatapp.rate_limits import RateLimited, limiter
 from inference.chat_template import Turn
-from inference.client import EngineUnavailableError, get_engine_client
+from inference.client import EngineUnavailableError, Prompt, get_engine_client
 from inference.engine import (
     Delta,
     EngineBusyError,
@@ -217,10 +217,6 @@ def parse_common(body: dict, allowed: set[str], default_max_tokens: int | None) 
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("you must provide a model parameter", "model")
-    if model not in model_ids():
-        raise ApiError(
-            404, f"The model '{model[:100]}' does not exist", param="model", code="model_not_found"
-        )
     n = _int(body, "n", 1, 128)
     if n not in (None, 1):
         raise invalid("only n=1 is supported", "n")
@@ -306,8 +302,17 @@ def parse_completion(body: dict) -> ApiRequest:
 # --- plumbing ---------------------------------------------------------------------------
 
 
-def model_ids() -> list[str]:
-    return [settings.ENGINE["MODEL"].rstrip("/").rsplit("/", 1)[-1]]
+async def engine_client() -> Any:
+    try:
+        return await asyncio.to_thread(get_engine_client)
+    except EngineUnavailableError as exc:
+        raise ApiError(
+            503,
+            "The model is not available right now.",
+            "server_error",
+            code="engine_unavailable",
+            headers={"Retry-After": "5"},
+        ) from exc
 
 
 async def authenticate(request: HttpRequest) -> ApiKey:
@@ -349,6 +354,12 @@ def usage(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, 
     }
 
 
+def prompt_tokens(metrics: Any, known: int | None) -> int:
+    if known is not None:
+        return known
+    return int(metrics.prompt_tokens) if metrics is not None else 0
+
+
 def finish_reason(delta: Delta) -> str:
     return "length" if delta.finish_reason == "length" else "stop"
 
@@ -365,23 +376,29 @@ def api_view(handler: Any) -> Any:
     return view
 
 
-def build_prompt(client: Any, req: ApiRequest) -> list[int]:
-    if req.prompt_ids is not None:
-        vocab = len(client.tokenizer)
-        if any(not 0 <= t < vocab for t in req.prompt_ids):
-            raise invalid("token ids must be within the model's vocabulary", "prompt")
-        return list(req.prompt_ids)
-    if req.prompt_text is not None:
-        return list(client.tokenizer.encode(req.prompt_text, add_special_tokens=False))
-    assert req.turns is not None
-    return client.prompts.build(client.recall_replies(req.turns))
+def build_prompt(client: Any, req: ApiRequest) -> Prompt:
+    try:
+        if req.turns is not None:
+            return client.chat_prompt(req.turns)
+        source = req.prompt_ids if req.prompt_ids is not None else req.prompt_text
+        return client.completion_prompt(source)
+    except ValueError as exc:
+        raise invalid(str(exc), "prompt") from exc
 
 
 async def start_stream(
     request: HttpRequest, req: ApiRequest, key: ApiKey
-) -> tuple[Any, list[int], AsyncIterator[Delta], Delta, Any]:
+) -> tuple[Any, Prompt, AsyncIterator[Delta], Delta, Any]:
     """Check limits, build the prompt and pull the first delta before any header goes out,
     so that busy / too long / unavailable become proper statuses."""
+    client = await engine_client()
+    if req.model != client.model_name:
+        raise ApiError(
+            404,
+            f"The model '{req.model[:100]}' does not exist",
+            param="model",
+            code="model_not_found",
+        )
     try:
         release = await limiter.acquire(key, request)
     except RateLimited as exc:
@@ -393,26 +410,12 @@ async def start_stream(
             headers={"Retry-After": str(exc.retry_after)},
         ) from exc
     try:
-        try:
-            client = await asyncio.to_thread(get_engine_client)
-        except EngineUnavailableError as exc:
-            raise ApiError(
-                503,
-                "The model is not available right now.",
-                "server_error",
-                code="engine_unavailable",
-                headers={"Retry-After": "5"},
-            ) from exc
         prompt = await asyncio.to_thread(build_prompt, client, req)
-        if len(prompt) + 1 > client.max_model_len:
-            raise invalid(
-                f"This model's maximum context length is {client.max_model_len} tokens; "
-                f"your prompt has "
-                f"{len(prompt)}.",
-                "messages",
-                "context_length_exceeded",
-            )
-        stream = client.generate(
+        try:
+            client.check_fits(prompt)
+        except PromptTooLongError as exc:
+            raise invalid(str(exc), "messages", "context_length_exceeded") from exc
+        stream = client.stream(
             prompt, req.sampling, session_id=req.user, request_id=f"api-{uuid.uuid4().hex}"
         )
         try:
@@ -460,7 +463,8 @@ async def models(request: HttpRequest) -> HttpResponse:
     if request.method != "GET":
         raise ApiError(405, "Use GET.", code="method_not_allowed")
     await authenticate(request)
-    data = [{"id": m, "object": "model", "created": 0, "owned_by": "chatapp"} for m in model_ids()]
+    client = await engine_client()
+    data = [{"id": client.model_name, "object": "model", "created": 0, "owned_by": "chatapp"}]
     return JsonResponse({"object": "list", "data": data})
 
 
@@ -484,7 +488,7 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
     created = int(time.time())
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     if req.stream:
-        events = sse_events(client, req, rid, created, chat, len(prompt), stream, first, release)
+        events = sse_events(client, req, rid, created, chat, prompt.length, stream, first, release)
         response = StreamingHttpResponse(events, content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
@@ -495,10 +499,14 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
         await stream.aclose()
         release()
     check_failed(last)
-    if chat and req.turns is not None:
+    if chat:
         client.remember_reply(text, ids)
     m = last.metrics
-    usage_obj = usage(len(prompt), len(ids), m.cached_tokens if m else 0)
+    usage_obj = usage(
+        prompt_tokens(m, prompt.length),
+        m.output_tokens if m else len(ids),
+        m.cached_tokens if m else 0,
+    )
     if chat:
         choice = {
             "index": 0,
@@ -528,7 +536,7 @@ async def sse_events(
     rid: str,
     created: int,
     chat: bool,
-    prompt_len: int,
+    prompt_len: int | None,
     stream: AsyncIterator[Delta],
     first: Delta,
     release: Any,
@@ -584,7 +592,11 @@ async def sse_events(
                         "created": created,
                         "model": req.model,
                         "choices": [],
-                        "usage": usage(prompt_len, len(ids), m.cached_tokens if m else 0),
+                        "usage": usage(
+                            prompt_tokens(m, prompt_len),
+                            m.output_tokens if m else len(ids),
+                            m.cached_tokens if m else 0,
+                        ),
                     }
                     yield b"data: " + json.dumps(body).encode() + b"\n\n"
                 break
@@ -594,7 +606,7 @@ async def sse_events(
                 pending.append(await stream.__anext__())
             except StopAsyncIteration:
                 break
-        if chat and req.turns is not None:
+        if chat:
             client.remember_reply(text_all, ids)
         yield b"data: [DONE]\n\n"
     finally:

@@ -1,8 +1,9 @@
 """The web app's handle on the engine.
 
-The consumer and the API views call `get_engine_client()` and use only `generate`,
-`abort`, `stats` and the prompt builder; whether the engine runs in this process
-(embedded, the default) or elsewhere is decided here, from settings.ENGINE.
+The consumer and the API views call `get_engine_client()` and use only `chat_prompt` /
+`completion_prompt`, `stream`, `abort` and `stats`; whether the engine runs in this
+process (embedded, the default) or is another OpenAI-compatible server (upstream) is
+decided here, from settings.ENGINE.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
 
 from inference.chat_template import PromptBuilder, Turn
-from inference.engine import Delta, EngineConfig, EngineError, SamplingParams
+from inference.engine import Delta, EngineConfig, EngineError, PromptTooLongError, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +28,25 @@ class EngineUnavailableError(EngineError):
     code = "engine_unavailable"
 
 
+@dataclass
+class Prompt:
+    """A request's prompt in whatever form the engine behind the client takes."""
+
+    token_ids: list[int] | None = None  # our engine: exact ids
+    messages: list[dict[str, str]] | None = None  # an upstream chat endpoint
+    text: str | None = None  # an upstream completions endpoint
+    # The ids of the newest user turn (stored with the message), when known.
+    user_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def length(self) -> int | None:
+        return None if self.token_ids is None else len(self.token_ids)
+
+
 class EngineClient:
     """Wraps an in-process AsyncEngine."""
+
+    kind = "embedded"
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
@@ -61,12 +80,46 @@ class EngineClient:
         return out
 
     @property
-    def max_model_len(self) -> int:
+    def max_model_len(self) -> int | None:
         return int(self.engine.max_model_len)
 
     @property
     def model_name(self) -> str:
-        return str(getattr(self.engine, "model_name", "") or settings.ENGINE["MODEL"])
+        return str(settings.ENGINE["MODEL"]).rstrip("/").rsplit("/", 1)[-1]
+
+    def chat_prompt(self, turns: list[Turn]) -> Prompt:
+        """Prompt ids for a conversation; replies the engine wrote keep their exact ids."""
+        turns = self.recall_replies(turns)
+        user_ids: list[int] = []
+        if turns and turns[-1].role == "user" and self.prompts.exact:
+            user_ids = self.prompts.turn_ids(turns[-1], first=len(turns) == 1)
+        return Prompt(token_ids=self.prompts.build(turns), user_token_ids=user_ids)
+
+    def completion_prompt(self, prompt: str | list[int]) -> Prompt:
+        if isinstance(prompt, str):
+            return Prompt(token_ids=list(self.tokenizer.encode(prompt, add_special_tokens=False)))
+        vocab = len(self.tokenizer)
+        if any(not 0 <= t < vocab for t in prompt):
+            raise ValueError("token ids must be within the model's vocabulary")
+        return Prompt(token_ids=list(prompt))
+
+    def check_fits(self, prompt: Prompt) -> None:
+        limit = self.max_model_len
+        if limit is not None and prompt.length is not None and prompt.length + 1 > limit:
+            raise PromptTooLongError(
+                f"This model's maximum context length is {limit} tokens; "
+                f"the prompt has {prompt.length}."
+            )
+
+    def stream(
+        self,
+        prompt: Prompt,
+        sampling: SamplingParams,
+        session_id: str | None = None,
+        request_id: str | None = None,
+    ) -> AsyncIterator[Delta]:
+        assert prompt.token_ids is not None
+        return self.generate(prompt.token_ids, sampling, session_id, request_id)
 
     def generate(
         self,
@@ -89,7 +142,7 @@ class EngineClient:
         self.engine.shutdown()
 
 
-_client: EngineClient | None = None
+_client: Any = None
 _lock = threading.Lock()
 _load_error: BaseException | None = None
 
@@ -109,20 +162,29 @@ def engine_config_from_settings(overrides: dict[str, Any] | None = None) -> Engi
     )
 
 
-def get_engine_client() -> EngineClient:
-    """The process-wide client, created (and the model loaded) on first use."""
+def _make_client() -> Any:
+    mode = settings.ENGINE["MODE"]
+    if mode == "upstream":
+        from inference.upstream import UpstreamEngineClient
+
+        return UpstreamEngineClient.from_settings()
+    if mode != "embedded":
+        raise EngineUnavailableError(f"unknown ENGINE_MODE {mode!r}")
+    from inference.engine import AsyncEngine
+
+    return EngineClient(AsyncEngine(engine_config_from_settings()))
+
+
+def get_engine_client() -> Any:
+    """The process-wide client, created (and the model loaded) on first use: an
+    EngineClient (embedded) or an UpstreamEngineClient; both have the same methods."""
     global _client, _load_error
     if _client is not None:
         return _client
     with _lock:
         if _client is None:
-            mode = settings.ENGINE["MODE"]
-            if mode != "embedded":
-                raise EngineUnavailableError(f"unknown ENGINE_MODE {mode!r}")
             try:
-                from inference.engine import AsyncEngine
-
-                _client = EngineClient(AsyncEngine(engine_config_from_settings()))
+                _client = _make_client()
                 _load_error = None
                 # Stop the engine thread before the interpreter tears torch down under it.
                 atexit.register(_client.shutdown)
@@ -137,7 +199,7 @@ def engine_ready() -> bool:
     return _client is not None
 
 
-def set_engine_client(client: EngineClient | None) -> None:
+def set_engine_client(client: Any) -> None:
     """Install a client (tests build one over a tiny model) or clear it."""
     global _client
     with _lock:

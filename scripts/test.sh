@@ -5,6 +5,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# The browser tests drive Debian's Chromium (never a browser downloaded by a test tool).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    printf '\033[1m==> installing chromium (Debian package)\033[0m\n'
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "chromium is missing: install Debian's chromium package (the browser tests need it)" >&2
+  fi
+fi
 status=0
 if [ -f frontend/package.json ]; then
   (cd frontend && npm test --silent) || status=$?

@@ -138,6 +138,10 @@ ENGINE = {
     "NUM_THREADS": env_int("ENGINE_NUM_THREADS", 0),
     # Load the model when the server starts rather than on the first message.
     "PRELOAD": env_bool("ENGINE_PRELOAD", True),
+    # ENGINE_MODE=upstream: any OpenAI-compatible server is the engine instead.
+    "UPSTREAM_URL": env_str("ENGINE_UPSTREAM_URL", ""),  # e.g. http://gpu-box:8000/v1
+    "UPSTREAM_API_KEY": env_str("ENGINE_UPSTREAM_API_KEY", ""),
+    "UPSTREAM_MODEL": env_str("ENGINE_UPSTREAM_MODEL", ""),  # default: the first it lists
 }
 
 # Chat behaviour.

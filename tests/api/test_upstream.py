@@ -1,0 +1,103 @@
+"""ENGINE_MODE=upstream: the chat app in front of another OpenAI-compatible server —
+here a second instance of this app, started by the test on another port."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import websockets.sync.client as ws_client
+
+from tests.api.conftest import PASSWORD, logged_in
+from tests.live_server import LiveServer
+
+
+@pytest.fixture(scope="module")
+def front(
+    tmp_path_factory: pytest.TempPathFactory, server: LiveServer, api_key: str
+) -> Iterator[LiveServer]:
+    srv = LiveServer(
+        tmp_path_factory.mktemp("front"),
+        "/nonexistent-model-folder",  # proves the front never loads a model of its own
+        ENGINE_MODE="upstream",
+        ENGINE_UPSTREAM_URL=server.url + "/v1",
+        ENGINE_UPSTREAM_API_KEY=api_key,
+    ).start()
+    srv.make_user("apiuser", PASSWORD)
+    yield srv
+    srv.stop()
+
+
+def test_the_front_serves_the_upstream_model_over_its_own_api(
+    front: LiveServer, model_id: str
+) -> None:
+    api = openai.OpenAI(
+        base_url=front.url + "/v1", api_key=front.make_key("apiuser"), max_retries=0
+    )
+    assert [m.id for m in api.models.list().data] == [model_id]
+    stream = api.chat.completions.create(
+        model=model_id,
+        messages=[{"role": "user", "content": "Hello"}],
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].usage.completion_tokens >= 1
+
+
+def test_the_chat_ui_socket_streams_through_the_upstream(
+    front: LiveServer, server: LiveServer
+) -> None:
+    session = logged_in(front)
+    cookie = "; ".join(f"{k}={v}" for k, v in session.cookies.items())
+    url = front.url.replace("http://", "ws://") + "/ws/chat/"
+    frames = []
+    with ws_client.connect(url, additional_headers={"Cookie": cookie, "Origin": front.url}) as sock:
+        sock.send(
+            json.dumps(
+                {
+                    "type": "send",
+                    "conversation_id": None,
+                    "text": "Hi there",
+                    "settings": {"max_tokens": 12, "temperature": 0},
+                }
+            )
+        )
+        while True:
+            frame = json.loads(sock.recv(timeout=60))
+            frames.append(frame)
+            if frame["type"] in ("done", "error"):
+                break
+    done = frames[-1]
+    assert done["type"] == "done" and done["status"] == "complete", frames
+    assert [f["type"] for f in frames[:2]] == ["conversation", "start"]
+    text = "".join(f["text"] for f in frames if f["type"] == "delta")
+    assert text and done["message"]["text"] == text
+    # Figures are measured at the app side.
+    assert done["stats"]["ttft_ms"] > 0 and done["stats"]["output_tokens"] >= 1
+    conv_id = frames[0]["conversation"]["id"]
+    saved = session.get(f"/api/conversations/{conv_id}/").json()["messages"]
+    assert [m["role"] for m in saved] == ["user", "assistant"] and saved[1]["text"] == text
+    session.close()
+
+
+def test_upstream_refusals_become_clear_errors(front: LiveServer, model_id: str) -> None:
+    api = openai.OpenAI(
+        base_url=front.url + "/v1", api_key=front.make_key("apiuser"), max_retries=0
+    )
+    with pytest.raises(openai.BadRequestError):
+        api.chat.completions.create(
+            model=model_id, messages=[{"role": "user", "content": "word " * 5000}], max_tokens=4
+        )
+    assert httpx.get(front.url + "/healthz").status_code == 200
+
+
+def test_tiny_model_dir_is_what_the_upstream_serves(tiny_model_dir: Path, model_id: str) -> None:
+    assert tiny_model_dir.name == model_id

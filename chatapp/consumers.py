@@ -11,11 +11,13 @@ import asyncio
 import json
 import logging
 import time
+from types import SimpleNamespace
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
+from django_ratelimit.core import get_usage
 
 from chatapp import conversations as conv_logic
 from chatapp.conversations import InvalidSettings, NotFound
@@ -239,6 +241,29 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if registry.streaming_in(conversation_id) is not None:
             raise FrameError("already_streaming", "A reply is already being written here.")
 
+    async def _check_user_limits(self) -> None:
+        """Messages per minute (django-ratelimit's counters in the Django cache) and
+        replies streaming at once, per user."""
+        active = registry.streaming_for_user(self.user.pk)
+        if active >= settings.CHAT_MAX_CONCURRENT_STREAMS:
+            raise FrameError(
+                "rate_limited",
+                f"You already have {active} replies being written; wait for one to finish.",
+            )
+        usage = await database_sync_to_async(get_usage)(
+            SimpleNamespace(user=self.user, method="WS"),
+            group="chat-messages",
+            key=lambda _group, req: str(req.user.pk),
+            rate=f"{settings.CHAT_RATE_LIMIT_PER_MINUTE}/m",
+            increment=True,
+        )
+        if usage and usage["should_limit"]:
+            raise FrameError(
+                "rate_limited",
+                f"You are sending messages too fast (at most {settings.CHAT_RATE_LIMIT_PER_MINUTE} "
+                "a minute). Please wait a moment.",
+            )
+
     async def _generate(
         self,
         conv: Conversation,
@@ -248,6 +273,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         new_conversation: bool,
         branch_from: bool = False,
     ) -> None:
+        await self._check_user_limits()
         client = await asyncio.to_thread(get_engine_client)
         client_id = content.get("client_id")
 

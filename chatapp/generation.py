@@ -30,6 +30,7 @@ from inference.engine import (
     RequestMetrics,
     SamplingParams,
 )
+from inference.recording import record_request
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ class Generation:
         self.registry = registry
         self.message_id: int = message.pk
         self.conversation_id: int = message.conversation_id
+        self.owner_id: int | None = getattr(message.conversation, "owner_id", None)
         self.prompt = prompt
         self.sampling = sampling
         self.request_id = f"chat-{message.pk}-{uuid.uuid4().hex[:8]}"
@@ -233,6 +235,15 @@ class Generation:
             }
         )
         self.registry.forget(self)
+        # Observability: store this request's figures (inference/recording.py).
+        await record_request(
+            "chat",
+            self.request_id,
+            metrics,
+            finish_reason,
+            error_code,
+            conversation_id=self.conversation_id,
+        )
 
     @database_sync_to_async
     def _save_final(
@@ -270,6 +281,9 @@ class GenerationRegistry:
 
     def get(self, message_id: int) -> Generation | None:
         return self.by_message.get(message_id)
+
+    def streaming_for_user(self, owner_id: int) -> int:
+        return sum(1 for g in self.by_message.values() if g.owner_id == owner_id and not g.finished)
 
     def streaming_in(self, conversation_id: int) -> Generation | None:
         mid = self.by_conversation.get(conversation_id)

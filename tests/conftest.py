@@ -8,7 +8,9 @@ what the model says use the real default model and are marked slow.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,3 +58,35 @@ def real_model_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, real_model_dir: Path) -> Path:
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), real_model_dir)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_model_dir: Path) -> Iterator[Any]:
+    """The real engine on the tiny model, installed as the web app's engine."""
+    from inference.client import set_engine_client
+    from tests.chat.conftest import make_engine_client
+
+    client = make_engine_client(tiny_model_dir)
+    set_engine_client(client)
+    yield client
+    set_engine_client(None)
+
+
+@pytest.fixture(autouse=True)
+def fresh_rate_limits(request: pytest.FixtureRequest) -> None:
+    """Rate-limit counters live in the (in-process) cache: start every test at zero."""
+    if "django_db_setup" not in request.fixturenames and "db" not in request.fixturenames:
+        return
+    from django.core.cache import cache
+
+    cache.clear()
+
+
+@pytest.fixture
+def make_user(db: None) -> Any:
+    def make(username: str = "alice", password: str = "a-long-test-password-1") -> Any:
+        from django.contrib.auth import get_user_model
+
+        return get_user_model().objects.create_user(username=username, password=password)
+
+    return make

@@ -106,6 +106,17 @@ WHITENOISE_USE_FINDERS = True
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 
+# Rate-limit counters live in the cache: set CACHE_URL (Redis) when several processes
+# serve, so they share one count.
+CACHE_URL = env_str("CACHE_URL", "")
+CACHES = {
+    "default": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL}
+        if CACHE_URL
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    )
+}
+
 # "memory" (one process, the embedded default) or "redis" (several processes).
 CHANNEL_LAYER = env_str("CHANNEL_LAYER", "memory")
 if CHANNEL_LAYER == "redis":
@@ -155,6 +166,9 @@ CHAT_MAX_NEW_TOKENS = env_int("CHAT_MAX_NEW_TOKENS", 2048)
 CHAT_DISCONNECT_GRACE_S = env_float("CHAT_DISCONNECT_GRACE_S", 20.0)
 # Save a streaming reply's partial text this often, so a crash loses at most this much.
 CHAT_CHECKPOINT_INTERVAL_S = env_float("CHAT_CHECKPOINT_INTERVAL_S", 2.0)
+# Per-user limits on the chat socket.
+CHAT_RATE_LIMIT_PER_MINUTE = env_int("CHAT_RATE_LIMIT_PER_MINUTE", 30)
+CHAT_MAX_CONCURRENT_STREAMS = env_int("CHAT_MAX_CONCURRENT_STREAMS", 4)
 CHAT_DEFAULTS = {
     "system_prompt": env_str("CHAT_DEFAULT_SYSTEM_PROMPT", ""),
     "temperature": env_float("CHAT_DEFAULT_TEMPERATURE", 0.7),
@@ -166,6 +180,29 @@ CHAT_DEFAULTS = {
 OPENAI_MAX_BODY_BYTES = env_int("OPENAI_MAX_BODY_BYTES", 1024 * 1024)
 OPENAI_RATE_LIMIT_PER_MINUTE = env_int("OPENAI_RATE_LIMIT_PER_MINUTE", 120)
 OPENAI_MAX_CONCURRENT = env_int("OPENAI_MAX_CONCURRENT", 8)
+
+# --- Observability and offline jobs (inference/: metrics, dashboard, Celery tasks) ---
+# /metrics is readable by staff, or with "Authorization: Bearer <METRICS_BEARER_TOKEN>".
+METRICS_BEARER_TOKEN = env_str("METRICS_BEARER_TOKEN", "")
+# Background threads of the web process: the engine sampler, in-process offline jobs.
+OBS_BACKGROUND = env_bool("OBS_BACKGROUND", True)
+OBS_SAMPLE_INTERVAL_S = env_float("OBS_SAMPLE_INTERVAL_S", 5.0)
+OBS_RAW_RETENTION_HOURS = env_float("OBS_RAW_RETENTION_HOURS", 48.0)
+OBS_ROLLUP_RETENTION_DAYS = env_float("OBS_ROLLUP_RETENTION_DAYS", 90.0)
+# A title written by the engine after a conversation's first reply.
+CHAT_AUTO_TITLES = env_bool("CHAT_AUTO_TITLES", True)
+# The dashboard's benchmark job; --model, --json and --plot are appended.
+BENCH_COMMAND = env_str("BENCH_COMMAND", "{python} -m inference.bench --quick --skip-hf")
+BENCH_TIMEOUT_S = env_float("BENCH_TIMEOUT_S", 3600.0)
+# The tuning job's latency targets (goodput counts the requests that meet both).
+OBS_TUNING_TTFT_S = env_float("OBS_TUNING_TTFT_S", 1.0)
+OBS_TUNING_TPOT_S = env_float("OBS_TUNING_TPOT_S", 0.1)
+CELERY_BEAT_SCHEDULE = {
+    "rollup-every-minute": {"task": "inference.rollup", "schedule": 60.0},
+    "prune-every-hour": {"task": "inference.prune", "schedule": 3600.0},
+}
+CELERY_RESULT_EXPIRES = 3600
+# --- end observability ---
 
 LOGGING = {
     "version": 1,

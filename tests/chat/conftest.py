@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -10,11 +10,10 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.test import Client
 
 from chatapp.asgi import application
-from inference.client import EngineClient, set_engine_client
+from inference.client import EngineClient
 from inference.engine import EngineConfig
 
 
@@ -30,22 +29,6 @@ def make_engine_client(model_dir: Path, **overrides: Any) -> EngineClient:
     from inference.engine import AsyncEngine
 
     return EngineClient(AsyncEngine(config))
-
-
-@pytest.fixture(scope="module")
-def tiny_engine(tiny_model_dir: Path) -> Iterator[EngineClient]:
-    client = make_engine_client(tiny_model_dir)
-    set_engine_client(client)
-    yield client
-    set_engine_client(None)
-
-
-@pytest.fixture
-def make_user(db: None) -> Any:
-    def make(username: str = "alice", password: str = "a-long-test-password-1") -> Any:
-        return get_user_model().objects.create_user(username=username, password=password)
-
-    return make
 
 
 def session_cookie(user: Any) -> bytes:

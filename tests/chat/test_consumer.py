@@ -322,3 +322,32 @@ def test_protocol_doc_lists_every_frame_type() -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "websocket.md").read_text()
     for kind in ChatConsumer.HANDLERS:
         assert f"`{kind}`" in doc, kind
+
+
+async def test_messages_per_minute_are_limited_per_user(
+    alice_socket: ChatSocket, settings: Any
+) -> None:
+    settings.CHAT_RATE_LIMIT_PER_MINUTE = 2
+    for _ in range(2):
+        await send_and_finish(alice_socket, settings={"max_tokens": 2})
+    await alice_socket.send({"type": "send", "conversation_id": None, "text": "One more"})
+    error = await alice_socket.recv()
+    assert error["type"] == "error" and error["code"] == "rate_limited"
+    assert "minute" in error["message"]
+    assert await database_sync_to_async(Message.objects.count)() == 4
+
+
+async def test_concurrent_replies_are_capped_per_user(
+    alice_socket: ChatSocket, settings: Any
+) -> None:
+    settings.CHAT_MAX_CONCURRENT_STREAMS = 1
+    await alice_socket.send(
+        {"type": "send", "conversation_id": None, "text": "A", "settings": LONG}
+    )
+    start = (await alice_socket.recv_until("start"))[-1]
+    await alice_socket.send({"type": "send", "conversation_id": None, "text": "B"})
+    while (frame := await alice_socket.recv())["type"] != "error":
+        pass
+    assert frame["code"] == "rate_limited"
+    await alice_socket.send({"type": "stop", "message_id": start["message"]["id"]})
+    await alice_socket.recv_until("done")

@@ -17,12 +17,13 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
-from django_ratelimit.core import get_usage
+from django.db import DatabaseError
 
 from chatapp import conversations as conv_logic
 from chatapp.conversations import InvalidSettings, NotFound
 from chatapp.generation import ERROR_TEXT, Generation, Subscription, message_snapshot, registry
 from chatapp.models import Conversation, Message
+from chatapp.rate_limits import counted_usage
 from inference.chat_template import Turn
 from inference.client import EngineUnavailableError, Prompt, get_engine_client
 from inference.engine import PromptTooLongError, SamplingParams
@@ -128,6 +129,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_error("invalid", str(exc), **extra)
         except EngineUnavailableError:
             await self.send_error("engine_unavailable", ERROR_TEXT["engine_unavailable"], **extra)
+        except DatabaseError:
+            log.exception("database error on chat frame %r", kind)
+            await self.send_error(
+                "unavailable",
+                "Your message could not be saved just now, so it was not sent. Please try again.",
+                **extra,
+            )
         except Exception:
             log.exception("chat frame %r failed", kind)
             await self.send_error("server_error", "Something went wrong on the server.", **extra)
@@ -149,15 +157,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self._refuse_if_streaming(conv.pk)
             await self._generate(conv, None, text, content, new_conversation=False)
             return
-        conv = await database_sync_to_async(conv_logic.create_conversation)(
-            self.user, "", new_settings
-        )
-        try:
-            await self._generate(conv, None, text, content, new_conversation=True)
-        except Exception:
-            # Refused before anything was saved in it: leave no empty conversation behind.
-            await database_sync_to_async(conv.delete)()
-            raise
+        # Not saved yet: it is written together with the first exchange, in one
+        # transaction, so a refused or failed first message leaves nothing behind.
+        conv = conv_logic.new_conversation(self.user, "", new_settings)
+        await self._generate(conv, None, text, content, new_conversation=True)
 
     async def on_regenerate(self, content: dict[str, Any]) -> None:
         message = await database_sync_to_async(conv_logic.get_message)(
@@ -250,7 +253,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 "rate_limited",
                 f"You already have {active} replies being written; wait for one to finish.",
             )
-        usage = await database_sync_to_async(get_usage)(
+        usage = await counted_usage(
             SimpleNamespace(user=self.user, method="WS"),
             group="chat-messages",
             key=lambda _group, req: str(req.user.pk),

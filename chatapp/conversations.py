@@ -87,11 +87,18 @@ def _number(value: Any, name: str, lo: float, hi: float) -> float:
     return float(value)
 
 
+def new_conversation(user: Any, title: str = "", conv_settings: dict | None = None) -> Conversation:
+    """An unsaved conversation with the defaults and the given settings."""
+    values = {**settings.CHAT_DEFAULTS, **(conv_settings or {})}
+    return Conversation(owner=user, title=title[:200], **values)
+
+
 def create_conversation(
     user: Any, title: str = "", conv_settings: dict | None = None
 ) -> Conversation:
-    values = {**settings.CHAT_DEFAULTS, **(conv_settings or {})}
-    return Conversation.objects.create(owner=user, title=title[:200], **values)
+    conv = new_conversation(user, title, conv_settings)
+    conv.save()
+    return conv
 
 
 def update_conversation(conv: Conversation, data: dict[str, Any]) -> Conversation:
@@ -187,7 +194,10 @@ def add_exchange(
     conv: Conversation, parent: Message | None, user_text: str | None, user_token_ids: list[int]
 ) -> tuple[Message | None, Message]:
     """Save the user message (if any) and an empty streaming assistant reply under it,
-    and make the reply the conversation's active leaf."""
+    and make the reply the conversation's active leaf. A new conversation is saved here
+    too: all of it lands, or none of it."""
+    if conv.pk is None:
+        conv.save()
     user_msg = None
     if user_text is not None:
         user_msg = Message.objects.create(

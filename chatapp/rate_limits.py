@@ -4,6 +4,7 @@ in this process)."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
 from collections.abc import Callable
@@ -13,6 +14,8 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest
 from django_ratelimit.core import get_usage
+
+log = logging.getLogger(__name__)
 
 
 class RateLimited(Exception):
@@ -33,7 +36,7 @@ class KeyLimiter:
     async def acquire(self, key: Any, request: HttpRequest) -> Callable[[], None]:
         """Count one request against `key`; return the function that ends it."""
         per_minute, concurrent = self.limits(key)
-        usage = await sync_to_async(get_usage)(
+        usage = await counted_usage(
             request,
             group="openai-api",
             key=lambda _g, _r: str(key.pk),
@@ -59,6 +62,16 @@ class KeyLimiter:
                 self.active[key.pk] -= 1
 
         return release
+
+
+async def counted_usage(request: Any, **kwargs: Any) -> dict[str, Any] | None:
+    """django-ratelimit's counter, failing open: when the cache (Redis) is away, requests
+    are served uncounted and a warning is logged, rather than refused."""
+    try:
+        return await sync_to_async(get_usage)(request, **kwargs)
+    except Exception as exc:
+        log.warning("rate-limit counters unavailable (%s); not limiting", exc)
+        return None
 
 
 limiter = KeyLimiter()

@@ -41,6 +41,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "chatapp.middleware.DatabaseUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "chatapp.urls"
@@ -72,7 +73,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL + IMMEDIATE transactions + a busy timeout: the streaming writer and the
     # request handlers share the file without "database is locked" errors.
     DATABASES["default"]["OPTIONS"] = {
-        "timeout": 20,
+        "timeout": env_float("SQLITE_BUSY_TIMEOUT_S", 20.0),
         "transaction_mode": "IMMEDIATE",
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }

@@ -1,0 +1,42 @@
+"""Turn a database that is briefly locked or away into a clear 503, not a bare 500."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from django.db import DatabaseError
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+log = logging.getLogger(__name__)
+
+MESSAGE = "The server cannot reach its database just now. Nothing was changed; try again."
+
+
+class DatabaseUnavailableMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not isinstance(exception, DatabaseError):
+            return None
+        log.error("database unavailable on %s: %s", request.path, exception)
+        if request.path.startswith("/v1/"):
+            body = {
+                "message": MESSAGE,
+                "type": "server_error",
+                "param": None,
+                "code": "unavailable",
+            }
+            response: HttpResponse = JsonResponse({"error": body}, status=503)
+        elif request.path.startswith("/api/"):
+            response = JsonResponse(
+                {"error": {"code": "unavailable", "message": MESSAGE}}, status=503
+            )
+        else:
+            response = HttpResponse(MESSAGE, status=503, content_type="text/plain; charset=utf-8")
+        response["Retry-After"] = "2"
+        return response

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 
@@ -49,7 +50,7 @@ class RequestMetrics:
     def itl(self) -> list[float]:
         """Gaps between consecutive output tokens."""
         t = self.token_times
-        return [b - a for a, b in zip(t, t[1:], strict=False)]
+        return [b - a for a, b in itertools.pairwise(t)]
 
     def as_dict(self) -> dict[str, float | int | None]:
         return {

@@ -1,0 +1,1 @@
+"""Benchmarks of the engine against transformers: `python -m inference.bench --help`."""

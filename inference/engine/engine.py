@@ -1,0 +1,255 @@
+"""The step loop: requests in, one batched model step at a time, text deltas out.
+
+Not thread-safe by itself except for `add_request` and `abort_request`, which only touch an
+inbox under a lock; `step()` is meant to be called from one thread (see async_engine.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import traceback
+import uuid
+
+import torch
+from transformers import AutoTokenizer, GenerationConfig
+
+from inference.engine.config import EngineConfig
+from inference.engine.detokenizer import IncrementalDetokenizer
+from inference.engine.errors import EngineBusyError, InvalidRequestError, PromptTooLongError
+from inference.engine.kv_cache import KVCacheManager
+from inference.engine.model_runner import ModelRunner
+from inference.engine.outputs import Delta
+from inference.engine.sampler import Sampler
+from inference.engine.sampling_params import SamplingParams
+from inference.engine.scheduler import ScheduledBatch, Scheduler
+from inference.engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+
+def eos_ids_of(folder: str, tokenizer: object) -> list[int]:
+    ids: set[int] = set()
+    if os.path.isfile(os.path.join(folder, "generation_config.json")):
+        eos = GenerationConfig.from_pretrained(folder).eos_token_id
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    tok_eos = getattr(tokenizer, "eos_token_id", None)
+    if tok_eos is not None:
+        ids.add(tok_eos)
+    return sorted(ids)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        if not config.model:
+            raise ValueError("EngineConfig.model must name a Hugging Face model folder")
+        torch.set_num_threads(config.cpu_threads())
+        torch.manual_seed(config.seed)
+        self.config = config
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model)
+        self.eos_token_ids = eos_ids_of(config.model, self.tokenizer)
+        self.runner = ModelRunner(config, max_model_len=config.max_model_len or None)
+        model_len = config.max_model_len or self.runner.model.config.max_position_embeddings
+        # One sequence must always fit the whole pool, or preemption could never make room.
+        self.max_model_len = min(model_len, self.runner.num_blocks * config.block_size)
+        self.kv = KVCacheManager(
+            self.runner.num_blocks, config.block_size, config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(config, self.kv)
+        self.sampler = Sampler()
+        self.seqs: dict[str, Sequence] = {}  # live requests, by id
+        self._lock = threading.Lock()
+        self._inbox: list[Sequence] = []
+        self._aborts: list[str] = []
+        self._waiting_reqs = 0  # inbox + waiting queue, as of the last step
+        self._waiting_tokens = 0
+        self.last_step: dict[str, float | int] = {"batch_size": 0, "tokens": 0, "seconds": 0.0}
+        self.totals = {
+            "requests": 0,
+            "finished": 0,
+            "refused": 0,
+            "prompt_tokens": 0,
+            "output_tokens": 0,
+            "steps": 0,
+            "step_errors": 0,
+        }
+
+    # -- requests in ------------------------------------------------------------------
+
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams,
+        request_id: str | None = None,
+        session_id: str | None = None,
+    ) -> str:
+        """Queue a request; raise at once if it is invalid, too long, or the queue is full."""
+        sampling.validate()
+        request_id = request_id or uuid.uuid4().hex
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise InvalidRequestError("the prompt is empty")
+        vocab = self.runner.model.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt_token_ids):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
+        if n >= self.max_model_len:
+            raise PromptTooLongError(
+                f"the prompt has {n} tokens; this engine takes fewer than {self.max_model_len}"
+            )
+        seq = Sequence(request_id, prompt_token_ids, sampling, session_id)
+        seq.max_tokens = min(sampling.max_tokens, self.max_model_len - n)
+        seq.stop_token_ids = set(sampling.stop_token_ids)
+        if not sampling.ignore_eos:
+            seq.stop_token_ids.update(self.eos_token_ids)
+        seq.detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, sampling.stop)
+        with self._lock:
+            if request_id in self.seqs:
+                raise InvalidRequestError(f"request id {request_id!r} is already running")
+            if (
+                self._waiting_reqs + 1 > self.config.max_waiting_requests
+                or self._waiting_tokens + n > self.config.max_waiting_tokens
+            ):
+                self.totals["refused"] += 1
+                raise EngineBusyError("the engine is busy: too many requests waiting, try again")
+            self._waiting_reqs += 1
+            self._waiting_tokens += n
+            self.seqs[request_id] = seq
+            self._inbox.append(seq)
+            self.totals["requests"] += 1
+        return request_id
+
+    def abort_request(self, request_id: str) -> None:
+        """Ask the next step to drop this request (thread-safe)."""
+        with self._lock:
+            self._aborts.append(request_id)
+
+    def has_work(self) -> bool:
+        return bool(self._inbox or self._aborts or self.scheduler.has_work)
+
+    # -- one step ---------------------------------------------------------------------
+
+    def step(self) -> list[Delta]:
+        deltas = self._drain_inbox()
+        batch = self.scheduler.schedule()
+        if batch.seqs:
+            start = time.perf_counter()
+            try:
+                self._run(batch, deltas)
+            except Exception as exc:
+                deltas.extend(self._fail(batch, exc))
+            self.last_step = {
+                "batch_size": len(batch),
+                "tokens": batch.total_tokens,
+                "seconds": time.perf_counter() - start,
+            }
+            self.totals["steps"] += 1
+        with self._lock:
+            self._waiting_reqs = len(self._inbox) + len(self.scheduler.waiting)
+            self._waiting_tokens = sum(len(s) for s in self._inbox) + sum(
+                len(s) for s in self.scheduler.waiting
+            )
+        return deltas
+
+    def _drain_inbox(self) -> list[Delta]:
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+            aborts, self._aborts = self._aborts, []
+        for seq in inbox:
+            self.scheduler.add(seq)
+        deltas = []
+        for request_id in aborts:
+            seq = self.seqs.get(request_id)
+            if seq is not None and not seq.is_finished:
+                deltas.append(self._finish(seq, "abort"))
+        return deltas
+
+    def _run(self, batch: ScheduledBatch, deltas: list[Delta]) -> None:
+        """Model, sampler, detokenizer. Deltas go into `deltas` one by one, so that if a later
+        request fails, the ones already finished still reach their streams."""
+        sampling_seqs, logits = self.runner.run(batch)
+        tokens = self.sampler(sampling_seqs, logits) if sampling_seqs else []
+        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
+            seq.num_computed_tokens += n
+            self.kv.commit_full_blocks(seq)
+        now = time.time()
+        for seq, token in zip(sampling_seqs, tokens, strict=True):
+            deltas.append(self._on_token(seq, token, now))
+
+    def _on_token(self, seq: Sequence, token: int, now: float) -> Delta:
+        seq.append_token(token)
+        m = seq.metrics
+        if m.first_token_time is None:
+            m.first_token_time = now
+        m.token_times.append(now)
+        m.output_tokens = seq.num_output_tokens
+        detok: IncrementalDetokenizer = seq.detokenizer  # type: ignore[assignment]
+        reason = None
+        text = ""
+        if token in seq.stop_token_ids:
+            reason = "stop"
+        else:
+            text = detok.add_token(token)
+            if detok.stopped:
+                reason = "stop"
+        if reason is None and seq.num_output_tokens >= seq.max_tokens:
+            reason = "length"
+        if reason is None:
+            return Delta(seq.request_id, text=text, token_ids=[token])
+        if not detok.stopped:
+            text += detok.flush()
+        delta = self._finish(seq, reason)
+        delta.text = text
+        delta.token_ids = [token]
+        return delta
+
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> Delta:
+        self.scheduler.finish(seq)
+        seq.finish_reason = reason
+        seq.error = error
+        seq.metrics.finish_time = time.time()
+        seq.metrics.output_tokens = seq.num_output_tokens
+        self.seqs.pop(seq.request_id, None)
+        self.totals["finished"] += 1
+        self.totals["prompt_tokens"] += seq.num_prompt_tokens
+        self.totals["output_tokens"] += seq.num_output_tokens
+        return Delta(
+            seq.request_id,
+            finished=True,
+            finish_reason=reason,
+            error=error,
+            metrics=seq.metrics,
+        )
+
+    def _fail(self, batch: ScheduledBatch, exc: Exception) -> list[Delta]:
+        """A step blew up: end its requests with an error; everyone else carries on."""
+        self.totals["step_errors"] += 1
+        log.error("engine step failed: %s", "".join(traceback.format_exception(exc)))
+        message = f"{type(exc).__name__}: {exc}"
+        return [self._finish(s, "error", message) for s in batch.seqs if not s.is_finished]
+
+    # -- figures ----------------------------------------------------------------------
+
+    def stats(self) -> dict[str, object]:
+        kv = self.kv
+        return {
+            "running": len(self.scheduler.running),
+            "waiting": self._waiting_reqs,
+            "last_step_batch_size": self.last_step["batch_size"],
+            "last_step_tokens": self.last_step["tokens"],
+            "last_step_seconds": self.last_step["seconds"],
+            "kv_blocks_used": kv.num_used_blocks,
+            "kv_blocks_free": kv.num_free_blocks,
+            "kv_blocks_total": kv.num_blocks,
+            "kv_block_size": kv.block_size,
+            "prefix_cache_queries": kv.query_tokens,
+            "prefix_cache_hits": kv.hit_tokens,
+            "prefix_cache_hit_rate": kv.hit_tokens / kv.query_tokens if kv.query_tokens else 0.0,
+            "preemptions": self.scheduler.num_preemptions,
+            "dtype": str(self.runner.dtype).removeprefix("torch."),
+            "device": str(self.runner.device),
+            "quantization": self.runner.quantization,
+            "max_model_len": self.max_model_len,
+            **{f"total_{k}": v for k, v in self.totals.items()},
+        }

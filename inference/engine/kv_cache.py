@@ -1,0 +1,171 @@
+"""The paged KV cache's bookkeeping: a block pool, reference counts and a prefix index.
+
+The tensors themselves live in the model runner; this file only decides which block holds
+which tokens. A block is `block_size` token slots. A sequence owns a block table (a list of
+block ids). Every *full* block is entered in the prefix index under a hash chain:
+
+    hash_i = hash((hash_{i-1}, tokens of block i))
+
+so one lookup per block finds the longest cached prefix of a new prompt. The block keeps its
+tokens too, and a hit must match them exactly (a hash collision never serves wrong KV).
+Generated tokens fill blocks like prompt tokens do, so turn N+1 of a chat, whose prompt
+extends turn N's prompt and reply, finds turn N's KV in the index.
+
+A block whose reference count drops to zero stays in the index (its KV is still valid) and
+joins an LRU list; it is only reused, and dropped from the index, when the free list is empty.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from inference.engine.sequence import Sequence
+
+
+class Block:
+    __slots__ = ("block_hash", "block_id", "ref_count", "token_ids")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_count = 0
+        self.block_hash: int | None = None
+        self.token_ids: tuple[int, ...] = ()
+
+
+def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
+    return hash((parent, token_ids))
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # Blocks holding nothing worth keeping.
+        self.free_ids: list[int] = list(range(num_blocks - 1, -1, -1))
+        # Unreferenced blocks still in the prefix index, least recently used first.
+        self.evictable: OrderedDict[int, None] = OrderedDict()
+        self.index: dict[int, int] = {}  # block hash -> block id
+        # Prefix cache figures, in tokens.
+        self.query_tokens = 0
+        self.hit_tokens = 0
+
+    # -- capacity ---------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation may take: truly free plus evictable."""
+        return len(self.free_ids) + len(self.evictable)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
+        """Extra blocks `seq` needs so its table covers `num_tokens` tokens."""
+        total = -(-num_tokens // self.block_size)
+        return max(0, total - len(seq.block_table))
+
+    # -- prefix reuse -----------------------------------------------------------------
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """Attach the longest cached prefix of a sequence with no blocks; return its tokens.
+
+        At least one token is always left to compute: its logits pick the next token.
+        """
+        assert not seq.block_table
+        if not self.enable_prefix_caching:
+            return 0
+        bs = self.block_size
+        max_blocks = (len(seq) - 1) // bs
+        self.query_tokens += max_blocks * bs
+        parent: int | None = None
+        hit_blocks: list[Block] = []
+        for i in range(max_blocks):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            h = chain_hash(parent, tokens)
+            block_id = self.index.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            hit_blocks.append(self.blocks[block_id])
+            parent = h
+        for block in hit_blocks:
+            self._acquire(block)
+            seq.block_table.append(block.block_id)
+            seq.block_hashes.append(block.block_hash)  # type: ignore[arg-type]
+        num_tokens = len(hit_blocks) * bs
+        seq.num_computed_tokens = num_tokens
+        self.hit_tokens += num_tokens
+        return num_tokens
+
+    def commit_full_blocks(self, seq: Sequence) -> None:
+        """Enter the sequence's newly filled blocks into the prefix index."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        num_full = seq.num_computed_tokens // bs
+        for i in range(len(seq.block_hashes), num_full):
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            h = chain_hash(parent, tokens)
+            seq.block_hashes.append(h)
+            block = self.blocks[seq.block_table[i]]
+            # The same content may already be indexed under another block (two identical
+            # prompts prefilled side by side); keep the first, this one stays private.
+            if h not in self.index and block.block_hash is None:
+                block.block_hash = h
+                block.token_ids = tokens
+                self.index[h] = block.block_id
+
+    # -- allocation -------------------------------------------------------------------
+
+    def allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        """Grow the block table to cover `num_tokens` tokens; False (and no change) if full."""
+        needed = self.blocks_needed(seq, num_tokens)
+        if needed > self.num_free_blocks:
+            return False
+        for _ in range(needed):
+            block = self._take_block()
+            block.ref_count = 1
+            seq.block_table.append(block.block_id)
+        return True
+
+    def free(self, seq: Sequence) -> None:
+        """Drop the sequence's references. The tail goes first so LRU evicts tails first."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.block_hash is not None:
+                    self.evictable[block_id] = None
+                else:
+                    self.free_ids.append(block_id)
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_computed_tokens = 0
+
+    def _acquire(self, block: Block) -> None:
+        if block.ref_count == 0:
+            self.evictable.pop(block.block_id, None)
+        block.ref_count += 1
+
+    def _take_block(self) -> Block:
+        if self.free_ids:
+            return self.blocks[self.free_ids.pop()]
+        block_id, _ = self.evictable.popitem(last=False)
+        block = self.blocks[block_id]
+        del self.index[block.block_hash]  # type: ignore[arg-type]
+        block.block_hash = None
+        block.token_ids = ()
+        return block
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every unreferenced cached block (used by benchmarks to start cold)."""
+        while self.evictable:
+            block_id, _ = self.evictable.popitem(last=False)
+            block = self.blocks[block_id]
+            del self.index[block.block_hash]  # type: ignore[arg-type]
+            block.block_hash = None
+            block.token_ids = ()
+            self.free_ids.append(block_id)

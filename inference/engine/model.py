@@ -1,0 +1,284 @@
+"""Our own llama-family forward over a flat batch of tokens from many sequences.
+
+All tokens of a step (one per decoding sequence, a chunk per prefilling sequence) go through
+the linear layers as one [T, hidden] matrix. Attention is where sequences differ: each layer
+first writes the step's K/V into the paged cache (one index_copy_ over the slot mapping),
+then decodes attend together over their gathered blocks, and each prefill chunk attends
+causally over its own context.
+
+The weights come from the Hugging Face folder through safetensors; q/k/v and gate/up are
+fused into one matrix each, so a layer is four matmuls.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from transformers import AutoConfig, PretrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+
+@dataclass
+class PrefillChunk:
+    start: int  # first row of this chunk in the flat batch
+    length: int  # tokens in the chunk
+    context_len: int  # tokens the sequence holds after this step (cached + chunk)
+    block_table: torch.Tensor  # [num_blocks] block ids covering context_len
+
+
+@dataclass
+class DecodeGroup:
+    start: int  # first row in the flat batch
+    count: int  # sequences (rows) in the group
+    block_tables: torch.Tensor  # [count, max_blocks], padded with block 0
+    mask: torch.Tensor | None  # [count, 1, max_blocks * block_size] additive, None if unpadded
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each token's K/V goes and what each query attends to, for one step."""
+
+    positions: torch.Tensor  # [T]
+    slot_mapping: torch.Tensor  # [T] flat slot = block_id * block_size + offset
+    # The first num_decodes rows are single-token decodes, in groups of similar context
+    # length (each group pads its contexts to its longest, so one long chat does not make
+    # every short one read thousands of padded slots).
+    num_decodes: int = 0
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
+    prefills: list[PrefillChunk] = field(default_factory=list)
+
+
+class Linear:
+    """y = x @ W.T, exact in the model dtype, or int8 weights with dynamic activations."""
+
+    def __init__(self, weight: torch.Tensor, quantization: str = "none") -> None:
+        self.out_features = weight.shape[0]
+        self.weight: torch.Tensor | None = None
+        self.packed: object | None = None
+        self.kind = "dense"
+        if quantization == "int8":
+            w = weight.float()
+            scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+            zero = torch.zeros(w.shape[0], dtype=torch.long)
+            qw = torch.quantize_per_channel(w, scale.double(), zero, 0, torch.qint8)
+            self.packed = torch.ops.quantized.linear_prepack(qw, None)
+            self.kind = "int8"
+        elif quantization == "fp16":
+            self.packed = torch.ops.quantized.linear_prepack_fp16(weight.float(), None)
+            self.kind = "fp16"
+        else:
+            self.weight = weight.contiguous()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "fp16":
+            return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed).to(x.dtype)
+        if self.kind == "int8":
+            # fbgemm quantizes activations to 7 bits (reduce_range) so its int16
+            # accumulation cannot overflow on AVX2.
+            y = torch.ops.quantized.linear_dynamic(x.float(), self.packed, True)
+            return y.to(x.dtype)
+        return F.linear(x, self.weight)
+
+
+class DecoderLayer:
+    def __init__(self, w: dict[str, torch.Tensor], prefix: str, quantization: str) -> None:
+        self.input_norm = w[f"{prefix}.input_layernorm.weight"]
+        self.post_norm = w[f"{prefix}.post_attention_layernorm.weight"]
+        qkv = torch.cat([w[f"{prefix}.self_attn.{n}_proj.weight"] for n in ("q", "k", "v")])
+        self.qkv = Linear(qkv, quantization)
+        self.o = Linear(w[f"{prefix}.self_attn.o_proj.weight"], quantization)
+        gate_up = torch.cat([w[f"{prefix}.mlp.{n}_proj.weight"] for n in ("gate", "up")])
+        self.gate_up = Linear(gate_up, quantization)
+        self.down = Linear(w[f"{prefix}.mlp.down_proj.weight"], quantization)
+
+
+def rope_tables(config: PretrainedConfig, max_len: int, head_dim: int) -> torch.Tensor:
+    """cos and sin for every position, as HF computes them: [2, max_len, head_dim] float32."""
+    params = getattr(config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        scaling = 1.0
+    else:
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    freqs = torch.arange(max_len, dtype=torch.float)[:, None] * inv_freq.float()[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return torch.stack((emb.cos() * scaling, emb.sin() * scaling))
+
+
+def rope_rotation_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin with the first half negated, so that rope(x) = x * cos + roll(x, d/2) * this.
+
+    HF rotates with cat(-x2, x1); roll gives cat(x2, x1), and the sign moves into sin.
+    """
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def load_weights(folder: str) -> dict[str, torch.Tensor]:
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {folder}")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update(load_file(f))
+    return weights
+
+
+class LlamaModel:
+    def __init__(
+        self,
+        folder: str,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        quantization: str = "none",
+        max_len: int | None = None,
+    ) -> None:
+        config = AutoConfig.from_pretrained(folder)
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.num_layers = config.num_hidden_layers
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads
+        )
+        self.hidden_size = config.hidden_size
+        self.vocab_size = config.vocab_size
+        self.eps = config.rms_norm_eps
+        self.scale = self.head_dim**-0.5
+        if quantization not in ("none", "int8", "fp16"):
+            raise ValueError(f"quantization must be none, int8 or fp16; got {quantization!r}")
+        if quantization != "none" and self.device.type != "cpu":
+            raise ValueError(f"quantization={quantization!r} runs on CPU only (fbgemm)")
+        self.max_len = max_len or config.max_position_embeddings
+
+        raw = load_weights(folder)
+        w = {
+            k.removeprefix("model."): v.to(device=self.device, dtype=dtype) for k, v in raw.items()
+        }
+        del raw
+        self.embed = w["embed_tokens.weight"]
+        self.norm = w["norm.weight"]
+        lm_head = w.get("lm_head.weight")
+        if lm_head is None or getattr(config, "tie_word_embeddings", False):
+            lm_head = self.embed
+        self.lm_head = Linear(lm_head, quantization)
+        self.layers = [DecoderLayer(w, f"layers.{i}", quantization) for i in range(self.num_layers)]
+        # Fused weights were copied; drop the per-projection originals.
+        del w
+        cos_sin = rope_tables(config, self.max_len, self.head_dim)
+        self.cos = cos_sin[0].to(device=self.device, dtype=dtype)
+        self.sin = rope_rotation_sin(cos_sin[1]).to(device=self.device, dtype=dtype)
+
+    # -- forward ----------------------------------------------------------------------
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """Hidden states after the final norm, one row per input token: [T, hidden]."""
+        x = F.embedding(input_ids, self.embed)
+        cos = self.cos[meta.positions].unsqueeze(1)
+        sin = self.sin[meta.positions].unsqueeze(1)
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            h = _rms_norm(x, layer.input_norm, self.eps)
+            qkv = layer.qkv(h).view(-1, hq + 2 * hkv, d)
+            # Rotate q and k in place, together: they are adjacent heads of the fused
+            # projection. Then k and v are adjacent too and go to the cache in one copy.
+            qk = qkv[:, : hq + hkv]
+            qk.copy_(torch.addcmul(qk * cos, qk.roll(d // 2, dims=-1), sin))
+            new_kv = qkv[:, hq:].transpose(0, 1)  # [2 * hkv, T, d]
+            kv_cache.view(2 * hkv, -1, d).index_copy_(1, meta.slot_mapping, new_kv)
+            attn = self._attention(qkv, kv_cache, meta)
+            x = x + layer.o(attn.reshape(-1, hq * d))
+            h = _rms_norm(x, layer.post_norm, self.eps)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+        return _rms_norm(x, self.norm, self.eps)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def _attention(
+        self, qkv: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """qkv: [T, heads + 2 * kv_heads, head_dim] -> attention output [T, heads, head_dim]."""
+        hq = self.num_heads
+        if len(meta.decode_groups) == 1 and not meta.prefills:
+            return self._decode_attention(qkv[:, :hq], kv_cache, meta.decode_groups[0])
+        out = qkv.new_empty(qkv.shape[0], hq, self.head_dim)
+        for g in meta.decode_groups:
+            rows = slice(g.start, g.start + g.count)
+            out[rows] = self._decode_attention(qkv[rows, :hq], kv_cache, g)
+        for p in meta.prefills:
+            rows = slice(p.start, p.start + p.length)
+            out[rows] = self._prefill_attention(qkv[rows], kv_cache, p)
+        return out
+
+    def _decode_attention(
+        self, q: torch.Tensor, kv_cache: torch.Tensor, group: DecodeGroup
+    ) -> torch.Tensor:
+        """One query per sequence over its gathered blocks: [D, heads, head_dim]."""
+        nd, hkv, d = q.shape[0], self.num_kv_heads, self.head_dim
+        per_kv = self.num_heads // hkv
+        # The pool is head-major, so one gather lands each head's context contiguously:
+        # [2 * hkv, D, blocks, block_size, d] -> keys and values as [hkv * D, ctx, d]
+        # batches that BLAS reads in place (a head-minor layout would need a second copy).
+        # (index_select copies whole blocks; advanced indexing goes element by element.)
+        blocks = group.block_tables.view(-1)
+        kv = torch.index_select(kv_cache, 1, blocks).view(2, hkv * nd, -1, d)
+        qg = (q * self.scale).view(nd, hkv, per_kv, d).transpose(0, 1).reshape(hkv * nd, per_kv, d)
+        scores = torch.bmm(qg, kv[0].transpose(1, 2))  # [hkv * D, per_kv, ctx]
+        if group.mask is not None:
+            scores = (scores.view(hkv, nd, per_kv, -1) + group.mask).view_as(scores)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.bmm(probs, kv[1])  # [hkv * D, per_kv, d]
+        return out.view(hkv, nd, per_kv, d).transpose(0, 1).reshape(nd, hkv * per_kv, d)
+
+    def _prefill_attention(
+        self, qkv: torch.Tensor, kv_cache: torch.Tensor, p: PrefillChunk
+    ) -> torch.Tensor:
+        """Causal attention of a chunk over its context: [n, heads, head_dim]."""
+        n, hq, hkv, d = qkv.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        q = qkv[:, :hq].transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
+        if p.context_len == n:
+            # Nothing cached before this chunk: its own K/V are the whole context.
+            kv, mask, causal = qkv[:, hq:].transpose(0, 1), None, True
+        else:
+            ctx = p.context_len
+            kv = torch.index_select(kv_cache, 1, p.block_table).view(2 * hkv, -1, d)[:, :ctx]
+            q_pos = torch.arange(ctx - n, ctx, device=qkv.device)
+            mask = torch.arange(ctx, device=qkv.device)[None, :] <= q_pos[:, None]
+            causal = False
+        out = F.scaled_dot_product_attention(
+            q,
+            kv[:hkv].unsqueeze(0),
+            kv[hkv:].unsqueeze(0),
+            attn_mask=mask,
+            is_causal=causal,
+            scale=self.scale,
+            enable_gqa=True,
+        )
+        return out[0].transpose(0, 1)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # As transformers computes it: in float32, scaled by the weight in the model dtype.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def load_config(folder: str) -> PretrainedConfig:
+    return AutoConfig.from_pretrained(folder)

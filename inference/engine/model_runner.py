@@ -1,0 +1,175 @@
+"""Turns a scheduled batch into tensors, runs the model over the paged KV cache, returns logits.
+
+Owns the KV cache tensors: per layer a key and a value pool of shape
+[num_blocks, block_size, kv_heads, head_dim], sized from the memory budget.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inference.engine.config import EngineConfig
+from inference.engine.model import AttentionMetadata, DecodeGroup, LlamaModel, PrefillChunk
+from inference.engine.scheduler import ScheduledBatch
+from inference.engine.sequence import Sequence
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX: only there is bfloat16 faster than float32 on a CPU."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return False
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        if device.type == "cuda" or cpu_has_native_bf16():
+            return torch.bfloat16
+        return torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be auto, {', '.join(_DTYPES)}; got {name!r}")
+    return _DTYPES[name]
+
+
+def resolve_quantization(name: str, device: torch.device, dtype: torch.dtype) -> str:
+    if name == "auto":
+        return "fp16" if device.type == "cpu" and dtype == torch.float32 else "none"
+    return name
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, max_model_len: int | None = None) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.quantization = resolve_quantization(config.quantization, self.device, self.dtype)
+        self.model = LlamaModel(
+            config.model,
+            dtype=self.dtype,
+            device=self.device,
+            quantization=self.quantization,
+            max_len=max_model_len,
+        )
+        m = self.model
+        self.block_size = config.block_size
+        block_bytes = (
+            2 * m.num_layers * self.block_size * m.num_kv_heads * m.head_dim * self.dtype.itemsize
+        )
+        self.num_blocks = max(2, config.kv_cache_memory_mb * 2**20 // block_bytes)
+        # Per layer one pool, head-major: keys are heads [0, kv_heads), values the rest, so
+        # one copy writes a step's K and V and one gather reads a sequence's context with
+        # every head's tokens contiguous (what the attention matmuls want).
+        shape = (2 * m.num_kv_heads, self.num_blocks, self.block_size, m.head_dim)
+        self.kv_caches = [
+            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(m.num_layers)
+        ]
+
+    @torch.inference_mode()
+    def run(
+        self, batch: ScheduledBatch, all_logits: bool = False
+    ) -> tuple[list[Sequence], torch.Tensor]:
+        """Run one step. Returns the sequences that sample a token now and their logits.
+
+        A sequence samples when this step computes its last uncomputed token. With
+        all_logits=True the logits of every input row come back instead (tests).
+        """
+        # Decodes first, shortest context first (so similar lengths end up grouped).
+        order = sorted(
+            range(len(batch)),
+            key=lambda i: (batch.num_tokens[i] != 1, batch.seqs[i].num_computed_tokens),
+        )
+        seqs = [batch.seqs[i] for i in order]
+        counts = [batch.num_tokens[i] for i in order]
+        input_ids, meta, sample_rows = self._prepare(seqs, counts)
+        hidden = self.model.forward(input_ids, meta, self.kv_caches)
+        if all_logits:
+            return seqs, self.model.compute_logits(hidden)
+        sampling = [s for s, r in zip(seqs, sample_rows, strict=True) if r is not None]
+        rows = [r for r in sample_rows if r is not None]
+        if not rows:
+            return [], torch.empty(0)
+        if len(rows) < hidden.shape[0]:
+            hidden = hidden[torch.tensor(rows, device=self.device)]
+        return sampling, self.model.compute_logits(hidden)
+
+    def _prepare(
+        self, seqs: list[Sequence], counts: list[int]
+    ) -> tuple[torch.Tensor, AttentionMetadata, list[int | None]]:
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        sample_rows: list[int | None] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        prefills: list[PrefillChunk] = []
+        for seq, n in zip(seqs, counts, strict=True):
+            start = seq.num_computed_tokens
+            end = start + n
+            row = len(ids)
+            ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            num_blocks = -(-end // bs)
+            if n == 1:
+                decode_tables.append(table[:num_blocks])
+                decode_lens.append(end)
+            else:
+                block_table = torch.tensor(table[:num_blocks], device=self.device)
+                prefills.append(PrefillChunk(row, n, end, block_table))
+            sample_rows.append(row + n - 1 if end == len(seq) else None)
+
+        dev = self.device
+        meta = AttentionMetadata(
+            positions=torch.tensor(positions, device=dev),
+            slot_mapping=torch.tensor(slots, device=dev),
+            num_decodes=len(decode_tables),
+            prefills=prefills,
+        )
+        start = 0
+        for group in _group_by_length(decode_lens):
+            tables = [decode_tables[i] for i in group]
+            lens = [decode_lens[i] for i in group]
+            meta.decode_groups.append(self._decode_group(start, tables, lens))
+            start += len(group)
+        return torch.tensor(ids, device=dev), meta, sample_rows
+
+    def _decode_group(self, start: int, tables: list[list[int]], lens: list[int]) -> DecodeGroup:
+        bs, dev = self.block_size, self.device
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        mask = None
+        if min(lens) < width * bs:
+            key_pos = torch.arange(width * bs, device=dev)
+            blocked = key_pos[None, :] >= torch.tensor(lens, device=dev)[:, None]
+            mask = torch.zeros(blocked.shape, dtype=self.dtype, device=dev)
+            mask.masked_fill_(blocked, float("-inf"))
+            mask = mask[:, None, :]  # [count, 1, ctx]
+        return DecodeGroup(start, len(tables), torch.tensor(padded, device=dev), mask)
+
+
+def _group_by_length(lens: list[int], min_len: int = 256) -> list[list[int]]:
+    """Split ascending context lengths where padding to the group's longest would more than
+    double the work; short contexts (under min_len) always share one group."""
+    groups: list[list[int]] = []
+    for i, n in enumerate(lens):
+        if groups and (n <= min_len or n <= 2 * lens[groups[-1][0]]):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups

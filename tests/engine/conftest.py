@@ -1,0 +1,103 @@
+"""Fixtures: a tiny random-weight llama (built once per session) and engines over it."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from inference.engine.config import EngineConfig
+from inference.engine.engine import LLMEngine
+from inference.engine.outputs import Delta
+from inference.engine.sampling_params import SamplingParams
+from inference.model_files import default_model_path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+@pytest.fixture(scope="session")
+def real_model_path() -> Path:
+    path = default_model_path()
+    if not (path / "config.json").is_file():
+        pytest.skip(f"the default model is not converted at {path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory: pytest.TempPathFactory, real_model_path: Path) -> Path:
+    """A 2-layer llama with random weights and the real tokenizer.
+
+    A larger init range than the default keeps its next-token distributions peaked, so
+    greedy decoding has clear winners and float32 rounding cannot flip them.
+    """
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    config = LlamaConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=49152,
+        max_position_embeddings=1024,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        if (real_model_path / name).is_file():
+            shutil.copy(real_model_path / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def hf_tiny(tiny_model_path: Path) -> LlamaForCausalLM:
+    model = LlamaForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture
+def make_engine(tiny_model_path: Path) -> Callable[..., LLMEngine]:
+    def make(**overrides: object) -> LLMEngine:
+        settings: dict[str, object] = {
+            "model": str(tiny_model_path),
+            "dtype": "float32",
+            "quantization": "none",  # the exact path: compared with transformers
+            "kv_cache_memory_mb": 8,
+        }
+        settings.update(overrides)
+        return LLMEngine(EngineConfig(**settings))  # type: ignore[arg-type]
+
+    return make
+
+
+def run_to_completion(engine: LLMEngine, max_steps: int = 10_000) -> dict[str, list[Delta]]:
+    """Step until idle; the deltas of every request, by request id."""
+    out: dict[str, list[Delta]] = {}
+    for _ in range(max_steps):
+        if not engine.has_work():
+            return out
+        for delta in engine.step():
+            out.setdefault(delta.request_id, []).append(delta)
+    raise AssertionError("the engine did not go idle")
+
+
+def token_ids_of(deltas: list[Delta]) -> list[int]:
+    return [t for d in deltas for t in d.token_ids]
+
+
+def text_of(deltas: list[Delta]) -> str:
+    return "".join(d.text for d in deltas)
+
+
+def greedy(max_tokens: int, **kw: object) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw)  # type: ignore[arg-type]

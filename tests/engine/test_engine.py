@@ -1,0 +1,230 @@
+"""The step loop end to end on the tiny model: batching, prefix reuse, preemption, stops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference.engine.errors import EngineBusyError, InvalidRequestError, PromptTooLongError
+from inference.engine.sampling_params import SamplingParams
+
+from .conftest import greedy, run_to_completion, text_of, token_ids_of
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 49152, (n,), generator=g).tolist()
+
+
+def _hf_greedy(hf, prompt: list[int], max_new: int) -> list[int]:
+    out = hf.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=max_new,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+def test_greedy_output_equals_transformers_generate_for_concurrent_requests(make_engine, hf_tiny):
+    engine = make_engine(max_num_batched_tokens=64)
+    prompts = {f"r{i}": _prompt(n, seed=i) for i, n in enumerate((5, 23, 40, 77, 130))}
+    for rid, p in prompts.items():
+        engine.add_request(p, greedy(24, ignore_eos=True), request_id=rid)
+    out = run_to_completion(engine)
+    for rid, p in prompts.items():
+        assert token_ids_of(out[rid]) == _hf_greedy(hf_tiny, p, 24), rid
+        assert out[rid][-1].finish_reason == "length"
+
+
+def test_second_turn_reuses_first_turn_kv(make_engine):
+    engine = make_engine(block_size=8)
+    turn1 = _prompt(45, seed=7)
+    engine.add_request(turn1, greedy(20, ignore_eos=True), request_id="t1")
+    reply = token_ids_of(run_to_completion(engine)["t1"])
+    # Turn 2 sends the whole history: turn 1's prompt, its reply, and a new message.
+    turn2 = turn1 + reply + _prompt(12, seed=8)
+    engine.add_request(turn2, greedy(5, ignore_eos=True), request_id="t2")
+    final = run_to_completion(engine)["t2"][-1]
+    # Every full block of turn 1 (prompt and reply but the last token, not yet computed).
+    computed_in_turn1 = len(turn1) + len(reply) - 1
+    assert final.metrics.cached_tokens == computed_in_turn1 // 8 * 8
+    assert final.metrics.cached_tokens > len(turn1)  # generated tokens were reused too
+    assert engine.stats()["prefix_cache_hits"] >= final.metrics.cached_tokens
+
+
+def test_cached_prefix_gives_the_same_output_as_a_cold_run(make_engine):
+    prompt = _prompt(50, seed=9)
+    cold = make_engine(enable_prefix_caching=False)
+    cold.add_request(prompt, greedy(16, ignore_eos=True), request_id="x")
+    expected = token_ids_of(run_to_completion(cold)["x"])
+    warm = make_engine()
+    for rid in ("first", "second"):
+        warm.add_request(prompt, greedy(16, ignore_eos=True), request_id=rid)
+        out = run_to_completion(warm)[rid]
+        assert token_ids_of(out) == expected
+    assert out[-1].metrics.cached_tokens == 48
+
+
+def test_preemption_and_resume_give_the_same_output(make_engine):
+    engine = make_engine(block_size=16, kv_cache_memory_mb=1)
+    # Shrink the pool by hand to 12 blocks: four sequences growing to 60 tokens need 16.
+    engine.kv.__init__(12, 16)
+    engine.max_model_len = 12 * 16
+    prompts = {f"p{i}": _prompt(30, seed=40 + i) for i in range(4)}
+    for rid, p in prompts.items():
+        engine.add_request(p, greedy(30, ignore_eos=True), request_id=rid)
+    out = run_to_completion(engine)
+    assert engine.stats()["preemptions"] > 0
+    assert sum(d[-1].metrics.preemptions for d in out.values()) > 0
+    reference = make_engine()
+    for rid, p in prompts.items():
+        reference.add_request(p, greedy(30, ignore_eos=True), request_id=rid)
+    expected = run_to_completion(reference)
+    for rid in prompts:
+        assert token_ids_of(out[rid]) == token_ids_of(expected[rid])
+
+
+def test_abort_frees_blocks_and_ends_the_stream(make_engine):
+    engine = make_engine()
+    engine.add_request(_prompt(40, seed=11), greedy(100, ignore_eos=True), request_id="a")
+    engine.add_request(_prompt(40, seed=12), greedy(5, ignore_eos=True), request_id="b")
+    engine.step()
+    engine.step()
+    assert engine.stats()["kv_blocks_used"] > 0
+    engine.abort_request("a")
+    out = run_to_completion(engine)
+    assert out["a"][-1].finished and out["a"][-1].finish_reason == "abort"
+    assert out["b"][-1].finish_reason == "length"
+    # Nothing is referenced any more; cached full blocks stay evictable.
+    stats = engine.stats()
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    assert all(block.ref_count == 0 for block in engine.kv.blocks)
+
+
+def test_stop_string_ends_output_before_it(make_engine, tiny_model_path):
+    engine = make_engine()
+    prompt = _prompt(10, seed=13)
+    engine.add_request(prompt, greedy(40, ignore_eos=True), request_id="free")
+    full = text_of(run_to_completion(engine)["free"])
+    assert len(full) > 20
+    stop = full[10:14]
+    cut = full.index(stop)
+    engine.add_request(prompt, greedy(40, ignore_eos=True, stop=[stop]), request_id="s")
+    out = run_to_completion(engine)["s"]
+    assert text_of(out) == full[:cut]
+    assert out[-1].finish_reason == "stop"
+
+
+def test_stop_token_id_and_max_tokens(make_engine):
+    engine = make_engine()
+    prompt = _prompt(10, seed=14)
+    engine.add_request(prompt, greedy(12, ignore_eos=True), request_id="len")
+    ids = token_ids_of(run_to_completion(engine)["len"])
+    assert len(ids) == 12
+    stop_id = ids[5]
+    engine.add_request(prompt, greedy(12, ignore_eos=True, stop_token_ids=[stop_id]), "tok")
+    out = run_to_completion(engine)["tok"]
+    # The stop token is returned (raw ids), its text is not.
+    assert token_ids_of(out) == ids[: ids.index(stop_id) + 1]
+    assert out[-1].finish_reason == "stop"
+
+
+def test_eos_token_is_returned_but_not_its_text(make_engine):
+    engine = make_engine()
+    prompt = _prompt(10, seed=15)
+    engine.add_request(prompt, greedy(12, ignore_eos=True), request_id="a")
+    ids = token_ids_of(run_to_completion(engine)["a"])
+    eos = ids[2]
+    assert eos not in ids[:2]
+    engine.add_request(prompt, greedy(2, ignore_eos=True), request_id="two")
+    two_tokens_text = text_of(run_to_completion(engine)["two"])
+    # Pretend the third generated token is the model's end of sequence.
+    engine.eos_token_ids = [eos]
+    engine.add_request(prompt, greedy(12), request_id="b")
+    out = run_to_completion(engine)["b"]
+    assert token_ids_of(out) == ids[:3]
+    assert text_of(out) == two_tokens_text
+    assert out[-1].finish_reason == "stop"
+
+
+def test_max_tokens_is_clamped_to_the_context_window(make_engine):
+    engine = make_engine(max_model_len=40)
+    engine.add_request(_prompt(30, seed=16), greedy(100, ignore_eos=True), request_id="a")
+    out = run_to_completion(engine)["a"]
+    assert len(token_ids_of(out)) == 10
+    assert out[-1].finish_reason == "length"
+    with pytest.raises(PromptTooLongError):
+        engine.add_request(_prompt(40, seed=17), greedy(1))
+
+
+def test_same_seed_gives_the_same_output_whatever_the_batch(make_engine):
+    prompt = _prompt(20, seed=18)
+    params = dict(max_tokens=20, temperature=1.0, top_p=0.9, top_k=50, seed=1234, ignore_eos=True)
+    engine = make_engine()
+    engine.add_request(prompt, SamplingParams(**params), request_id="alone")
+    alone = token_ids_of(run_to_completion(engine)["alone"])
+    engine.add_request(prompt, SamplingParams(**params), request_id="again")
+    for i in range(3):
+        engine.add_request(_prompt(15, seed=30 + i), SamplingParams(max_tokens=20), f"n{i}")
+    out = run_to_completion(engine)
+    assert token_ids_of(out["again"]) == alone
+    other = dict(params, seed=99)
+    engine.add_request(prompt, SamplingParams(**other), request_id="other")
+    assert token_ids_of(run_to_completion(engine)["other"]) != alone
+
+
+def test_full_waiting_queue_refuses_at_once(make_engine):
+    engine = make_engine(max_waiting_requests=2, max_waiting_tokens=100)
+    engine.add_request(_prompt(10, seed=1), greedy(4))
+    engine.add_request(_prompt(10, seed=2), greedy(4))
+    with pytest.raises(EngineBusyError):
+        engine.add_request(_prompt(10, seed=3), greedy(4))
+    run_to_completion(engine)
+    engine.add_request(_prompt(60, seed=4), greedy(4))
+    with pytest.raises(EngineBusyError):
+        engine.add_request(_prompt(60, seed=5), greedy(4))  # 120 tokens > 100 waiting
+    assert engine.stats()["total_refused"] == 2
+
+
+def test_invalid_requests_are_refused(make_engine):
+    engine = make_engine()
+    with pytest.raises(InvalidRequestError):
+        engine.add_request([], greedy(4))
+    with pytest.raises(InvalidRequestError):
+        engine.add_request([1, 10**9], greedy(4))
+    with pytest.raises(InvalidRequestError):
+        engine.add_request([1, 2], SamplingParams(top_p=0.0))
+
+
+def test_an_error_in_a_step_does_not_kill_the_engine(make_engine, monkeypatch):
+    engine = make_engine()
+    real_run = engine.runner.run
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(engine.runner, "run", broken)
+    engine.add_request(_prompt(10, seed=1), greedy(4), request_id="victim")
+    out = run_to_completion(engine)["victim"]
+    assert out[-1].finish_reason == "error" and "boom" in out[-1].error
+    assert engine.stats()["kv_blocks_free"] == engine.stats()["kv_blocks_total"]
+    monkeypatch.setattr(engine.runner, "run", real_run)
+    engine.add_request(_prompt(10, seed=1), greedy(4, ignore_eos=True), request_id="next")
+    assert run_to_completion(engine)["next"][-1].finish_reason == "length"
+
+
+def test_long_prompt_is_prefilled_in_chunks_beside_decodes(make_engine):
+    engine = make_engine(max_num_batched_tokens=64, max_prefill_tokens_during_decode=16)
+    engine.add_request(_prompt(10, seed=1), greedy(30, ignore_eos=True), request_id="d")
+    engine.step()
+    engine.add_request(_prompt(200, seed=2), greedy(2, ignore_eos=True), request_id="long")
+    sizes = []
+    while engine.has_work():
+        engine.step()
+        sizes.append(engine.stats()["last_step_tokens"])
+    # The decoding stream never waits behind more than 16 prefill tokens.
+    assert max(sizes) <= 17
+    assert sum(sizes) >= 200

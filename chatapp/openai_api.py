@@ -34,6 +34,7 @@ from inference.engine import (
     PromptTooLongError,
     SamplingParams,
 )
+from inference.recording import recorded_stream
 
 # Fields we honour, and fields clients commonly send that we accept at their defaults.
 CHAT_FIELDS = {
@@ -415,8 +416,13 @@ async def start_stream(
             client.check_fits(prompt)
         except PromptTooLongError as exc:
             raise invalid(str(exc), "messages", "context_length_exceeded") from exc
-        stream = client.stream(
-            prompt, req.sampling, session_id=req.user, request_id=f"api-{uuid.uuid4().hex}"
+        # Observability: the request is recorded when this stream closes (inference/recording.py).
+        stream = recorded_stream(
+            client.stream(
+                prompt, req.sampling, session_id=req.user, request_id=f"api-{uuid.uuid4().hex}"
+            ),
+            "api",
+            user_id=key.owner_id,
         )
         try:
             first = await stream.__anext__()

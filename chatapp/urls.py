@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import path, re_path
+from django.urls import include, path, re_path
 
 from chatapp import api, api_keys, openai_api, views
 
@@ -20,5 +20,7 @@ urlpatterns = [
     path("v1/models", openai_api.models),
     path("v1/chat/completions", openai_api.chat_completions),
     path("v1/completions", openai_api.completions),
+    # Observability: /metrics, /admin/latency/ (before admin/), /api/exports/.
+    path("", include("inference.urls")),
     path("admin/", admin.site.urls),
 ]

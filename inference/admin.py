@@ -1,0 +1,41 @@
+from django.contrib import admin
+
+from inference.models import Job, MinuteRollup, RequestRecord
+
+
+@admin.register(RequestRecord)
+class RequestRecordAdmin(admin.ModelAdmin):
+    list_display = (
+        "finished_at",
+        "source",
+        "user",
+        "ttft",
+        "e2e",
+        "output_tokens",
+        "finish_reason",
+    )
+    list_filter = ("source", "finish_reason", "error_code")
+    date_hierarchy = "finished_at"
+    raw_id_fields = ("user", "conversation")
+
+    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+        return False
+
+
+@admin.register(MinuteRollup)
+class MinuteRollupAdmin(admin.ModelAdmin):
+    list_display = ("minute", "requests", "output_tokens", "samples")
+
+    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+        return False
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ("id", "kind", "status", "user", "created_at", "finished_at")
+    list_filter = ("kind", "status")
+    raw_id_fields = ("user",)
+
+
+# The admin's front page links to the latency dashboard (inference/urls.py).
+admin.site.index_template = "inference/admin_index.html"

@@ -1,0 +1,123 @@
+"""The work of the dashboard's jobs (run by inference.tasks): each takes its Job row,
+fills in `result` / `file` / `log`, and raises on failure."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.utils.text import slugify
+
+from inference.models import Job
+
+
+def job_dir(job: Job) -> Path:
+    folder = Path(settings.VAR_DIR) / "jobs" / f"{job.kind}-{job.pk}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+# --- benchmark ----------------------------------------------------------------------
+
+
+def benchmark_command(job: Job, out: Path) -> list[str]:
+    cmd = [part.replace("{python}", sys.executable) for part in shlex.split(settings.BENCH_COMMAND)]
+    model = job.params.get("model") or str(settings.ENGINE["MODEL"])
+    return [
+        *cmd,
+        "--model",
+        model,
+        "--json",
+        str(out / "results.json"),
+        "--plot",
+        str(out / "plot.png"),
+    ]
+
+
+def benchmark(job: Job) -> dict[str, Any]:
+    """Run `python -m inference.bench` in a subprocess; keep its JSON, plot and output."""
+    out = job_dir(job)
+    cmd = benchmark_command(job, out)
+    proc = subprocess.run(
+        cmd,
+        cwd=settings.BASE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=settings.BENCH_TIMEOUT_S,
+    )
+    log = f"$ {shlex.join(cmd)}\n{proc.stdout}{proc.stderr}"[-20000:]
+    results_file = out / "results.json"
+    if proc.returncode != 0 or not results_file.exists():
+        job.log = log
+        raise RuntimeError(f"the benchmark exited with status {proc.returncode}")
+    results = json.loads(results_file.read_text())
+    plot = out / "plot.png"
+    Job.objects.filter(pk=job.pk).update(
+        result=results,
+        log=log,
+        file=str(plot.relative_to(settings.VAR_DIR)) if plot.exists() else "",
+    )
+    return {"targets": len(results.get("targets", []))}
+
+
+def benchmark_summary(results: dict[str, Any]) -> dict[str, Any]:
+    """The figures the dashboard compares run against run."""
+
+    def get(section: str, key: str) -> Any:
+        value = results.get(section)
+        return value.get(key) if isinstance(value, dict) else None
+
+    return {
+        "single_decode_tok_s": get("single_ours", "decode_tok_s"),
+        "single_ttft_s": get("single_ours", "ttft"),
+        "streams16_tok_s": get("streams16_ours", "tok_s"),
+        "streams64_tok_s": get("streams64_ours", "tok_s"),
+        "busy_ttft_ratio_p99": get("busy", "ttft_ratio_p99"),
+        "busy_itl_ratio": get("busy", "itl_ratio"),
+        "targets_met": sum(1 for t in results.get("targets", []) if t.get("met")),
+        "targets": len(results.get("targets", [])),
+    }
+
+
+# --- conversation export ------------------------------------------------------------
+
+
+def export(job: Job) -> dict[str, Any]:
+    """All of a user's conversations as a zip: one Markdown file each, or one JSON."""
+    from chatapp.export import conversation_markdown, conversation_payload
+    from chatapp.models import Conversation
+
+    fmt = job.params.get("format", "md")
+    if fmt not in ("md", "json"):
+        raise ValueError(f"unknown export format {fmt!r}")
+    convs = list(Conversation.objects.filter(owner=job.user).order_by("id"))
+    path = job_dir(job) / f"conversations-{fmt}.zip"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        if fmt == "json":
+            data = [conversation_payload(c) for c in convs]
+            zf.writestr("conversations.json", json.dumps(data, ensure_ascii=False, indent=2))
+        else:
+            for c in convs:
+                name = f"{c.pk:05d}-{slugify(c.title)[:50] or 'conversation'}.md"
+                zf.writestr(name, conversation_markdown(c))
+    Job.objects.filter(pk=job.pk).update(
+        file=str(path.relative_to(settings.VAR_DIR)), result={"conversations": len(convs)}
+    )
+    return {"conversations": len(convs)}
+
+
+# --- tuning ---------------------------------------------------------------------------
+
+
+def tune(job: Job) -> dict[str, Any]:
+    from inference import tuning
+
+    report = tuning.run(job.params)
+    Job.objects.filter(pk=job.pk).update(result=report)
+    return {"best": report["best"]}

@@ -1,0 +1,125 @@
+"""Engine snapshots over time. The engine's stats() is a snapshot of now (queues, KV
+blocks, its last step, running totals); a thread in the process that holds the engine
+stores one every OBS_SAMPLE_INTERVAL_S and refreshes the Prometheus gauges from it.
+
+With no Celery broker (the embedded default) the same thread runs the rollup each
+minute and the pruning each hour, in place of Celery beat.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections
+
+from inference import metrics
+from inference.recording import WORKER, _model_name
+
+log = logging.getLogger(__name__)
+
+_thread: threading.Thread | None = None
+_lock = threading.Lock()
+# The engine totals last fed to the Prometheus counters (counters only go up).
+_last_totals: dict[str, int] = {}
+
+COUNTERS = {
+    "prefix_cache_queries": metrics.prefix_cache_queries,
+    "prefix_cache_hits": metrics.prefix_cache_hits,
+    "preemptions": metrics.num_preemptions,
+    "total_refused": metrics.refused_requests,
+    "total_steps": metrics.engine_steps,
+}
+
+
+def sample_fields(s: dict[str, Any]) -> dict[str, Any]:
+    total = int(s.get("kv_blocks_total") or 0)
+    return {
+        "running": int(s.get("running") or 0),
+        "waiting": int(s.get("waiting") or 0),
+        "batch_size": int(s.get("last_step_batch_size") or 0),
+        "step_tokens": int(s.get("last_step_tokens") or 0),
+        "step_seconds": float(s.get("last_step_seconds") or 0.0),
+        "kv_usage": int(s.get("kv_blocks_used") or 0) / total if total else 0.0,
+        "prefix_queries": int(s.get("prefix_cache_queries") or 0),
+        "prefix_hits": int(s.get("prefix_cache_hits") or 0),
+        "refused": int(s.get("total_refused") or 0),
+        "steps": int(s.get("total_steps") or 0),
+    }
+
+
+def update_prometheus(s: dict[str, Any]) -> None:
+    model = _model_name()
+    f = sample_fields(s)
+    metrics.num_requests_running.labels(model).set(f["running"])
+    metrics.num_requests_waiting.labels(model).set(f["waiting"])
+    metrics.kv_cache_usage.labels(model).set(f["kv_usage"])
+    metrics.step_tokens.labels(model).set(f["step_tokens"])
+    metrics.step_batch_size.labels(model).set(f["batch_size"])
+    with _lock:
+        for key, counter in COUNTERS.items():
+            now = int(s.get(key) or 0)
+            before = _last_totals.get(key, 0)
+            # A restarted engine starts its totals again from 0.
+            counter.labels(model).inc(now - before if now >= before else now)
+            _last_totals[key] = now
+
+
+def live_stats() -> dict[str, Any] | None:
+    """The engine's stats if it runs in this process and is loaded, else None."""
+    from inference.client import engine_ready, get_engine_client
+
+    if not engine_ready():
+        return None
+    try:
+        return get_engine_client().stats()
+    except Exception:
+        log.exception("engine stats failed")
+        return None
+
+
+def take_sample() -> Any:
+    from inference.models import EngineSample
+
+    s = live_stats()
+    if s is None:
+        return None
+    update_prometheus(s)
+    return EngineSample.objects.create(at=datetime.now(UTC), worker=WORKER, **sample_fields(s))
+
+
+def _loop() -> None:
+    interval = float(settings.OBS_SAMPLE_INTERVAL_S)
+    last_rollup = last_prune = time.monotonic()
+    while True:
+        time.sleep(interval)
+        try:
+            take_sample()
+            if settings.CELERY_TASK_ALWAYS_EAGER:
+                from inference import tasks
+
+                if time.monotonic() - last_rollup >= 60:
+                    last_rollup = time.monotonic()
+                    tasks.rollup.apply()
+                if time.monotonic() - last_prune >= 3600:
+                    last_prune = time.monotonic()
+                    tasks.prune.apply()
+        except Exception:
+            log.exception("engine sampling failed")
+        finally:
+            close_old_connections()
+
+
+def ensure_started() -> None:
+    """Start the sampling thread once per process (no-op when OBS_BACKGROUND is off)."""
+    global _thread
+    if _thread is not None or not settings.OBS_BACKGROUND:
+        return
+    with _lock:
+        if _thread is None:
+            _thread = threading.Thread(target=_loop, name="engine-sampler", daemon=True)
+            _thread.start()

@@ -1,0 +1,89 @@
+"""Fixtures for the observability side: seeded request figures and engine samples."""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from inference import stats
+from inference.models import EngineSample, RequestRecord
+
+
+@pytest.fixture(autouse=True)
+def job_files_in_tmp(settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Job outputs (plots, archives) land in the test's folder, not in var/."""
+    settings.VAR_DIR = tmp_path
+
+
+@pytest.fixture
+def staff_user(db: None):  # type: ignore[no-untyped-def]
+    return get_user_model().objects.create_user(
+        "operator", password="a-long-test-password-1", is_staff=True
+    )
+
+
+@pytest.fixture
+def plain_user(db: None):  # type: ignore[no-untyped-def]
+    return get_user_model().objects.create_user("alice", password="a-long-test-password-1")
+
+
+def seed(now: datetime, minutes: int = 3, per_minute: int = 40, seed: int = 7) -> list:
+    """Request records and engine samples for `minutes` whole minutes before `now`,
+    with spread-out latencies, a few errors, and growing prefix-cache totals."""
+    rng = random.Random(seed)
+    start = now.replace(second=0, microsecond=0) - timedelta(minutes=minutes)
+    rows = []
+    for m in range(minutes):
+        for i in range(per_minute):
+            at = start + timedelta(minutes=m, seconds=rng.uniform(0, 59.9))
+            gaps = [rng.lognormvariate(-3.5, 0.5) for _ in range(rng.randint(2, 40))]
+            queue = rng.uniform(0.0, 0.2) * (m + 1)
+            prefill = rng.uniform(0.02, 0.3)
+            error = "busy" if i % 13 == 0 else ""
+            rows.append(
+                RequestRecord(
+                    finished_at=at,
+                    source="chat" if i % 2 else "api",
+                    request_id=f"r{m}-{i}",
+                    ttft=queue + prefill,
+                    tpot=sum(gaps) / len(gaps),
+                    itl_p50=stats.percentile(gaps, 50),
+                    itl_p99=stats.percentile(gaps, 99),
+                    itl_hist=stats.histogram(gaps),
+                    queue_time=queue,
+                    prefill_time=prefill,
+                    decode_time=sum(gaps),
+                    network_time=rng.uniform(0, 0.01),
+                    e2e=queue + prefill + sum(gaps),
+                    prompt_tokens=100,
+                    cached_tokens=rng.randint(0, 100),
+                    output_tokens=len(gaps) + 1,
+                    finish_reason="error" if error else "stop",
+                    error_code=error,
+                )
+            )
+    RequestRecord.objects.bulk_create(rows)
+    samples = []
+    queries = hits = 0
+    for k in range(minutes * 12):
+        queries += 500
+        hits += 200 + k
+        samples.append(
+            EngineSample(
+                at=start + timedelta(seconds=5 * k + 1),
+                worker="w1",
+                running=k % 8,
+                waiting=k % 3,
+                batch_size=k % 8,
+                step_tokens=64,
+                kv_usage=(k % 10) / 10,
+                prefix_queries=queries,
+                prefix_hits=hits,
+                refused=k // 10,
+            )
+        )
+    EngineSample.objects.bulk_create(samples)
+    return rows

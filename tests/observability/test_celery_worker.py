@@ -1,0 +1,267 @@
+"""Each offline job, run by a real Celery worker process through the real Redis.
+
+The worker and this test share a SQLite file; the test seeds it and reads the results
+through `manage.py shell` (the same settings as the worker) and plain sqlite3.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+
+ROOT = Path(__file__).resolve().parents[2]
+BROKER = os.environ.get("OBS_TEST_BROKER", "redis://127.0.0.1:6379/5")
+
+
+class Worker:
+    def __init__(self, workdir: Path, model_dir: Path) -> None:
+        self.workdir = workdir
+        self.db = workdir / "db.sqlite3"
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "chatapp.settings.dev",
+            "DJANGO_DEBUG": "false",
+            "CHATAPP_VAR_DIR": str(workdir),
+            "DATABASE_URL": f"sqlite:///{self.db}",
+            "CELERY_BROKER_URL": BROKER,
+            "CELERY_RESULT_BACKEND": BROKER,
+            "CELERY_TASK_ALWAYS_EAGER": "false",
+            "CHATAPP_MODEL": str(model_dir),
+            "ENGINE_DTYPE": "float32",
+            "ENGINE_PRELOAD": "false",
+            "ENGINE_KV_CACHE_MEMORY_MB": "64",
+            "ENGINE_NUM_THREADS": "1",
+            "OBS_BACKGROUND": "false",
+            "BENCH_COMMAND": "{python} -m inference.bench --quick --skip-hf --threads 1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = workdir / "worker.log"
+        self.client = Celery("obs-test-client", broker=BROKER, backend=BROKER)
+
+    def manage(self, *args: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(out.stdout + out.stderr)
+        return out.stdout.strip()
+
+    def python(self, code: str) -> str:
+        return self.manage("shell", "--no-imports", "-c", code)
+
+    def start(self) -> Worker:
+        self.manage("migrate", "--noinput", "-v", "0")
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "chatapp", "worker", "--pool=solo",
+                 "--loglevel=INFO", "--without-gossip", "--without-mingle",
+                 "--hostname", f"obs-test-{os.getpid()}@%h"],
+                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited:\n{self.log.read_text()}")
+            if b"ready." in self.log.read_bytes():
+                return self
+            time.sleep(0.3)
+        raise RuntimeError(f"worker did not come up:\n{self.log.read_text()}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def run(self, task: str, *args: object, timeout: float = 120) -> object:
+        return self.client.send_task(task, args=list(args)).get(timeout=timeout)
+
+    def query(self, sql: str, *params: object) -> list[tuple]:
+        with sqlite3.connect(self.db) as conn:
+            return conn.execute(sql, params).fetchall()
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[Worker]:
+    r = redis.Redis.from_url(BROKER)
+    try:
+        r.ping()
+    except redis.ConnectionError:
+        pytest.skip(f"no Redis at {BROKER}")
+    r.flushdb()
+    w = Worker(tmp_path_factory.mktemp("celery-worker"), tiny_model_dir)
+    try:
+        yield w.start()
+    finally:
+        w.stop()
+        r.flushdb()
+
+
+def test_rollup_task_aggregates_the_stored_figures(worker: Worker) -> None:
+    worker.python(
+        "from django.utils import timezone; from tests.observability.conftest import seed; "
+        "seed(timezone.now(), minutes=2)"
+    )
+    assert worker.run("inference.rollup") >= 2
+    (requests,) = worker.query("select sum(requests) from inference_minuterollup")[0]
+    (raw,) = worker.query("select count(*) from inference_requestrecord")[0]
+    assert requests == raw == 80
+
+
+def test_prune_task_drops_old_raw_rows(worker: Worker) -> None:
+    worker.python(
+        "from datetime import timedelta; from django.utils import timezone; "
+        "from inference import rollups; from tests.observability.conftest import seed; "
+        "now = timezone.now(); seed(now - timedelta(days=3), minutes=1, seed=3); "
+        "rollups.rollup_since(since=now - timedelta(days=4))"
+    )
+    before = worker.query("select count(*) from inference_requestrecord")[0][0]
+    removed = worker.run("inference.prune")
+    assert removed["records"] == 40
+    assert worker.query("select count(*) from inference_requestrecord")[0][0] == before - 40
+
+
+def first_exchange(w: Worker) -> int:
+    return int(
+        w.python(
+            "from django.contrib.auth import get_user_model as g; "
+            "from chatapp.models import Conversation, Message; "
+            "from chatapp.conversations import default_title; "
+            "u, _ = g().objects.get_or_create(username='titled'); "
+            "q = 'How do I bake a simple loaf of bread at home without a machine?'; "
+            "c = Conversation.objects.create(owner=u, title=default_title(q)); "
+            "m = Message.objects.create(conversation=c, role='user', text=q); "
+            "Message.objects.create(conversation=c, parent=m, role='assistant', "
+            "text='Mix flour, water, salt and yeast, knead, let it rise, then bake.'); "
+            "print(c.pk)"
+        )
+    )
+
+
+def test_title_job_keeps_the_default_when_the_model_writes_nothing(worker: Worker) -> None:
+    # The tiny random-weight model answers with blank lines: no title is better than that.
+    conv_id = first_exchange(worker)
+    assert worker.run("inference.generate_title", conv_id) is None
+    stored = worker.query("select title from chatapp_conversation where id = ?", conv_id)[0][0]
+    assert stored.startswith("How do I bake a simple loaf")
+
+
+def test_conversation_export_is_produced_in_the_background(worker: Worker) -> None:
+    ids = json.loads(
+        worker.python(
+            "import json; from django.contrib.auth import get_user_model as g; "
+            "from chatapp.models import Conversation, Message; from inference.models import Job; "
+            "u = g().objects.create_user('exporter'); "
+            "cs = [Conversation.objects.create(owner=u, title=f'Chat {i}') for i in range(3)]; "
+            "ms = [Message.objects.create(conversation=c, role='user', text=f'question {i}') "
+            "for i, c in enumerate(cs)]; "
+            "[Conversation.objects.filter(pk=m.conversation_id).update(active_leaf=m) "
+            "for m in ms]; "
+            "md = Job.objects.create(kind='export', user=u, params={'format': 'md'}); "
+            "js = Job.objects.create(kind='export', user=u, params={'format': 'json'}); "
+            "print(json.dumps([md.pk, js.pk]))"
+        )
+    )
+    for job_id in ids:
+        assert worker.run("inference.export_conversations", job_id)["status"] == "done"
+    (status, file), (status2, file2) = (
+        worker.query("select status, file from inference_job where id = ?", i)[0] for i in ids
+    )
+    assert status == status2 == "done"
+    with zipfile.ZipFile(worker.workdir / file) as zf:
+        names = sorted(zf.namelist())
+        assert len(names) == 3 and names[0].endswith("chat-0.md")
+        assert "question 0" in zf.read(names[0]).decode()
+    with zipfile.ZipFile(worker.workdir / file2) as zf:
+        data = json.loads(zf.read("conversations.json"))
+        assert [c["conversation"]["title"] for c in data] == ["Chat 0", "Chat 1", "Chat 2"]
+
+
+def test_tuning_job_reports_goodput_per_setting(worker: Worker) -> None:
+    job_id = int(
+        worker.python(
+            "from inference.models import Job; print(Job.objects.create(kind='tuning', params={"
+            "'requests': 6, 'rate': 30, 'synthetic': True, "
+            "'grid': {'MAX_NUM_BATCHED_TOKENS': [64, 512], 'MAX_NUM_SEQS': [4]}}).pk)"
+        )
+    )
+    assert worker.run("inference.tune", job_id, timeout=300)["status"] == "done"
+    (result,) = worker.query("select result from inference_job where id = ?", job_id)[0]
+    report = json.loads(result)
+    assert len(report["rows"]) == 2 and report["best"] in [r["settings"] for r in report["rows"]]
+    assert all(r["requests"] == 6 and r["wall_s"] > 0 for r in report["rows"])
+
+
+@pytest.mark.slow
+def test_benchmark_run_is_stored_beside_earlier_runs(worker: Worker) -> None:
+    job_id = int(
+        worker.python(
+            "from inference.models import Job; "
+            "Job.objects.create(kind='benchmark', status='done', "
+            "result={'single_ours': {'decode_tok_s': 1.0}, 'targets': []}); "
+            "print(Job.objects.create(kind='benchmark').pk)"
+        )
+    )
+    assert worker.run("inference.run_benchmark", job_id, timeout=400)["status"] == "done"
+    status, file, result = worker.query(
+        "select status, file, result from inference_job where id = ?", job_id
+    )[0]
+    assert status == "done", worker.query("select log from inference_job where id = ?", job_id)
+    assert (worker.workdir / file).stat().st_size > 1000  # the PNG plot
+    results = json.loads(result)
+    assert results["single_ours"]["decode_tok_s"] > 0 and results["targets"]
+    runs = json.loads(
+        worker.python(
+            "import json; from inference.dashboard import benchmark_runs; "
+            "print(json.dumps(benchmark_runs()))"
+        )
+    )
+    assert [r["id"] for r in runs][:2] == [job_id, job_id - 1]
+    assert runs[0]["summary"]["single_decode_tok_s"] > 0 and runs[0]["plot_url"]
+    assert runs[1]["summary"]["single_decode_tok_s"] == 1.0
+
+
+@pytest.fixture(scope="module")
+def real_model_worker(
+    tmp_path_factory: pytest.TempPathFactory, real_model_dir: Path, worker: Worker
+) -> Iterator[Worker]:
+    worker.stop()  # one worker at a time on the shared queue
+    w = Worker(tmp_path_factory.mktemp("celery-real-model"), real_model_dir)
+    try:
+        yield w.start()
+    finally:
+        w.stop()
+
+
+@pytest.mark.slow
+def test_title_is_written_by_the_engine_after_the_first_reply(real_model_worker: Worker) -> None:
+    conv_id = first_exchange(real_model_worker)
+    title = real_model_worker.run("inference.generate_title", conv_id, timeout=180)
+    assert isinstance(title, str) and 2 <= len(title.split()) <= 8
+    stored = real_model_worker.query(
+        "select title from chatapp_conversation where id = ?", conv_id
+    )[0][0]
+    assert stored == title and not stored.startswith("How do I bake")
+    assert "bread" in title.lower() or "loaf" in title.lower() or "bak" in title.lower()
+    # A second run finds nothing to do: the title is no longer the default one.
+    assert real_model_worker.run("inference.generate_title", conv_id) is None

@@ -1,0 +1,160 @@
+"""The latency dashboard in real Chromium: charts drawn from seeded figures and from
+live requests sent to a real server while the page is open. Screenshots go to
+test-artifacts/screenshots/dashboard-*.png."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.live_server import ROOT, LiveServer
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
+PASSWORD = "operator-password-42"
+CHART_IDS = ("ttft", "itl", "e2e", "queue", "tps", "load", "batch", "kv", "prefix", "errors")
+
+
+def ensure_bundle() -> None:
+    dist = ROOT / "frontend" / "dist"
+    if (dist / "dashboard.js").exists() and (dist / "dashboard.css").exists():
+        return
+    if not shutil.which("npx") or not (ROOT / "frontend" / "node_modules").exists():
+        pytest.skip("dashboard bundle not built: cd frontend && npm run build")
+    subprocess.run(
+        ["npx", "vite", "build", "-c", "vite.dashboard.config.ts"],
+        cwd=ROOT / "frontend",
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    ensure_bundle()
+    srv = LiveServer(
+        tmp_path_factory.mktemp("dashboard-server"),
+        tiny_model_dir,
+        OBS_SAMPLE_INTERVAL_S="1",
+        ENGINE_KV_CACHE_MEMORY_MB="64",
+        ENGINE_MAX_NUM_SEQS="8",
+    )
+    srv.start()
+    try:
+        srv.make_user("operator", PASSWORD, staff=True)
+        # An hour of history: seeded request figures and engine samples, rolled up.
+        srv.python(
+            "from datetime import timedelta; from django.utils import timezone; "
+            "from inference import rollups; from tests.observability.conftest import seed; "
+            "now = timezone.now(); "
+            "[seed(now - timedelta(minutes=m), minutes=2, per_minute=12, seed=m) "
+            "for m in range(4, 60, 5)]; "
+            "seed(now, minutes=2, per_minute=30); rollups.rollup_since(now=now)"
+        )
+        yield srv
+    finally:
+        srv.stop()
+
+
+def send_load(server: LiveServer, key: str, n: int = 12) -> list[int]:
+    """n chat completions at once through the OpenAI API."""
+    statuses: list[int] = []
+
+    def one(i: int) -> None:  # a failure leaves its status out
+        body = {
+            "model": Path(server.env["CHATAPP_MODEL"]).name,
+            "messages": [{"role": "user", "content": f"Tell me a story number {i}."}],
+            "max_tokens": 24,
+            "stream": i % 2 == 0,
+        }
+        req = urllib.request.Request(
+            server.url + "/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=120) as r:
+            r.read()
+            statuses.append(r.status)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return statuses
+
+
+def colored_pixels(page, chart: str) -> int:  # type: ignore[no-untyped-def]
+    """Pixels of the chart's canvas that a series line painted (saturated colour)."""
+    return page.evaluate(
+        """(id) => {
+          const c = document.querySelector(`#chart-${id} canvas`);
+          const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+          let n = 0;
+          for (let i = 0; i < d.length; i += 4) {
+            const [r, g, b, a] = [d[i], d[i + 1], d[i + 2], d[i + 3]];
+            if (a > 200 && Math.max(r, g, b) - Math.min(r, g, b) > 90) n++;
+          }
+          return n;
+        }""",
+        chart,
+    )
+
+
+def test_dashboard_draws_charts_from_stored_figures_and_live_load(server: LiveServer) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    key = server.make_key("operator", max_concurrent=32, rate_limit_per_minute=1000)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(server.url + "/admin/login/?next=/admin/latency/%3Fwindow%3D1h")
+            page.fill("#id_username", "operator")
+            page.fill("#id_password", PASSWORD)
+            page.click("input[type=submit]")
+            expect(page.locator("#latency-dashboard[data-ready='1']")).to_be_attached(timeout=20000)
+            assert page.locator(".ld-plot canvas").count() >= len(CHART_IDS)
+            for chart in ("ttft", "itl", "e2e", "queue", "tps", "load", "kv", "prefix"):
+                assert colored_pixels(page, chart) > 30, chart
+            page.screenshot(path=str(SCREENSHOTS / "dashboard-1h.png"), full_page=True)
+
+            # Live: the 5-minute window while requests run against the real engine.
+            page.click("button[data-window='5m']")
+            assert send_load(server, key) == [200] * 12
+            expect(page.locator("#ld-slowest tr[data-request^='api-']").first).to_be_attached(
+                timeout=20000
+            )
+            for chart in ("ttft", "load", "tps"):
+                assert colored_pixels(page, chart) > 30, chart
+            rows = page.locator("#ld-slowest tr[data-request]")
+            assert rows.count() >= 10
+            assert page.locator("#ld-slowest .ld-breakdown .seg-decode").count() >= 10
+            page.screenshot(path=str(SCREENSHOTS / "dashboard-5m-under-load.png"), full_page=True)
+            assert not errors, errors
+        finally:
+            browser.close()

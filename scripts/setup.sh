@@ -49,10 +49,10 @@ if [ -f frontend/package.json ]; then
     rm -f "$STAMP_DIR"/npm-*
     touch "$npm_stamp"
   fi
-  src_stamp="$STAMP_DIR/build-$(find frontend/src frontend/index.html frontend/vite.config.* frontend/package.json -type f 2>/dev/null | sort | xargs cat | sha256sum | cut -c1-16)"
+  src_stamp="$STAMP_DIR/build-$( (find frontend/src -type f; find frontend -maxdepth 1 -type f \( -name '*.ts' -o -name '*.json' -o -name '*.html' \)) | sort | xargs cat | sha256sum | cut -c1-16)"
   if [ ! -f "$src_stamp" ] || [ ! -f frontend/dist/app.js ]; then
     say "building the frontend"
-    (cd frontend && npm run --silent build >/dev/null)
+    (cd frontend && npm run --silent build >/dev/null) || { echo "the frontend build failed: cd frontend && npm run build" >&2; exit 1; }
     rm -f "$STAMP_DIR"/build-*
     touch "$src_stamp"
   fi

@@ -99,11 +99,10 @@ def conversation(request: HttpRequest, pk: int) -> HttpResponse:
         if unknown:
             raise InvalidSettings(f"unknown field(s): {', '.join(sorted(unknown))}")
         conv = conv_logic.update_conversation(conv, data)
-    branch = conv_logic.active_branch(conv)
     return JsonResponse(
         {
             "conversation": conv_logic.conversation_json(conv),
-            "messages": [conv_logic.message_json(m, with_alternatives=True) for m in branch],
+            "messages": conv_logic.branch_json(conv),
         }
     )
 

@@ -235,6 +235,22 @@ def conversation_json(conv: Conversation) -> dict[str, Any]:
     }
 
 
+def branch_json(conv: Conversation) -> list[dict[str, Any]]:
+    """The active branch with each message's alternatives, from one query."""
+    by_id = _all_messages(conv)
+    leaf = by_id.get(conv.active_leaf_id) if conv.active_leaf_id else None
+    siblings: dict[tuple[int | None, str], list[int]] = {}
+    for m in by_id.values():  # ordered by id
+        siblings.setdefault((m.parent_id, m.role), []).append(m.pk)
+    out = []
+    for m in path_to(leaf, by_id) if leaf else []:
+        data = message_json(m)
+        alts = siblings[(m.parent_id, m.role)]
+        data["alternatives"], data["alternative_index"] = alts, alts.index(m.pk)
+        out.append(data)
+    return out
+
+
 def message_json(m: Message, with_alternatives: bool = False) -> dict[str, Any]:
     data: dict[str, Any] = {
         "id": m.pk,

@@ -62,15 +62,16 @@ def write_title(user_text: str, reply_text: str) -> str:
     from inference.client import get_engine_client
 
     client = get_engine_client()
-    conversation = f"User: {user_text[:1500]}\nAssistant: {reply_text[:1500]}"
+    # The gist is enough for a title; a short prompt keeps this background prefill from
+    # delaying the next person's first token.
+    conversation = f"User: {user_text[:400]}\nAssistant: {reply_text[:300]}"
     prompt = client.chat_prompt([Turn("user", INSTRUCTION + conversation)])
-    ids = list(getattr(prompt, "token_ids", prompt))
     sampling = SamplingParams(max_tokens=16, temperature=0.0)
 
     async def run() -> str:
         text = ""
         rid = f"title-{uuid.uuid4().hex[:12]}"
-        async for delta in client.generate(ids, sampling, request_id=rid):
+        async for delta in client.stream(prompt, sampling, request_id=rid):
             text += delta.text
         return text
 

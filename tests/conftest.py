@@ -7,7 +7,6 @@ what the model says use the real default model and are marked slow.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,39 +14,7 @@ from typing import Any
 import pytest
 
 from inference.model_files import default_model_path, ensure_default_model
-
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "chat_template.jinja",
-    "special_tokens_map.json",
-)
-
-
-def build_tiny_llama(folder: Path, source: Path, seed: int = 0) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=49152,
-        max_position_embeddings=2048,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-        tie_word_embeddings=True,
-        rope_theta=10000.0,
-    )
-    LlamaForCausalLM(config).save_pretrained(folder)
-    for name in TOKENIZER_FILES:
-        if (source / name).exists():
-            shutil.copy(source / name, folder / name)
-    return folder
+from tests.tiny_model import build_tiny_llama
 
 
 @pytest.fixture(scope="session")

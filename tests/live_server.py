@@ -12,6 +12,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import httpx
+import websockets.sync.client as ws_client
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -21,17 +24,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class LiveServer:
+class DjangoProcess:
+    """A process of this project (server or worker) with its own settings and SQLite file,
+    and `manage.py` commands against the same settings."""
+
     def __init__(self, workdir: Path, model_dir: Path | str, **env: str) -> None:
         self.workdir = workdir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.db = workdir / "db.sqlite3"
         self.env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "chatapp.settings.dev",
             "DJANGO_DEBUG": "false",
             "CHATAPP_VAR_DIR": str(workdir),
-            "DATABASE_URL": f"sqlite:///{workdir / 'db.sqlite3'}",
+            "DATABASE_URL": f"sqlite:///{self.db}",
             "CHATAPP_MODEL": str(model_dir),
             "ENGINE_DTYPE": env.pop("ENGINE_DTYPE", "float32"),
             "ENGINE_PRELOAD": "true",
@@ -57,6 +62,22 @@ class LiveServer:
     def python(self, code: str) -> str:
         """Run Django ORM code against this server's database; returns what it prints."""
         return self.manage("shell", "--no-imports", "-c", code).strip()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class LiveServer(DjangoProcess):
+    def __init__(self, workdir: Path, model_dir: Path | str, **env: str) -> None:
+        super().__init__(workdir, model_dir, **env)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
 
     def start(self) -> LiveServer:
         self.manage("migrate", "--noinput", "-v", "0")
@@ -88,13 +109,27 @@ class LiveServer:
                 time.sleep(0.3)
         raise RuntimeError(f"server did not come up:\n{self.log.read_text()}")
 
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+    def login(self, username: str, password: str) -> httpx.Client:
+        """An HTTP session logged in through the real login form (CSRF included)."""
+        c = httpx.Client(base_url=self.url, follow_redirects=False, timeout=30)
+        c.get("/accounts/login/")
+        answer = c.post(
+            "/accounts/login/",
+            data={"username": username, "password": password,
+                  "csrfmiddlewaretoken": c.cookies["csrftoken"]},
+            headers={"Referer": self.url + "/accounts/login/"},
+        )  # fmt: skip
+        if answer.status_code != 302:
+            raise AssertionError(f"login failed: {answer.status_code} {answer.text[:200]}")
+        return c
+
+    def chat_socket(self, username: str, password: str) -> Any:
+        """A logged-in connection to the chat WebSocket (websockets' sync client)."""
+        session = self.login(username, password)
+        cookie = "; ".join(f"{k}={v}" for k, v in session.cookies.items())
+        session.close()
+        url = self.url.replace("http://", "ws://") + "/ws/chat/"
+        return ws_client.connect(url, additional_headers={"Cookie": cookie, "Origin": self.url})
 
     def make_user(self, username: str, password: str, staff: bool = False) -> None:
         self.python(

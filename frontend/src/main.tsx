@@ -40,6 +40,7 @@ export function boot(root: HTMLElement): { store: Store; socket: ChatSocket } {
     if (id != null && id !== store.currentId) store.selectConversation(id);
   });
   window.addEventListener('online', () => socket.reconnectNow());
+  window.addEventListener('offline', () => socket.goneOffline());
   document.addEventListener('visibilitychange', () => {
     if (document.visibilityState === 'visible') socket.reconnectNow();
   });

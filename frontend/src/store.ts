@@ -494,6 +494,13 @@ export class Store {
       this.notify(key, error, 'offline');
       return { ok: false, error };
     }
+    const limit = this.engine?.max_message_chars;
+    if (limit && body.length > limit) {
+      const n = (x: number) => x.toLocaleString('en-US');
+      const error = `This message is too long to send: ${n(body.length)} characters, and the limit is ${n(limit)}. Please shorten it or send it in parts.`;
+      this.notify(key, error, 'message_too_long');
+      return { ok: false, error };
+    }
     if (this.isBusy(key)) {
       const error = errorWords('already_streaming');
       this.notify(key, error, 'already_streaming');

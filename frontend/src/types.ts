@@ -56,6 +56,8 @@ export interface EngineInfo {
   max_model_len: number;
   speculative_modes: string[];
   defaults: { temperature: number; top_p: number; max_tokens: number };
+  /** CHAT_MAX_MESSAGE_CHARS: the longest message the server takes (docs/http.md). */
+  max_message_chars?: number;
 }
 
 export type ServerFrame =

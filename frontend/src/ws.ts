@@ -112,6 +112,26 @@ export class ChatSocket {
     }
   }
 
+  /**
+   * The browser says the network is gone: treat the socket as dead at once (an open
+   * WebSocket may not notice for a long while), so sends are refused visibly and the
+   * reconnect starts; `reconnectNow` brings it back when the browser is online again.
+   */
+  goneOffline(): void {
+    if (this.stopped || this.state === 'unauthorized') return;
+    if (this.ws) this.drop('offline');
+  }
+
+  private drop(reason: string): void {
+    const ws = this.ws;
+    if (!ws) return;
+    this.ws = null;
+    ws.onopen = ws.onclose = ws.onmessage = ws.onerror = null;
+    try { ws.close(4000, reason); } catch { /* ignore */ }
+    this.clearTimers();
+    this.scheduleReconnect();
+  }
+
   /** Send now. Returns false (and sends nothing) when the socket is not open. */
   send(frame: ClientFrame): boolean {
     if (!this.isOpen) return false;
@@ -215,13 +235,7 @@ export class ChatSocket {
       if (this.pongTimer) return;
       this.pongTimer = setTimeout(() => {
         // Nothing came back: the connection is dead even if the browser has not noticed.
-        const ws = this.ws;
-        if (!ws) return;
-        this.ws = null;
-        ws.onopen = ws.onclose = ws.onmessage = ws.onerror = null;
-        try { ws.close(4000, 'ping timeout'); } catch { /* ignore */ }
-        this.clearTimers();
-        this.scheduleReconnect();
+        this.drop('ping timeout');
       }, this.o.pongTimeoutMs);
     }, this.o.pingIntervalMs);
   }

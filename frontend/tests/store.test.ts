@@ -102,6 +102,17 @@ describe('sending and streaming', () => {
     expect(store.noticesFor('new')[0].code).toBe('offline');
   });
 
+  it('refuses a message over the server\'s length limit, in words, before sending it', () => {
+    store.engine = { model: 't', max_model_len: 2048, speculative_modes: [], defaults: { temperature: 0.7, top_p: 0.9, max_tokens: 256 }, max_message_chars: 10 };
+    const r = store.sendMessage('x'.repeat(11));
+    expect(r.ok).toBe(false);
+    expect(r.error).toMatch(/too long.*11 characters.*limit is 10/);
+    expect(port.sent).toHaveLength(0);
+    expect(store.thread('new')).toHaveLength(0);
+    expect(store.noticesFor('new')[0].code).toBe('message_too_long');
+    expect(store.sendMessage('x'.repeat(10)).ok).toBe(true);
+  });
+
   it('refuses a second send while a reply is streaming', () => {
     store.applyConversation(conv(1), [msg({ id: 1, role: 'user', text: 'q' }), msg({ id: 2, role: 'assistant', status: 'streaming', parent_id: 1 })]);
     store.currentId = 1;

@@ -223,6 +223,26 @@ describe('chat page', () => {
     expect(api.calls).toContainEqual(['remove', 5]);
   });
 
+  it('Esc cancels a rename even when the input then fires blur (as Chromium does)', async () => {
+    api.convs.set(5, { conversation: conv(5, 'Five'), messages: [] });
+    await act(() => store.refreshList());
+    await act(() => $('conversation-rename').click());
+    const input = $('conversation-rename-input') as HTMLInputElement;
+    await act(() => {
+      input.value = 'Cancelled';
+      input.dispatchEvent(new Event('input', { bubbles: true }));
+    });
+    await act(async () => {
+      input.focus();
+      input.dispatchEvent(new KeyboardEvent('keydown', { key: 'Escape', bubbles: true }));
+      input.blur();
+      await flush();
+    });
+    expect($('conversation-rename-input')).toBeNull();
+    expect($('conversation-open').textContent).toBe('Five');
+    expect(api.calls.filter((c) => c[0] === 'patch')).toHaveLength(0);
+  });
+
   it('flips between alternatives', async () => {
     const msgs = [msg({ id: 1, role: 'user', text: 'q' }), msg({ id: 2, role: 'assistant', text: 'first', parent_id: 1, alternatives: [2, 3], alternative_index: 0 })];
     api.convs.set(1, { conversation: conv(1), messages: msgs });

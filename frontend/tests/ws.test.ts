@@ -150,6 +150,22 @@ describe('ChatSocket', () => {
     expect(FakeSocket.all.length).toBe(2);
   });
 
+  it('goneOffline drops an open socket at once, refuses sends, and reconnects when online', () => {
+    const { s, states } = make();
+    s.start();
+    FakeSocket.last().open();
+    expect(s.isOpen).toBe(true);
+    s.goneOffline();
+    expect(FakeSocket.all[0].closedWith).toBe(4000);
+    expect(s.state).toBe('reconnecting');
+    expect(states[states.length - 1]).toBe('reconnecting');
+    expect(s.send({ type: 'ping' })).toBe(false);
+    s.reconnectNow();
+    expect(FakeSocket.all.length).toBe(2);
+    FakeSocket.last().open();
+    expect(s.isOpen).toBe(true);
+  });
+
   it('reconnectNow skips the wait; close() ends for good', () => {
     const { s } = make();
     s.start();

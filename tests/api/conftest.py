@@ -31,17 +31,7 @@ def model_id(tiny_model_dir: Path) -> str:
 
 
 def logged_in(server: LiveServer, username: str = "apiuser") -> httpx.Client:
-    """An HTTP session logged in through the real login form (CSRF included)."""
-    c = httpx.Client(base_url=server.url, follow_redirects=False, timeout=30)
-    c.get("/accounts/login/")
-    token = c.cookies["csrftoken"]
-    answer = c.post(
-        "/accounts/login/",
-        data={"username": username, "password": PASSWORD, "csrfmiddlewaretoken": token},
-        headers={"Referer": server.url + "/accounts/login/"},
-    )
-    assert answer.status_code == 302, answer.text
-    return c
+    return server.login(username, PASSWORD)
 
 
 def engine_stats(server: LiveServer) -> dict[str, Any]:

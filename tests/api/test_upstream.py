@@ -10,7 +10,6 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import websockets.sync.client as ws_client
 
 from tests.api.conftest import PASSWORD, logged_in
 from tests.live_server import LiveServer
@@ -56,10 +55,8 @@ def test_the_chat_ui_socket_streams_through_the_upstream(
     front: LiveServer, server: LiveServer
 ) -> None:
     session = logged_in(front)
-    cookie = "; ".join(f"{k}={v}" for k, v in session.cookies.items())
-    url = front.url.replace("http://", "ws://") + "/ws/chat/"
     frames = []
-    with ws_client.connect(url, additional_headers={"Cookie": cookie, "Origin": front.url}) as sock:
+    with front.chat_socket("apiuser", PASSWORD) as sock:
         sock.send(
             json.dumps(
                 {

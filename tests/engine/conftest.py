@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
 from inference.engine.outputs import Delta
 from inference.engine.sampling_params import SamplingParams
 from inference.model_files import default_model_path
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+from tests.tiny_model import build_tiny_llama
 
 
 @pytest.fixture(scope="session")
@@ -34,29 +32,12 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory, real_model_path: P
     A larger init range than the default keeps its next-token distributions peaked, so
     greedy decoding has clear winners and float32 rounding cannot flip them.
     """
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    config = LlamaConfig(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        vocab_size=49152,
+    return build_tiny_llama(
+        tmp_path_factory.mktemp("tiny-llama"),
+        real_model_path,
         max_position_embeddings=1024,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
         initializer_range=0.2,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
     )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    model.save_pretrained(folder)
-    for name in TOKENIZER_FILES:
-        if (real_model_path / name).is_file():
-            shutil.copy(real_model_path / name, folder / name)
-    return folder
 
 
 @pytest.fixture(scope="session")

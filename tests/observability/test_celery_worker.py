@@ -20,51 +20,28 @@ import pytest
 import redis
 from celery import Celery
 
+from tests.live_server import DjangoProcess
+
 ROOT = Path(__file__).resolve().parents[2]
 BROKER = os.environ.get("OBS_TEST_BROKER", "redis://127.0.0.1:6379/5")
 
 
-class Worker:
+class Worker(DjangoProcess):
     def __init__(self, workdir: Path, model_dir: Path) -> None:
-        self.workdir = workdir
-        self.db = workdir / "db.sqlite3"
-        self.env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "chatapp.settings.dev",
-            "DJANGO_DEBUG": "false",
-            "CHATAPP_VAR_DIR": str(workdir),
-            "DATABASE_URL": f"sqlite:///{self.db}",
-            "CELERY_BROKER_URL": BROKER,
-            "CELERY_RESULT_BACKEND": BROKER,
-            "CELERY_TASK_ALWAYS_EAGER": "false",
-            "CHATAPP_MODEL": str(model_dir),
-            "ENGINE_DTYPE": "float32",
-            "ENGINE_PRELOAD": "false",
-            "ENGINE_KV_CACHE_MEMORY_MB": "64",
-            "ENGINE_NUM_THREADS": "1",
-            "OBS_BACKGROUND": "false",
-            "BENCH_COMMAND": "{python} -m inference.bench --quick --skip-hf --threads 1",
-            "PYTHONUNBUFFERED": "1",
-        }
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(
+            workdir,
+            model_dir,
+            CELERY_BROKER_URL=BROKER,
+            CELERY_RESULT_BACKEND=BROKER,
+            CELERY_TASK_ALWAYS_EAGER="false",
+            ENGINE_PRELOAD="false",
+            ENGINE_KV_CACHE_MEMORY_MB="64",
+            ENGINE_NUM_THREADS="1",
+            OBS_BACKGROUND="false",
+            BENCH_COMMAND="{python} -m inference.bench --quick --skip-hf --threads 1",
+        )
         self.log = workdir / "worker.log"
         self.client = Celery("obs-test-client", broker=BROKER, backend=BROKER)
-
-    def manage(self, *args: str) -> str:
-        out = subprocess.run(
-            [sys.executable, "manage.py", *args],
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        if out.returncode != 0:
-            raise RuntimeError(out.stdout + out.stderr)
-        return out.stdout.strip()
-
-    def python(self, code: str) -> str:
-        return self.manage("shell", "--no-imports", "-c", code)
 
     def start(self) -> Worker:
         self.manage("migrate", "--noinput", "-v", "0")
@@ -83,15 +60,6 @@ class Worker:
                 return self
             time.sleep(0.3)
         raise RuntimeError(f"worker did not come up:\n{self.log.read_text()}")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
     def run(self, task: str, *args: object, timeout: float = 120) -> object:
         return self.client.send_task(task, args=list(args)).get(timeout=timeout)

@@ -5,9 +5,6 @@ test-artifacts/screenshots/dashboard-*.png."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -15,44 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.live_server import ROOT, LiveServer
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, require_browser_and_bundle
+from tests.live_server import LiveServer
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
-SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
 PASSWORD = "operator-password-42"
 CHART_IDS = ("ttft", "itl", "e2e", "queue", "tps", "load", "batch", "kv", "prefix", "errors")
 
 
-def ensure_bundle() -> None:
-    dist = ROOT / "frontend" / "dist"
-    if (dist / "dashboard.js").exists() and (dist / "dashboard.css").exists():
-        return
-    if not shutil.which("npx") or not (ROOT / "frontend" / "node_modules").exists():
-        pytest.skip("dashboard bundle not built: cd frontend && npm run build")
-    subprocess.run(
-        ["npx", "vite", "build", "-c", "vite.dashboard.config.ts"],
-        cwd=ROOT / "frontend",
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-
-
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    ensure_bundle()
+    require_browser_and_bundle("dashboard.js", "dashboard.css")
     srv = LiveServer(
         tmp_path_factory.mktemp("dashboard-server"),
         tiny_model_dir,

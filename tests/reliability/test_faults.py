@@ -17,18 +17,13 @@ from typing import Any
 
 import httpx
 import pytest
-import websockets.sync.client as ws_client
 
-from tests.api.conftest import PASSWORD, logged_in
+from tests.api.conftest import PASSWORD
 from tests.live_server import LiveServer, free_port
 
 
 def connect(server: LiveServer) -> Any:
-    session = logged_in(server)
-    cookie = "; ".join(f"{k}={v}" for k, v in session.cookies.items())
-    session.close()
-    url = server.url.replace("http://", "ws://") + "/ws/chat/"
-    return ws_client.connect(url, additional_headers={"Cookie": cookie, "Origin": server.url})
+    return server.chat_socket("apiuser", PASSWORD)
 
 
 def exchange(sock: Any, text: str) -> list[dict]:
@@ -144,16 +139,10 @@ def test_chat_keeps_working_while_redis_is_away_and_after_it_returns(
 
 
 def test_server_keeps_serving_other_sockets_when_one_floods_garbage(server: LiveServer) -> None:
-    session = logged_in(server)
-    cookie = "; ".join(f"{k}={v}" for k, v in session.cookies.items())
-    session.close()
-    url = server.url.replace("http://", "ws://") + "/ws/chat/"
     stop = threading.Event()
 
     def flood() -> None:
-        with ws_client.connect(
-            url, additional_headers={"Cookie": cookie, "Origin": server.url}
-        ) as s:
+        with connect(server) as s:
             while not stop.is_set():
                 s.send("{{{{ not json")
                 s.recv(timeout=10)

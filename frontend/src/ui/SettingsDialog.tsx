@@ -52,15 +52,15 @@ export function SettingsDialog({ onClose }: { onClose(): void }) {
         </label>
         <div class="row">
           <label>
-            Temperature <span class="muted">(0–2)</span>
+            <span>Temperature <span class="muted">(0–2)</span></span>
             <input type="number" step="0.05" min="0" max="2" data-testid="settings-temperature" value={temperature} onInput={(e) => setTemperature((e.target as HTMLInputElement).value)} />
           </label>
           <label>
-            Top-p <span class="muted">(0–1)</span>
+            <span>Top-p <span class="muted">(0–1)</span></span>
             <input type="number" step="0.01" min="0.01" max="1" data-testid="settings-top-p" value={topP} onInput={(e) => setTopP((e.target as HTMLInputElement).value)} />
           </label>
           <label>
-            Max tokens
+            <span>Max tokens <span class="muted">(1–{maxLimit})</span></span>
             <input type="number" step="1" min="1" max={maxLimit} data-testid="settings-max-tokens" value={maxTokens} onInput={(e) => setMaxTokens((e.target as HTMLInputElement).value)} />
           </label>
         </div>

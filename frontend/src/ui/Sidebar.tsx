@@ -3,6 +3,7 @@ import { getCookie } from '../api';
 import { dayBucket } from '../format';
 import type { Conversation } from '../types';
 import { useStore, useStoreInstance } from './hooks';
+import { PencilIcon, TrashIcon } from './icons';
 
 interface Props {
   username: string;
@@ -23,8 +24,17 @@ function Item({ c, active, onNavigate }: { c: Conversation; active: boolean; onN
     if (renaming) input.current?.select();
   }, [renaming]);
 
+  // Whether the inline rename is still live: Esc ends it at once, so the blur that the
+  // browser fires when the input goes away does not save the cancelled title.
+  const live = useRef(false);
+  const startRename = () => {
+    setTitle(c.title);
+    live.current = true;
+    setRenaming(true);
+  };
   const save = async () => {
-    if (!renaming) return;
+    if (!live.current) return;
+    live.current = false;
     setRenaming(false);
     if (title.trim() && title.trim() !== c.title) await store.rename(c.id, title);
   };
@@ -44,6 +54,7 @@ function Item({ c, active, onNavigate }: { c: Conversation; active: boolean; onN
             if (e.key === 'Enter') save();
             else if (e.key === 'Escape') {
               e.stopPropagation();
+              live.current = false;
               setRenaming(false);
             }
           }}
@@ -67,16 +78,13 @@ function Item({ c, active, onNavigate }: { c: Conversation; active: boolean; onN
               store.selectConversation(c.id);
               onNavigate();
             }}
-            onDblClick={() => {
-              setTitle(c.title);
-              setRenaming(true);
-            }}
+            onDblClick={startRename}
           >
             {c.title || 'New chat'}
           </button>
           <span class="conv-tools">
-            <button type="button" class="icon-btn" data-testid="conversation-rename" aria-label="Rename" title="Rename" onClick={() => { setTitle(c.title); setRenaming(true); }}>✎</button>
-            <button type="button" class="icon-btn" data-testid="conversation-delete" aria-label="Delete" title="Delete" onClick={() => setConfirming(true)}>🗑</button>
+            <button type="button" class="icon-btn" data-testid="conversation-rename" aria-label="Rename" title="Rename" onClick={startRename}><PencilIcon /></button>
+            <button type="button" class="icon-btn" data-testid="conversation-delete" aria-label="Delete" title="Delete" onClick={() => setConfirming(true)}><TrashIcon /></button>
           </span>
         </>
       )}

@@ -1,7 +1,9 @@
 """End-to-end tests of the browser chat UI (issue 6): Debian's headless Chromium driven
 by Playwright against a real server (daphne + the real default model).
 
-One server and one browser for the whole run; every test gets a fresh browser context
+One server and one browser for this package (package scope: Playwright's sync API
+keeps an event loop running in the main thread, which must be gone before the
+asyncio tests elsewhere run); every test gets a fresh browser context
 with a user of its own (signed up through the real sign-up form), so tests never see
 each other's conversations. Screenshots of the main states go to
 test-artifacts/screenshots/ (kept out of git).
@@ -53,7 +55,7 @@ SETUP_CODE = (
 )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def server(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     require_browser_and_bundle("app.js", "app.css")
     srv = LiveServer(tmp_path_factory.mktemp("e2e-server"), real_model_dir)
@@ -65,7 +67,7 @@ def server(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         srv.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def seeded(server: LiveServer) -> dict:
     """The reader's stored conversation whose reply is MARKDOWN_REPLY (see SETUP_CODE)."""
     cid = server.python(
@@ -75,20 +77,20 @@ def seeded(server: LiveServer) -> dict:
     return {"username": "reader", "conversation": int(cid.splitlines()[-1])}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def playwright_instance() -> Iterator[Playwright]:
     with sync_playwright() as p:
         yield p
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser(playwright_instance: Playwright, server: LiveServer) -> Iterator[Browser]:
     b = playwright_instance.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
     yield b
     b.close()
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="package", autouse=True)
 def _screenshot_dir() -> Path:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     return SCREENSHOTS

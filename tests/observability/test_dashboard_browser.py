@@ -41,7 +41,9 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
             "now = timezone.now(); "
             "[seed(now - timedelta(minutes=m), minutes=2, per_minute=12, seed=m) "
             "for m in range(4, 60, 5)]; "
-            "seed(now, minutes=2, per_minute=30); rollups.rollup_since(now=now)"
+            # Older than 5 minutes, so the live 5-minute window holds only the live load.
+            "seed(now - timedelta(minutes=7), minutes=2, per_minute=30); "
+            "rollups.rollup_since(now=now)"
         )
         yield srv
     finally:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import sys
@@ -63,7 +64,7 @@ def pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
     values = sorted(values)
-    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+    return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
 
 
 async def login(base: str, username: str, password: str) -> httpx.AsyncClient:
@@ -175,10 +176,8 @@ async def watch_rss(
                         samples.append((time.monotonic() - start, int(line.split()[1]) / 1024))
             except OSError:
                 pass
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=5)
-        except TimeoutError:
-            pass
 
 
 async def run(args: argparse.Namespace, base: str, pid: int | None) -> dict[str, Any]:

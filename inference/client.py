@@ -159,6 +159,7 @@ def engine_config_from_settings(overrides: dict[str, Any] | None = None) -> Engi
         max_model_len=cfg["MAX_MODEL_LEN"],
         max_waiting_requests=cfg["MAX_WAITING_REQUESTS"],
         num_threads=cfg["NUM_THREADS"],
+        quantization=cfg.get("QUANTIZATION", "auto"),
     )
 
 

@@ -148,6 +148,8 @@ ENGINE = {
     "MAX_MODEL_LEN": env_int("ENGINE_MAX_MODEL_LEN", 0),
     "MAX_WAITING_REQUESTS": env_int("ENGINE_MAX_WAITING_REQUESTS", 256),
     "NUM_THREADS": env_int("ENGINE_NUM_THREADS", 0),
+    # "auto": float16-stored linear weights on CPUs without bfloat16, else none (exact).
+    "QUANTIZATION": env_str("ENGINE_QUANTIZATION", "auto"),
     # Load the model when the server starts rather than on the first message.
     "PRELOAD": env_bool("ENGINE_PRELOAD", True),
     # ENGINE_MODE=upstream: any OpenAI-compatible server is the engine instead.

@@ -41,6 +41,7 @@ class EngineConfig:
         if self.num_threads > 0:
             return self.num_threads
         return max(1, (os.cpu_count() or 1) - 1)
+
     seed: int = 0
     # How linear weights are stored on CPU (fbgemm kernels; compute stays float32):
     #   "none": in `dtype`, exact (what the tests compare with transformers);

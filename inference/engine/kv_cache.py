@@ -99,6 +99,23 @@ class KVCacheManager:
         self.hit_tokens += num_tokens
         return num_tokens
 
+    def peek_prefix(self, seq: Sequence) -> int:
+        """Tokens match_prefix would attach now, without attaching or counting anything."""
+        if not self.enable_prefix_caching or seq.block_table:
+            return 0
+        bs = self.block_size
+        parent: int | None = None
+        hits = 0
+        for i in range((len(seq) - 1) // bs):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            h = chain_hash(parent, tokens)
+            block_id = self.index.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            hits += bs
+            parent = h
+        return hits
+
     def commit_full_blocks(self, seq: Sequence) -> None:
         """Enter the sequence's newly filled blocks into the prefix index."""
         if not self.enable_prefix_caching:

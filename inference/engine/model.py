@@ -36,7 +36,11 @@ class DecodeGroup:
     start: int  # first row in the flat batch
     count: int  # sequences (rows) in the group
     block_tables: torch.Tensor  # [count, max_blocks], padded with block 0
-    mask: torch.Tensor | None  # [count, 1, max_blocks * block_size] additive, None if unpadded
+    mask: torch.Tensor | None  # [count, 1, 1, max_blocks * block_size] additive, or None
+    blocks: torch.Tensor = field(init=False)  # block_tables flattened, for one gather
+
+    def __post_init__(self) -> None:
+        self.blocks = self.block_tables.reshape(-1)
 
 
 @dataclass
@@ -51,6 +55,9 @@ class AttentionMetadata:
     num_decodes: int = 0
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
+
+
+_LINEAR_FP16 = torch.ops.quantized.linear_dynamic_fp16.default
 
 
 class Linear:
@@ -76,7 +83,10 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "fp16":
-            return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed).to(x.dtype)
+            if x.dtype == torch.float32:
+                # The overload itself: calling the op packet costs ~10 us of Python each.
+                return _LINEAR_FP16(x, self.packed)
+            return _LINEAR_FP16(x.float(), self.packed).to(x.dtype)
         if self.kind == "int8":
             # fbgemm quantizes activations to 7 bits (reduce_range) so its int16
             # accumulation cannot overflow on AVX2.
@@ -233,18 +243,19 @@ class LlamaModel:
         nd, hkv, d = q.shape[0], self.num_kv_heads, self.head_dim
         per_kv = self.num_heads // hkv
         # The pool is head-major, so one gather lands each head's context contiguously:
-        # [2 * hkv, D, blocks, block_size, d] -> keys and values as [hkv * D, ctx, d]
-        # batches that BLAS reads in place (a head-minor layout would need a second copy).
+        # [2 * hkv, D * blocks, block_size, d] -> keys and values as [hkv, D, ctx, d].
         # (index_select copies whole blocks; advanced indexing goes element by element.)
-        blocks = group.block_tables.view(-1)
-        kv = torch.index_select(kv_cache, 1, blocks).view(2, hkv * nd, -1, d)
-        qg = (q * self.scale).view(nd, hkv, per_kv, d).transpose(0, 1).reshape(hkv * nd, per_kv, d)
-        scores = torch.bmm(qg, kv[0].transpose(1, 2))  # [hkv * D, per_kv, ctx]
-        if group.mask is not None:
-            scores = (scores.view(hkv, nd, per_kv, -1) + group.mask).view_as(scores)
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        out = torch.bmm(probs, kv[1])  # [hkv * D, per_kv, d]
-        return out.view(hkv, nd, per_kv, d).transpose(0, 1).reshape(nd, hkv * per_kv, d)
+        kv = torch.index_select(kv_cache, 1, group.blocks).view(2, hkv, nd, -1, d)
+        # The kv heads' query heads ride as a query length of per_kv: one plain (non-GQA)
+        # fused attention call over [D, kv_heads, ...], no score matrix in Python.
+        out = F.scaled_dot_product_attention(
+            q.view(nd, hkv, per_kv, d),
+            kv[0].transpose(0, 1),
+            kv[1].transpose(0, 1),
+            attn_mask=group.mask,
+            scale=self.scale,
+        )
+        return out.reshape(nd, hkv * per_kv, d)
 
     def _prefill_attention(
         self, qkv: torch.Tensor, kv_cache: torch.Tensor, p: PrefillChunk
@@ -275,6 +286,9 @@ class LlamaModel:
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # As transformers computes it: in float32, scaled by the weight in the model dtype.
+    if x.dtype == torch.float32:
+        # One fused kernel; bit-identical to the three-step form in float32.
+        return F.rms_norm(x, weight.shape, weight, eps)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)

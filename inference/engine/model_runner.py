@@ -159,7 +159,7 @@ class ModelRunner:
             blocked = key_pos[None, :] >= torch.tensor(lens, device=dev)[:, None]
             mask = torch.zeros(blocked.shape, dtype=self.dtype, device=dev)
             mask.masked_fill_(blocked, float("-inf"))
-            mask = mask[:, None, :]  # [count, 1, ctx]
+            mask = mask[:, None, None, :]  # [count, 1, 1, ctx]
         return DecodeGroup(start, len(tables), torch.tensor(padded, device=dev), mask)
 
 

@@ -2,11 +2,14 @@
 
 Each step packs, under a token budget and a sequence cap:
   1. every running sequence that is decoding (one token each), oldest first;
-  2. running sequences still prefilling, a chunk each (chunked prefill);
-  3. waiting sequences, admitted in arrival order while budget, seats and blocks allow.
+  2. prefill chunks: running sequences still prefilling and waiting sequences that have a
+     seat, shortest remaining prompt first (so a short request arriving under load gets its
+     whole prompt into the very next step; a preempted sequence goes first).
 While any sequence decodes, prefill chunks are capped further (`max_prefill_tokens_during_decode`,
-or 4 tokens per decoding stream if that is more) so a long prompt never stalls the running
-streams for long: their inter-token gap stays within a small multiple of a plain decode step.
+or 4 tokens per decoding stream if that is more); a prompt too long for that allowance is
+sliced at half of it, and not at all in a step that already carries a whole short prompt, so
+a long prompt never stretches the running streams' inter-token gap much. A waiting sequence
+is admitted only if a block stays free for every running one (no thrash at the next step).
 When the block pool runs dry the newest running sequence is preempted: its blocks are freed
 and it goes back to the head of the queue to be recomputed later (its full blocks usually
 survive in the prefix index, so the recompute is mostly a cache hit).
@@ -14,6 +17,7 @@ survive in the prefix index, so the recompute is mostly a cache hit).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -58,53 +62,100 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
-        decoding = [s for s in self.running if s.num_uncomputed_tokens == 1]
-        prefilling = [s for s in self.running if s.num_uncomputed_tokens > 1]
-        preempted = False
+        preemptions_before = self.num_preemptions
 
-        for seq in decoding + prefilling:
+        for seq in [s for s in self.running if s.num_uncomputed_tokens == 1]:
             if seq.status != SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             if budget <= 0:
                 break
-            n = min(seq.num_uncomputed_tokens, self._prefill_cap(batch, budget))
-            if n <= 0:
-                break
-            while not self.kv.allocate(seq, seq.num_computed_tokens + n):
-                victim = self.running[-1]
-                self._preempt(victim, batch)
-                preempted = True
-                budget = self.config.max_num_batched_tokens - batch.total_tokens
-                if victim is seq:
-                    break
-            if seq.status != SequenceStatus.RUNNING:
+            if not self._allocate_or_preempt(seq, 1, batch):
                 continue
             batch.seqs.append(seq)
-            batch.num_tokens.append(n)
-            budget -= n
+            batch.num_tokens.append(1)
+            budget = self.config.max_num_batched_tokens - batch.total_tokens
 
-        # Admitting right after a preemption would only thrash the pool.
-        while not preempted and self.waiting and len(self.running) < self.config.max_num_seqs:
+        # Prefill chunks: running prefills and the waiting requests that have a seat compete
+        # for what is left, shortest remaining prompt first. A short request arriving while
+        # a long prompt is prefilled so gets its whole prompt into the very next step (low
+        # TTFT under load), and the long prompt takes the rest of the allowance every step.
+        seats = self.config.max_num_seqs - len(self.running)
+        candidates: list[tuple[int, int, Sequence]] = [
+            (s.num_uncomputed_tokens, 0, s) for s in self.running if s.num_uncomputed_tokens > 1
+        ]
+        if seats > 0:
+            for i, seq in enumerate(itertools.islice(self.waiting, seats)):
+                # Preempted sequences (back at the head of the queue) keep their turn.
+                key = 0 if seq.metrics.preemptions else len(seq) - self.kv.peek_prefix(seq)
+                candidates.append((key, 1 + i, seq))
+        candidates.sort(key=lambda c: (c[0], c[1]))
+        whole_prompts = 0
+        for _, order, seq in candidates:
             cap = self._prefill_cap(batch, budget)
             if cap <= 0:
                 break
-            seq = self.waiting[0]
-            first_time = seq.metrics.scheduled_time is None
-            cached = self.kv.match_prefix(seq)
-            n = min(seq.num_uncomputed_tokens, cap)
-            if not self.kv.allocate(seq, seq.num_computed_tokens + n):
-                self.kv.free(seq)
-                break
-            self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            if first_time:
-                seq.metrics.scheduled_time = time.time()
-                seq.metrics.cached_tokens = cached
+            if seq.num_uncomputed_tokens > cap and 1 in batch.num_tokens:
+                # A prompt that does not fit goes in thinner slices beside the decodes, so
+                # the running streams' inter-token gap stays within ~2x a plain step; and
+                # not at all in a step that already carries a whole short prompt (strict
+                # shortest-first: that request's first token comes after one short step).
+                if whole_prompts:
+                    break
+                cap = max(1, cap // 2)
+            if order == 0:  # running, mid-prefill
+                if seq.status != SequenceStatus.RUNNING:
+                    continue
+                n = min(seq.num_uncomputed_tokens, cap)
+                if not self._allocate_or_preempt(seq, n, batch):
+                    continue
+            else:
+                # Admitting right after a preemption would only thrash the pool.
+                if self.num_preemptions > preemptions_before:
+                    continue
+                if len(self.running) >= self.config.max_num_seqs:
+                    continue
+                n = self._admit(seq, cap)
+                if n == 0:
+                    continue
             batch.seqs.append(seq)
             batch.num_tokens.append(n)
-            budget -= n
+            budget = self.config.max_num_batched_tokens - batch.total_tokens
+            whole_prompts += n == seq.num_uncomputed_tokens
         return batch
+
+    def _allocate_or_preempt(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
+        """Blocks for n more tokens of a running sequence, preempting the newest running
+        sequences (possibly this one) until they fit. False if `seq` itself was preempted."""
+        while not self.kv.allocate(seq, seq.num_computed_tokens + n):
+            victim = self.running[-1]
+            self._preempt(victim, batch)
+            if victim is seq:
+                return False
+        return True
+
+    def _admit(self, seq: Sequence, cap: int) -> int:
+        """Move a waiting sequence to running with its first chunk; 0 if it does not fit.
+
+        Keeps a block in reserve for every running sequence, so that admitting does not
+        force a preemption at the next decode step (that would only thrash the pool)."""
+        first_time = seq.metrics.scheduled_time is None
+        cached = self.kv.match_prefix(seq)
+        n = min(seq.num_uncomputed_tokens, cap)
+        reserve = len(self.running)
+        needed = self.kv.blocks_needed(seq, seq.num_computed_tokens + n)
+        if needed + reserve > self.kv.num_free_blocks or not self.kv.allocate(
+            seq, seq.num_computed_tokens + n
+        ):
+            self.kv.free(seq)
+            seq.num_computed_tokens = 0
+            return 0
+        self.waiting.remove(seq)
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        if first_time:
+            seq.metrics.scheduled_time = time.time()
+            seq.metrics.cached_tokens = cached
+        return n
 
     def _prefill_cap(self, batch: ScheduledBatch, budget: int) -> int:
         """Tokens a prefill chunk may take now: the budget, capped further if others decode."""

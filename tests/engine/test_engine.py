@@ -228,3 +228,35 @@ def test_long_prompt_is_prefilled_in_chunks_beside_decodes(make_engine):
     # The decoding stream never waits behind more than 16 prefill tokens.
     assert max(sizes) <= 17
     assert sum(sizes) >= 200
+
+
+def test_short_request_arriving_during_a_long_prefill_goes_in_the_next_step(make_engine):
+    engine = make_engine(max_num_batched_tokens=64, max_prefill_tokens_during_decode=16)
+    engine.add_request(_prompt(10, seed=1), greedy(40, ignore_eos=True), request_id="d")
+    engine.step()
+    engine.add_request(_prompt(300, seed=2), greedy(2, ignore_eos=True), request_id="long")
+    engine.step()
+    engine.step()
+    engine.add_request(_prompt(12, seed=3), greedy(2, ignore_eos=True), request_id="short")
+    deltas = engine.step()
+    # Its whole prompt went in that one step: its first token is out already, ahead of the
+    # long prompt queued before it, and the decoding stream still got its token.
+    assert {d.request_id for d in deltas} >= {"short", "d"}
+    assert engine.last_step["tokens"] <= 1 + 16
+    out = run_to_completion(engine)
+    assert out["long"][-1].finish_reason == "length"
+
+
+def test_admission_keeps_a_block_per_running_sequence(make_engine):
+    engine = make_engine(block_size=16)
+    engine.kv.__init__(8, 16)
+    engine.max_model_len = 8 * 16
+    engine.add_request(_prompt(60, seed=5), greedy(3, ignore_eos=True), request_id="a")
+    engine.step()  # a holds 4 blocks; 4 free
+    engine.add_request(_prompt(60, seed=6), greedy(3, ignore_eos=True), request_id="b")
+    engine.step()
+    # b would need all 4 free blocks, leaving none for a to grow into: it waits.
+    assert engine.stats()["running"] == 1
+    out = run_to_completion(engine)
+    assert out["b"][-1].finish_reason == "length"
+    assert engine.stats()["preemptions"] == 0

@@ -122,7 +122,9 @@ def test_dashboard_draws_charts_from_stored_figures_and_live_load(server: LiveSe
             expect(page.locator("#ld-slowest tr[data-request^='api-']").first).to_be_attached(
                 timeout=20000
             )
-            for chart in ("ttft", "load", "tps"):
+            # Request charts fill from the live requests at once (the engine-sample charts
+            # are checked on the 1-hour window above: a few seconds give them one point).
+            for chart in ("ttft", "tps"):
                 assert colored_pixels(page, chart) > 30, chart
             rows = page.locator("#ld-slowest tr[data-request]")
             assert rows.count() >= 10

@@ -37,33 +37,12 @@ from inference.engine import (
 from inference.recording import recorded_stream
 
 # Fields we honour, and fields clients commonly send that we accept at their defaults.
-CHAT_FIELDS = {
-    "model",
-    "messages",
-    "max_tokens",
-    "max_completion_tokens",
-    "temperature",
-    "top_p",
-    "stop",
-    "seed",
-    "n",
-    "stream",
-    "stream_options",
-    "user",
-}
-COMPLETION_FIELDS = {
-    "model",
-    "prompt",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "stop",
-    "seed",
-    "n",
-    "stream",
-    "stream_options",
-    "user",
-}
+COMMON_FIELDS = {
+    "model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream",
+    "stream_options", "user",
+}  # fmt: skip
+CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens"}
+COMPLETION_FIELDS = COMMON_FIELDS | {"prompt"}
 DEFAULT_ONLY = {
     "frequency_penalty": 0,
     "presence_penalty": 0,

@@ -14,7 +14,13 @@ from django.utils import timezone
 
 from inference import jobs, stats
 from inference.models import EngineSample, Job, MinuteRollup, RequestRecord
-from inference.rollups import LATENCIES, PERCENTILES, request_aggregates, sample_aggregates
+from inference.rollups import (
+    LATENCIES,
+    PERCENTILES,
+    TOKEN_SUMS,
+    request_aggregates,
+    sample_aggregates,
+)
 
 # window -> (length, bucket)
 WINDOWS = {
@@ -25,12 +31,7 @@ WINDOWS = {
 }
 SUMS = (
     "requests",
-    "output_tokens",
-    "prompt_tokens",
-    "cached_tokens",
-    "cached_tokens_redis",
-    "drafted_tokens",
-    "accepted_tokens",
+    *TOKEN_SUMS,
     "prefix_queries",
     "prefix_hits",
     "refused",

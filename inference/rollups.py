@@ -11,6 +11,16 @@ from django.utils import timezone
 from inference import stats
 from inference.models import EngineSample, MinuteRollup, RequestRecord
 
+# Token counts summed per minute (and again over a dashboard window).
+TOKEN_SUMS = (
+    "output_tokens",
+    "prompt_tokens",
+    "cached_tokens",
+    "cached_tokens_redis",
+    "drafted_tokens",
+    "accepted_tokens",
+)
+
 LATENCIES = ("ttft", "tpot", "e2e", "queue_time", "prefill_time", "decode_time", "network_time")
 PERCENTILES = (50, 90, 99)
 MINUTE = timedelta(minutes=1)
@@ -35,14 +45,7 @@ def request_aggregates(rows: list[RequestRecord]) -> dict:
     out["requests"] = len(rows)
     out["errors"] = dict(Counter(r.error_code for r in rows if r.error_code))
     out["finish_reasons"] = dict(Counter(r.finish_reason for r in rows))
-    for name in (
-        "output_tokens",
-        "prompt_tokens",
-        "cached_tokens",
-        "cached_tokens_redis",
-        "drafted_tokens",
-        "accepted_tokens",
-    ):
+    for name in TOKEN_SUMS:
         out[name] = sum(getattr(r, name) for r in rows)
     return out
 

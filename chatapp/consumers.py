@@ -21,7 +21,14 @@ from django.db import DatabaseError
 
 from chatapp import conversations as conv_logic
 from chatapp.conversations import InvalidSettings, NotFound
-from chatapp.generation import ERROR_TEXT, Generation, Subscription, message_snapshot, registry
+from chatapp.generation import (
+    ERROR_TEXT,
+    Generation,
+    Subscription,
+    done_event,
+    message_snapshot,
+    registry,
+)
 from chatapp.models import Conversation, Message
 from chatapp.rate_limits import counted_usage
 from inference.chat_template import Turn
@@ -154,13 +161,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         new_settings = conv_logic.clean_settings(content.get("settings"))
         if conv_id is not None:
             conv = await database_sync_to_async(conv_logic.get_conversation)(self.user, conv_id)
-            await self._refuse_if_streaming(conv.pk)
-            await self._generate(conv, None, text, content, new_conversation=False)
-            return
-        # Not saved yet: it is written together with the first exchange, in one
-        # transaction, so a refused or failed first message leaves nothing behind.
-        conv = conv_logic.new_conversation(self.user, "", new_settings)
-        await self._generate(conv, None, text, content, new_conversation=True)
+        else:
+            # Not saved yet: it is written together with the first exchange, in one
+            # transaction, so a refused or failed first message leaves nothing behind.
+            conv = conv_logic.new_conversation(self.user, "", new_settings)
+        await self._generate(conv, None, text, content)
 
     async def on_regenerate(self, content: dict[str, Any]) -> None:
         message = await database_sync_to_async(conv_logic.get_message)(
@@ -168,9 +173,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         )
         if message.role != Message.Role.ASSISTANT:
             raise FrameError("invalid", "Only a reply can be regenerated.")
-        await self._refuse_if_streaming(message.conversation_id)
         parent = await database_sync_to_async(lambda: message.parent)()
-        await self._generate(message.conversation, parent, None, content, new_conversation=False)
+        await self._generate(message.conversation, parent, None, content, branch_from=True)
 
     async def on_edit(self, content: dict[str, Any]) -> None:
         text = _text_field(content)
@@ -179,11 +183,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         )
         if message.role != Message.Role.USER:
             raise FrameError("invalid", "Only your own messages can be edited.")
-        await self._refuse_if_streaming(message.conversation_id)
         parent = await database_sync_to_async(lambda: message.parent)()
-        await self._generate(
-            message.conversation, parent, text, content, new_conversation=False, branch_from=True
-        )
+        await self._generate(message.conversation, parent, text, content, branch_from=True)
 
     async def on_stop(self, content: dict[str, Any]) -> None:
         message_id = _id_field(content, "message_id")
@@ -209,14 +210,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"type": "snapshot", "message": as_json})
         if as_json["role"] == Message.Role.ASSISTANT:
             await self.send_json(
-                {
-                    "type": "done",
-                    "message_id": message.pk,
-                    "status": as_json["status"],
-                    "finish_reason": as_json["finish_reason"],
-                    "stats": as_json["stats"],
-                    "message": as_json,
-                }
+                done_event(
+                    message.pk,
+                    as_json["status"],
+                    as_json["finish_reason"],
+                    as_json["stats"],
+                    as_json,
+                )
             )
 
     @staticmethod
@@ -240,7 +240,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     # --- generation -----------------------------------------------------------------
 
-    async def _refuse_if_streaming(self, conversation_id: int) -> None:
+    @staticmethod
+    def _refuse_if_streaming(conversation_id: int | None) -> None:
         if registry.streaming_in(conversation_id) is not None:
             raise FrameError("already_streaming", "A reply is already being written here.")
 
@@ -273,9 +274,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         parent: Message | None,
         user_text: str | None,
         content: dict[str, Any],
-        new_conversation: bool,
         branch_from: bool = False,
     ) -> None:
+        """Continue `conv` with a reply: after the active branch (a plain send), or after
+        `parent` (`branch_from`: regenerate and edit), with `user_text` first if given."""
+        new_conversation = conv.pk is None
+        self._refuse_if_streaming(conv.pk)
         await self._check_user_limits()
         client = await asyncio.to_thread(get_engine_client)
         client_id = content.get("client_id")
@@ -283,10 +287,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         def prepare() -> tuple[Prompt, Message | None]:
             # The branch the reply continues: for a plain send, the active branch; for
             # regenerate and edit, the path down to `parent`.
-            if parent is None and not branch_from and user_text is not None:
-                branch = conv_logic.active_branch(conv)
-            else:
-                branch = conv_logic.path_to(parent)
+            branch = conv_logic.path_to(parent) if branch_from else conv_logic.active_branch(conv)
             turns = conv_logic.turns_for(conv, branch)
             if user_text is not None:
                 turns.append(Turn("user", user_text))
@@ -297,7 +298,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             client.check_fits(prompt)
         except PromptTooLongError as exc:
             raise FrameError("too_long", ERROR_TEXT["too_long"]) from exc
-        await self._refuse_if_streaming(conv.pk)
+        self._refuse_if_streaming(conv.pk)  # again: another frame may have started one meanwhile
         user_msg, reply = await database_sync_to_async(conv_logic.add_exchange)(
             conv, anchor, user_text, prompt.user_token_ids
         )
@@ -346,35 +347,31 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         try:
             while True:
                 event = await sub.queue.get()
-                if event["type"] != "delta":
+                if event["type"] == "delta":
+                    wait = last_sent + interval - time.monotonic()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                    # Everything queued meanwhile goes out in this one frame; a delta is
+                    # never followed by another event but the reply's error and done.
+                    held = []
+                    while not sub.queue.empty():
+                        nxt = sub.queue.get_nowait()
+                        if nxt["type"] == "delta" and not held:
+                            event = {
+                                **event,
+                                "text": event["text"] + nxt["text"],
+                                "seq": nxt["seq"],
+                            }
+                        else:
+                            held.append(nxt)
                     await self.send_json(event)
-                    if event["type"] == "done":
-                        return
-                    continue
-                wait = last_sent + interval - time.monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                text, seq, held = event["text"], event["seq"], []
-                while not sub.queue.empty():
-                    nxt = sub.queue.get_nowait()
-                    if nxt["type"] == "delta" and not held:
-                        text += nxt["text"]
-                        seq = nxt["seq"]
-                    else:
-                        held.append(nxt)
-                await self.send_json(
-                    {"type": "delta", "message_id": gen.message_id, "text": text, "seq": seq}
-                )
-                last_sent = time.monotonic()
+                    last_sent = time.monotonic()
+                else:
+                    held = [event]
                 for nxt in held:
-                    if nxt["type"] == "delta":
-                        await self.send_json(nxt)
-                        continue
                     await self.send_json(nxt)
                     if nxt["type"] == "done":
                         return
-        except asyncio.CancelledError:
-            raise
         except Exception:
             log.debug("socket gone while forwarding %s", gen.message_id, exc_info=True)
         finally:

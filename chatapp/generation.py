@@ -78,6 +78,20 @@ def stats_from_metrics(m: RequestMetrics | None) -> dict[str, Any]:
     }
 
 
+def done_event(
+    message_id: int, status: str, finish_reason: str | None, stats: dict, message: dict
+) -> dict[str, Any]:
+    """The `done` frame that ends a reply (docs/websocket.md)."""
+    return {
+        "type": "done",
+        "message_id": message_id,
+        "status": status,
+        "finish_reason": finish_reason,
+        "stats": stats,
+        "message": message,
+    }
+
+
 class Generation:
     def __init__(
         self,
@@ -185,16 +199,15 @@ class Generation:
             if error_code not in ERROR_TEXT:
                 error_code = "engine_error"
             log.warning("generation %s failed: %s", self.request_id, exc)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the server is shutting down
             finish_reason = "abort"
-            self.stop_reason = self.stop_reason or "shutdown"
             raise
         except Exception:
             log.exception("generation %s crashed", self.request_id)
             error_code = "engine_error"
         finally:
-            if finish_reason == "abort" and self.stop_reason:
-                finish_reason = "abort" if self.stop_reason == "shutdown" else self.stop_reason
+            if finish_reason == "abort" and self.stop_reason == "disconnect":
+                finish_reason = "disconnect"
             await self._finish(
                 finish_reason if error_code is None else "error", error_code, metrics
             )
@@ -212,7 +225,7 @@ class Generation:
             self._grace.cancel()
         status = STATUS_FOR_FINISH.get(finish_reason, Message.Status.ERROR)
         stats = stats_from_metrics(metrics)
-        error_text = ERROR_TEXT.get(error_code or "", "") if error_code else ""
+        error_text = ERROR_TEXT.get(error_code, "") if error_code else ""
         message = await asyncio.shield(self._save_final(status, finish_reason, stats, error_text))
         if error_code:
             self._publish(
@@ -224,16 +237,7 @@ class Generation:
                     "message_id": self.message_id,
                 }
             )
-        self._publish(
-            {
-                "type": "done",
-                "message_id": self.message_id,
-                "status": status,
-                "finish_reason": finish_reason,
-                "stats": stats,
-                "message": message,
-            }
-        )
+        self._publish(done_event(self.message_id, status, finish_reason, stats, message))
         self.registry.forget(self)
         # Observability: store this request's figures (inference/recording.py).
         await record_request(

@@ -79,8 +79,8 @@ class ApiError(Exception):
         )
         self.headers = headers or {}
 
-    def response(self) -> JsonResponse:
-        body = {
+    def body(self) -> dict[str, Any]:
+        return {
             "error": {
                 "message": self.message,
                 "type": self.type,
@@ -88,7 +88,9 @@ class ApiError(Exception):
                 "code": self.code,
             }
         }
-        resp = JsonResponse(body, status=self.status)
+
+    def response(self) -> JsonResponse:
+        resp = JsonResponse(self.body(), status=self.status)
         for k, v in self.headers.items():
             resp[k] = v
         return resp
@@ -325,19 +327,33 @@ def read_body(request: HttpRequest) -> dict:
     return body
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, Any]:
+def usage(last: Delta, prompt_len: int | None, ids: list[int]) -> dict[str, Any]:
+    """Token counts from the final delta's metrics; an upstream engine reports its own."""
+    m = last.metrics
+    prompt = prompt_len if prompt_len is not None else (m.prompt_tokens if m else 0)
+    completion = m.output_tokens if m else len(ids)
     return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": m.cached_tokens if m else 0},
     }
 
 
-def prompt_tokens(metrics: Any, known: int | None) -> int:
-    if known is not None:
-        return known
-    return int(metrics.prompt_tokens) if metrics is not None else 0
+def envelope(rid: str, obj: str, created: int, model: str, choices: list) -> dict[str, Any]:
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": choices}
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
+
+async def starting_with(first: Delta, stream: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
+    """The engine stream again, with the delta already pulled before the headers."""
+    yield first
+    if not first.finished:
+        async for delta in stream:
+            yield delta
 
 
 def finish_reason(delta: Delta) -> str:
@@ -424,20 +440,16 @@ async def start_stream(
 
 
 async def collect(stream: AsyncIterator[Delta], first: Delta) -> tuple[str, list[int], Delta]:
-    text, ids, last = first.text, list(first.token_ids), first
-    if not first.finished:
-        async for delta in stream:
-            text += delta.text
-            ids.extend(delta.token_ids)
-            last = delta
+    text, ids, last = "", [], first
+    async for last in starting_with(first, stream):
+        text += last.text
+        ids.extend(last.token_ids)
     return text, ids, last
 
 
-def check_failed(last: Delta) -> None:
-    if last.finish_reason == "error":
-        raise ApiError(
-            500, "The engine failed while generating.", "server_error", code="engine_error"
-        )
+ENGINE_FAILED = ApiError(
+    500, "The engine failed while generating.", "server_error", code="engine_error"
+)
 
 
 # --- endpoints --------------------------------------------------------------------------
@@ -483,36 +495,22 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
     finally:
         await stream.aclose()
         release()
-    check_failed(last)
+    if last.finish_reason == "error":
+        raise ENGINE_FAILED
     if chat:
         client.remember_reply(text, ids)
-    m = last.metrics
-    usage_obj = usage(
-        prompt_tokens(m, prompt.length),
-        m.output_tokens if m else len(ids),
-        m.cached_tokens if m else 0,
-    )
-    if chat:
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": text},
             "finish_reason": finish_reason(last),
             "logprobs": None,
         }
-        obj = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "finish_reason": finish_reason(last), "logprobs": None}
-        obj = "text_completion"
-    return JsonResponse(
-        {
-            "id": rid,
-            "object": obj,
-            "created": created,
-            "model": req.model,
-            "choices": [choice],
-            "usage": usage_obj,
-        }
-    )
+    obj = "chat.completion" if chat else "text_completion"
+    body = envelope(rid, obj, created, req.model, [choice])
+    body["usage"] = usage(last, prompt.length, ids)
+    return JsonResponse(body)
 
 
 async def sse_events(
@@ -530,16 +528,10 @@ async def sse_events(
 
     def chunk(choice_fields: dict[str, Any], finish: str | None = None) -> bytes:
         choice = {"index": 0, **choice_fields, "finish_reason": finish, "logprobs": None}
-        body: dict[str, Any] = {
-            "id": rid,
-            "object": obj,
-            "created": created,
-            "model": req.model,
-            "choices": [choice],
-        }
+        body = envelope(rid, obj, created, req.model, [choice])
         if req.include_usage:
             body["usage"] = None
-        return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+        return sse(body)
 
     def piece(text: str) -> dict[str, Any]:
         return {"delta": {"content": text}} if chat else {"text": text}
@@ -549,48 +541,20 @@ async def sse_events(
     try:
         if chat:
             yield chunk({"delta": {"role": "assistant", "content": ""}})
-        pending = [first]
-        while pending:
-            delta = pending.pop()
+        async for delta in starting_with(first, stream):
             ids.extend(delta.token_ids)
             text_all += delta.text
-            if delta.finished:
-                if delta.finish_reason == "error":
-                    err = {
-                        "error": {
-                            "message": "The engine failed while generating.",
-                            "type": "server_error",
-                            "param": None,
-                            "code": "engine_error",
-                        }
-                    }
-                    yield b"data: " + json.dumps(err).encode() + b"\n\n"
-                    break
-                if delta.text:
-                    yield chunk(piece(delta.text))
-                yield chunk(piece("") if not chat else {"delta": {}}, finish_reason(delta))
-                if req.include_usage:
-                    m = delta.metrics
-                    body = {
-                        "id": rid,
-                        "object": obj,
-                        "created": created,
-                        "model": req.model,
-                        "choices": [],
-                        "usage": usage(
-                            prompt_tokens(m, prompt_len),
-                            m.output_tokens if m else len(ids),
-                            m.cached_tokens if m else 0,
-                        ),
-                    }
-                    yield b"data: " + json.dumps(body).encode() + b"\n\n"
+            if delta.finish_reason == "error":
+                yield sse(ENGINE_FAILED.body())
                 break
             if delta.text:
                 yield chunk(piece(delta.text))
-            try:
-                pending.append(await stream.__anext__())
-            except StopAsyncIteration:
-                break
+            if delta.finished:
+                yield chunk(piece("") if not chat else {"delta": {}}, finish_reason(delta))
+                if req.include_usage:
+                    body = envelope(rid, obj, created, req.model, [])
+                    body["usage"] = usage(delta, prompt_len, ids)
+                    yield sse(body)
         if chat:
             client.remember_reply(text_all, ids)
         yield b"data: [DONE]\n\n"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,12 +120,19 @@ def test_dashboard_draws_charts_from_stored_figures_and_live_load(server: LiveSe
             # Live: the 5-minute window while requests run against the real engine.
             page.click("button[data-window='5m']")
             assert send_load(server, key) == [200] * 12
+            # A second wave in the next 10-second bucket, so the live charts have a line
+            # to draw and not a single point.
+            time.sleep(10.5)
+            assert send_load(server, key) == [200] * 12
             expect(page.locator("#ld-slowest tr[data-request^='api-']").first).to_be_attached(
                 timeout=20000
             )
-            # Request charts fill from the live requests at once (the engine-sample charts
-            # are checked on the 1-hour window above: a few seconds give them one point).
+            # Request charts fill from the live requests as the page refreshes (the
+            # engine-sample charts are checked on the 1-hour window above).
             for chart in ("ttft", "tps"):
+                deadline = time.monotonic() + 20
+                while colored_pixels(page, chart) <= 30 and time.monotonic() < deadline:
+                    page.wait_for_timeout(500)
                 assert colored_pixels(page, chart) > 30, chart
             rows = page.locator("#ld-slowest tr[data-request]")
             assert rows.count() >= 10

@@ -61,14 +61,9 @@ class PromptBuilder:
 
     def build(self, turns: list[Turn], add_generation_prompt: bool = True) -> list[int]:
         """Prompt ids for `turns`, ending with the assistant generation prompt."""
-        if not self.exact or self._affixes is None:
+        if not self.exact:
             return self._render_ids(turns, add_generation_prompt)
-        ids: list[int] = []
-        for i, turn in enumerate(turns):
-            ids.extend(self.turn_ids(turn, first=(i == 0)))
-        if add_generation_prompt:
-            ids.extend(self._encode(self._affixes.generation_prompt))
-        return ids
+        return self._assemble(turns, add_generation_prompt)
 
     def turn_ids(self, turn: Turn, first: bool = False) -> list[int]:
         """The ids one turn contributes to the conversation's token stream."""
@@ -142,11 +137,16 @@ class PromptBuilder:
             Turn("user", "Tell me a joke about caches.\nTwo lines."),
         ]
         for turns in (sample, [Turn("system", "Be brief."), *sample]):
-            want = self._render_ids(turns, True)
-            got = []
-            for i, turn in enumerate(turns):
-                got.extend(self.turn_ids(turn, first=(i == 0)))
-            got.extend(self._encode(self._affixes.generation_prompt if self._affixes else ""))
-            if got != want:
+            if self._assemble(turns, True) != self._render_ids(turns, True):
                 return False
         return True
+
+    def _assemble(self, turns: list[Turn], add_generation_prompt: bool) -> list[int]:
+        """The prompt from the probed pieces, turn by turn."""
+        assert self._affixes is not None
+        ids: list[int] = []
+        for i, turn in enumerate(turns):
+            ids.extend(self.turn_ids(turn, first=(i == 0)))
+        if add_generation_prompt:
+            ids.extend(self._encode(self._affixes.generation_prompt))
+        return ids

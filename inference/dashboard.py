@@ -188,36 +188,36 @@ def slowest(start: datetime, limit: int = 15) -> list[dict[str, Any]]:
     ]
 
 
+def recent_jobs(kind: str, limit: int) -> list[Job]:
+    return list(Job.objects.filter(kind=kind).order_by("-created_at", "-id")[:limit])
+
+
+def job_fields(j: Job) -> dict[str, Any]:
+    """What every job row shows: which, in what state, and the log's end if it failed."""
+    return {
+        "id": j.pk,
+        "status": j.status,
+        "created_at": j.created_at.isoformat(),
+        "log_tail": j.log[-2000:] if j.status == Job.Status.FAILED else "",
+    }
+
+
 def benchmark_runs(limit: int = 10) -> list[dict[str, Any]]:
-    runs = Job.objects.filter(kind=Job.Kind.BENCHMARK).order_by("-created_at", "-id")[:limit]
     return [
         {
-            "id": j.pk,
-            "status": j.status,
-            "created_at": j.created_at.isoformat(),
+            **job_fields(j),
             "finished_at": j.finished_at.isoformat() if j.finished_at else None,
             "summary": jobs.benchmark_summary(j.result) if j.result else {},
             "targets": j.result.get("targets", []) if j.result else [],
             "machine": j.result.get("machine", "") if j.result else "",
             "plot_url": f"/admin/latency/jobs/{j.pk}/file" if j.file else None,
-            "log_tail": j.log[-2000:] if j.status == Job.Status.FAILED else "",
         }
-        for j in runs
+        for j in recent_jobs(Job.Kind.BENCHMARK, limit)
     ]
 
 
 def tuning_runs(limit: int = 5) -> list[dict[str, Any]]:
-    runs = Job.objects.filter(kind=Job.Kind.TUNING).order_by("-created_at", "-id")[:limit]
-    return [
-        {
-            "id": j.pk,
-            "status": j.status,
-            "created_at": j.created_at.isoformat(),
-            "report": j.result,
-            "log_tail": j.log[-2000:] if j.status == Job.Status.FAILED else "",
-        }
-        for j in runs
-    ]
+    return [{**job_fields(j), "report": j.result} for j in recent_jobs(Job.Kind.TUNING, limit)]
 
 
 def data(window: str, now: datetime | None = None) -> dict[str, Any]:

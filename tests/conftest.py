@@ -30,13 +30,10 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, real_model_dir: Pat
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_model_dir: Path) -> Iterator[Any]:
     """The real engine on the tiny model, installed as the web app's engine."""
-    from inference.client import set_engine_client
-    from tests.chat.conftest import make_engine_client
+    from tests.chat.conftest import installed_engine
 
-    client = make_engine_client(tiny_model_dir)
-    set_engine_client(client)
-    yield client
-    set_engine_client(None)
+    with installed_engine(tiny_model_dir) as client:
+        yield client
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,19 @@ from django.conf import settings
 from django.test import Client
 
 from chatapp.asgi import application
-from inference.client import EngineClient
+from inference.client import EngineClient, set_engine_client
 from inference.engine import EngineConfig
+
+
+@contextmanager
+def installed_engine(model_dir: Path) -> Iterator[EngineClient]:
+    """The real engine on `model_dir`, installed as the web app's engine meanwhile."""
+    client = make_engine_client(model_dir)
+    set_engine_client(client)
+    try:
+        yield client
+    finally:
+        set_engine_client(None)
 
 
 def make_engine_client(model_dir: Path, **overrides: Any) -> EngineClient:

@@ -9,18 +9,16 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 
-from inference.client import EngineClient, set_engine_client
-from tests.chat.conftest import make_engine_client, open_socket
+from inference.client import EngineClient
+from tests.chat.conftest import installed_engine, open_socket
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(scope="module")
 def real_engine(real_model_dir: Path) -> Iterator[EngineClient]:
-    client = make_engine_client(real_model_dir)
-    set_engine_client(client)
-    yield client
-    set_engine_client(None)
+    with installed_engine(real_model_dir) as client:
+        yield client
 
 
 async def test_capital_of_france_streams_back_paris(

@@ -47,8 +47,7 @@ class UpstreamEngineClient:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout = timeout
         self.model_name = model or self._discover_model()
-        self._streams: dict[str, asyncio.Task[Any] | asyncio.Event] = {}
-        self._aborted: set[str] = set()
+        self._streams: dict[str, asyncio.Task[None]] = {}
         self.requests_total = 0
 
     @classmethod
@@ -87,9 +86,8 @@ class UpstreamEngineClient:
         """Nothing to splice: the upstream tokenizes its own prompts."""
 
     def abort(self, request_id: str) -> None:
-        self._aborted.add(request_id)
         task = self._streams.get(request_id)
-        if isinstance(task, asyncio.Task):
+        if task is not None:
             task.cancel()
 
     def stats(self) -> dict[str, Any]:
@@ -152,7 +150,6 @@ class UpstreamEngineClient:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
             self._streams.pop(rid, None)
-            self._aborted.discard(rid)
 
     async def _pump(
         self,

@@ -67,7 +67,7 @@ def stats_from_metrics(m: RequestMetrics | None) -> dict[str, Any]:
     def ms(v: float | None) -> float | None:
         return None if v is None else round(v * 1000, 1)
 
-    return {
+    stats = {
         "ttft_ms": ms(m.ttft),
         "output_tokens": m.output_tokens,
         "tokens_per_s": None if tps is None else round(tps, 1),
@@ -76,6 +76,9 @@ def stats_from_metrics(m: RequestMetrics | None) -> dict[str, Any]:
         "e2e_ms": ms(m.e2e),
         "queue_ms": ms(m.queue_time),
     }
+    if getattr(m, "replayed", False):
+        stats["replayed"] = True  # from the response cache; the UI marks the reply
+    return stats
 
 
 def done_event(

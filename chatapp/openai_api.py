@@ -336,7 +336,9 @@ def usage(last: Delta, prompt_len: int | None, ids: list[int]) -> dict[str, Any]
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": m.cached_tokens if m else 0},
+        "prompt_tokens_details": {
+            "cached_tokens": m.cached_tokens + m.cached_tokens_redis if m else 0
+        },
     }
 
 
@@ -384,9 +386,10 @@ def build_prompt(client: Any, req: ApiRequest) -> Prompt:
 
 async def start_stream(
     request: HttpRequest, req: ApiRequest, key: ApiKey
-) -> tuple[Any, Prompt, AsyncIterator[Delta], Delta, Any]:
+) -> tuple[Any, Prompt, AsyncIterator[Delta], Delta, Any, bool]:
     """Check limits, build the prompt and pull the first delta before any header goes out,
-    so that busy / too long / unavailable become proper statuses."""
+    so that busy / too long / unavailable become proper statuses (and a reply replayed
+    from the response cache can say so in a header: the last item)."""
     client = await engine_client()
     if req.model != client.model_name:
         raise ApiError(
@@ -412,13 +415,10 @@ async def start_stream(
         except PromptTooLongError as exc:
             raise invalid(str(exc), "messages", "context_length_exceeded") from exc
         # Observability: the request is recorded when this stream closes (inference/recording.py).
-        stream = recorded_stream(
-            client.stream(
-                prompt, req.sampling, session_id=req.user, request_id=f"api-{uuid.uuid4().hex}"
-            ),
-            "api",
-            user_id=key.owner_id,
+        engine_stream = client.stream(
+            prompt, req.sampling, session_id=req.user, request_id=f"api-{uuid.uuid4().hex}"
         )
+        stream = recorded_stream(engine_stream, "api", user_id=key.owner_id)
         try:
             first = await stream.__anext__()
         except EngineBusyError as exc:
@@ -433,7 +433,8 @@ async def start_stream(
             raise invalid(str(exc), "messages", "context_length_exceeded") from exc
         except EngineError as exc:
             raise invalid(str(exc)) from exc
-        return client, prompt, stream, first, release
+        replayed = bool(getattr(engine_stream, "replayed", False))
+        return client, prompt, stream, first, release, replayed
     except BaseException:
         release()
         raise
@@ -481,7 +482,7 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
     key = await authenticate(request)
     body = read_body(request)
     req = parse_chat(body) if chat else parse_completion(body)
-    client, prompt, stream, first, release = await start_stream(request, req, key)
+    client, prompt, stream, first, release, replayed = await start_stream(request, req, key)
     created = int(time.time())
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     if req.stream:
@@ -489,6 +490,8 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
         response = StreamingHttpResponse(events, content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
+        if replayed:
+            response["X-Response-Cache"] = "hit"
         return response
     try:
         text, ids, last = await collect(stream, first)
@@ -510,7 +513,10 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
     obj = "chat.completion" if chat else "text_completion"
     body = envelope(rid, obj, created, req.model, [choice])
     body["usage"] = usage(last, prompt.length, ids)
-    return JsonResponse(body)
+    response = JsonResponse(body)
+    if replayed:
+        response["X-Response-Cache"] = "hit"
+    return response
 
 
 async def sse_events(

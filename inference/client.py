@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -18,14 +19,16 @@ from typing import Any
 
 from django.conf import settings
 
+from inference import metrics
 from inference.chat_template import PromptBuilder, Turn
 from inference.engine import Delta, EngineConfig, EngineError, PromptTooLongError, SamplingParams
+from inference.engine.fingerprint import model_fingerprint
+from inference.response_cache import ResponseCache, is_deterministic
+
+# Defined beside the worker protocol (no Django there), which raises it too.
+from inference.workers.protocol import EngineUnavailableError
 
 log = logging.getLogger(__name__)
-
-
-class EngineUnavailableError(EngineError):
-    code = "engine_unavailable"
 
 
 @dataclass
@@ -81,7 +84,8 @@ class EngineClient:
 
     @property
     def max_model_len(self) -> int | None:
-        return int(self.engine.max_model_len)
+        limit = self.engine.max_model_len  # None: distributed, before any worker was seen
+        return None if limit is None else int(limit)
 
     @property
     def model_name(self) -> str:
@@ -111,6 +115,13 @@ class EngineClient:
                 f"the prompt has {prompt.length}."
             )
 
+    # The response cache: None follows settings (response_cache_from_settings); a test
+    # or a tool may install a ResponseCache here instead.
+    response_cache: ResponseCache | None = None
+    _fingerprint: str | None = None
+    _fingerprint_retry_at = 0.0
+    _fingerprinting = False
+
     def stream(
         self,
         prompt: Prompt,
@@ -118,8 +129,63 @@ class EngineClient:
         session_id: str | None = None,
         request_id: str | None = None,
     ) -> AsyncIterator[Delta]:
-        assert prompt.token_ids is not None
-        return self.generate(prompt.token_ids, sampling, session_id, request_id)
+        """The request's deltas. A deterministic request answered before is replayed from
+        the response cache when it is on (inference/response_cache.py); the chat socket
+        and the OpenAI API both come through here."""
+        ids = prompt.token_ids
+        assert ids is not None
+        cache = self.response_cache or response_cache_from_settings()
+        if cache is None or not is_deterministic(sampling):
+            return self.generate(ids, sampling, session_id, request_id)
+        return cache.stream(
+            key=lambda: self._cache_key(cache, ids, sampling),
+            prompt_len=len(ids),
+            start_engine=lambda: self.generate(ids, sampling, session_id, request_id),
+            request_id=request_id,
+            on_lookup=self._count_lookup,
+        )
+
+    def _cache_key(
+        self, cache: ResponseCache, ids: list[int], sampling: SamplingParams
+    ) -> str | None:
+        fingerprint = self.fingerprint(wait=False)
+        return None if fingerprint is None else cache.key(fingerprint, ids, sampling)
+
+    def fingerprint(self, wait: bool = True) -> str | None:
+        """The model as it runs here (weights, dtype, quantization, context length); None
+        while it cannot be told, and nothing is cached then. Hashing the weights takes a
+        second or so, once: with wait=False it runs in the background meanwhile, so the
+        first deterministic requests go to the engine rather than wait for it."""
+        if self._fingerprint is None and time.monotonic() >= self._fingerprint_retry_at:
+            if wait:
+                self._compute_fingerprint()
+            elif not self._fingerprinting:
+                self._fingerprinting = True
+                threading.Thread(
+                    target=self._compute_fingerprint, name="model-fingerprint", daemon=True
+                ).start()
+        return self._fingerprint
+
+    def _compute_fingerprint(self) -> None:
+        try:
+            stats = self.engine.stats()
+            self._fingerprint = model_fingerprint(
+                str(self.engine.config.model),
+                dtype=str(stats["dtype"]),
+                quantization=str(stats["quantization"]),
+                max_model_len=self.max_model_len,
+            )
+        except Exception as exc:  # e.g. no engine worker seen yet: try again in a minute
+            if not self._fingerprint_retry_at:
+                log.warning("response cache unused: no model fingerprint (%r)", exc)
+            self._fingerprint_retry_at = time.monotonic() + 60.0
+        finally:
+            self._fingerprinting = False
+
+    def _count_lookup(self, hit: bool) -> None:
+        metrics.response_cache_lookups.labels(self.model_name).inc()
+        if hit:
+            metrics.response_cache_hits.labels(self.model_name).inc()
 
     def generate(
         self,
@@ -160,7 +226,27 @@ def engine_config_from_settings(overrides: dict[str, Any] | None = None) -> Engi
         max_waiting_requests=cfg["MAX_WAITING_REQUESTS"],
         num_threads=cfg["NUM_THREADS"],
         quantization=cfg.get("QUANTIZATION", "auto"),
+        kv_tier_url=cfg.get("KV_TIER_URL", ""),
+        kv_tier_ttl_s=cfg.get("KV_TIER_TTL_S", 86400),
+        kv_tier_max_mb=cfg.get("KV_TIER_MAX_MB", 2048),
+        kv_tier_compression=cfg.get("KV_TIER_COMPRESSION", "none"),
+        kv_tier_namespace=cfg.get("KV_TIER_NAMESPACE", "kvtier"),
     )
+
+
+_response_caches: dict[tuple[str, float], ResponseCache] = {}
+_response_caches_lock = threading.Lock()  # not _lock: that one is held while a model loads
+
+
+def response_cache_from_settings() -> ResponseCache | None:
+    """The response cache settings.RESPONSE_CACHE_* describe; None while it is off."""
+    if not getattr(settings, "RESPONSE_CACHE_ENABLED", False):
+        return None
+    spec = (str(settings.RESPONSE_CACHE_URL), float(settings.RESPONSE_CACHE_TTL_S))
+    with _response_caches_lock:
+        if spec not in _response_caches:
+            _response_caches[spec] = ResponseCache(*spec)
+        return _response_caches[spec]
 
 
 def _make_client() -> Any:
@@ -169,11 +255,38 @@ def _make_client() -> Any:
         from inference.upstream import UpstreamEngineClient
 
         return UpstreamEngineClient.from_settings()
+    if mode == "distributed":
+        return _distributed_client()
     if mode != "embedded":
         raise EngineUnavailableError(f"unknown ENGINE_MODE {mode!r}")
     from inference.engine import AsyncEngine
 
     return EngineClient(AsyncEngine(engine_config_from_settings()))
+
+
+class DistributedEngineClient(EngineClient):
+    """The engine runs in `manage.py run_engine` workers; this process holds only the
+    tokenizer (prompts are built here, with the same code as embedded)."""
+
+    kind = "distributed"
+
+
+def _distributed_client() -> DistributedEngineClient:
+    from transformers import AutoTokenizer
+
+    from inference.workers.remote import RemoteEngine
+
+    cfg = settings.ENGINE
+    model = str(cfg["MODEL"])
+    remote = RemoteEngine(
+        AutoTokenizer.from_pretrained(model),
+        url=cfg["WORKERS_REDIS_URL"],
+        namespace=cfg["WORKERS_NAMESPACE"],
+        model=model.rstrip("/").rsplit("/", 1)[-1],
+        model_path=model,
+        dead_after_s=float(cfg["WORKER_DEAD_AFTER_S"]),
+    )
+    return DistributedEngineClient(remote)
 
 
 def get_engine_client() -> Any:

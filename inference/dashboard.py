@@ -155,6 +155,22 @@ def summary(buckets: dict[datetime, dict]) -> dict[str, Any]:
     }
 
 
+def replays(start: datetime, end: datetime) -> dict[str, Any]:
+    """Replies the response cache replayed, and the TTFT they gave (from the raw records,
+    kept OBS_RAW_RETENTION_HOURS: a longer window counts only that far back)."""
+    ttfts = list(
+        RequestRecord.objects.filter(
+            finished_at__gte=start, finished_at__lt=end, replayed=True
+        ).values_list("ttft", flat=True)
+    )
+    measured = [t for t in ttfts if t is not None]
+    return {
+        "replays": len(ttfts),
+        "replay_ttft_p50": stats.percentile(measured, 50),
+        "replay_ttft_p99": stats.percentile(measured, 99),
+    }
+
+
 def slowest(start: datetime, limit: int = 15) -> list[dict[str, Any]]:
     rows = (
         RequestRecord.objects.filter(finished_at__gte=start, e2e__isnull=False)
@@ -216,6 +232,18 @@ def benchmark_runs(limit: int = 10) -> list[dict[str, Any]]:
     ]
 
 
+def kv_tier_status() -> dict[str, Any] | None:
+    """The latest finished Redis KV tier upkeep pass (its size and what it warmed)."""
+    job = (
+        Job.objects.filter(kind=Job.Kind.KV_TIER, finished_at__isnull=False)
+        .order_by("-finished_at", "-id")
+        .first()
+    )
+    if job is None:
+        return None
+    return {**job_fields(job), "finished_at": job.finished_at.isoformat(), **job.result}
+
+
 def tuning_runs(limit: int = 5) -> list[dict[str, Any]]:
     return [{**job_fields(j), "report": j.result} for j in recent_jobs(Job.Kind.TUNING, limit)]
 
@@ -233,8 +261,9 @@ def data(window: str, now: datetime | None = None) -> dict[str, Any]:
         "bucket_s": int(bucket.total_seconds()),
         "now": int(end.timestamp()),
         "series": series(buckets, start, end, bucket),
-        "summary": summary(buckets),
+        "summary": {**summary(buckets), **replays(start, end)},
         "slowest": slowest(start),
         "benchmarks": benchmark_runs(),
         "tuning": tuning_runs(),
+        "kv_tier": kv_tier_status(),
     }

@@ -115,6 +115,16 @@ def export(job: Job) -> dict[str, Any]:
 # --- tuning ---------------------------------------------------------------------------
 
 
+def kv_tier(job: Job) -> dict[str, Any]:
+    from inference import kv_upkeep
+
+    report = kv_upkeep.run()
+    Job.objects.filter(pk=job.pk).update(result=report)
+    if report.get("error"):
+        raise RuntimeError(report["error"])
+    return report
+
+
 def tune(job: Job) -> dict[str, Any]:
     from inference import tuning
 

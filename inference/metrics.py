@@ -87,6 +87,21 @@ spec_decode_accepted_tokens = _counter(
     "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."
 )
 
+# The response cache (inference/response_cache.py): lookups by deterministic requests,
+# the hits among them, and the TTFT a replay gave. Replays did no engine work, so they are
+# kept out of the vllm:* latency histograms and token counters.
+response_cache_lookups = _counter(
+    "chatapp:response_cache_lookups", "Response-cache lookups by deterministic requests."
+)
+response_cache_hits = _counter(
+    "chatapp:response_cache_hits", "Requests answered by replaying a cached response."
+)
+response_cache_ttft = _hist(
+    "chatapp:response_cache_ttft_seconds",
+    "Histogram of time to first token of replayed responses in seconds.",
+    TTFT_BUCKETS,
+)
+
 # Refreshed from the engine's stats (inference.sampler). In multiprocess mode a gauge is
 # summed over live processes: each engine process reports its own queue.
 num_requests_running = Gauge(
@@ -151,6 +166,11 @@ def exposition() -> tuple[bytes, str]:
 
 def observe_request(model: str, fig: dict[str, Any], itl: list[float]) -> None:
     """Feed one finished request's figures (a RequestRecord's fields) to the histograms."""
+    if fig.get("replayed"):
+        if fig.get("ttft") is not None:
+            response_cache_ttft.labels(model).observe(fig["ttft"])
+        request_success.labels(model, fig.get("finish_reason") or "stop").inc()
+        return
     for hist, key in (
         (time_to_first_token, "ttft"),
         (time_per_output_token, "tpot"),

@@ -48,6 +48,8 @@ class RequestRecord(models.Model):
     preemptions = models.PositiveIntegerField(default=0)
     finish_reason = models.CharField(max_length=32, blank=True, default="")
     error_code = models.CharField(max_length=64, blank=True, default="")
+    # Answered by the response cache (inference/response_cache.py), not the engine.
+    replayed = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-finished_at"]
@@ -117,6 +119,7 @@ class Job(models.Model):
         BENCHMARK = "benchmark"
         EXPORT = "export"
         TUNING = "tuning"
+        KV_TIER = "kv_tier"  # Redis KV tier upkeep (inference.kv_upkeep)
 
     class Status(models.TextChoices):
         QUEUED = "queued"

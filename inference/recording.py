@@ -36,7 +36,8 @@ def figures(
         "finish_reason": finish_reason or "",
         "error_code": error_code or "",
         "finished_at": datetime.fromtimestamp(ended, UTC),
-        "worker": WORKER,
+        # The engine worker that served it (distributed mode), else this process.
+        "worker": str(getattr(m, "worker", "") or WORKER),
     }
     if m is None:
         return fig
@@ -62,6 +63,7 @@ def figures(
         drafted_tokens=int(getattr(m, "drafted_tokens", 0) or 0),
         accepted_tokens=int(getattr(m, "accepted_tokens", 0) or 0),
         preemptions=m.preemptions,
+        replayed=bool(getattr(m, "replayed", False)),
     )
     return fig
 

@@ -94,7 +94,7 @@ def take_sample() -> Any:
 
 def _loop() -> None:
     interval = float(settings.OBS_SAMPLE_INTERVAL_S)
-    last_rollup = last_prune = time.monotonic()
+    last_rollup = last_prune = last_kv_upkeep = time.monotonic()
     while True:
         time.sleep(interval)
         try:
@@ -108,6 +108,9 @@ def _loop() -> None:
                 if time.monotonic() - last_prune >= 3600:
                     last_prune = time.monotonic()
                     tasks.prune.apply()
+                if time.monotonic() - last_kv_upkeep >= settings.KV_TIER_UPKEEP_S:
+                    last_kv_upkeep = time.monotonic()
+                    tasks.kv_tier_upkeep.apply()
         except Exception:
             log.exception("engine sampling failed")
         finally:

@@ -97,3 +97,11 @@ def export_conversations(job_id: int) -> dict[str, Any]:
 @shared_task(name="inference.tune")
 def tune(job_id: int) -> dict[str, Any]:
     return _run_job(job_id, jobs.tune)
+
+
+@shared_task(name="inference.kv_tier_upkeep")
+def kv_tier_upkeep() -> dict[str, Any]:
+    """Periodic: the Redis KV tier's size, its books kept straight, the most-used system
+    prompts warmed (inference/kv_upkeep.py). Each pass is a Job row the dashboard shows."""
+    job = Job.objects.create(kind=Job.Kind.KV_TIER)
+    return _run_job(job.pk, jobs.kv_tier)

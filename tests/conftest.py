@@ -54,3 +54,23 @@ def make_user(db: None) -> Any:
         return get_user_model().objects.create_user(username=username, password=password)
 
     return make
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Empty this run's Redis KV tier namespace (chatapp/settings/test.py names it)."""
+    import os
+
+    import redis
+    from django.conf import settings
+
+    namespace = os.environ.get("ENGINE_KV_TIER_NAMESPACE", "")
+    url = settings.ENGINE.get("KV_TIER_URL") if settings.configured else ""
+    if not namespace.startswith("test-kvtier-") or not url:
+        return
+    try:
+        r = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        keys = list(r.scan_iter(match=f"{namespace}:*", count=1000))
+        for i in range(0, len(keys), 500):
+            r.delete(*keys[i : i + 500])
+    except redis.RedisError:
+        pass  # Redis gone: nothing of ours to clean up

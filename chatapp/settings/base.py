@@ -4,6 +4,7 @@ environment; README.md lists the variables."""
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 
@@ -150,13 +151,33 @@ ENGINE = {
     "NUM_THREADS": env_int("ENGINE_NUM_THREADS", 0),
     # "auto": float16-stored linear weights on CPUs without bfloat16, else none (exact).
     "QUANTIZATION": env_str("ENGINE_QUANTIZATION", "auto"),
+    # Redis tier of the KV cache (docs/kv-tier.md): memory-only while nobody answers there.
+    "KV_TIER_URL": env_str("ENGINE_KV_TIER_URL", "redis://127.0.0.1:6379/4"),
+    "KV_TIER_TTL_S": env_int("ENGINE_KV_TIER_TTL_S", 86400),
+    "KV_TIER_MAX_MB": env_int("ENGINE_KV_TIER_MAX_MB", 2048),
+    "KV_TIER_COMPRESSION": env_str("ENGINE_KV_TIER_COMPRESSION", "none"),
+    "KV_TIER_NAMESPACE": env_str("ENGINE_KV_TIER_NAMESPACE", "kvtier"),
     # Load the model when the server starts rather than on the first message.
     "PRELOAD": env_bool("ENGINE_PRELOAD", True),
     # ENGINE_MODE=upstream: any OpenAI-compatible server is the engine instead.
     "UPSTREAM_URL": env_str("ENGINE_UPSTREAM_URL", ""),  # e.g. http://gpu-box:8000/v1
     "UPSTREAM_API_KEY": env_str("ENGINE_UPSTREAM_API_KEY", ""),
     "UPSTREAM_MODEL": env_str("ENGINE_UPSTREAM_MODEL", ""),  # default: the first it lists
+    # ENGINE_MODE=distributed: `manage.py run_engine` workers serve over Redis (docs/workers.md).
+    "WORKERS_REDIS_URL": env_str(
+        "ENGINE_WORKERS_REDIS_URL", urlsplit(REDIS_URL)._replace(path="/3").geturl()
+    ),
+    "WORKERS_NAMESPACE": env_str("ENGINE_WORKERS_NAMESPACE", "engine"),
+    "WORKER_ID": env_str("ENGINE_WORKER_ID", ""),  # default: <hostname>-<pid>
+    "WORKER_FLUSH_MS": env_int("ENGINE_WORKER_FLUSH_MS", 15),
+    "WORKER_DEAD_AFTER_S": env_float("ENGINE_WORKER_DEAD_AFTER_S", 3.0),
 }
+
+# The response cache (docs/response-cache.md): a deterministic request (greedy, or seeded)
+# answered before is replayed from Redis without the engine. Off unless turned on.
+RESPONSE_CACHE_ENABLED = env_bool("RESPONSE_CACHE_ENABLED", False)
+RESPONSE_CACHE_URL = env_str("RESPONSE_CACHE_URL", "redis://127.0.0.1:6379/4")
+RESPONSE_CACHE_TTL_S = env_float("RESPONSE_CACHE_TTL_S", 3600.0)
 
 # Chat behaviour.
 CHAT_ALLOW_SIGNUP = env_bool("CHAT_ALLOW_SIGNUP", True)
@@ -200,9 +221,13 @@ BENCH_TIMEOUT_S = env_float("BENCH_TIMEOUT_S", 3600.0)
 # The tuning job's latency targets (goodput counts the requests that meet both).
 OBS_TUNING_TTFT_S = env_float("OBS_TUNING_TTFT_S", 1.0)
 OBS_TUNING_TPOT_S = env_float("OBS_TUNING_TPOT_S", 0.1)
+# Redis KV tier upkeep: how often, and how many of the most-used system prompts to warm.
+KV_TIER_UPKEEP_S = env_float("KV_TIER_UPKEEP_S", 600.0)
+KV_TIER_WARM_PROMPTS = env_int("KV_TIER_WARM_PROMPTS", 5)
 CELERY_BEAT_SCHEDULE = {
     "rollup-every-minute": {"task": "inference.rollup", "schedule": 60.0},
     "prune-every-hour": {"task": "inference.prune", "schedule": 3600.0},
+    "kv-tier-upkeep": {"task": "inference.kv_tier_upkeep", "schedule": KV_TIER_UPKEEP_S},
 }
 CELERY_RESULT_EXPIRES = 3600
 # --- end observability ---

@@ -1,11 +1,19 @@
 """Settings for the test suite."""
 
+import os
+
 from chatapp.settings.base import *  # noqa: F403
 from chatapp.settings.base import ENGINE
 
+# The Redis KV tier stays on under tests (as in docker compose), in a namespace of this test
+# run, so that what an earlier run left in Redis never shows up in cached-token counts.
+# Exported, so the servers and workers the tests start share it; tests/conftest.py empties
+# it when the session ends.
+os.environ.setdefault("ENGINE_KV_TIER_NAMESPACE", f"test-kvtier-{os.getpid()}")
+
 DEBUG = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-ENGINE = {**ENGINE, "PRELOAD": False}
+ENGINE = {**ENGINE, "PRELOAD": False, "KV_TIER_NAMESPACE": os.environ["ENGINE_KV_TIER_NAMESPACE"]}
 CHAT_DISCONNECT_GRACE_S = 0.0
 CELERY_TASK_ALWAYS_EAGER = True
 # Observability (inference/): no sampler thread or engine-written titles under tests;

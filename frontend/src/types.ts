@@ -23,6 +23,8 @@ export interface Stats {
   cached_tokens?: number | null;
   e2e_ms?: number | null;
   queue_ms?: number | null;
+  /** True when the reply was replayed from the server's response cache. */
+  replayed?: boolean;
 }
 
 export type Role = 'user' | 'assistant' | 'system';

@@ -13,6 +13,7 @@ import traceback
 
 import torch
 
+from inference.bench import kv_tier
 from inference.bench import workloads as w
 from inference.bench.baselines import HFBaselines
 from inference.bench.driver import rss_mb
@@ -35,6 +36,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--quantization", default="auto", help="engine weights: auto|none|fp16|int8")
     p.add_argument("--skip-hf", action="store_true", help="run our engine only")
     p.add_argument("--skip-hf-cb", action="store_true", help="skip transformers generate_batch")
+    p.add_argument("--kv-tier-url", default=kv_tier.DEFAULT_URL, help="Redis for the KV tier")
+    p.add_argument("--skip-kv-tier", action="store_true", help="skip the Redis KV tier section")
     p.add_argument("--json", default="bench_results.json", help="where to write the figures")
     p.add_argument("--plot", default="bench_results.png", help="where to draw the plot")
     return p.parse_args()
@@ -123,6 +126,11 @@ def main() -> None:
     )
     flood_len = 16 if q else 40
     section("flood", lambda: w.flood(engine, sizes["flood"], sizes["flood_tokens"], flood_len))
+    if not args.skip_kv_tier:
+        section(
+            "kv_tier",
+            lambda: kv_tier.run(args.model, args.kv_tier_url, args.quantization, args.threads),
+        )
     results["flood_rss_after_load_mb"] = results["engine"]["rss_after_load_mb"]  # type: ignore[index]
     results["targets"] = targets(results)
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")

@@ -37,9 +37,15 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         ("TTFT p99 while 16 decode / alone", "<=", 3.0, _get(r, "busy", "ttft_ratio_p99")),
         ("stream ITL p99 during 2k prefill / median", "<=", 3.0, _get(r, "busy", "itl_ratio")),
     ]  # fmt: skip
+    from inference.bench.kv_tier import targets as kv_tier_targets
+
+    if isinstance(r.get("kv_tier"), dict) and "restore" in r["kv_tier"]:
+        rows += kv_tier_targets(r["kv_tier"])
     out = []
     for name, op, bar, value in rows:
-        met = None if value is None else (value >= bar if op == ">=" else value <= bar)
+        met = None
+        if value is not None:
+            met = value >= bar if op == ">=" else value < bar if op == "<" else value <= bar
         out.append({"target": name, "measured": value, "bar": f"{op} {bar}", "met": met})
     flood = r.get("flood", {})
     if "submitted" in flood:
@@ -101,6 +107,10 @@ def print_table(r: dict[str, Any]) -> None:
     flood = r.get("flood", {})
     if flood:
         print("\nflood:", {k: _fmt(v, 1) for k, v in flood.items()})
+    if "kv_tier" in r:
+        from inference.bench.kv_tier import print_section
+
+        print_section(r["kv_tier"])
     print("\ntargets:")
     for t in r.get("targets", []):
         mark = {True: "MET", False: "MISSED", None: "n/a"}[t["met"]]

@@ -94,6 +94,8 @@ class AsyncEngine:
         self._stopping = True
         self._wakeup.set()
         self._thread.join(timeout=30)
+        if not self._thread.is_alive():  # a stop message must not cross a running step
+            self.engine.close(flush_timeout=5.0)  # Redis tier write-backs, TP ranks
         for rid, (loop, queue) in list(self._streams.items()):
             delta = Delta(rid, finished=True, finish_reason="abort", error="engine shut down")
             self._deliver(loop, queue, delta)

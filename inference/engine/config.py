@@ -50,3 +50,36 @@ class EngineConfig:
     #   "int8": int8 weights with 7-bit dynamic activations: fastest, visibly less accurate;
     #   "auto": "fp16" when the model runs in float32 on a CPU, else "none".
     quantization: str = "auto"
+    # The Redis tier of the KV cache (kv_store.py): full prefix blocks written back when a
+    # request finishes and restored on a memory miss, across restarts and workers.
+    # "" turns it off; a URL nobody answers runs memory-only and keeps retrying.
+    kv_tier_url: str = ""
+    kv_tier_ttl_s: int = 86400
+    # Cap on the tier's stored bytes; the least recently used blocks go first.
+    kv_tier_max_mb: int = 2048
+    # "none", "zlib" or "lz4" (KV values are float noise: compression rarely pays).
+    kv_tier_compression: str = "none"
+    # Key prefix, so several deployments (or tests) can share one Redis database.
+    kv_tier_namespace: str = "kvtier"
+    # Split the model across this many ranks (tensor_parallel.py): heads and MLP width must
+    # divide by it. 1 = one process; on CPU more ranks only share the same cores.
+    tensor_parallel_size: int = 1
+    # Speculative decoding (speculative.py, docs/speculative.md): "" off; "ngram" proposes
+    # the continuation of the latest earlier match of the last n tokens (prompt lookup:
+    # pays on edits, rewrites, code, quoting); "draft" asks a smaller model with the same
+    # tokenizer. Lossless either way: greedy output is token-for-token the same, sampled
+    # output keeps its distribution (rejection sampling).
+    speculative_mode: str = ""
+    # Tokens proposed per sequence and step; one forward checks them all.
+    num_speculative_tokens: int = 4
+    # n-gram sizes the "ngram" proposer tries, longest first.
+    ngram_min: int = 1
+    ngram_max: int = 4
+    # "draft": a Hugging Face llama folder sharing the model's tokenizer.
+    speculative_draft_model: str = ""
+    # No speculation in a step with more decoding sequences than this: a big batch is
+    # compute-bound already and verifying guesses stops paying.
+    speculative_max_batch: int = 8
+    # Per sequence: once it has 16 guesses checked at an acceptance rate below this, it
+    # stops speculating for its next 32 tokens, then tries again.
+    speculative_min_acceptance: float = 0.3

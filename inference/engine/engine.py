@@ -2,6 +2,11 @@
 
 Not thread-safe by itself except for `add_request` and `abort_request`, which only touch an
 inbox under a lock; `step()` is meant to be called from one thread (see async_engine.py).
+
+With the Redis tier on (kv_store.py), the step thread also starts a lookup for each new
+prompt whose prefix memory does not hold, copies found blocks into the pool at admission,
+and hands finished requests' new blocks (and blocks about to be evicted) to the tier's
+writer as snapshots; the network work happens on the tier's threads.
 """
 
 from __future__ import annotations
@@ -19,7 +24,16 @@ from transformers import AutoTokenizer, GenerationConfig
 from inference.engine.config import EngineConfig
 from inference.engine.detokenizer import IncrementalDetokenizer
 from inference.engine.errors import EngineBusyError, InvalidRequestError, PromptTooLongError
-from inference.engine.kv_cache import KVCacheManager
+from inference.engine.fingerprint import model_fingerprint
+from inference.engine.kv_cache import ROOT_DIGEST, Block, KVCacheManager
+from inference.engine.kv_store import (
+    DISABLED_STATS,
+    LAYOUT_VERSION,
+    BlockEntry,
+    BlockLayout,
+    KVTier,
+    RestoredPrefix,
+)
 from inference.engine.model_runner import ModelRunner
 from inference.engine.outputs import Delta
 from inference.engine.sampler import Sampler
@@ -58,6 +72,14 @@ class LLMEngine:
             self.runner.num_blocks, config.block_size, config.enable_prefix_caching
         )
         self.scheduler = Scheduler(config, self.kv)
+        # Under tensor parallelism each rank holds a shard of the pool; the tier reads and
+        # writes rank 0's pool only, so it stays off there.
+        use_tier = bool(config.kv_tier_url) and config.tensor_parallel_size == 1
+        if config.kv_tier_url and not use_tier:
+            log.warning("the Redis KV tier is off: it does not support tensor_parallel_size > 1")
+        self.kv_tier = self._start_kv_tier() if use_tier else None
+        self._tier_epoch = 0
+        self._evicted: list[tuple[int, BlockEntry]] = []  # blocks taken this step, unsaved
         self.sampler = Sampler()
         self.seqs: dict[str, Sequence] = {}  # live requests, by id
         self._lock = threading.Lock()
@@ -128,11 +150,27 @@ class LLMEngine:
     def has_work(self) -> bool:
         return bool(self._inbox or self._aborts or self.scheduler.has_work)
 
+    def close(self, flush_timeout: float = 5.0) -> None:
+        """Finish queued write-backs to the Redis tier (at most flush_timeout s) and stop it;
+        stop the tensor-parallel ranks. Call only once no step runs any more."""
+        if self.kv_tier is not None:
+            self.kv_tier.close(flush_timeout)
+        self.runner.model.close()
+
     # -- one step ---------------------------------------------------------------------
 
     def step(self) -> list[Delta]:
+        tier = self.kv_tier
+        if tier is not None:
+            tier.lookup_done.clear()  # before the scheduler looks at pending lookups
+            self._sync_tier_epoch(tier)
         deltas = self._drain_inbox()
         batch = self.scheduler.schedule()
+        if tier is not None:
+            self._save_evicted(tier)
+            self._apply_restores(tier, batch)
+            if not batch.seqs and self.scheduler.lookups_pending:
+                tier.wait_for_lookups(0.05)  # nothing to run until a lookup answers
         if batch.seqs:
             start = time.perf_counter()
             try:
@@ -157,6 +195,8 @@ class LLMEngine:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
         for seq in inbox:
+            if self.kv_tier is not None:
+                self._start_lookup(self.kv_tier, seq)
             self.scheduler.add(seq)
         deltas = []
         for request_id in aborts:
@@ -205,6 +245,8 @@ class LLMEngine:
         return delta
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> Delta:
+        if self.kv_tier is not None and reason != "error":
+            self._write_back(self.kv_tier, seq)
         self.scheduler.finish(seq)
         seq.finish_reason = reason
         seq.error = error
@@ -229,6 +271,99 @@ class LLMEngine:
         message = f"{type(exc).__name__}: {exc}"
         return [self._finish(s, "error", message) for s in batch.seqs if not s.is_finished]
 
+    # -- the Redis tier ---------------------------------------------------------------
+
+    def _start_kv_tier(self) -> KVTier:
+        m, runner, c = self.runner.model, self.runner, self.config
+        layout = BlockLayout(m.num_layers, m.num_kv_heads, c.block_size, m.head_dim, runner.dtype)
+        fingerprint = model_fingerprint(
+            c.model,
+            dtype=str(runner.dtype).removeprefix("torch."),
+            quantization=runner.quantization,
+            device=runner.device.type,
+            block_size=c.block_size,
+            layers=m.num_layers,
+            kv_heads=m.num_kv_heads,
+            head_dim=m.head_dim,
+            layout=LAYOUT_VERSION,
+        )
+        self.kv.on_evict = self._on_evict
+        return KVTier(
+            c.kv_tier_url,
+            fingerprint=fingerprint,
+            layout=layout,
+            namespace=c.kv_tier_namespace,
+            ttl_s=c.kv_tier_ttl_s,
+            max_mb=c.kv_tier_max_mb,
+            compression=c.kv_tier_compression,
+        )
+
+    def _sync_tier_epoch(self, tier: KVTier) -> None:
+        # Redis came back after an outage: it may have lost anything, so write again.
+        if tier.epoch != self._tier_epoch:
+            self._tier_epoch = tier.epoch
+            for block in self.kv.blocks:
+                block.persisted = False
+
+    def _start_lookup(self, tier: KVTier, seq: Sequence) -> None:
+        """Ask the tier for the prompt's full blocks past the memory hit (not the last token:
+        its logits pick the next token). The scheduler holds the sequence until it answers."""
+        if not tier.available or not self.kv.enable_prefix_caching:
+            return
+        bs = self.kv.block_size
+        wanted = min((len(seq) - 1) // bs, self.kv.num_blocks // 2)
+        first = self.kv.peek_prefix(seq) // bs
+        if wanted <= first:
+            return
+
+        def done(restored: RestoredPrefix | None) -> None:
+            seq.kv_restore = restored
+            seq.kv_lookup_pending = False
+
+        seq.kv_lookup_pending = True
+        tier.lookup(seq.token_ids[: wanted * bs], first, done)
+
+    def _apply_restores(self, tier: KVTier, batch: ScheduledBatch) -> None:
+        for r in batch.restores:
+            start = time.perf_counter()
+            self.runner.write_blocks(r.block_ids, r.kv)
+            seconds = r.lookup_seconds + time.perf_counter() - start
+            tier.record_restore(len(r.block_ids) * self.kv.block_size, seconds)
+
+    def _write_back(self, tier: KVTier, seq: Sequence) -> None:
+        """Queue the finished sequence's full blocks the tier lacks; refresh the others."""
+        if not tier.available:
+            return
+        entries: list[BlockEntry] = []
+        ids: list[int] = []
+        touches: list[bytes] = []
+        parent = ROOT_DIGEST
+        for block_id, digest in zip(seq.block_table, seq.block_digests, strict=False):
+            block = self.kv.blocks[block_id]
+            if block.digest == digest:  # else a private twin: the indexed copy is saved
+                if block.persisted:
+                    touches.append(digest)
+                else:
+                    entries.append(BlockEntry(digest, parent, block.token_ids))
+                    ids.append(block_id)
+            parent = digest
+        if (entries or touches) and tier.save(
+            entries, lambda: self.runner.read_blocks(ids), touches
+        ):
+            self.kv.mark_persisted(ids, [e.digest for e in entries])
+
+    def _on_evict(self, block: Block) -> None:
+        # Called inside the scheduler's allocation; the KV stays intact until the forward.
+        if self.kv_tier is not None and self.kv_tier.available and block.digest is not None:
+            entry = BlockEntry(block.digest, block.parent_digest, block.token_ids)
+            self._evicted.append((block.block_id, entry))
+
+    def _save_evicted(self, tier: KVTier) -> None:
+        if self._evicted:
+            evicted, self._evicted = self._evicted, []
+            ids = [block_id for block_id, _ in evicted]
+            tier.save([e for _, e in evicted], lambda: self.runner.read_blocks(ids))
+
     # -- figures ----------------------------------------------------------------------
 
     def stats(self) -> dict[str, object]:
@@ -251,5 +386,8 @@ class LLMEngine:
             "device": str(self.runner.device),
             "quantization": self.runner.quantization,
             "max_model_len": self.max_model_len,
+            **(self.kv_tier.stats() if self.kv_tier is not None else DISABLED_STATS),
             **{f"total_{k}": v for k, v in self.totals.items()},
+            "tensor_parallel_size": self.config.tensor_parallel_size,
+            **{f"tp_{k}": v for k, v in getattr(self.runner.model, "tp_stats", dict)().items()},
         }

@@ -13,27 +13,65 @@ extends turn N's prompt and reply, finds turn N's KV in the index.
 
 A block whose reference count drops to zero stays in the index (its KV is still valid) and
 joins an LRU list; it is only reused, and dropped from the index, when the free list is empty.
+
+Each full block also gets a stable digest, a blake2b chain over the exact token ids
+(Python's hash() differs between processes): the Redis tier (kv_store.py) keys blocks by it.
+A block records whether the tier holds it (`persisted`); `on_evict` is told before an
+indexed block the tier does not hold is reused, while its KV is still in the pool.
 """
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from collections import OrderedDict
+from collections.abc import Callable
 
 from inference.engine.sequence import Sequence
 
+# The parent digest of a sequence's first block.
+ROOT_DIGEST = bytes(16)
+
 
 class Block:
-    __slots__ = ("block_hash", "block_id", "ref_count", "token_ids")
+    __slots__ = (
+        "block_hash",
+        "block_id",
+        "digest",
+        "parent_digest",
+        "persisted",
+        "ref_count",
+        "token_ids",
+    )
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_count = 0
         self.block_hash: int | None = None
         self.token_ids: tuple[int, ...] = ()
+        # Set while indexed: the stable chain digest of this block and of the one before.
+        self.digest: bytes | None = None
+        self.parent_digest: bytes = ROOT_DIGEST
+        # The Redis tier holds this block's KV (reset when the block is reused).
+        self.persisted = False
+
+    def forget(self) -> None:
+        """Drop the block's identity: it is about to hold other tokens."""
+        self.block_hash = None
+        self.token_ids = ()
+        self.digest = None
+        self.parent_digest = ROOT_DIGEST
+        self.persisted = False
 
 
 def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent, token_ids))
+
+
+def chain_digest(parent: bytes, token_ids: tuple[int, ...] | list[int]) -> bytes:
+    """The stable (cross-process) digest of a block: blake2b(parent digest, token ids)."""
+    data = struct.pack(f"<{len(token_ids)}I", *token_ids)
+    return hashlib.blake2b(parent + data, digest_size=16).digest()
 
 
 class KVCacheManager:
@@ -47,6 +85,8 @@ class KVCacheManager:
         # Unreferenced blocks still in the prefix index, least recently used first.
         self.evictable: OrderedDict[int, None] = OrderedDict()
         self.index: dict[int, int] = {}  # block hash -> block id
+        # Called with an indexed block the Redis tier lacks, just before it is reused.
+        self.on_evict: Callable[[Block], None] | None = None
         # Prefix cache figures, in tokens.
         self.query_tokens = 0
         self.hit_tokens = 0
@@ -94,6 +134,7 @@ class KVCacheManager:
             self._acquire(block)
             seq.block_table.append(block.block_id)
             seq.block_hashes.append(block.block_hash)  # type: ignore[arg-type]
+            seq.block_digests.append(block.digest)  # type: ignore[arg-type]
         num_tokens = len(hit_blocks) * bs
         seq.num_computed_tokens = num_tokens
         self.hit_tokens += num_tokens
@@ -124,16 +165,28 @@ class KVCacheManager:
         num_full = seq.num_computed_tokens // bs
         for i in range(len(seq.block_hashes), num_full):
             parent = seq.block_hashes[-1] if seq.block_hashes else None
+            parent_digest = seq.block_digests[-1] if seq.block_digests else ROOT_DIGEST
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             h = chain_hash(parent, tokens)
+            digest = chain_digest(parent_digest, tokens)
             seq.block_hashes.append(h)
+            seq.block_digests.append(digest)
             block = self.blocks[seq.block_table[i]]
             # The same content may already be indexed under another block (two identical
             # prompts prefilled side by side); keep the first, this one stays private.
             if h not in self.index and block.block_hash is None:
                 block.block_hash = h
                 block.token_ids = tokens
+                block.digest = digest
+                block.parent_digest = parent_digest
                 self.index[h] = block.block_id
+
+    def mark_persisted(self, block_ids: list[int], digests: list[bytes]) -> None:
+        """The Redis tier holds these blocks (if they are still the indexed copies)."""
+        for block_id, digest in zip(block_ids, digests, strict=True):
+            block = self.blocks[block_id]
+            if block.digest == digest:
+                block.persisted = True
 
     # -- allocation -------------------------------------------------------------------
 
@@ -160,6 +213,7 @@ class KVCacheManager:
                     self.free_ids.append(block_id)
         seq.block_table = []
         seq.block_hashes = []
+        seq.block_digests = []
         seq.num_computed_tokens = 0
 
     def _acquire(self, block: Block) -> None:
@@ -172,9 +226,10 @@ class KVCacheManager:
             return self.blocks[self.free_ids.pop()]
         block_id, _ = self.evictable.popitem(last=False)
         block = self.blocks[block_id]
+        if not block.persisted and self.on_evict is not None:
+            self.on_evict(block)
         del self.index[block.block_hash]  # type: ignore[arg-type]
-        block.block_hash = None
-        block.token_ids = ()
+        block.forget()
         return block
 
     def reset_prefix_cache(self) -> None:
@@ -183,6 +238,5 @@ class KVCacheManager:
             block_id, _ = self.evictable.popitem(last=False)
             block = self.blocks[block_id]
             del self.index[block.block_hash]  # type: ignore[arg-type]
-            block.block_hash = None
-            block.token_ids = ()
+            block.forget()
             self.free_ids.append(block_id)

@@ -8,12 +8,21 @@ causally over its own context.
 
 The weights come from the Hugging Face folder through safetensors; q/k/v and gate/up are
 fused into one matrix each, so a layer is four matmuls.
+
+Tensor parallel (Megatron style, see tensor_parallel.py): with tp_size=N this object holds
+one rank's shard. q/k/v and gate/up keep 1/N of their rows (whole heads, a slice of the
+intermediate size), o and down the matching 1/N of their columns, so each rank's o and down
+produce a partial sum of the full output; `all_reduce` adds them up across ranks before the
+residual add. Embedding, norms and lm_head are replicated. num_heads and num_kv_heads are
+the rank's own counts, so whoever sizes the KV pools from them gets per-rank shards.
 """
 
 from __future__ import annotations
 
 import glob
+import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -96,15 +105,54 @@ class Linear:
 
 
 class DecoderLayer:
-    def __init__(self, w: dict[str, torch.Tensor], prefix: str, quantization: str) -> None:
-        self.input_norm = w[f"{prefix}.input_layernorm.weight"]
-        self.post_norm = w[f"{prefix}.post_attention_layernorm.weight"]
-        qkv = torch.cat([w[f"{prefix}.self_attn.{n}_proj.weight"] for n in ("q", "k", "v")])
+    """One layer's weights; with tp_size > 1, this rank's 1/tp_size of each projection."""
+
+    def __init__(
+        self,
+        w: dict[str, torch.Tensor],
+        prefix: str,
+        quantization: str,
+        put: Callable[[torch.Tensor], torch.Tensor],
+        tp_rank: int = 0,
+        tp_size: int = 1,
+    ) -> None:
+        def rows(name: str) -> torch.Tensor:  # column-parallel: a slice of the outputs
+            t = w[f"{prefix}.{name}.weight"]
+            n = t.shape[0] // tp_size
+            return put(t[tp_rank * n : (tp_rank + 1) * n])
+
+        def cols(name: str) -> torch.Tensor:  # row-parallel: the matching inputs
+            t = w[f"{prefix}.{name}.weight"]
+            n = t.shape[1] // tp_size
+            return put(t[:, tp_rank * n : (tp_rank + 1) * n].contiguous())
+
+        self.input_norm = put(w[f"{prefix}.input_layernorm.weight"])
+        self.post_norm = put(w[f"{prefix}.post_attention_layernorm.weight"])
+        # Split per projection, then fuse: each rank's qkv is [its q heads; its k; its v].
+        qkv = torch.cat([rows(f"self_attn.{n}_proj") for n in ("q", "k", "v")])
         self.qkv = Linear(qkv, quantization)
-        self.o = Linear(w[f"{prefix}.self_attn.o_proj.weight"], quantization)
-        gate_up = torch.cat([w[f"{prefix}.mlp.{n}_proj.weight"] for n in ("gate", "up")])
+        self.o = Linear(cols("self_attn.o_proj"), quantization)
+        gate_up = torch.cat([rows(f"mlp.{n}_proj") for n in ("gate", "up")])
         self.gate_up = Linear(gate_up, quantization)
-        self.down = Linear(w[f"{prefix}.mlp.down_proj.weight"], quantization)
+        self.down = Linear(cols("mlp.down_proj"), quantization)
+
+
+def check_tensor_parallel_size(config: PretrainedConfig, tp_size: int) -> None:
+    """Raise a ValueError unless heads, KV heads and the MLP width all split into tp_size."""
+    sizes = {
+        "attention heads": config.num_attention_heads,
+        "KV heads": config.num_key_value_heads,
+        "intermediate size": config.intermediate_size,
+    }
+    if tp_size >= 1 and all(v % tp_size == 0 for v in sizes.values()):
+        return
+    common = math.gcd(*sizes.values())
+    fits = [n for n in range(1, common + 1) if common % n == 0]
+    counts = ", ".join(f"{v} {k}" for k, v in sizes.items())
+    raise ValueError(
+        f"tensor_parallel_size={tp_size} does not divide this model ({counts}); "
+        f"sizes that fit: {', '.join(map(str, fits))}"
+    )
 
 
 def rope_tables(config: PretrainedConfig, max_len: int, head_dim: int) -> torch.Tensor:
@@ -149,14 +197,23 @@ class LlamaModel:
         device: torch.device | str = "cpu",
         quantization: str = "none",
         max_len: int | None = None,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         config = AutoConfig.from_pretrained(folder)
+        check_tensor_parallel_size(config, tp_size)
+        if tp_size > 1 and all_reduce is None:
+            raise ValueError("a tensor-parallel shard needs an all_reduce")
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        # Sums the ranks' partial outputs in place (and returns the tensor); None on one rank.
+        self.all_reduce = all_reduce
         self.num_layers = config.num_hidden_layers
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.num_heads = config.num_attention_heads // tp_size
+        self.num_kv_heads = config.num_key_value_heads // tp_size
         self.head_dim = getattr(config, "head_dim", None) or (
             config.hidden_size // config.num_attention_heads
         )
@@ -170,18 +227,25 @@ class LlamaModel:
             raise ValueError(f"quantization={quantization!r} runs on CPU only (fbgemm)")
         self.max_len = max_len or config.max_position_embeddings
 
-        raw = load_weights(folder)
-        w = {
-            k.removeprefix("model."): v.to(device=self.device, dtype=dtype) for k, v in raw.items()
-        }
-        del raw
-        self.embed = w["embed_tokens.weight"]
-        self.norm = w["norm.weight"]
-        lm_head = w.get("lm_head.weight")
-        if lm_head is None or getattr(config, "tie_word_embeddings", False):
-            lm_head = self.embed
-        self.lm_head = Linear(lm_head, quantization)
-        self.layers = [DecoderLayer(w, f"layers.{i}", quantization) for i in range(self.num_layers)]
+        # Weights stay where safetensors put them (CPU) until sliced: a rank moves only
+        # its own shard to its device.
+        w = {k.removeprefix("model."): v for k, v in load_weights(folder).items()}
+
+        def put(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=self.device, dtype=dtype)
+
+        self.embed = put(w["embed_tokens.weight"])
+        self.norm = put(w["norm.weight"])
+        # Logits are computed on rank 0 only.
+        self.lm_head: Linear | None = None
+        if tp_rank == 0:
+            lm_head = w.get("lm_head.weight")
+            tied = lm_head is None or getattr(config, "tie_word_embeddings", False)
+            self.lm_head = Linear(self.embed if tied else put(lm_head), quantization)
+        self.layers = [
+            DecoderLayer(w, f"layers.{i}", quantization, put, tp_rank, tp_size)
+            for i in range(self.num_layers)
+        ]
         # Fused weights were copied; drop the per-projection originals.
         del w
         cos_sin = rope_tables(config, self.max_len, self.head_dim)
@@ -201,6 +265,7 @@ class LlamaModel:
         cos = self.cos[meta.positions].unsqueeze(1)
         sin = self.sin[meta.positions].unsqueeze(1)
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        reduce = self.all_reduce or _unchanged
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             h = _rms_norm(x, layer.input_norm, self.eps)
             qkv = layer.qkv(h).view(-1, hq + 2 * hkv, d)
@@ -211,13 +276,18 @@ class LlamaModel:
             new_kv = qkv[:, hq:].transpose(0, 1)  # [2 * hkv, T, d]
             kv_cache.view(2 * hkv, -1, d).index_copy_(1, meta.slot_mapping, new_kv)
             attn = self._attention(qkv, kv_cache, meta)
-            x = x + layer.o(attn.reshape(-1, hq * d))
+            x = x + reduce(layer.o(attn.reshape(-1, hq * d)))
             h = _rms_norm(x, layer.post_norm, self.eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            x = x + reduce(layer.down(F.silu(gate) * up))
         return _rms_norm(x, self.norm, self.eps)
 
+    def close(self) -> None:
+        """Nothing to release here; TensorParallelModel.close() stops the other ranks."""
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lm_head is None:
+            raise RuntimeError("logits are computed on tensor-parallel rank 0 only")
         return self.lm_head(hidden).float()
 
     def _attention(
@@ -282,6 +352,10 @@ class LlamaModel:
             enable_gqa=True,
         )
         return out[0].transpose(0, 1)
+
+
+def _unchanged(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

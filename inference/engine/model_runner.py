@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch
 
 from inference.engine.config import EngineConfig
-from inference.engine.model import AttentionMetadata, DecodeGroup, LlamaModel, PrefillChunk
+from inference.engine.model import AttentionMetadata, DecodeGroup, PrefillChunk
 from inference.engine.scheduler import ScheduledBatch
 from inference.engine.sequence import Sequence
+from inference.engine.tensor_parallel import build_model
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -57,8 +58,8 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.quantization = resolve_quantization(config.quantization, self.device, self.dtype)
-        self.model = LlamaModel(
-            config.model,
+        self.model = build_model(  # LlamaModel, or rank 0 of tensor_parallel_size ranks
+            config,
             dtype=self.dtype,
             device=self.device,
             quantization=self.quantization,
@@ -77,6 +78,24 @@ class ModelRunner:
         self.kv_caches = [
             torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(m.num_layers)
         ]
+
+    @torch.inference_mode()
+    def read_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:
+        """A copy of these blocks' K and V on the CPU, per layer
+        [2 * kv_heads, len(block_ids), block_size, head_dim].
+
+        Per layer rather than one tensor: allocations of a few MB come back from the heap
+        warm, while one of ~100 MB is a fresh mmap whose page faults cost more than the copy.
+        """
+        idx = torch.tensor(block_ids, device=self.device)
+        return [cache.index_select(1, idx).cpu() for cache in self.kv_caches]
+
+    @torch.inference_mode()
+    def write_blocks(self, block_ids: list[int], kv: list[torch.Tensor]) -> None:
+        """Put K and V shaped like read_blocks' into these blocks of the pool."""
+        idx = torch.tensor(block_ids, device=self.device)
+        for layer, cache in enumerate(self.kv_caches):
+            cache.index_copy_(1, idx, kv[layer].to(self.device))
 
     @torch.inference_mode()
     def run(

@@ -17,9 +17,16 @@ class RequestMetrics:
     # Time each output token became available (one entry per token).
     token_times: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
+    # Prompt tokens whose KV came from the memory tier, and from the Redis tier; the rest
+    # were computed.
     cached_tokens: int = 0
+    cached_tokens_redis: int = 0
     output_tokens: int = 0
     preemptions: int = 0
+    # Speculative decoding: guesses checked by the model, and those it kept.
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    replayed: bool = False  # answered by the response cache, not the engine
 
     @property
     def ttft(self) -> float | None:
@@ -60,8 +67,12 @@ class RequestMetrics:
             "queue_time": self.queue_time,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
+            "cached_tokens_redis": self.cached_tokens_redis,
             "output_tokens": self.output_tokens,
             "preemptions": self.preemptions,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "replayed": self.replayed,
         }
 
 

@@ -10,6 +10,9 @@ or 4 tokens per decoding stream if that is more); a prompt too long for that all
 sliced at half of it, and not at all in a step that already carries a whole short prompt, so
 a long prompt never stretches the running streams' inter-token gap much. A waiting sequence
 is admitted only if a block stays free for every running one (no thrash at the next step).
+A waiting sequence whose prefix is being looked up in the Redis tier waits for that lookup
+(only it: the others carry on); at admission, the blocks found there beyond the memory hit
+are allocated, entered in the prefix index, and handed to the engine to copy into the pool.
 When the block pool runs dry the newest running sequence is preempted: its blocks are freed
 and it goes back to the head of the queue to be recomputed later (its full blocks usually
 survive in the prefix index, so the recompute is mostly a cache hit).
@@ -22,9 +25,20 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+import torch
+
 from inference.engine.config import EngineConfig
 from inference.engine.kv_cache import KVCacheManager
 from inference.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class RestoreCopy:
+    """Blocks admitted with KV restored from the Redis tier: copy `kv` into them."""
+
+    block_ids: list[int]
+    kv: list[torch.Tensor]  # per layer [2 * kv_heads, len(block_ids), block_size, head_dim]
+    lookup_seconds: float
 
 
 @dataclass
@@ -32,6 +46,8 @@ class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     # Tokens each sequence computes this step (1 for a decode, a chunk for a prefill).
     num_tokens: list[int] = field(default_factory=list)
+    # Restored blocks to fill before the forward (they are already in the prefix index).
+    restores: list[RestoreCopy] = field(default_factory=list)
 
     @property
     def total_tokens(self) -> int:
@@ -55,6 +71,10 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    @property
+    def lookups_pending(self) -> bool:
+        return any(s.kv_lookup_pending for s in self.waiting)
 
     def waiting_tokens(self) -> int:
         return sum(len(s) for s in self.waiting)
@@ -84,9 +104,10 @@ class Scheduler:
             (s.num_uncomputed_tokens, 0, s) for s in self.running if s.num_uncomputed_tokens > 1
         ]
         if seats > 0:
-            for i, seq in enumerate(itertools.islice(self.waiting, seats)):
+            ready = (s for s in self.waiting if not s.kv_lookup_pending)
+            for i, seq in enumerate(itertools.islice(ready, seats)):
                 # Preempted sequences (back at the head of the queue) keep their turn.
-                key = 0 if seq.metrics.preemptions else len(seq) - self.kv.peek_prefix(seq)
+                key = 0 if seq.metrics.preemptions else len(seq) - self._prefix_tokens(seq)
                 candidates.append((key, 1 + i, seq))
         candidates.sort(key=lambda c: (c[0], c[1]))
         whole_prompts = 0
@@ -114,7 +135,7 @@ class Scheduler:
                     continue
                 if len(self.running) >= self.config.max_num_seqs:
                     continue
-                n = self._admit(seq, cap)
+                n = self._admit(seq, cap, batch)
                 if n == 0:
                     continue
             batch.seqs.append(seq)
@@ -133,13 +154,35 @@ class Scheduler:
                 return False
         return True
 
-    def _admit(self, seq: Sequence, cap: int) -> int:
+    def _prefix_tokens(self, seq: Sequence) -> int:
+        """Prompt tokens admission would not compute: the memory hit, or the Redis one."""
+        cached = self.kv.peek_prefix(seq)
+        r = seq.kv_restore
+        if r is not None and cached >= r.first_block * self.kv.block_size:
+            cached = max(cached, (r.first_block + r.num_blocks) * self.kv.block_size)
+        return cached
+
+    def _restorable(
+        self, seq: Sequence, cached: int
+    ) -> tuple[list[torch.Tensor], int, float] | None:
+        """The Redis tier's blocks that continue the memory hit: (their KV, count, seconds)."""
+        r = seq.kv_restore
+        have = cached // self.kv.block_size
+        if r is None or not r.first_block <= have < r.first_block + r.num_blocks:
+            return None
+        skip = have - r.first_block
+        return [t[:, skip:] for t in r.kv], r.num_blocks - skip, r.seconds
+
+    def _admit(self, seq: Sequence, cap: int, batch: ScheduledBatch) -> int:
         """Move a waiting sequence to running with its first chunk; 0 if it does not fit.
 
         Keeps a block in reserve for every running sequence, so that admitting does not
         force a preemption at the next decode step (that would only thrash the pool)."""
         first_time = seq.metrics.scheduled_time is None
         cached = self.kv.match_prefix(seq)
+        restore = self._restorable(seq, cached)
+        restored = restore[1] * self.kv.block_size if restore else 0
+        seq.num_computed_tokens = cached + restored
         n = min(seq.num_uncomputed_tokens, cap)
         reserve = len(self.running)
         needed = self.kv.blocks_needed(seq, seq.num_computed_tokens + n)
@@ -149,12 +192,21 @@ class Scheduler:
             self.kv.free(seq)
             seq.num_computed_tokens = 0
             return 0
+        if restore:
+            kv, count, seconds = restore
+            first = cached // self.kv.block_size
+            block_ids = seq.block_table[first : first + count]
+            self.kv.commit_full_blocks(seq)
+            self.kv.mark_persisted(block_ids, seq.block_digests[first : first + count])
+            batch.restores.append(RestoreCopy(block_ids, kv, seconds))
+        seq.kv_restore = None
         self.waiting.remove(seq)
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
         if first_time:
             seq.metrics.scheduled_time = time.time()
             seq.metrics.cached_tokens = cached
+            seq.metrics.cached_tokens_redis = restored
         return n
 
     def _prefill_cap(self, batch: ScheduledBatch, budget: int) -> int:

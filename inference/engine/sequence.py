@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
 from inference.engine.outputs import RequestMetrics
 from inference.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from inference.engine.kv_store import RestoredPrefix
 
 
 class SequenceStatus(enum.Enum):
@@ -45,6 +49,12 @@ class Sequence:
         self.block_table: list[int] = []
         # Prefix-index hashes of this sequence's full blocks, in order (a hash chain).
         self.block_hashes: list[int] = []
+        # The same chain as stable digests (the Redis tier's keys), one per full block.
+        self.block_digests: list[bytes] = []
+        # Redis tier: while a lookup for this prompt's prefix runs, the scheduler does not
+        # admit the sequence; its result (blocks to copy into the pool) waits here.
+        self.kv_lookup_pending = False
+        self.kv_restore: RestoredPrefix | None = None
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.error: str | None = None
@@ -58,6 +68,16 @@ class Sequence:
             self.generator = torch.Generator().manual_seed(sampling.seed)
         # Filled by the engine: the detokenizer state for this request.
         self.detokenizer: object | None = None
+        # Speculative decoding: this step's guesses for the tokens after the last one (not
+        # in token_ids; the step computes [last token, *draft_tokens] and keeps what the
+        # model agrees with), and the proposer's distributions over them (None: one-hot).
+        self.draft_tokens: list[int] = []
+        self.draft_probs: torch.Tensor | None = None
+        # Acceptance since the last (re)start of speculation for this sequence; below the
+        # engine's bar it pauses until num_output_tokens reaches spec_resume_at.
+        self.spec_window_drafted = 0
+        self.spec_window_accepted = 0
+        self.spec_resume_at = 0
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -86,3 +106,7 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+
+    def clear_draft(self) -> None:
+        self.draft_tokens = []
+        self.draft_probs = None

@@ -24,6 +24,8 @@ from tests.live_server import DjangoProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKER = os.environ.get("OBS_TEST_BROKER", "redis://127.0.0.1:6379/5")
+KV_TIER = "redis://127.0.0.1:6379/4"
+KV_NAMESPACE = f"obs-test-kvtier-{os.getpid()}"
 
 
 class Worker(DjangoProcess):
@@ -38,6 +40,8 @@ class Worker(DjangoProcess):
             ENGINE_KV_CACHE_MEMORY_MB="64",
             ENGINE_NUM_THREADS="1",
             OBS_BACKGROUND="false",
+            ENGINE_KV_TIER_URL=KV_TIER,
+            ENGINE_KV_TIER_NAMESPACE=KV_NAMESPACE,
             BENCH_COMMAND="{python} -m inference.bench --quick --skip-hf --threads 1",
         )
         self.log = workdir / "worker.log"
@@ -178,6 +182,52 @@ def test_tuning_job_reports_goodput_per_setting(worker: Worker) -> None:
     report = json.loads(result)
     assert len(report["rows"]) == 2 and report["best"] in [r["settings"] for r in report["rows"]]
     assert all(r["requests"] == 6 and r["wall_s"] > 0 for r in report["rows"])
+
+
+def test_kv_tier_upkeep_reports_size_drops_stale_books_and_warms_system_prompts(
+    worker: Worker,
+) -> None:
+    tier = redis.Redis.from_url(KV_TIER)
+    lru, sizes, total = (f"{KV_NAMESPACE}:{k}" for k in ("lru", "sizes", "bytes"))
+    # Books of an entry whose TTL already ran out: upkeep must drop them.
+    gone = f"{KV_NAMESPACE}:expired:00"
+    tier.zadd(lru, {gone: 1.0})
+    tier.hset(sizes, gone, 1000)
+    tier.incrby(total, 1000)
+    prompt = "You are a patient tutor. " * 12  # several full KV blocks
+    worker.python(
+        "from django.contrib.auth import get_user_model as g; "
+        "from chatapp.models import Conversation; "
+        "u, _ = g().objects.get_or_create(username='tutored'); "
+        f"[Conversation.objects.create(owner=u, system_prompt={prompt!r}) for _ in range(2)]; "
+        "Conversation.objects.create(owner=u, system_prompt='rarely used')"
+    )
+    try:
+        result = worker.run("inference.kv_tier_upkeep", timeout=180)
+        assert result["status"] == "done", result
+        assert result["enabled"] and result["expired_dropped"] >= 1
+        warmed = result["warmed"]
+        assert [w["conversations"] for w in warmed] == [2, 1]
+        assert warmed[0]["prompt_tokens"] > 32
+        # The engine writes the warmed blocks back in the background, under the tier's
+        # fingerprint prefix; the stale books are gone.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and tier.zcard(lru) < 2:
+            time.sleep(0.2)
+        assert tier.zcard(lru) >= 2 and tier.zscore(lru, gone) is None
+        assert int(tier.get(total) or 0) > 0
+        # A second pass finds the blocks stored: the prompt is restored, not recomputed.
+        again = worker.run("inference.kv_tier_upkeep", timeout=180)
+        assert again["entries"] >= 2
+        first = again["warmed"][0]
+        assert first["cached_memory"] + first["cached_redis"] >= 32
+        kind, status, stored = worker.query(
+            "select kind, status, result from inference_job order by id desc limit 1"
+        )[0]
+        assert (kind, status) == ("kv_tier", "done") and json.loads(stored)["entries"] >= 2
+    finally:
+        for key in tier.scan_iter(match=f"{KV_NAMESPACE}:*", count=500):
+            tier.delete(key)
 
 
 @pytest.mark.slow

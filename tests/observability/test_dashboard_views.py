@@ -62,6 +62,22 @@ def test_data_endpoint_serves_every_chart_from_the_stored_figures(staff_user) ->
     assert c.get("/admin/latency/data?window=2y").status_code == 400
 
 
+def test_data_endpoint_shows_the_latest_kv_tier_upkeep(staff_user) -> None:
+    c = logged_in(staff_user)
+    assert c.get("/admin/latency/data?window=5m").json()["kv_tier"] is None
+    now = timezone.now()
+    for entries in (3, 7):
+        Job.objects.create(
+            kind=Job.Kind.KV_TIER,
+            status=Job.Status.DONE,
+            finished_at=now,
+            result={"enabled": True, "entries": entries, "bytes": entries * 1024},
+        )
+    Job.objects.create(kind=Job.Kind.KV_TIER)  # still queued: not shown
+    tier = c.get("/admin/latency/data?window=5m").json()["kv_tier"]
+    assert tier["entries"] == 7 and tier["bytes"] == 7 * 1024 and tier["status"] == "done"
+
+
 def test_benchmark_started_from_the_dashboard_records_a_failed_run(staff_user, settings) -> None:
     settings.BENCH_COMMAND = "{python} -c 'import sys; print(\"boom\"); sys.exit(3)'"
     c = logged_in(staff_user)

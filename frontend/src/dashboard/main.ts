@@ -29,6 +29,7 @@ interface Data {
   window: string; bucket_s: number; now: number; series: Series;
   summary: Record<string, unknown> & { errors: Record<string, number> };
   slowest: SlowRow[]; benchmarks: BenchRun[]; tuning: TuningRun[];
+  kv_tier?: { enabled?: boolean; entries?: number; bytes?: number; finished_at?: string } | null;
 }
 
 interface ChartSpec {
@@ -234,6 +235,13 @@ class Dashboard {
       ['prefix hit rate', s.prefix_hit_rate == null ? '–' : `${fmt(s.prefix_hit_rate, 100, 0)}%`],
       ['errors', String(s.error_count ?? 0)],
     ];
+    // Replies the response cache replayed (docs/response-cache.md), shown once there are any.
+    if (s.replays) tiles.push(['cached replies (TTFT p50 ms)', `${s.replays} (${fmt(s.replay_ttft_p50, 1000, 1)})`]);
+    // The Redis KV tier's size as of its latest upkeep pass (inference/kv_upkeep.py).
+    const kv = d.kv_tier;
+    if (kv && kv.enabled && kv.entries != null) {
+      tiles.push(['Redis KV tier blocks / MB', `${kv.entries} / ${fmt(kv.bytes ?? 0, 1 / 2 ** 20, 1)}`]);
+    }
     const box = this.root.querySelector('#ld-tiles') as HTMLElement;
     box.replaceChildren(...tiles.map(([k, v]) => {
       const t = el('div', { class: 'ld-tile' });

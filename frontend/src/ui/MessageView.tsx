@@ -30,11 +30,25 @@ function Markdown({ text, streaming }: { text: string; streaming: boolean }) {
   return <div class="md" data-testid="message-content" dangerouslySetInnerHTML={{ __html: html }} />;
 }
 
+/** A reply the server replayed from its response cache instead of generating it again. */
+function ReplayedMark() {
+  return (
+    <span
+      class="figure replayed-mark"
+      data-testid="replayed-mark"
+      title="Replayed from the response cache: the same request (same prompt, model and settings, not sampled at random) was answered before, so this reply was not generated again."
+    >
+      ⟲ cached reply
+    </span>
+  );
+}
+
 function Figures({ m }: { m: Message }) {
   if (m.role !== 'assistant') return null;
   const show = hasStats(m.stats);
   return (
     <div class="figures" data-testid="message-stats" data-ready={show ? 'true' : 'false'} aria-label="Reply figures">
+      {show && m.stats?.replayed ? <ReplayedMark /> : null}
       {show
         ? formatStats(m.stats).map((f) => (
             <span class="figure" key={f.key} data-figure={f.key} title={f.title}>

@@ -1,0 +1,92 @@
+"""Upkeep of the Redis KV tier, run as a periodic offline job (inference.tasks).
+
+1. Report the tier's size (entries, bytes) and keep its books straight: entries whose TTL
+   ran out leave their last-use and size records behind; those are dropped, and the size
+   cap is enforced again (inference.engine.kv_store.upkeep).
+2. Warm the tier with the system prompts conversations use most: each is prefilled once by
+   the engine (one greedy token), which writes its full KV blocks back to Redis, so a new
+   conversation with that prompt starts warm on any worker, even one that just started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Count
+
+from chatapp.models import Conversation
+from inference.chat_template import Turn
+from inference.engine import SamplingParams
+from inference.engine.kv_store import redacted, upkeep_url
+
+log = logging.getLogger(__name__)
+
+
+def most_used_system_prompts(limit: int) -> list[tuple[str, int]]:
+    rows = (
+        Conversation.objects.exclude(system_prompt="")
+        .values("system_prompt")
+        .annotate(n=Count("id"))
+        .order_by("-n", "system_prompt")[:limit]
+    )
+    return [(r["system_prompt"], r["n"]) for r in rows]
+
+
+def warm(prompts: list[str]) -> list[dict[str, Any]]:
+    """Prefill each prompt's system turn on the engine; what each cost."""
+    from inference.client import get_engine_client
+
+    client = get_engine_client()
+    sampling = SamplingParams(max_tokens=1, temperature=0.0)
+
+    async def one(text: str) -> dict[str, Any]:
+        # The system turn alone, as every conversation with this prompt starts.
+        ids = client.prompts.build([Turn("system", text)], add_generation_prompt=False)
+        started = time.perf_counter()
+        last = None
+        async for delta in client.generate(ids, sampling, request_id=f"warm-{uuid.uuid4().hex}"):
+            last = delta
+        m = last.metrics if last is not None else None
+        return {
+            "prompt_tokens": len(ids),
+            "cached_memory": m.cached_tokens if m else 0,
+            "cached_redis": int(getattr(m, "cached_tokens_redis", 0) or 0) if m else 0,
+            "seconds": round(time.perf_counter() - started, 3),
+        }
+
+    async def all_of_them() -> list[dict[str, Any]]:
+        return [await one(p) for p in prompts]
+
+    return asyncio.run(all_of_them())
+
+
+def run() -> dict[str, Any]:
+    """One upkeep pass; the result is stored with the job and shown on the dashboard."""
+    cfg = settings.ENGINE
+    url = str(cfg.get("KV_TIER_URL") or "")
+    if not url:
+        return {"enabled": False}
+    report: dict[str, Any] = {"enabled": True, "url": redacted(url)}
+    try:
+        report.update(
+            upkeep_url(
+                url,
+                namespace=str(cfg.get("KV_TIER_NAMESPACE", "kvtier")),
+                max_mb=int(cfg.get("KV_TIER_MAX_MB", 2048)),
+            )
+        )
+    except Exception as exc:  # Redis away: say so in the job's result, do not crash beat
+        log.warning("KV tier upkeep: Redis at %s did not answer: %s", redacted(url), exc)
+        report["error"] = f"{type(exc).__name__}: {exc}"
+        return report
+    prompts = most_used_system_prompts(int(settings.KV_TIER_WARM_PROMPTS))
+    report["warmed"] = [
+        {"conversations": n, "chars": len(text), **figures}
+        for (text, n), figures in zip(prompts, warm([p for p, _ in prompts]), strict=True)
+    ]
+    return report

@@ -31,6 +31,7 @@ from inference.engine import (
     SamplingParams,
 )
 from inference.recording import record_request
+from inference.workers.protocol import is_worker_lost
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ ERROR_TEXT = {
     "too_long": "This conversation is too long for the model. Start a new chat.",
     "engine_unavailable": "The model is not available right now. Please try again shortly.",
     "engine_error": "The model failed while writing this reply.",
+    "worker_lost": "The engine worker writing this reply stopped. What it wrote is saved; "
+    "send your message again to continue.",
 }
 
 
@@ -188,7 +191,7 @@ class Generation:
                     finish_reason = delta.finish_reason or "stop"
                     metrics = delta.metrics
                     if finish_reason == "error":
-                        error_code = "engine_error"
+                        error_code = "worker_lost" if is_worker_lost(delta) else "engine_error"
                         log.error("engine error on %s: %s", self.request_id, delta.error)
                 if time.monotonic() - last_checkpoint >= settings.CHAT_CHECKPOINT_INTERVAL_S:
                     last_checkpoint = time.monotonic()

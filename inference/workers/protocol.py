@@ -61,6 +61,11 @@ WORKER_LOST = (
     "- send again to continue"
 )
 
+# A worker stopped on purpose (SIGTERM, scale down) ends its replies with this.
+STOPPED = "the engine worker was stopped; what was written so far is saved - send again to continue"
+# The web side could not reach Redis (and so the workers) for too long.
+LOST_CONTACT = "lost contact with the engine workers"
+
 # Capacity per channel (messages waiting), and how long an unread message lives. Deltas
 # are coalesced, so a reply channel holds a few messages at most while its reader keeps up.
 CHANNEL_CAPACITY = 1000
@@ -225,3 +230,12 @@ def delta_from_event(event: dict[str, Any], worker_id: str = "") -> Delta:
 
 def lost_delta(request_id: str, why: str = WORKER_LOST) -> Delta:
     return Delta(request_id, finished=True, finish_reason="error", error=why)
+
+
+def is_worker_lost(delta: Delta) -> bool:
+    """Did this reply end because its worker stopped, died or became unreachable (as
+    opposed to the model failing)? The chat then tells the user to send again."""
+    error = delta.error or ""
+    return delta.finish_reason == "error" and (
+        error in (WORKER_LOST, STOPPED) or error.startswith(LOST_CONTACT)
+    )

@@ -35,6 +35,7 @@ from inference.engine.errors import EngineBusyError, EngineError, InvalidRequest
 from inference.engine.outputs import Delta
 from inference.engine.sampling_params import SamplingParams
 from inference.workers.protocol import (
+    LOST_CONTACT,
     REDIS_ERRORS,
     REDIS_OPTIONS,
     WORKER_LOST,
@@ -311,7 +312,7 @@ class RemoteEngine:
                 except REDIS_ERRORS as exc:
                     raise_if_cancelled(exc)
                     if time.monotonic() - link.last_contact > self.dead_after_s:
-                        why = f"lost contact with the engine workers: {self._unreachable(exc)}"
+                        why = f"{LOST_CONTACT}: {self._unreachable(exc)}"
                         self._fail(link, why)
                     continue
                 link.last_contact = time.monotonic()

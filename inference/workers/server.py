@@ -28,6 +28,7 @@ from inference.engine.errors import EngineError, InvalidRequestError
 from inference.workers.protocol import (
     REDIS_ERRORS,
     REDIS_OPTIONS,
+    STOPPED,
     default_worker_id,
     delta_event,
     lost_delta,
@@ -50,7 +51,6 @@ SEND_TIMEOUT_S = 2.0
 GIVE_UP_S = 10.0
 # Load changes trigger a heartbeat, at most this often.
 BEAT_AT_MOST_EVERY_S = 0.1
-STOPPED = "the engine worker was stopped; what was written so far is saved - send again to continue"
 
 
 @dataclass

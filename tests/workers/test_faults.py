@@ -92,7 +92,8 @@ def test_a_worker_killed_mid_reply_gives_a_clear_error_and_the_next_turn_works(
                     frames.append(recv(sock, timeout=10))
                 assert time.monotonic() - killed < 5, "a clear error within 5 s"
                 error = frames[-1]
-                assert error["code"] == "engine_error" and error["message"]
+                assert error["code"] == "worker_lost"
+                assert "send your message again" in error["message"]
                 done = recv(sock)
                 assert done["type"] == "done" and done["status"] == "error"
                 streamed = "".join(f["text"] for f in frames if f["type"] == "delta")

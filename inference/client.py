@@ -231,6 +231,7 @@ def engine_config_from_settings(overrides: dict[str, Any] | None = None) -> Engi
         kv_tier_max_mb=cfg.get("KV_TIER_MAX_MB", 2048),
         kv_tier_compression=cfg.get("KV_TIER_COMPRESSION", "none"),
         kv_tier_namespace=cfg.get("KV_TIER_NAMESPACE", "kvtier"),
+        tensor_parallel_size=cfg.get("TENSOR_PARALLEL_SIZE", 1),
     )
 
 

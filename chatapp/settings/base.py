@@ -157,6 +157,8 @@ ENGINE = {
     "KV_TIER_MAX_MB": env_int("ENGINE_KV_TIER_MAX_MB", 2048),
     "KV_TIER_COMPRESSION": env_str("ENGINE_KV_TIER_COMPRESSION", "none"),
     "KV_TIER_NAMESPACE": env_str("ENGINE_KV_TIER_NAMESPACE", "kvtier"),
+    # Split the model over N ranks (docs/tensor-parallel.md); the KV tier is off then.
+    "TENSOR_PARALLEL_SIZE": env_int("ENGINE_TENSOR_PARALLEL_SIZE", 1),
     # Load the model when the server starts rather than on the first message.
     "PRELOAD": env_bool("ENGINE_PRELOAD", True),
     # ENGINE_MODE=upstream: any OpenAI-compatible server is the engine instead.

@@ -232,6 +232,11 @@ def engine_config_from_settings(overrides: dict[str, Any] | None = None) -> Engi
         kv_tier_compression=cfg.get("KV_TIER_COMPRESSION", "none"),
         kv_tier_namespace=cfg.get("KV_TIER_NAMESPACE", "kvtier"),
         tensor_parallel_size=cfg.get("TENSOR_PARALLEL_SIZE", 1),
+        speculative_mode=cfg.get("SPECULATIVE_MODE", ""),
+        num_speculative_tokens=cfg.get("NUM_SPECULATIVE_TOKENS", 4),
+        ngram_min=cfg.get("NGRAM_MIN", 1),
+        ngram_max=cfg.get("NGRAM_MAX", 4),
+        speculative_draft_model=cfg.get("SPECULATIVE_DRAFT_MODEL", ""),
     )
 
 

@@ -57,7 +57,7 @@ def figures(
         e2e=m.e2e,
         prompt_tokens=m.prompt_tokens,
         cached_tokens=m.cached_tokens,
-        # Figures the engine does not produce yet (Redis tier, speculation) stay 0.
+        # Figures other backends (upstream servers, replays) lack stay 0.
         cached_tokens_redis=int(getattr(m, "cached_tokens_redis", 0) or 0),
         output_tokens=m.output_tokens,
         drafted_tokens=int(getattr(m, "drafted_tokens", 0) or 0),

@@ -159,6 +159,13 @@ ENGINE = {
     "KV_TIER_NAMESPACE": env_str("ENGINE_KV_TIER_NAMESPACE", "kvtier"),
     # Split the model over N ranks (docs/tensor-parallel.md); the KV tier is off then.
     "TENSOR_PARALLEL_SIZE": env_int("ENGINE_TENSOR_PARALLEL_SIZE", 1),
+    # Speculative decoding (docs/speculative.md): "" off, "ngram" (prompt lookup: pays on
+    # edits, rewrites, code, quoting), "draft" (a smaller model, same tokenizer). Lossless.
+    "SPECULATIVE_MODE": env_str("ENGINE_SPECULATIVE_MODE", ""),
+    "NUM_SPECULATIVE_TOKENS": env_int("ENGINE_NUM_SPECULATIVE_TOKENS", 4),
+    "NGRAM_MIN": env_int("ENGINE_NGRAM_MIN", 1),
+    "NGRAM_MAX": env_int("ENGINE_NGRAM_MAX", 4),
+    "SPECULATIVE_DRAFT_MODEL": env_str("ENGINE_SPECULATIVE_DRAFT_MODEL", ""),
     # Load the model when the server starts rather than on the first message.
     "PRELOAD": env_bool("ENGINE_PRELOAD", True),
     # ENGINE_MODE=upstream: any OpenAI-compatible server is the engine instead.

@@ -13,7 +13,7 @@ import traceback
 
 import torch
 
-from inference.bench import kv_tier
+from inference.bench import kv_tier, speculative
 from inference.bench import workloads as w
 from inference.bench.baselines import HFBaselines
 from inference.bench.driver import rss_mb
@@ -38,6 +38,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--skip-hf-cb", action="store_true", help="skip transformers generate_batch")
     p.add_argument("--kv-tier-url", default=kv_tier.DEFAULT_URL, help="Redis for the KV tier")
     p.add_argument("--skip-kv-tier", action="store_true", help="skip the Redis KV tier section")
+    p.add_argument(
+        "--skip-speculative", action="store_true", help="skip the speculative decoding section"
+    )
     p.add_argument("--json", default="bench_results.json", help="where to write the figures")
     p.add_argument("--plot", default="bench_results.png", help="where to draw the plot")
     return p.parse_args()
@@ -130,6 +133,11 @@ def main() -> None:
         section(
             "kv_tier",
             lambda: kv_tier.run(args.model, args.kv_tier_url, args.quantization, args.threads),
+        )
+    if not args.skip_speculative:
+        section(
+            "speculative",
+            lambda: speculative.run(args.model, args.quantization, args.threads, quick=args.quick),
         )
     results["flood_rss_after_load_mb"] = results["engine"]["rss_after_load_mb"]  # type: ignore[index]
     results["targets"] = targets(results)

@@ -41,6 +41,10 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
 
     if isinstance(r.get("kv_tier"), dict) and "restore" in r["kv_tier"]:
         rows += kv_tier_targets(r["kv_tier"])
+    if isinstance(r.get("speculative"), dict) and "grounded" in r["speculative"]:
+        from inference.bench.speculative import targets as speculative_targets
+
+        rows += speculative_targets(r["speculative"])
     out = []
     for name, op, bar, value in rows:
         met = None
@@ -111,6 +115,10 @@ def print_table(r: dict[str, Any]) -> None:
         from inference.bench.kv_tier import print_section
 
         print_section(r["kv_tier"])
+    if "speculative" in r:
+        from inference.bench.speculative import print_section as print_speculative
+
+        print_speculative(r["speculative"])
     print("\ntargets:")
     for t in r.get("targets", []):
         mark = {True: "MET", False: "MISSED", None: "n/a"}[t["met"]]

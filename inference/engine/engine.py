@@ -7,6 +7,10 @@ With the Redis tier on (kv_store.py), the step thread also starts a lookup for e
 prompt whose prefix memory does not hold, copies found blocks into the pool at admission,
 and hands finished requests' new blocks (and blocks about to be evicted) to the tier's
 writer as snapshots; the network work happens on the tier's threads.
+
+With speculation on (speculative.py), each step first gives the decoding sequences their
+guesses; the step computes them with the last token, and a checked sequence emits the
+guesses the model agrees with plus the model's own next token, in one delta.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from inference.engine.sampler import Sampler
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.scheduler import ScheduledBatch, Scheduler
 from inference.engine.sequence import Sequence
+from inference.engine.speculative import DISABLED_STATS as SPEC_DISABLED_STATS
+from inference.engine.speculative import Speculator
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +87,11 @@ class LLMEngine:
         self._tier_epoch = 0
         self._evicted: list[tuple[int, BlockEntry]] = []  # blocks taken this step, unsaved
         self.sampler = Sampler()
+        self.speculator = (
+            Speculator(config, self.max_model_len, self.runner.model.vocab_size)
+            if config.speculative_mode
+            else None
+        )
         self.seqs: dict[str, Sequence] = {}  # live requests, by id
         self._lock = threading.Lock()
         self._inbox: list[Sequence] = []
@@ -165,6 +176,8 @@ class LLMEngine:
             tier.lookup_done.clear()  # before the scheduler looks at pending lookups
             self._sync_tier_epoch(tier)
         deltas = self._drain_inbox()
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
         if tier is not None:
             self._save_evicted(tier)
@@ -209,13 +222,56 @@ class LLMEngine:
         """Model, sampler, detokenizer. Deltas go into `deltas` one by one, so that if a later
         request fails, the ones already finished still reach their streams."""
         sampling_seqs, logits = self.runner.run(batch)
-        tokens = self.sampler(sampling_seqs, logits) if sampling_seqs else []
+        # Sequences that carried speculative guesses got 1 + len(guesses) rows each.
+        plain: list[Sequence] = []
+        plain_rows: list[int] = []
+        checks: list[tuple[Sequence, torch.Tensor]] = []
+        row = 0
+        for seq in sampling_seqs:
+            k = len(seq.draft_tokens)
+            if k:
+                checks.append((seq, logits[row : row + k + 1]))
+            else:
+                plain.append(seq)
+                plain_rows.append(row)
+            row += k + 1
+        if checks:
+            logits = logits[plain_rows]
+        tokens = self.sampler(plain, logits) if plain else []
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
-            seq.num_computed_tokens += n
-            self.kv.commit_full_blocks(seq)
+            if not seq.draft_tokens:  # a checked sequence advances by what it keeps
+                seq.num_computed_tokens += n
+                self.kv.commit_full_blocks(seq)
         now = time.time()
-        for seq, token in zip(sampling_seqs, tokens, strict=True):
+        for seq, token in zip(plain, tokens, strict=True):
             deltas.append(self._on_token(seq, token, now))
+        if checks:
+            self.speculator.steps += 1  # type: ignore[union-attr]
+        for seq, seq_logits in checks:
+            emitted = self.speculator.verify(seq, seq_logits)  # type: ignore[union-attr]
+            deltas.append(self._on_tokens(seq, emitted, now))
+
+    def _on_tokens(self, seq: Sequence, tokens: list[int], now: float) -> Delta:
+        """Emit a checked sequence's tokens one by one (a stop or max_tokens ends it there;
+        the rest are dropped), as one delta. Its KV holds the last token and the kept guesses:
+        the rejected guesses' slots are simply written over by later steps (the rollback)."""
+        merged: Delta | None = None
+        for token in tokens:
+            # The token before this one now has its KV in the cache.
+            seq.num_computed_tokens += 1
+            self.kv.commit_full_blocks(seq)
+            delta = self._on_token(seq, token, now)
+            if merged is None:
+                merged = delta
+            else:
+                merged.text += delta.text
+                merged.token_ids += delta.token_ids
+                merged.finished, merged.finish_reason = delta.finished, delta.finish_reason
+                merged.metrics = delta.metrics
+            if seq.is_finished:
+                break
+        assert merged is not None
+        return merged
 
     def _on_token(self, seq: Sequence, token: int, now: float) -> Delta:
         seq.append_token(token)
@@ -248,6 +304,8 @@ class LLMEngine:
         if self.kv_tier is not None and reason != "error":
             self._write_back(self.kv_tier, seq)
         self.scheduler.finish(seq)
+        if self.speculator is not None:
+            self.speculator.release(seq)
         seq.finish_reason = reason
         seq.error = error
         seq.metrics.finish_time = time.time()
@@ -388,6 +446,8 @@ class LLMEngine:
             "max_model_len": self.max_model_len,
             **(self.kv_tier.stats() if self.kv_tier is not None else DISABLED_STATS),
             **{f"total_{k}": v for k, v in self.totals.items()},
+            "speculative_mode": self.config.speculative_mode,
+            **(self.speculator.stats() if self.speculator is not None else SPEC_DISABLED_STATS),
             "tensor_parallel_size": self.config.tensor_parallel_size,
             **{f"tp_{k}": v for k, v in getattr(self.runner.model, "tp_stats", dict)().items()},
         }

@@ -103,7 +103,9 @@ class ModelRunner:
     ) -> tuple[list[Sequence], torch.Tensor]:
         """Run one step. Returns the sequences that sample a token now and their logits.
 
-        A sequence samples when this step computes its last uncomputed token. With
+        A sequence samples when this step computes its last uncomputed token: one row of
+        logits, or 1 + len(seq.draft_tokens) rows when it carries speculative guesses
+        (its rows are consecutive, in the order of the returned sequences). With
         all_logits=True the logits of every input row come back instead (tests).
         """
         # Decodes first, shortest context first (so similar lengths end up grouped).
@@ -119,6 +121,13 @@ class ModelRunner:
             return seqs, self.model.compute_logits(hidden)
         sampling = [s for s, r in zip(seqs, sample_rows, strict=True) if r is not None]
         rows = [r for r in sample_rows if r is not None]
+        if any(s.draft_tokens for s in sampling):
+            # A sequence checking k guesses needs the logits of its last k + 1 rows.
+            rows = [
+                i
+                for s, r in zip(sampling, rows, strict=True)
+                for i in range(r - len(s.draft_tokens), r + 1)
+            ]
         if not rows:
             return [], torch.empty(0)
         if len(rows) < hidden.shape[0]:
@@ -141,6 +150,8 @@ class ModelRunner:
             end = start + n
             row = len(ids)
             ids.extend(seq.token_ids[start:end])
+            if end > len(seq):  # speculative guesses ride after the last token
+                ids.extend(seq.draft_tokens[: end - len(seq)])
             positions.extend(range(start, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
@@ -151,7 +162,7 @@ class ModelRunner:
             else:
                 block_table = torch.tensor(table[:num_blocks], device=self.device)
                 prefills.append(PrefillChunk(row, n, end, block_table))
-            sample_rows.append(row + n - 1 if end == len(seq) else None)
+            sample_rows.append(row + n - 1 if end >= len(seq) else None)
 
         dev = self.device
         meta = AttentionMetadata(

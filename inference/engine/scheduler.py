@@ -1,7 +1,9 @@
 """Continuous batching: which sequences run in the next step, and how many tokens each.
 
 Each step packs, under a token budget and a sequence cap:
-  1. every running sequence that is decoding (one token each), oldest first;
+  1. every running sequence that is decoding (one token each, plus its speculative
+     guesses when it has any: the step computes them too and the engine keeps what the
+     model agrees with), oldest first;
   2. prefill chunks: running sequences still prefilling and waiting sequences that have a
      seat, shortest remaining prompt first (so a short request arriving under load gets its
      whole prompt into the very next step; a preempted sequence goes first).
@@ -44,10 +46,13 @@ class RestoreCopy:
 @dataclass
 class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
-    # Tokens each sequence computes this step (1 for a decode, a chunk for a prefill).
+    # Tokens each sequence computes this step (1 for a decode, or 1 + its guesses; a
+    # chunk for a prefill).
     num_tokens: list[int] = field(default_factory=list)
     # Restored blocks to fill before the forward (they are already in the prefix index).
     restores: list[RestoreCopy] = field(default_factory=list)
+    # The first num_decodes sequences decode (with their speculative guesses, if any).
+    num_decodes: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -88,11 +93,22 @@ class Scheduler:
             if seq.status != SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             if budget <= 0:
-                break
-            if not self._allocate_or_preempt(seq, 1, batch):
+                seq.clear_draft()  # not this step: its guesses would go stale
+                continue
+            # A decode carrying speculative guesses computes them too: 1 + len(guesses);
+            # guesses are dropped rather than let them cost a preemption or the budget.
+            n = 1 + len(seq.draft_tokens)
+            if n > 1 and (
+                n > budget
+                or self.kv.blocks_needed(seq, seq.num_computed_tokens + n) > self.kv.num_free_blocks
+            ):
+                seq.clear_draft()
+                n = 1
+            if not self._allocate_or_preempt(seq, n, batch):
                 continue
             batch.seqs.append(seq)
-            batch.num_tokens.append(1)
+            batch.num_tokens.append(n)
+            batch.num_decodes += 1
             budget = self.config.max_num_batched_tokens - batch.total_tokens
 
         # Prefill chunks: running prefills and the waiting requests that have a seat compete
@@ -115,7 +131,7 @@ class Scheduler:
             cap = self._prefill_cap(batch, budget)
             if cap <= 0:
                 break
-            if seq.num_uncomputed_tokens > cap and 1 in batch.num_tokens:
+            if seq.num_uncomputed_tokens > cap and batch.num_decodes:
                 # A prompt that does not fit goes in thinner slices beside the decodes, so
                 # the running streams' inter-token gap stays within ~2x a plain step; and
                 # not at all in a step that already carries a whole short prompt (strict
@@ -211,12 +227,13 @@ class Scheduler:
 
     def _prefill_cap(self, batch: ScheduledBatch, budget: int) -> int:
         """Tokens a prefill chunk may take now: the budget, capped further if others decode."""
-        decodes = sum(1 for n in batch.num_tokens if n == 1)
+        decodes = batch.num_decodes
         if decodes and self.config.max_prefill_tokens_during_decode > 0:
             # A step of many decodes is already long, so it can carry more prefill for the
             # same relative slowdown: the cap grows with the decodes (4 tokens each).
             cap = max(self.config.max_prefill_tokens_during_decode, 4 * decodes)
-            budget = min(budget, cap - (batch.total_tokens - decodes))
+            decode_tokens = sum(batch.num_tokens[:decodes])
+            budget = min(budget, cap - (batch.total_tokens - decode_tokens))
         return budget
 
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
@@ -224,6 +241,8 @@ class Scheduler:
             i = batch.seqs.index(seq)
             del batch.seqs[i]
             del batch.num_tokens[i]
+            batch.num_decodes -= i < batch.num_decodes
+        seq.clear_draft()
         self.running.remove(seq)
         self.kv.free(seq)
         seq.status = SequenceStatus.WAITING

@@ -16,8 +16,22 @@ k+1 next-token distributions, how many guesses stand and which token follows the
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
+
+from inference.engine.sampler import filter_logits
+
+if TYPE_CHECKING:
+    from inference.engine.config import EngineConfig
+    from inference.engine.draft import DraftProposer
+    from inference.engine.sequence import Sequence
+
+# A sequence's acceptance is judged once this many of its guesses were checked; below the
+# bar it decodes plainly for PAUSE_TOKENS tokens, then tries again.
+JUDGE_AFTER = 16
+PAUSE_TOKENS = 32
 
 
 class NgramProposer:
@@ -103,3 +117,120 @@ def verify_sampled(
         return out
     out.append(int(torch.multinomial(probs[len(draft)], 1, generator=generator)))
     return out
+
+
+class Speculator:
+    """The engine's side of speculation: who guesses this step, and what the model keeps.
+
+    Before a step it gives each decoding sequence up to k guesses (seq.draft_tokens); the
+    scheduler runs them with the sequence's last token, the model runner returns k + 1 rows
+    of logits, and `verify` turns them into the tokens to emit. Speculation is skipped:
+      - in a step with more than speculative_max_batch decoding sequences (a big batch is
+        compute-bound: checking guesses costs about as much as decoding them);
+      - for a sequence whose acceptance stayed below speculative_min_acceptance (paused
+        for PAUSE_TOKENS tokens), or with a repetition penalty (it depends on every
+        earlier token, guesses included: one more case to get exactly right for little);
+      - where fewer than two tokens are left under max_tokens or the context window.
+    """
+
+    def __init__(self, config: EngineConfig, max_model_len: int, vocab_size: int) -> None:
+        if config.speculative_mode not in ("ngram", "draft"):
+            raise ValueError(
+                f"speculative_mode must be '', 'ngram' or 'draft'; got {config.speculative_mode!r}"
+            )
+        self.config = config
+        self.max_model_len = max_model_len
+        self.k = config.num_speculative_tokens
+        self.ngram: NgramProposer | None = None
+        self.draft: DraftProposer | None = None
+        if config.speculative_mode == "ngram":
+            self.ngram = NgramProposer(self.k, config.ngram_min, config.ngram_max)
+        else:
+            from inference.engine.draft import DraftProposer
+
+            self.draft = DraftProposer(config, self.k, vocab_size)
+        self.drafted = 0  # guesses checked
+        self.accepted = 0  # guesses kept
+        self.verifications = 0  # sequence-checks (one per sequence per step with guesses)
+        self.steps = 0  # forwards that checked guesses
+
+    def propose(self, running: list[Sequence]) -> None:
+        """Set draft_tokens on the decoding sequences that speculate this step."""
+        decoding = [s for s in running if s.num_uncomputed_tokens == 1]
+        for seq in decoding:
+            seq.clear_draft()
+        if not decoding or len(decoding) > self.config.speculative_max_batch:
+            return
+        wanted: list[tuple[Sequence, int]] = []
+        for seq in decoding:
+            if seq.sampling.repetition_penalty != 1.0:
+                continue
+            if seq.num_output_tokens < seq.spec_resume_at:
+                continue
+            # Emitting k + 1 tokens must stay within max_tokens, and computing the guesses'
+            # positions within the context window.
+            room = min(seq.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq) + 1)
+            limit = min(self.k, room - 1)
+            if limit > 0:
+                wanted.append((seq, limit))
+        if self.ngram is not None:
+            for seq, limit in wanted:
+                seq.draft_tokens = self.ngram.propose(seq.token_ids, limit)
+        elif self.draft is not None and wanted:
+            self.draft.propose(wanted)
+
+    def verify(self, seq: Sequence, logits: torch.Tensor) -> list[int]:
+        """The tokens to emit, from the model's logits at [last token, *guesses]."""
+        draft = seq.draft_tokens
+        if seq.sampling.greedy:
+            out = verify_greedy(logits.argmax(dim=-1).tolist(), draft)
+        else:
+            filtered = torch.stack([filter_logits(row, seq.sampling) for row in logits])
+            probs = torch.softmax(filtered, dim=-1)
+            out = verify_sampled(probs, draft, seq.generator, seq.draft_probs)
+        accepted = len(out) - 1
+        self.drafted += len(draft)
+        self.accepted += accepted
+        self.verifications += 1
+        m = seq.metrics
+        m.drafted_tokens += len(draft)
+        m.accepted_tokens += accepted
+        seq.spec_window_drafted += len(draft)
+        seq.spec_window_accepted += accepted
+        if seq.spec_window_drafted >= JUDGE_AFTER:
+            rate = seq.spec_window_accepted / seq.spec_window_drafted
+            if rate < self.config.speculative_min_acceptance:
+                seq.spec_resume_at = seq.num_output_tokens + len(out) + PAUSE_TOKENS
+            seq.spec_window_drafted = seq.spec_window_accepted = 0
+        seq.clear_draft()
+        return out
+
+    def release(self, seq: Sequence) -> None:
+        """The request ended: drop its draft-model state."""
+        seq.clear_draft()
+        if self.draft is not None:
+            self.draft.release(seq.request_id)
+
+    def stats(self) -> dict[str, float | int]:
+        return {
+            "spec_drafted_tokens": self.drafted,
+            "spec_accepted_tokens": self.accepted,
+            "spec_steps": self.steps,
+            "spec_verifications": self.verifications,
+            "spec_acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+            # Guesses kept per sequence-check; each check also emits the model's own token.
+            "spec_mean_accepted_length": (
+                self.accepted / self.verifications if self.verifications else 0.0
+            ),
+        }
+
+
+# What stats() reports with speculation off.
+DISABLED_STATS: dict[str, float | int] = {
+    "spec_drafted_tokens": 0,
+    "spec_accepted_tokens": 0,
+    "spec_steps": 0,
+    "spec_verifications": 0,
+    "spec_acceptance_rate": 0.0,
+    "spec_mean_accepted_length": 0.0,
+}

@@ -82,6 +82,7 @@ request_success = _counter(
 request_errors = _counter(
     "chatapp:request_errors", "Requests that ended with an error, by code.", [*L, "code"]
 )
+spec_decode_drafts = _counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
 spec_decode_draft_tokens = _counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
 spec_decode_accepted_tokens = _counter(
     "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."
@@ -134,6 +135,12 @@ prefix_cache_hits = _counter(
 num_preemptions = _counter("vllm:num_preemptions", "Cumulative number of preemption.")
 refused_requests = _counter("chatapp:requests_refused", "Requests refused as busy by the engine.")
 engine_steps = _counter("chatapp:engine_steps", "Engine steps run.")
+# Tokens per engine step: the engine counts them per bucket; the sampler adds what changed.
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+iteration_tokens = _hist(
+    "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+    ITERATION_TOKEN_BUCKETS,
+)  # fmt: skip
 # The engine reports its last step only; these gauges show it as of the latest sample.
 step_tokens = Gauge(
     "chatapp:engine_step_tokens",

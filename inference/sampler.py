@@ -33,6 +33,7 @@ COUNTERS = {
     "preemptions": metrics.num_preemptions,
     "total_refused": metrics.refused_requests,
     "total_steps": metrics.engine_steps,
+    "spec_verifications": metrics.spec_decode_drafts,
 }
 
 
@@ -62,11 +63,23 @@ def update_prometheus(s: dict[str, Any]) -> None:
     metrics.step_batch_size.labels(model).set(f["batch_size"])
     with _lock:
         for key, counter in COUNTERS.items():
-            now = int(s.get(key) or 0)
-            before = _last_totals.get(key, 0)
-            # A restarted engine starts its totals again from 0.
-            counter.labels(model).inc(now - before if now >= before else now)
-            _last_totals[key] = now
+            counter.labels(model).inc(_growth(key, s))
+        # The tokens-per-step histogram: add each bucket's new steps. prometheus_client
+        # observes one value at a time, so the buckets are advanced directly.
+        hist = metrics.iteration_tokens.labels(model)
+        keys = [f"step_tokens_le_{b}" for b in metrics.ITERATION_TOKEN_BUCKETS]
+        for bucket, key in zip(hist._buckets, [*keys, "step_tokens_le_inf"], strict=True):
+            bucket.inc(_growth(key, s))
+        hist._sum.inc(_growth("step_tokens_sum", s))
+
+
+def _growth(key: str, s: dict[str, Any]) -> int:
+    """How much an engine total grew since the last sample (a restarted engine starts
+    its totals again from 0)."""
+    now = int(s.get(key) or 0)
+    before = _last_totals.get(key, 0)
+    _last_totals[key] = now
+    return now - before if now >= before else now
 
 
 def live_stats() -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ guesses the model agrees with plus the model's own next token, in one delta.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import threading
@@ -48,6 +49,10 @@ from inference.engine.speculative import DISABLED_STATS as SPEC_DISABLED_STATS
 from inference.engine.speculative import Speculator
 
 log = logging.getLogger(__name__)
+
+# Upper bounds of the tokens-per-step histogram (vLLM's iteration_tokens_total); the last
+# bucket takes everything above the one before it.
+STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 1 << 62)
 
 
 def eos_ids_of(folder: str, tokenizer: object) -> list[int]:
@@ -87,6 +92,8 @@ class LLMEngine:
         self._tier_epoch = 0
         self._evicted: list[tuple[int, BlockEntry]] = []  # blocks taken this step, unsaved
         self.sampler = Sampler()
+        self.step_tokens_counts = [0] * len(STEP_TOKEN_BUCKETS)
+        self.step_tokens_sum = 0
         self.speculator = (
             Speculator(config, self.max_model_len, self.runner.model.vocab_size)
             if config.speculative_mode
@@ -196,6 +203,10 @@ class LLMEngine:
                 "seconds": time.perf_counter() - start,
             }
             self.totals["steps"] += 1
+            # Tokens per step, as vLLM's iteration_tokens histogram counts them.
+            i = bisect.bisect_left(STEP_TOKEN_BUCKETS, batch.total_tokens)
+            self.step_tokens_counts[min(i, len(STEP_TOKEN_BUCKETS) - 1)] += 1
+            self.step_tokens_sum += batch.total_tokens
         with self._lock:
             self._waiting_reqs = len(self._inbox) + len(self.scheduler.waiting)
             self._waiting_tokens = sum(len(s) for s in self._inbox) + sum(
@@ -446,6 +457,13 @@ class LLMEngine:
             "max_model_len": self.max_model_len,
             **(self.kv_tier.stats() if self.kv_tier is not None else DISABLED_STATS),
             **{f"total_{k}": v for k, v in self.totals.items()},
+            # Flat numbers, so that the workers' stats add up (inference/workers/remote.py).
+            **{
+                f"step_tokens_le_{bound}": n
+                for bound, n in zip(STEP_TOKEN_BUCKETS[:-1], self.step_tokens_counts, strict=False)
+            },
+            "step_tokens_le_inf": self.step_tokens_counts[-1],
+            "step_tokens_sum": self.step_tokens_sum,
             "speculative_mode": self.config.speculative_mode,
             **(self.speculator.stats() if self.speculator is not None else SPEC_DISABLED_STATS),
             "tensor_parallel_size": self.config.tensor_parallel_size,

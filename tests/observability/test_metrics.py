@@ -32,6 +32,8 @@ VLLM_NAMES = (
     "vllm:prefix_cache_hits_total",
     "vllm:spec_decode_num_draft_tokens_total",
     "vllm:spec_decode_num_accepted_tokens_total",
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:iteration_tokens_total_bucket",
     "vllm:prompt_tokens_total",
     "vllm:generation_tokens_total",
     "vllm:request_success_total",
@@ -133,6 +135,11 @@ async def test_a_real_engine_request_fills_every_vllm_metric(tiny_model_dir, set
         # The engine counts queries in whole KV blocks.
         queried = sample_value(text, "vllm:prefix_cache_queries_total")
         assert queried >= engine_stats["prefix_cache_queries"] > 0
+        # Tokens per step: one 40-token prefill step, then 1-token decode steps.
+        steps = engine_stats["total_steps"]
+        assert sample_value(text, "vllm:iteration_tokens_total_count") >= steps > 0
+        assert sample_value(text, "vllm:iteration_tokens_total_bucket", le="1.0") >= steps - 1
+        assert sample_value(text, "vllm:iteration_tokens_total_sum") >= 40 + steps - 1
     finally:
         client.shutdown()
 

@@ -39,6 +39,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--kv-tier-url", default=kv_tier.DEFAULT_URL, help="Redis for the KV tier")
     p.add_argument("--skip-kv-tier", action="store_true", help="skip the Redis KV tier section")
     p.add_argument(
+        "--workers", action="store_true",
+        help="add the engine workers section: 1 vs 2 `run_engine` processes (a few minutes)",
+    )  # fmt: skip
+    p.add_argument(
         "--skip-speculative", action="store_true", help="skip the speculative decoding section"
     )
     p.add_argument("--json", default="bench_results.json", help="where to write the figures")
@@ -139,6 +143,10 @@ def main() -> None:
             "speculative",
             lambda: speculative.run(args.model, args.quantization, args.threads, quick=args.quick),
         )
+    if args.workers:
+        from inference.bench import workers
+
+        section("workers", lambda: workers.run(args.model, args.threads))
     results["flood_rss_after_load_mb"] = results["engine"]["rss_after_load_mb"]  # type: ignore[index]
     results["targets"] = targets(results)
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")

@@ -33,7 +33,7 @@ from inference.engine import SamplingParams
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from inference.model_files import default_model_path
 
     p = argparse.ArgumentParser(prog="python -m inference.bench.workers", description=__doc__,
@@ -45,7 +45,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--redis", default="redis://127.0.0.1:6379/3", help="workers' Redis")
     p.add_argument("--json", default="bench_workers.json", help="where to write the figures")
-    return p.parse_args()
+    return p.parse_args(argv)
+
+
+def run(model: str, threads: int = 1) -> dict[str, Any]:
+    """The section `python -m inference.bench --workers` adds: 1 vs 2 worker processes."""
+    args = parse_args(["--model", model, "--threads", str(threads)])
+    results = asyncio.run(bench(args))
+    print_table(results, args)
+    return results
 
 
 class WorkerProcess:

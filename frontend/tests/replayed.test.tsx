@@ -1,10 +1,8 @@
-import { render } from 'preact';
 import { act } from 'preact/test-utils';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { Store } from '../src/store';
-import { App } from '../src/ui/App';
-import { StoreContext } from '../src/ui/hooks';
 import { ChatSocket } from '../src/ws';
+import { mountApp, unmountApp } from './mount';
 import { conv, FakeApi, FakeSocket, msg } from './fakes';
 
 let root: HTMLElement;
@@ -15,35 +13,11 @@ const reply = (id: number) => root.querySelector(`[data-message-id="${id}"]`) as
 const stats = { ttft_ms: 1.2, output_tokens: 9, tokens_per_s: 900, prompt_tokens: 20, cached_tokens: 0 };
 
 beforeEach(async () => {
-  FakeSocket.all = [];
-  socket = new ChatSocket({
-    url: 'ws://test/ws/chat/',
-    factory: (u) => new FakeSocket(u),
-    onFrame: (f) => store.handleFrame(f),
-    onState: (s) => store.setConn(s),
-    onOpen: (r) => store.onOpen(r),
-    pingIntervalMs: 0,
-  });
-  store = new Store(socket, new FakeApi(), (fn) => fn());
-  root = document.createElement('div');
-  document.body.appendChild(root);
-  await act(() => {
-    render(
-      <StoreContext.Provider value={store}>
-        <App username="alice" isStaff={false} logoutUrl="/accounts/logout/" />
-      </StoreContext.Provider>,
-      root,
-    );
-  });
-  await act(() => socket.start());
+  ({ root, store, socket } = await mountApp(new FakeApi()));
   await act(() => FakeSocket.last().open());
 });
 
-afterEach(() => {
-  render(null, root);
-  root.remove();
-  socket.close();
-});
+afterEach(() => unmountApp({ root, store, socket }));
 
 describe('a reply replayed from the response cache', () => {
   it('is marked when its done frame says replayed, and a generated one is not', async () => {

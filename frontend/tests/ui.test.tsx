@@ -1,11 +1,9 @@
-import { render } from 'preact';
 import { act } from 'preact/test-utils';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { Store } from '../src/store';
-import { App } from '../src/ui/App';
-import { StoreContext } from '../src/ui/hooks';
 import { ChatSocket } from '../src/ws';
 import { syncHash } from '../src/nav';
+import { mountApp, unmountApp } from './mount';
 import { conv, FakeApi, FakeSocket, flush, msg } from './fakes';
 
 let root: HTMLElement;
@@ -17,29 +15,8 @@ const $ = (id: string) => root.querySelector(`[data-testid="${id}"]`) as HTMLEle
 const $$ = (id: string) => [...root.querySelectorAll(`[data-testid="${id}"]`)] as HTMLElement[];
 
 async function mount() {
-  FakeSocket.all = [];
   api = new FakeApi();
-  socket = new ChatSocket({
-    url: 'ws://test/ws/chat/',
-    factory: (u) => new FakeSocket(u),
-    onFrame: (f) => store.handleFrame(f),
-    onState: (s) => store.setConn(s),
-    onOpen: (r) => store.onOpen(r),
-    pingIntervalMs: 0,
-  });
-  store = new Store(socket, api, (fn) => fn());
-  store.onNavigate = syncHash;
-  root = document.createElement('div');
-  document.body.appendChild(root);
-  await act(() => {
-    render(
-      <StoreContext.Provider value={store}>
-        <App username="alice" isStaff={false} logoutUrl="/accounts/logout/" />
-      </StoreContext.Provider>,
-      root,
-    );
-  });
-  await act(() => socket.start());
+  ({ root, store, socket } = await mountApp(api, syncHash));
 }
 
 async function type(text: string) {
@@ -66,11 +43,7 @@ beforeEach(async () => {
   document.cookie = 'csrftoken=tok123';
   await mount();
 });
-afterEach(() => {
-  render(null, root);
-  root.remove();
-  socket.close();
-});
+afterEach(() => unmountApp({ root, store, socket }));
 
 describe('chat page', () => {
   it('shows the main controls with their test ids', () => {

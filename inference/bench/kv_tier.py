@@ -19,6 +19,7 @@ import redis
 import torch
 
 from inference.bench.driver import Arrival, drive
+from inference.bench.report import Target, checked, print_targets
 from inference.bench.workloads import greedy, make_prompts
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
@@ -212,7 +213,7 @@ def print_section(r: dict[str, Any]) -> None:
     )
 
 
-def targets(r: dict[str, Any]) -> list[tuple[str, str, float, float | None]]:
+def targets(r: dict[str, Any]) -> list[Target]:
     s, w = r.get("restore", {}), r.get("write_back", {})
     return [
         ("KV tier: TTFT restored / recomputed", "<=", 0.3, s.get("restored_over_cold")),
@@ -235,17 +236,11 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     results = run(args.model, args.redis_url, args.quantization, args.threads)
     results["started"] = started
-    results["targets"] = [
-        {"target": name, "measured": v, "bar": f"{op} {bar}",
-         "met": None if v is None else (v <= bar if op == "<=" else v < bar)}
-        for name, op, bar, v in targets(results)
-    ]  # fmt: skip
+    results["targets"] = checked(targets(results))
     with open(args.json, "w") as f:
         json.dump(results, f, indent=2, default=str)
     print_section(results)
-    for t in results["targets"]:
-        mark = {True: "MET", False: "MISSED", None: "n/a"}[t["met"]]
-        print(f"  {t['target']:<44}{t['measured']:>10.3f}  {t['bar']:<8} {mark}")
+    print_targets(results["targets"])
     print(f"json: {args.json}")
 
 

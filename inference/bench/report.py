@@ -45,12 +45,7 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         from inference.bench.speculative import targets as speculative_targets
 
         rows += speculative_targets(r["speculative"])
-    out = []
-    for name, op, bar, value in rows:
-        met = None
-        if value is not None:
-            met = value >= bar if op == ">=" else value < bar if op == "<" else value <= bar
-        out.append({"target": name, "measured": value, "bar": f"{op} {bar}", "met": met})
+    out = checked(rows)
     flood = r.get("flood", {})
     if "submitted" in flood:
         ok = flood["other"] == 0
@@ -60,6 +55,27 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
             "bar": "no other outcome", "met": ok,
         })  # fmt: skip
     return out
+
+
+Target = tuple[str, str, float, float | None]  # name, "<" / "<=" / ">=", bar, measured
+
+
+def checked(rows: list[Target]) -> list[dict[str, Any]]:
+    """Each target row with its verdict: met, missed, or None when nothing was measured."""
+    out = []
+    for name, op, bar, value in rows:
+        met = None
+        if value is not None:
+            met = value >= bar if op == ">=" else value < bar if op == "<" else value <= bar
+        out.append({"target": name, "measured": value, "bar": f"{op} {bar}", "met": met})
+    return out
+
+
+def print_targets(rows: list[dict[str, Any]]) -> None:
+    print("\ntargets:")
+    for t in rows:
+        mark = {True: "MET", False: "MISSED", None: "n/a"}[t["met"]]
+        print(f"  {t['target']:<48}{_fmt(t['measured']):>10}  {t['bar']:<8} {mark}")
 
 
 def _fmt(v: Any, digits: int = 2) -> str:
@@ -119,10 +135,7 @@ def print_table(r: dict[str, Any]) -> None:
         from inference.bench.speculative import print_section as print_speculative
 
         print_speculative(r["speculative"])
-    print("\ntargets:")
-    for t in r.get("targets", []):
-        mark = {True: "MET", False: "MISSED", None: "n/a"}[t["met"]]
-        print(f"  {t['target']:<48}{_fmt(t['measured']):>10}  {t['bar']:<8} {mark}")
+    print_targets(r.get("targets", []))
 
 
 def plot(r: dict[str, Any], path: str) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from inference.bench.driver import Arrival, drive
+from inference.bench.report import Target, checked, print_targets
 from inference.bench.workloads import make_prompts
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
@@ -193,7 +194,7 @@ def run(
     return out
 
 
-def targets(r: dict[str, Any]) -> list[tuple[str, str, float, float | None]]:
+def targets(r: dict[str, Any]) -> list[Target]:
     def speedup(key: str) -> float | None:
         v = r.get(key)
         return v.get("speedup") if isinstance(v, dict) else None
@@ -248,11 +249,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     r["seconds"] = time.perf_counter() - start
     print(f"\nmachine: {r['machine']}   load (1 min) before: {load:.2f}")
     print_section(r)
-    print("\ntargets:")
-    for name, op, bar, value in targets(r):
-        met = "n/a" if value is None else ("MET" if value >= bar else "MISSED")
-        shown = "-" if value is None else f"{value:.2f}"
-        print(f"  {name:<48}{shown:>8}  {op} {bar:<6} {met}")
+    r["targets"] = checked(targets(r))
+    print_targets(r["targets"])
     with open(args.json, "w") as f:
         json.dump(r, f, indent=2)
     print(f"\njson: {args.json}")

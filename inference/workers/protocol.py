@@ -25,9 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 import re
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from channels_redis.core import RedisChannelLayer
@@ -122,6 +124,35 @@ async def receive(layer: Any, channel: str) -> dict[str, Any]:
             if (await asyncio.wait({reading}, timeout=1))[0]:
                 break
         raise
+
+
+async def consume(
+    layer: Any,
+    channel: str,
+    handle: Callable[[dict[str, Any]], None],
+    on_failure: Callable[[Exception, bool], None],
+    retry_s: float,
+    log: logging.Logger,
+) -> None:
+    """Receive on `channel` until cancelled and hand each message to `handle`. A failed
+    read (Redis away, the layer in a bad state) is reported to on_failure(exc, first of a
+    streak) and retried after retry_s; a message `handle` chokes on is logged and skipped."""
+    failing = False
+    while True:
+        raise_if_cancelled()
+        try:
+            message = await receive(layer, channel)
+        except Exception as exc:
+            raise_if_cancelled(exc)
+            on_failure(exc, not failing)
+            failing = True
+            await asyncio.sleep(retry_s)
+            continue
+        failing = False
+        try:
+            handle(message)
+        except Exception:
+            log.exception("%s: bad message %.200r", channel, message)
 
 
 def open_layer(url: str, namespace: str) -> Any:

@@ -41,6 +41,7 @@ from inference.workers.protocol import (
     WORKER_LOST,
     EngineUnavailableError,
     abort_message,
+    consume,
     delta_from_event,
     error_from_event,
     generate_message,
@@ -48,7 +49,6 @@ from inference.workers.protocol import (
     lost_delta,
     open_layer,
     raise_if_cancelled,
-    receive,
     send,
 )
 from inference.workers.registry import Registry, WorkerInfo, live_workers_sync
@@ -271,33 +271,23 @@ class RemoteEngine:
         return link
 
     async def _receive_loop(self, link: _Link) -> None:
-        failing = False
-        while True:
-            raise_if_cancelled()
-            try:
-                message = await receive(link.layer, link.reply_to)
-            except Exception as exc:  # Redis away, or the layer in a bad state: retry
-                raise_if_cancelled(exc)
-                if not failing:
-                    log.warning("engine replies: cannot receive from Redis (%s): %r", self.url, exc)
-                failing = True
-                await asyncio.sleep(0.5)
-                continue
-            failing = False
+        def handle(message: dict[str, Any]) -> None:
             link.messages += 1
-            try:
-                worker = str(message.get("worker", ""))
-                for event in message.get("events", ()):
-                    pending = link.requests.get(event.get("request_id"))
-                    if pending is None:
-                        continue  # aborted, or already ended by the watchdog
-                    pending.queue.put_nowait(
-                        error_from_event(event)
-                        if is_refusal(event)
-                        else delta_from_event(event, worker)
-                    )
-            except Exception:
-                log.exception("engine replies: bad message %.200r", message)
+            worker = str(message.get("worker", ""))
+            for event in message.get("events", ()):
+                pending = link.requests.get(event.get("request_id"))
+                if pending is None:
+                    continue  # aborted, or already ended by the watchdog
+                refused = is_refusal(event)
+                pending.queue.put_nowait(
+                    error_from_event(event) if refused else delta_from_event(event, worker)
+                )
+
+        def failed(exc: Exception, first: bool) -> None:
+            if first:
+                log.warning("engine replies: cannot receive from Redis (%s): %r", self.url, exc)
+
+        await consume(link.layer, link.reply_to, handle, failed, 0.5, log)
 
     async def _watch(self, link: _Link) -> None:
         try:

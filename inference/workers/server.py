@@ -29,12 +29,12 @@ from inference.workers.protocol import (
     REDIS_ERRORS,
     REDIS_OPTIONS,
     STOPPED,
+    consume,
     default_worker_id,
     delta_event,
     lost_delta,
     open_layer,
     raise_if_cancelled,
-    receive,
     refusal_event,
     sampling_from_dict,
     send,
@@ -181,19 +181,10 @@ class WorkerServer:
     # --- requests in ------------------------------------------------------------------
 
     async def _receive_loop(self) -> None:
-        while True:
-            raise_if_cancelled()
-            try:
-                message = await receive(self.layer, self.channel)
-            except Exception as exc:  # Redis away, or the layer in a bad state: retry
-                raise_if_cancelled(exc)
-                log.debug("receive on %s failed: %r", self.channel, exc)
-                await asyncio.sleep(1.0)
-                continue
-            try:
-                self._handle(message)
-            except Exception:
-                log.exception("engine worker %s: bad message %.200r", self.id, message)
+        def failed(exc: Exception, first: bool) -> None:
+            log.debug("receive on %s failed: %r", self.channel, exc)
+
+        await consume(self.layer, self.channel, self._handle, failed, 1.0, log)
 
     def _handle(self, message: dict[str, Any]) -> None:
         kind, rid = message.get("type"), str(message.get("request_id"))

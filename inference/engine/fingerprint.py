@@ -31,7 +31,7 @@ def weights_digest(model_dir: str) -> str:
         for name in os.listdir(model_dir)
         if name.endswith(_RELEVANT_SUFFIXES) and os.path.isfile(os.path.join(model_dir, name))
     )
-    stamp = tuple((f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files)
+    stamp = tuple((f, st.st_size, st.st_mtime_ns) for f in files for st in (os.stat(f),))
     key = (os.path.realpath(model_dir), hash(stamp), len(files))
     with _lock:
         if key in _weights_cache:

@@ -10,6 +10,9 @@ FROM python:3.11-slim-bookworm
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     CHATAPP_CACHE_DIR=/cache DJANGO_SETTINGS_MODULE=chatapp.settings.production
 WORKDIR /app
+# gcc builds the engine's native 4-bit kernels on first start (inference/engine/kernels).
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 COPY pyproject.toml ./
 # CPU-only hosts can point pip at the CPU wheel index to skip the CUDA libraries.
 RUN pip install "torch==2.13.0"

@@ -33,7 +33,11 @@ def parse_args() -> argparse.Namespace:
         help="torch threads for every system (default 1: on a shared 2-core box, 2 threads "
         "stall on each other and on other processes)",
     )  # fmt: skip
-    p.add_argument("--quantization", default="auto", help="engine weights: auto|none|fp16|int8")
+    p.add_argument(
+        "--quantization",
+        default="auto",
+        help="engine weights: auto|none|fp16|int8|int4|hybrid",
+    )
     p.add_argument("--skip-hf", action="store_true", help="run our engine only")
     p.add_argument("--skip-hf-cb", action="store_true", help="skip transformers generate_batch")
     p.add_argument("--kv-tier-url", default=kv_tier.DEFAULT_URL, help="Redis for the KV tier")

@@ -229,7 +229,11 @@ def main() -> None:
     p.add_argument("--model", default=str(default_model_path()), help="HF model folder")
     p.add_argument("--redis-url", default=DEFAULT_URL, help="the Redis to use")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
-    p.add_argument("--quantization", default="auto", help="engine weights: auto|none|fp16|int8")
+    p.add_argument(
+        "--quantization",
+        default="auto",
+        help="engine weights: auto|none|fp16|int8|int4|hybrid",
+    )
     p.add_argument("--json", default="bench_kv_tier.json", help="where to write the figures")
     args = p.parse_args()
     torch.set_num_threads(args.threads)

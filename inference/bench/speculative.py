@@ -77,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--streams", type=int, default=32, help="concurrent streams")
     p.add_argument("--stream-tokens", type=int, default=64, help="new tokens per stream")
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
-    p.add_argument("--quantization", default="auto", help="auto|none|fp16|int8")
+    p.add_argument("--quantization", default="auto", help="auto|none|fp16|int8|int4|hybrid")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--quick", action="store_true", help="fewer prompts and tokens")
     p.add_argument("--json", default="bench_speculative.json", help="where to write figures")

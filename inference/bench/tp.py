@@ -36,7 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--streams", type=int, default=16, help="requests in the batch workload")
     p.add_argument("--prompt-tokens", type=int, default=128, help="prompt length")
     p.add_argument("--dtype", default="auto", help="auto|float32|bfloat16|float16")
-    p.add_argument("--quantization", default="auto", help="auto|none|fp16|int8")
+    p.add_argument("--quantization", default="auto", help="auto|none|fp16|int8|int4|hybrid")
     p.add_argument("--device", default="auto", help="auto|cpu|cuda")
     p.add_argument(
         "--threads", type=int, default=0,

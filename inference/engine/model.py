@@ -24,12 +24,17 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import AutoConfig, PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from inference.engine import kernels
+from inference.engine.native_decode import NativeDecoder
+from inference.engine.quantized import Q4_1, Q8_0, BlockWeight
 
 
 @dataclass
@@ -68,15 +73,41 @@ class AttentionMetadata:
 
 _LINEAR_FP16 = torch.ops.quantized.linear_dynamic_fp16.default
 
+# Weight formats (EngineConfig.quantization): each names how a step of many rows multiplies
+# ("large") and whether steps of few rows use 4-bit blocks instead.
+QUANTIZATIONS = ("none", "fp16", "int8", "int4", "hybrid")
+
+# hybrid: steps of at most this many rows use the Q4_1 weights, bigger ones the float
+# format. Measured on a 2-core AVX2 CPU (docs/performance.md): the 4-bit kernel reads a
+# quarter of fp16's bytes and wins while a step is bound by reading weights; by 8 rows the
+# fp16 GEMM's arithmetic wins.
+HYBRID_MAX_ROWS = 4
+
 
 class Linear:
-    """y = x @ W.T, exact in the model dtype, or int8 weights with dynamic activations."""
+    """y = x @ W.T: in the model dtype (exact), fp16- or int8-stored (fbgemm), and/or from
+    4-bit blocks (`blocks`, used for steps of at most `block_rows` rows)."""
 
-    def __init__(self, weight: torch.Tensor, quantization: str = "none") -> None:
-        self.out_features = weight.shape[0]
+    def __init__(
+        self,
+        weight: torch.Tensor | None,
+        quantization: str = "none",
+        blocks: BlockWeight | None = None,
+        block_rows: int = 0,
+    ) -> None:
+        self.blocks = blocks.for_kernel() if blocks is not None else None
+        self.block_rows = block_rows if blocks is not None else 0
         self.weight: torch.Tensor | None = None
         self.packed: object | None = None
         self.kind = "dense"
+        if weight is None:
+            if blocks is None:
+                raise ValueError("a Linear needs a weight or blocks")
+            self.kind = "blocks"
+            self.block_rows = 1 << 62
+            self.out_features = blocks.shape[0]
+            return
+        self.out_features = weight.shape[0]
         if quantization == "int8":
             w = weight.float()
             scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
@@ -91,6 +122,8 @@ class Linear:
             self.weight = weight.contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] <= self.block_rows:
+            return self.blocks.matmul_t(x).to(x.dtype)  # type: ignore[union-attr]
         if self.kind == "fp16":
             if x.dtype == torch.float32:
                 # The overload itself: calling the op packet costs ~10 us of Python each.
@@ -111,30 +144,103 @@ class DecoderLayer:
         self,
         w: dict[str, torch.Tensor],
         prefix: str,
-        quantization: str,
+        formats: WeightFormats,
         put: Callable[[torch.Tensor], torch.Tensor],
         tp_rank: int = 0,
         tp_size: int = 1,
     ) -> None:
-        def rows(name: str) -> torch.Tensor:  # column-parallel: a slice of the outputs
-            t = w[f"{prefix}.{name}.weight"]
-            n = t.shape[0] // tp_size
-            return put(t[tp_rank * n : (tp_rank + 1) * n])
+        def shard(t: Any, dim: int) -> Any:
+            n = t.shape[dim] // tp_size
+            lo, hi = tp_rank * n, (tp_rank + 1) * n
+            if isinstance(t, torch.Tensor):
+                return t[lo:hi] if dim == 0 else t[:, lo:hi].contiguous()
+            return t.rows(lo, hi) if dim == 0 else t.cols(lo, hi)
 
-        def cols(name: str) -> torch.Tensor:  # row-parallel: the matching inputs
-            t = w[f"{prefix}.{name}.weight"]
-            n = t.shape[1] // tp_size
-            return put(t[:, tp_rank * n : (tp_rank + 1) * n].contiguous())
+        def linear(names: tuple[str, ...], dim: int) -> Linear:
+            # dim 0: column-parallel (a slice of the outputs); 1: row-parallel (the inputs).
+            keys = [f"{prefix}.{n}.weight" for n in names]
+            blocks = None
+            if formats.blocks is not None:
+                parts = [shard(formats.blocks[k], dim) for k in keys]
+                blocks = parts[0] if len(parts) == 1 else type(parts[0]).cat(parts)
+            weight = None
+            if formats.large is not None:
+                weight = torch.cat([put(shard(w[k], dim)) for k in keys])
+            return Linear(weight, formats.large or "none", blocks, formats.block_rows)
 
         self.input_norm = put(w[f"{prefix}.input_layernorm.weight"])
         self.post_norm = put(w[f"{prefix}.post_attention_layernorm.weight"])
         # Split per projection, then fuse: each rank's qkv is [its q heads; its k; its v].
-        qkv = torch.cat([rows(f"self_attn.{n}_proj") for n in ("q", "k", "v")])
-        self.qkv = Linear(qkv, quantization)
-        self.o = Linear(cols("self_attn.o_proj"), quantization)
-        gate_up = torch.cat([rows(f"mlp.{n}_proj") for n in ("gate", "up")])
-        self.gate_up = Linear(gate_up, quantization)
-        self.down = Linear(cols("mlp.down_proj"), quantization)
+        self.qkv = linear(tuple(f"self_attn.{n}_proj" for n in ("q", "k", "v")), 0)
+        self.o = linear(("self_attn.o_proj",), 1)
+        self.gate_up = linear(("mlp.gate_proj", "mlp.up_proj"), 0)
+        self.down = linear(("mlp.down_proj",), 1)
+
+
+@dataclass
+class WeightFormats:
+    """How the linear weights are held: `large` is the float format ("none", "fp16", "int8";
+    None: no float copy at all), `blocks` the 4-bit matrices (None: none), which serve the
+    steps of at most `block_rows` rows."""
+
+    large: str | None
+    blocks: dict[str, BlockWeight] | None = None
+    block_rows: int = 0
+
+
+BLOCKS_FILE = "gguf-blocks.safetensors"
+
+
+def save_blocks(blocks: dict[str, BlockWeight], folder: str | os.PathLike[str]) -> None:
+    """Store a GGUF's block matrices beside a converted checkpoint (read_gguf is slow)."""
+    from safetensors.torch import save_file
+
+    flat: dict[str, torch.Tensor] = {}
+    for name, b in blocks.items():
+        if name == "lm_head.weight" and b is blocks.get("embed_tokens.weight"):
+            continue
+        kind = "q4_1" if isinstance(b, Q4_1) else "q8_0"
+        flat[f"{name}.{kind}.qs"] = b.qs
+        flat[f"{name}.{kind}.d"] = b.d
+        if isinstance(b, Q4_1):
+            flat[f"{name}.{kind}.m"] = b.m
+    save_file(flat, os.path.join(folder, BLOCKS_FILE))
+
+
+def load_blocks(folder: str) -> dict[str, BlockWeight] | None:
+    path = os.path.join(folder, BLOCKS_FILE)
+    if not os.path.isfile(path):
+        return None
+    flat = load_file(path)
+    out: dict[str, BlockWeight] = {}
+    for key in flat:
+        name, kind, part = key.rsplit(".", 2)
+        if part != "qs":
+            continue
+        if kind == "q4_1":
+            out[name] = Q4_1(flat[key], flat[f"{name}.q4_1.d"], flat[f"{name}.q4_1.m"])
+        else:
+            out[name] = Q8_0(flat[key], flat[f"{name}.q8_0.d"])
+    if "lm_head.weight" not in out and "embed_tokens.weight" in out:
+        out["lm_head.weight"] = out["embed_tokens.weight"]
+    return out
+
+
+def _block_weights(
+    folder: str, w: dict[str, torch.Tensor], config: PretrainedConfig
+) -> dict[str, BlockWeight]:
+    """Each linear's 4-bit blocks (the lm_head's 8-bit): the GGUF's own where the folder
+    came from one, else quantized from the float weights now."""
+    blocks = load_blocks(folder) or {}
+    for name, t in w.items():
+        if name in blocks or not name.endswith("_proj.weight"):
+            continue
+        blocks[name] = Q4_1.quantize(t)
+    if "lm_head.weight" not in blocks:
+        tied = "lm_head.weight" not in w or getattr(config, "tie_word_embeddings", False)
+        head = w["embed_tokens.weight"] if tied else w["lm_head.weight"]
+        blocks["lm_head.weight"] = Q8_0.quantize(head)
+    return blocks
 
 
 def check_tensor_parallel_size(config: PretrainedConfig, tp_size: int) -> None:
@@ -221,10 +327,11 @@ class LlamaModel:
         self.vocab_size = config.vocab_size
         self.eps = config.rms_norm_eps
         self.scale = self.head_dim**-0.5
-        if quantization not in ("none", "int8", "fp16"):
-            raise ValueError(f"quantization must be none, int8 or fp16; got {quantization!r}")
+        if quantization not in QUANTIZATIONS:
+            choices = ", ".join(QUANTIZATIONS)
+            raise ValueError(f"quantization must be one of {choices}; got {quantization!r}")
         if quantization != "none" and self.device.type != "cpu":
-            raise ValueError(f"quantization={quantization!r} runs on CPU only (fbgemm)")
+            raise ValueError(f"quantization={quantization!r} runs on CPU only")
         self.max_len = max_len or config.max_position_embeddings
 
         # Weights stay where safetensors put them (CPU) until sliced: a rank moves only
@@ -234,6 +341,12 @@ class LlamaModel:
         def put(t: torch.Tensor) -> torch.Tensor:
             return t.to(device=self.device, dtype=dtype)
 
+        self.quantization = quantization
+        formats = WeightFormats(large=quantization)
+        if quantization in ("int4", "hybrid"):
+            formats.blocks = _block_weights(folder, w, config)
+            formats.large = None if quantization == "int4" else _large_format(dtype)
+            formats.block_rows = HYBRID_MAX_ROWS
         self.embed = put(w["embed_tokens.weight"])
         self.norm = put(w["norm.weight"])
         # Logits are computed on rank 0 only.
@@ -241,9 +354,18 @@ class LlamaModel:
         if tp_rank == 0:
             lm_head = w.get("lm_head.weight")
             tied = lm_head is None or getattr(config, "tie_word_embeddings", False)
-            self.lm_head = Linear(self.embed if tied else put(lm_head), quantization)
+            head = self.embed if tied else put(lm_head)
+            if formats.blocks is None:
+                self.lm_head = Linear(head, quantization)
+            else:
+                self.lm_head = Linear(
+                    None if formats.large is None else head,
+                    formats.large or "none",
+                    formats.blocks["lm_head.weight"],
+                    formats.block_rows,
+                )
         self.layers = [
-            DecoderLayer(w, f"layers.{i}", quantization, put, tp_rank, tp_size)
+            DecoderLayer(w, f"layers.{i}", formats, put, tp_rank, tp_size)
             for i in range(self.num_layers)
         ]
         # Fused weights were copied; drop the per-projection originals.
@@ -251,6 +373,10 @@ class LlamaModel:
         cos_sin = rope_tables(config, self.max_len, self.head_dim)
         self.cos = cos_sin[0].to(device=self.device, dtype=dtype)
         self.sin = rope_rotation_sin(cos_sin[1]).to(device=self.device, dtype=dtype)
+        self.native: NativeDecoder | None = None
+        lib = kernels.load() if formats.blocks is not None else None
+        if lib is not None and NativeDecoder.usable(self):
+            self.native = NativeDecoder(self, lib, formats.block_rows)
 
     # -- forward ----------------------------------------------------------------------
 
@@ -261,6 +387,8 @@ class LlamaModel:
         kv_caches: list[torch.Tensor],
     ) -> torch.Tensor:
         """Hidden states after the final norm, one row per input token: [T, hidden]."""
+        if self.native is not None and self.native.handles(input_ids.shape[0], meta):
+            return self.native.forward(input_ids, meta, kv_caches)
         x = F.embedding(input_ids, self.embed)
         cos = self.cos[meta.positions].unsqueeze(1)
         sin = self.sin[meta.positions].unsqueeze(1)
@@ -352,6 +480,12 @@ class LlamaModel:
             enable_gqa=True,
         )
         return out[0].transpose(0, 1)
+
+
+def _large_format(dtype: torch.dtype) -> str:
+    """hybrid's format for big steps: the model dtype where it computes natively (bf16 on
+    AMX / AVX512-BF16), else fp16-stored weights with float32 compute (fbgemm)."""
+    return "fp16" if dtype == torch.float32 else "none"
 
 
 def _unchanged(x: torch.Tensor) -> torch.Tensor:

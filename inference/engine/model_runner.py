@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from inference.engine import kernels
 from inference.engine.config import EngineConfig
 from inference.engine.model import AttentionMetadata, DecodeGroup, PrefillChunk
 from inference.engine.scheduler import ScheduledBatch
@@ -47,9 +48,16 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def resolve_quantization(name: str, device: torch.device, dtype: torch.dtype) -> str:
-    if name == "auto":
-        return "fp16" if device.type == "cpu" and dtype == torch.float32 else "none"
-    return name
+    """ "auto": on a CPU where the 4-bit kernels build, "hybrid" (4-bit weights for steps of
+    a few rows, the float format for the rest); else fp16-stored weights for a float32 CPU
+    model; else the model dtype as it is."""
+    if name != "auto":
+        return name
+    if device.type != "cpu":
+        return "none"
+    if kernels.load() is not None:
+        return "hybrid"
+    return "fp16" if dtype == torch.float32 else "none"
 
 
 class ModelRunner:

@@ -1,0 +1,400 @@
+/* Weight-only 4-bit (Q4_1) and 8-bit (Q8_0) matrix products for small batches on x86 CPUs.
+ *
+ * y[r, n] = sum_k x[r, k] * W[n, k], where W is stored in blocks of 32 along k:
+ *   Q4_1: W = d * q + m,  q in [0, 15], two per byte (byte j of a block holds element j in
+ *         its low nibble and element j + 16 in its high nibble: the GGUF layout);
+ *   Q8_0: W = d * q,      q in [-127, 127].
+ * Activations are quantized per row and block to int8 (a = dx * qx), so each block's dot
+ * product is one integer multiply-add chain: d * dx * sum(q * qx) (+ m * dx * sum(qx)).
+ * At one to a few rows the step is bound by the weights' bytes, and these formats read
+ * 4.5 to 8.5 bits per weight instead of 16.
+ *
+ * Q4_1 here is in a kernel layout of its own, made at load from GGUF's (quantized.py).
+ * Built once at run time by inference/engine/kernels/__init__.py (gcc -O3 -mavx2 -mfma).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define QK 32
+#define ROW_TILE 4
+
+static inline float hsum256(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+/* One row of x into int8 blocks: qx[K], dx[K/32] (scale), sx[K/32] (dx * sum(qx)). */
+static void quantize_row(const float *x, int K, int8_t *qx, float *dx, float *sx) {
+    for (int b = 0; b < K / QK; b++) {
+        const float *xb = x + b * QK;
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < QK; j++) {
+            int q = (int)lrintf(xb[j] * id);
+            qx[b * QK + j] = (int8_t)q;
+            sum += q;
+        }
+        dx[b] = d;
+        sx[b] = d * (float)sum;
+    }
+}
+
+typedef struct {
+    int8_t *qx;
+    float *dx, *sx;
+} QuantizedRows;
+
+static int quantize_rows(const float *x, int rows, int K, QuantizedRows *out) {
+    int nb = K / QK;
+    out->qx = (int8_t *)aligned_alloc(32, (size_t)rows * K + 32);
+    out->dx = (float *)malloc(sizeof(float) * (size_t)rows * nb);
+    out->sx = (float *)malloc(sizeof(float) * (size_t)rows * nb);
+    if (!out->qx || !out->dx || !out->sx) return -1;
+    for (int r = 0; r < rows; r++)
+        quantize_row(x + (size_t)r * K, K, out->qx + (size_t)r * K, out->dx + (size_t)r * nb,
+                     out->sx + (size_t)r * nb);
+    return 0;
+}
+
+static void free_rows(QuantizedRows *q) {
+    free(q->qx);
+    free(q->dx);
+    free(q->sx);
+}
+
+static inline __m256 dot_u8_s8(__m256i u, __m256i s) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones));
+}
+
+static void q4_1_rows(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int n0, int n1,
+                      int K, const QuantizedRows *q, int r0, int nr, float *y, int N) {
+    int nb = K / QK;
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    for (int n = n0; n < n1; n++) {
+        const uint8_t *wq = qs + (size_t)n * (K / 2);
+        const uint16_t *wd = d + (size_t)n * nb, *wm = m + (size_t)n * nb;
+        __m256 acc[ROW_TILE];
+        float msum[ROW_TILE];
+        for (int r = 0; r < nr; r++) {
+            acc[r] = _mm256_setzero_ps();
+            msum[r] = 0.0f;
+        }
+        for (int b = 0; b < nb; b += 2) {
+            __m256i w = _mm256_loadu_si256((const __m256i *)(wq + b * 16));
+            __m256i w0 = _mm256_and_si256(w, mask);
+            __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
+            float d0 = _cvtsh_ss(wd[b]), d1 = _cvtsh_ss(wd[b + 1]);
+            float m0 = _cvtsh_ss(wm[b]), m1 = _cvtsh_ss(wm[b + 1]);
+            for (int r = 0; r < nr; r++) {
+                size_t row = (size_t)(r0 + r);
+                const int8_t *xq = q->qx + row * K + b * QK;
+                const float *dx = q->dx + row * nb + b, *sx = q->sx + row * nb + b;
+                __m256i x0 = _mm256_load_si256((const __m256i *)xq);
+                __m256i x1 = _mm256_load_si256((const __m256i *)(xq + QK));
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * dx[0]), dot_u8_s8(w0, x0), acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * dx[1]), dot_u8_s8(w1, x1), acc[r]);
+                msum[r] += m0 * sx[0] + m1 * sx[1];
+            }
+        }
+        for (int r = 0; r < nr; r++) y[(size_t)(r0 + r) * N + n] = hsum256(acc[r]) + msum[r];
+    }
+}
+
+static void q8_0_rows(const int8_t *qs, const float *d, int n0, int n1, int K,
+                      const QuantizedRows *q, int r0, int nr, float *y, int N) {
+    int nb = K / QK;
+    for (int n = n0; n < n1; n++) {
+        const int8_t *wq = qs + (size_t)n * K;
+        const float *wd = d + (size_t)n * nb;
+        __m256 acc[ROW_TILE];
+        for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            __m256i w = _mm256_loadu_si256((const __m256i *)(wq + b * QK));
+            __m256i wabs = _mm256_sign_epi8(w, w);
+            for (int r = 0; r < nr; r++) {
+                size_t row = (size_t)(r0 + r);
+                __m256i xq = _mm256_load_si256((const __m256i *)(q->qx + row * K + b * QK));
+                /* |w| * (x carrying w's sign): unsigned times signed, as maddubs wants. */
+                __m256 p = dot_u8_s8(wabs, _mm256_sign_epi8(xq, w));
+                float scale = wd[b] * q->dx[row * nb + b];
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(scale), p, acc[r]);
+            }
+        }
+        for (int r = 0; r < nr; r++) y[(size_t)(r0 + r) * N + n] = hsum256(acc[r]);
+    }
+}
+
+/* sc[b] = d[b] * dx[b] for each block; returns sum(m[b] * sx[b]). Eight blocks at a time:
+ * done one by one, this bookkeeping cost as much as the dot products themselves. */
+static inline float block_scales(const uint16_t *d, const uint16_t *m, const float *dx,
+                                 const float *sx, int nb, float *sc) {
+    __m256 macc = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + b)));
+        __m256 wm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + b)));
+        _mm256_storeu_ps(sc + b, _mm256_mul_ps(wd, _mm256_loadu_ps(dx + b)));
+        macc = _mm256_fmadd_ps(wm, _mm256_loadu_ps(sx + b), macc);
+    }
+    float msum = hsum256(macc);
+    for (; b < nb; b++) {
+        sc[b] = _cvtsh_ss(d[b]) * dx[b];
+        msum += _cvtsh_ss(m[b]) * sx[b];
+    }
+    return msum;
+}
+
+/* One row, in the kernel layout (see q4_1_pairs in quantized.py): byte j of a pair of
+ * blocks holds element j of the first block in its low nibble and element j of the second
+ * in its high nibble, so one 32-byte load and two masks give 64 weights; scales are fp16.
+ * The per-block scale products and the minimum terms are short loops first, so the inner
+ * loop is only integer dot products into two independent accumulators (one chain of FMAs
+ * would wait on its own latency). */
+static void q4_1_row1(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int n0, int n1,
+                      int K, const QuantizedRows *q, float *y) {
+    int nb = K / QK;
+    float sc[nb];
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    for (int n = n0; n < n1; n++) {
+        const uint8_t *wq = qs + (size_t)n * (K / 2);
+        const uint16_t *wd = d + (size_t)n * nb, *wm = m + (size_t)n * nb;
+        float msum = block_scales(wd, wm, q->dx, q->sx, nb, sc);
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b += 2) {
+            __m256i w = _mm256_loadu_si256((const __m256i *)(wq + b * 16));
+            __m256i w0 = _mm256_and_si256(w, mask);
+            __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
+            __m256i x0 = _mm256_load_si256((const __m256i *)(q->qx + b * QK));
+            __m256i x1 = _mm256_load_si256((const __m256i *)(q->qx + (b + 1) * QK));
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(sc[b]), dot_u8_s8(w0, x0), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(sc[b + 1]), dot_u8_s8(w1, x1), acc1);
+        }
+        y[n] = hsum256(_mm256_add_ps(acc0, acc1)) + msum;
+    }
+}
+
+static void q8_0_row1(const int8_t *qs, const float *d, int n0, int n1, int K,
+                      const QuantizedRows *q, float *y) {
+    int nb = K / QK;
+    float sc[nb];
+    for (int n = n0; n < n1; n++) {
+        const int8_t *wq = qs + (size_t)n * K;
+        const float *wd = d + (size_t)n * nb;
+        for (int b = 0; b < nb; b++) sc[b] = wd[b] * q->dx[b];
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+        int b = 0;
+        for (; b + 1 < nb; b += 2) {
+            __m256i w0 = _mm256_loadu_si256((const __m256i *)(wq + b * QK));
+            __m256i w1 = _mm256_loadu_si256((const __m256i *)(wq + (b + 1) * QK));
+            __m256i x0 = _mm256_load_si256((const __m256i *)(q->qx + b * QK));
+            __m256i x1 = _mm256_load_si256((const __m256i *)(q->qx + (b + 1) * QK));
+            __m256 p0 = dot_u8_s8(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(x0, w0));
+            __m256 p1 = dot_u8_s8(_mm256_sign_epi8(w1, w1), _mm256_sign_epi8(x1, w1));
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(sc[b]), p0, acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(sc[b + 1]), p1, acc1);
+        }
+        if (b < nb) {
+            __m256i w0 = _mm256_loadu_si256((const __m256i *)(wq + b * QK));
+            __m256i x0 = _mm256_load_si256((const __m256i *)(q->qx + b * QK));
+            __m256 p0 = dot_u8_s8(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(x0, w0));
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(sc[b]), p0, acc0);
+        }
+        y[n] = hsum256(_mm256_add_ps(acc0, acc1));
+    }
+}
+
+/* Output columns go to threads in chunks; each thread walks all rows for its columns, so a
+ * weight block is read from memory once per tile of rows. */
+#define CHUNK 32
+
+static void q4_1_gemm_rows(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N, int K,
+                           const QuantizedRows *q, int rows, float *y, int nthreads) {
+    int chunks = (N + CHUNK - 1) / CHUNK;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+    for (int c = 0; c < chunks; c++) {
+        int n0 = c * CHUNK, n1 = n0 + CHUNK < N ? n0 + CHUNK : N;
+        if (rows == 1) {
+            q4_1_row1(qs, d, m, n0, n1, K, q, y);
+            continue;
+        }
+        for (int r0 = 0; r0 < rows; r0 += ROW_TILE) {
+            int nr = rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE;
+            q4_1_rows(qs, d, m, n0, n1, K, q, r0, nr, y, N);
+        }
+    }
+}
+
+int q4_1_gemm(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N, int K,
+              const float *x, int rows, float *y, int nthreads) {
+    if (K % (2 * QK)) return -2;
+    QuantizedRows q;
+    if (quantize_rows(x, rows, K, &q)) return -1;
+    q4_1_gemm_rows(qs, d, m, N, K, &q, rows, y, nthreads);
+    free_rows(&q);
+    return 0;
+}
+
+int q8_0_gemm(const int8_t *qs, const float *d, int N, int K, const float *x, int rows, float *y,
+              int nthreads) {
+    if (K % QK) return -2;
+    QuantizedRows q;
+    if (quantize_rows(x, rows, K, &q)) return -1;
+    int chunks = (N + CHUNK - 1) / CHUNK;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+    for (int c = 0; c < chunks; c++) {
+        int n0 = c * CHUNK, n1 = n0 + CHUNK < N ? n0 + CHUNK : N;
+        if (rows == 1) {
+            q8_0_row1(qs, d, n0, n1, K, &q, y);
+            continue;
+        }
+        for (int r0 = 0; r0 < rows; r0 += ROW_TILE) {
+            int nr = rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE;
+            q8_0_rows(qs, d, n0, n1, K, &q, r0, nr, y, N);
+        }
+    }
+    free_rows(&q);
+    return 0;
+}
+
+/* ---- A whole decoder layer for a decode step of a few rows ------------------------------
+ *
+ * The same maths as LlamaModel.forward (model.py) for rows that each decode one token: RMS
+ * norm, the fused q/k/v product, rope, the new K/V into the paged pool, attention over each
+ * row's blocks, o, residual, norm, gate/up, SiLU, down, residual. In torch this is ~30
+ * small ops a layer whose dispatch cost more than the 4-bit matrix products themselves.
+ */
+
+typedef struct {
+    const uint8_t *qs;
+    const uint16_t *d, *m;
+    int n, k;
+} Q4Matrix;
+
+typedef struct {
+    const float *input_norm, *post_norm;
+    Q4Matrix qkv, o, gate_up, down;
+} LayerWeights;
+
+typedef struct {
+    int hidden, heads, kv_heads, head_dim, inter;
+    float eps, scale;
+    int block_size, num_blocks;  /* pool: [2 * kv_heads, num_blocks * block_size, head_dim] */
+} LayerShape;
+
+static void rms_norm(const float *x, const float *w, int n, float eps, float *out) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * inv * w[i];
+}
+
+static int q4_matmul(const Q4Matrix *w, const float *x, int rows, float *y, int nthreads) {
+    QuantizedRows q;
+    if (quantize_rows(x, rows, w->k, &q)) return -1;
+    q4_1_gemm_rows(w->qs, w->d, w->m, w->n, w->k, &q, rows, y, nthreads);
+    free_rows(&q);
+    return 0;
+}
+
+/* x * cos + roll(x, d / 2) * sin_rot (sin_rot: sin with its first half negated). */
+static void rope(float *x, const float *cos, const float *sin, int d) {
+    float tmp[d];
+    int half = d / 2;
+    for (int i = 0; i < d; i++) tmp[i] = x[i] * cos[i] + x[(i + half) % d] * sin[i];
+    memcpy(x, tmp, sizeof(float) * d);
+}
+
+int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
+                 const int64_t *positions, const float *cos, const float *sin,
+                 const int64_t *block_tables, int table_width, float *pool, int nthreads) {
+    int H = s->hidden, d = s->head_dim, hq = s->heads, hkv = s->kv_heads;
+    int nqkv = (hq + 2 * hkv) * d, bs = s->block_size;
+    size_t head_stride = (size_t)s->num_blocks * bs * d;
+    int max_ctx = 0;
+    for (int r = 0; r < rows; r++)
+        if (positions[r] + 1 > max_ctx) max_ctx = (int)positions[r] + 1;
+    float *h = malloc(sizeof(float) * rows * H);
+    float *qkv = malloc(sizeof(float) * rows * nqkv);
+    float *attn = malloc(sizeof(float) * rows * hq * d);
+    float *gu = malloc(sizeof(float) * rows * 2 * s->inter);
+    float *scores = malloc(sizeof(float) * max_ctx);
+    int rc = -1;
+    if (!h || !qkv || !attn || !gu || !scores) goto out;
+
+    for (int r = 0; r < rows; r++) rms_norm(x + r * H, w->input_norm, H, s->eps, h + r * H);
+    if (q4_matmul(&w->qkv, h, rows, qkv, nthreads)) goto out;
+    for (int r = 0; r < rows; r++) {
+        float *row = qkv + (size_t)r * nqkv;
+        const float *c = cos + (size_t)r * d, *sn = sin + (size_t)r * d;
+        for (int head = 0; head < hq + hkv; head++) rope(row + head * d, c, sn, d);
+        int64_t pos = positions[r];
+        const int64_t *table = block_tables + (size_t)r * table_width;
+        int64_t slot = table[pos / bs] * bs + pos % bs;
+        for (int g = 0; g < 2 * hkv; g++)
+            memcpy(pool + g * head_stride + slot * d, row + (hq + g) * d, sizeof(float) * d);
+    }
+    for (int r = 0; r < rows; r++) {
+        const float *row = qkv + (size_t)r * nqkv;
+        const int64_t *table = block_tables + (size_t)r * table_width;
+        int ctx = (int)positions[r] + 1;
+        for (int head = 0; head < hq; head++) {
+            int g = head / (hq / hkv);
+            const float *q = row + head * d;
+            const float *keys = pool + g * head_stride, *vals = pool + (hkv + g) * head_stride;
+            float mx = -INFINITY;
+            for (int t = 0; t < ctx; t++) {
+                const float *k = keys + (table[t / bs] * bs + t % bs) * d;
+                float dot = 0.0f;
+                for (int i = 0; i < d; i++) dot += q[i] * k[i];
+                scores[t] = dot * s->scale;
+                if (scores[t] > mx) mx = scores[t];
+            }
+            float sum = 0.0f;
+            for (int t = 0; t < ctx; t++) {
+                scores[t] = expf(scores[t] - mx);
+                sum += scores[t];
+            }
+            float *o = attn + ((size_t)r * hq + head) * d;
+            for (int i = 0; i < d; i++) o[i] = 0.0f;
+            for (int t = 0; t < ctx; t++) {
+                const float *v = vals + (table[t / bs] * bs + t % bs) * d;
+                float p = scores[t] / sum;
+                for (int i = 0; i < d; i++) o[i] += p * v[i];
+            }
+        }
+    }
+    if (q4_matmul(&w->o, attn, rows, h, nthreads)) goto out;
+    for (int i = 0; i < rows * H; i++) x[i] += h[i];
+    for (int r = 0; r < rows; r++) rms_norm(x + r * H, w->post_norm, H, s->eps, h + r * H);
+    if (q4_matmul(&w->gate_up, h, rows, gu, nthreads)) goto out;
+    int I = s->inter;
+    /* SiLU(gate) * up, packed densely in place: row r's I results go to gu + r * I, which
+     * never overlaps a value still to be read (those sit at gu + 2 * r * I and later). */
+    for (int r = 0; r < rows; r++) {
+        const float *g = gu + (size_t)r * 2 * I;
+        float *act = gu + (size_t)r * I;
+        for (int i = 0; i < I; i++) {
+            float a = g[i], u = g[I + i];
+            act[i] = a / (1.0f + expf(-a)) * u;
+        }
+    }
+    if (q4_matmul(&w->down, gu, rows, h, nthreads)) goto out;
+    for (int i = 0; i < rows * H; i++) x[i] += h[i];
+    rc = 0;
+out:
+    free(h);
+    free(qkv);
+    free(attn);
+    free(gu);
+    free(scores);
+    return rc;
+}

@@ -1,0 +1,105 @@
+"""Decode steps of a few rows through one native call per layer (kernels/quant_gemm.c).
+
+At one to four rows a step's work is reading the 4-bit weights; run as ~30 torch ops a
+layer, the dispatch around those reads cost as much again. This path does the same maths
+as LlamaModel.forward for such steps in C: the pure-decode steps of a float32 model on a
+CPU with the 4-bit kernels, on one rank. Any other step (a prefill chunk, speculative
+guesses, more rows than `max_rows`) takes the torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from inference.engine import kernels
+from inference.engine.quantized import Q4_1
+
+if TYPE_CHECKING:
+    from inference.engine.model import AttentionMetadata, LlamaModel
+
+
+def _matrix(blocks: object) -> kernels.Q4Matrix:
+    assert isinstance(blocks, Q4_1) and blocks.paired
+    n, k = blocks.shape
+    return kernels.Q4Matrix(blocks.qs.data_ptr(), blocks.d.data_ptr(), blocks.m.data_ptr(), n, k)
+
+
+class NativeDecoder:
+    def __init__(self, model: LlamaModel, lib: ctypes.CDLL, max_rows: int) -> None:
+        self.model = model
+        self.lib = lib
+        self.max_rows = max_rows
+        self.layers = [
+            kernels.LayerWeights(
+                layer.input_norm.data_ptr(),
+                layer.post_norm.data_ptr(),
+                _matrix(layer.qkv.blocks),
+                _matrix(layer.o.blocks),
+                _matrix(layer.gate_up.blocks),
+                _matrix(layer.down.blocks),
+            )
+            for layer in model.layers
+        ]
+        self._shape: kernels.LayerShape | None = None
+
+    @staticmethod
+    def usable(model: LlamaModel) -> bool:
+        return (
+            model.device.type == "cpu"
+            and model.dtype == torch.float32
+            and model.tp_size == 1
+            and all(
+                isinstance(lin.blocks, Q4_1) and lin.blocks.paired
+                for layer in model.layers
+                for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
+            )
+        )
+
+    def handles(self, rows: int, meta: AttentionMetadata) -> bool:
+        return not meta.prefills and meta.num_decodes == rows and 0 < rows <= self.max_rows
+
+    def forward(
+        self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_caches: list[torch.Tensor]
+    ) -> torch.Tensor:
+        m = self.model
+        rows = input_ids.shape[0]
+        x = F.embedding(input_ids, m.embed).contiguous()
+        positions = meta.positions.contiguous()
+        cos = m.cos[positions].contiguous()
+        sin = m.sin[positions].contiguous()
+        tables = self._block_tables(meta)
+        shape = self._layer_shape(kv_caches[0])
+        nthreads = torch.get_num_threads()
+        for weights, pool in zip(self.layers, kv_caches, strict=True):
+            rc = self.lib.decode_layer(
+                ctypes.byref(shape), ctypes.byref(weights), x.data_ptr(), rows,
+                positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                tables.data_ptr(), tables.shape[1], pool.data_ptr(), nthreads,
+            )  # fmt: skip
+            if rc:
+                raise RuntimeError(f"decode_layer failed ({rc})")
+        return F.rms_norm(x, m.norm.shape, m.norm, m.eps)
+
+    def _layer_shape(self, pool: torch.Tensor) -> kernels.LayerShape:
+        if self._shape is None:
+            m = self.model
+            inter = m.layers[0].down.blocks.shape[1]  # type: ignore[union-attr]
+            self._shape = kernels.LayerShape(
+                m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, inter,
+                m.eps, m.scale, pool.shape[2], pool.shape[1],
+            )  # fmt: skip
+        return self._shape
+
+    @staticmethod
+    def _block_tables(meta: AttentionMetadata) -> torch.Tensor:
+        groups = meta.decode_groups
+        if len(groups) == 1:
+            return groups[0].block_tables.contiguous()
+        width = max(g.block_tables.shape[1] for g in groups)
+        return torch.cat(
+            [F.pad(g.block_tables, (0, width - g.block_tables.shape[1])) for g in groups]
+        ).contiguous()

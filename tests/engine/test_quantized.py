@@ -1,0 +1,102 @@
+"""4-bit and 8-bit block weights: the GGUF's own blocks, their kernels, and the hybrid step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference.engine import kernels
+from inference.engine.model import HYBRID_MAX_ROWS, Linear, load_blocks, load_weights
+from inference.engine.quantized import Q4_1, Q8_0
+from inference.engine.sampling_params import SamplingParams
+from tests.engine.conftest import run_to_completion, token_ids_of
+
+needs_kernels = pytest.mark.skipif(
+    kernels.load() is None, reason="the native kernels need gcc and an AVX2/FMA/F16C CPU"
+)
+
+
+def _weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got - want).norm() / want.norm()).item()
+
+
+def test_q4_1_quantization_is_within_half_a_step_of_each_weight():
+    w = _weight(96, 128)
+    q = Q4_1.quantize(w)
+    step = q.d.repeat_interleave(32, dim=1)
+    assert ((q.dequantize() - w).abs() <= step / 2 + 1e-6).all()
+
+
+def test_kernel_layout_keeps_the_same_weights():
+    q = Q4_1.quantize(_weight(40, 192))
+    torch.testing.assert_close(q.for_kernel().dequantize(), q.dequantize(), atol=2e-3, rtol=1e-3)
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+def test_block_products_match_the_dequantized_weights(rows):
+    """Activations are quantized to 8 bits per block of 32, as llama.cpp does: the product
+    stays within a percent of the float product with the same (dequantized) weights."""
+    x = torch.randn(rows, 256)
+    for q in (Q4_1.quantize(_weight(70, 256)).for_kernel(), Q8_0.quantize(_weight(70, 256))):
+        assert _rel_err(q.matmul_t(x), x @ q.dequantize().T) < 0.01
+
+
+def test_hybrid_linear_takes_blocks_for_small_steps_and_fp16_for_large_ones():
+    w = _weight(64, 128)
+    lin = Linear(w, "fp16", Q4_1.quantize(w), HYBRID_MAX_ROWS)
+    x = torch.randn(HYBRID_MAX_ROWS + 1, 128)
+    small = lin(x[:HYBRID_MAX_ROWS])
+    torch.testing.assert_close(small, lin.blocks.matmul_t(x[:HYBRID_MAX_ROWS]))  # type: ignore[union-attr]
+    large = lin(x)
+    fp16_ref = torch.ops.quantized.linear_dynamic_fp16(x, lin.packed)
+    torch.testing.assert_close(large, fp16_ref)
+
+
+@needs_kernels
+def test_native_decode_steps_give_the_torch_paths_tokens(make_engine):
+    """The one-call-per-layer decode (native_decode.py) is the same maths as the torch
+    forward on the same 4-bit weights: greedy output is token-for-token the same."""
+    prompts = [[5 + i, 17, 300 + 7 * i, 42] * (3 + i) for i in range(3)]
+
+    def generate(native: bool) -> dict[str, list[int]]:
+        engine = make_engine(quantization="hybrid")
+        assert engine.runner.model.native is not None
+        if not native:
+            engine.runner.model.native = None
+        for i, p in enumerate(prompts):
+            engine.add_request(p, SamplingParams(max_tokens=24, temperature=0.0), f"r{i}")
+        return {k: token_ids_of(v) for k, v in run_to_completion(engine).items()}
+
+    assert generate(native=True) == generate(native=False)
+
+
+@needs_kernels
+def test_int4_engine_runs_on_blocks_alone(make_engine):
+    engine = make_engine(quantization="int4")
+    layer = engine.runner.model.layers[0]
+    assert layer.qkv.kind == "blocks" and layer.qkv.weight is None and layer.qkv.packed is None
+    engine.add_request([7, 8, 9, 10] * 20, SamplingParams(max_tokens=8, temperature=0.0), "a")
+    out = run_to_completion(engine)
+    assert len(token_ids_of(out["a"])) == 8
+
+
+@pytest.mark.slow
+def test_gguf_blocks_are_exactly_the_converted_checkpoints_weights(real_model_path):
+    """The engine multiplies by the GGUF's own 4-bit blocks: dequantized, they are bit for
+    bit the float weights transformers converted from the same file (q/k rows included,
+    which llama.cpp stores reordered for its rope)."""
+    blocks = load_blocks(str(real_model_path))
+    assert blocks is not None
+    weights = {k.removeprefix("model."): v for k, v in load_weights(str(real_model_path)).items()}
+    linears = [k for k in blocks if k.startswith("layers.")]
+    assert len(linears) == 30 * 7
+    assert all(isinstance(blocks[k], Q4_1) for k in linears)
+    assert isinstance(blocks["lm_head.weight"], Q8_0)
+    for name, b in blocks.items():
+        ref = weights["embed_tokens.weight" if name == "lm_head.weight" else name]
+        assert torch.equal(b.dequantize(), ref.float()), name

@@ -387,7 +387,7 @@ class LlamaModel:
         kv_caches: list[torch.Tensor],
     ) -> torch.Tensor:
         """Hidden states after the final norm, one row per input token: [T, hidden]."""
-        if self.native is not None and self.native.handles(input_ids.shape[0], meta):
+        if self.native is not None and self.native.handles(input_ids.shape[0]):
             return self.native.forward(input_ids, meta, kv_caches)
         x = F.embedding(input_ids, self.embed)
         cos = self.cos[meta.positions].unsqueeze(1)

@@ -1,10 +1,12 @@
-"""Decode steps of a few rows through one native call per layer (kernels/quant_gemm.c).
+"""Steps of a few rows through one native call per layer (kernels/quant_gemm.c).
 
 At one to four rows a step's work is reading the 4-bit weights; run as ~30 torch ops a
 layer, the dispatch around those reads cost as much again. This path does the same maths
-as LlamaModel.forward for such steps in C: the pure-decode steps of a float32 model on a
-CPU with the 4-bit kernels, on one rank. Any other step (a prefill chunk, speculative
-guesses, more rows than `max_rows`) takes the torch path.
+as LlamaModel.forward for such steps in C, for a float32 model on a CPU with the 4-bit
+kernels, on one rank. Each row carries its own position and block table, and every row's
+K/V is written to the pool before any row attends, so decodes, speculative guesses and
+short prefill chunks (a row sees the positions up to its own) all fit. Steps of more rows
+than `max_rows` take the torch path.
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ class NativeDecoder:
             )
         )
 
-    def handles(self, rows: int, meta: AttentionMetadata) -> bool:
-        return not meta.prefills and meta.num_decodes == rows and 0 < rows <= self.max_rows
+    def handles(self, rows: int) -> bool:
+        return 0 < rows <= self.max_rows
 
     def forward(
         self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_caches: list[torch.Tensor]
@@ -96,10 +98,11 @@ class NativeDecoder:
 
     @staticmethod
     def _block_tables(meta: AttentionMetadata) -> torch.Tensor:
-        groups = meta.decode_groups
-        if len(groups) == 1:
+        """One block table per row, in the flat batch's order, padded to one width."""
+        groups, prefills = meta.decode_groups, meta.prefills
+        if len(groups) == 1 and not prefills:
             return groups[0].block_tables.contiguous()
-        width = max(g.block_tables.shape[1] for g in groups)
-        return torch.cat(
-            [F.pad(g.block_tables, (0, width - g.block_tables.shape[1])) for g in groups]
-        ).contiguous()
+        tables = [g.block_tables for g in groups]
+        tables += [p.block_table.expand(p.length, -1) for p in prefills]
+        width = max(t.shape[1] for t in tables)
+        return torch.cat([F.pad(t, (0, width - t.shape[1])) for t in tables]).contiguous()

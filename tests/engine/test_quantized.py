@@ -57,22 +57,39 @@ def test_hybrid_linear_takes_blocks_for_small_steps_and_fp16_for_large_ones():
     torch.testing.assert_close(large, fp16_ref)
 
 
+def _generate(make_engine, native: bool, prompts: list[list[int]], **config: object):
+    engine = make_engine(quantization="hybrid", **config)
+    assert engine.runner.model.native is not None
+    if not native:
+        engine.runner.model.native = None
+    for i, p in enumerate(prompts):
+        engine.add_request(p, SamplingParams(max_tokens=24, temperature=0.0), f"r{i}")
+    return {k: token_ids_of(v) for k, v in run_to_completion(engine).items()}
+
+
 @needs_kernels
 def test_native_decode_steps_give_the_torch_paths_tokens(make_engine):
-    """The one-call-per-layer decode (native_decode.py) is the same maths as the torch
+    """The one-call-per-layer path (native_decode.py) is the same maths as the torch
     forward on the same 4-bit weights: greedy output is token-for-token the same."""
     prompts = [[5 + i, 17, 300 + 7 * i, 42] * (3 + i) for i in range(3)]
+    assert _generate(make_engine, True, prompts) == _generate(make_engine, False, prompts)
 
-    def generate(native: bool) -> dict[str, list[int]]:
-        engine = make_engine(quantization="hybrid")
-        assert engine.runner.model.native is not None
-        if not native:
-            engine.runner.model.native = None
-        for i, p in enumerate(prompts):
-            engine.add_request(p, SamplingParams(max_tokens=24, temperature=0.0), f"r{i}")
-        return {k: token_ids_of(v) for k, v in run_to_completion(engine).items()}
 
-    assert generate(native=True) == generate(native=False)
+@needs_kernels
+def test_native_path_prefills_short_prompts_causally(make_engine):
+    """Prompts of 2-4 tokens go through the native path whole: each row attends only to
+    the positions up to its own."""
+    prompts = [[11, 12], [40, 41, 42], [7, 8, 9, 10]]
+    assert _generate(make_engine, True, prompts) == _generate(make_engine, False, prompts)
+
+
+@needs_kernels
+def test_native_path_checks_speculative_guesses_like_the_torch_path(make_engine):
+    prompts = [[5, 6, 7, 8, 9] * 6]
+    spec = {"speculative_mode": "ngram", "num_speculative_tokens": 3}
+    native = _generate(make_engine, True, prompts, **spec)
+    assert native == _generate(make_engine, False, prompts, **spec)
+    assert native == _generate(make_engine, True, prompts)
 
 
 @needs_kernels

@@ -1,11 +1,13 @@
 """What streaming OpenAI clients measure against a running server.
 
     python -m inference.bench.api_clients --url http://127.0.0.1:8000/v1 --key sk-chat-... \\
-        --concurrency 1 16 --requests 4 --max-tokens 64
+        --concurrency 1 16 --turns 4 --max-tokens 64
 
-Each client streams chat completions with the official `openai` package and records the
-time to the first content chunk (TTFT) and its own decode rate (completion tokens after
-the first / time from first to last chunk). Prints a table and, with --json, a file.
+Each client holds a conversation: every turn streams a chat completion with the whole
+history so far (its earlier questions and the server's own answers) plus a new question,
+as a chat UI does. It records the time to the first content chunk (TTFT), the time per
+output token after the first (TPOT: from first to last chunk over tokens - 1), and the
+tokens the server reports. Prints a table and, with --json, a file.
 """
 
 from __future__ import annotations
@@ -18,63 +20,90 @@ import time
 from pathlib import Path
 from typing import Any
 
-PROMPTS = [
+QUESTIONS = [
     "What is the capital of France?",
     "Write a short poem about the sea.",
     "Explain what a KV cache is.",
     "Give me three tips for sleeping better.",
+    "How do plants make food from sunlight?",
+    "Tell me a fun fact about octopuses.",
+    "What should I pack for a weekend hike?",
+    "Summarise the story of Cinderella.",
 ]
+FOLLOW_UPS = ["Tell me more.", "Can you make it shorter?", "Why is that?", "Give an example."]
 
 
 async def one_client(
-    client: Any, model: str, n: int, max_tokens: int, i: int
+    client: Any, model: str, turns: int, max_tokens: int, i: int, sampling: dict[str, float]
 ) -> list[dict[str, float]]:
     out = []
-    for k in range(n):
+    history: list[dict[str, str]] = []
+    for turn in range(turns):
+        question = QUESTIONS[i % len(QUESTIONS)] if turn == 0 else FOLLOW_UPS[(i + turn) % 4]
+        history.append({"role": "user", "content": question})
         start = time.perf_counter()
         first = last = None
         tokens = 0
+        text: list[str] = []
         stream = await client.chat.completions.create(
             model=model,
             stream=True,
             stream_options={"include_usage": True},
             max_tokens=max_tokens,
-            messages=[{"role": "user", "content": PROMPTS[(i + k) % len(PROMPTS)]}],
+            messages=history,
+            **sampling,
         )
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 last = time.perf_counter()
                 first = first or last
+                text.append(chunk.choices[0].delta.content)
             if chunk.usage:
                 tokens = chunk.usage.completion_tokens
+        history.append({"role": "assistant", "content": "".join(text)})
         if first is None or last is None:
             continue
-        rate = (tokens - 1) / (last - first) if tokens > 1 and last > first else float("nan")
-        out.append({"ttft": first - start, "tokens": tokens, "rate": rate, "e2e": last - start})
+        tpot = (last - first) / (tokens - 1) if tokens > 1 and last > first else float("nan")
+        out.append({"ttft": first - start, "tokens": tokens, "tpot": tpot, "e2e": last - start})
     return out
 
 
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))]
+
+
 async def run_level(
-    url: str, key: str, model: str, concurrency: int, n: int, max_tokens: int
-) -> dict:
+    url: str,
+    key: str,
+    model: str,
+    concurrency: int,
+    turns: int,
+    max_tokens: int,
+    sampling: dict[str, float] | None = None,
+) -> dict[str, Any]:
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=url, api_key=key, max_retries=0, timeout=600)
     started = time.perf_counter()
     results = await asyncio.gather(
-        *(one_client(client, model, n, max_tokens, i) for i in range(concurrency))
+        *(
+            one_client(client, model, turns, max_tokens, i, sampling or {})
+            for i in range(concurrency)
+        )
     )
     wall = time.perf_counter() - started
+    await client.close()
     rows = [r for rs in results for r in rs]
-    ttft = sorted(r["ttft"] for r in rows)
-    rates = [r["rate"] for r in rows if r["rate"] == r["rate"]]
+    ttft = [r["ttft"] for r in rows]
+    tpot = [r["tpot"] for r in rows if r["tpot"] == r["tpot"]]
     return {
         "concurrency": concurrency,
         "requests": len(rows),
+        "tok_s": round(sum(r["tokens"] for r in rows) / wall, 1),
         "ttft_p50_ms": round(statistics.median(ttft) * 1000, 1),
-        "ttft_p90_ms": round(ttft[min(len(ttft) - 1, int(0.9 * (len(ttft) - 1) + 0.5))] * 1000, 1),
-        "per_stream_tok_s_p50": round(statistics.median(rates), 1) if rates else None,
-        "aggregate_tok_s": round(sum(r["tokens"] for r in rows) / wall, 1),
+        "ttft_p90_ms": round(pct(ttft, 0.9) * 1000, 1),
+        "tpot_p50_ms": round(statistics.median(tpot) * 1000, 2) if tpot else None,
     }
 
 
@@ -86,15 +115,17 @@ def main() -> None:
     ap.add_argument("--key", required=True)
     ap.add_argument("--model", default="", help="default: the first model the server lists")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
-    ap.add_argument("--requests", type=int, default=4, help="requests per client")
+    ap.add_argument("--turns", type=int, default=4, help="turns per conversation (client)")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     from openai import OpenAI
 
     model = args.model or OpenAI(base_url=args.url, api_key=args.key).models.list().data[0].id
+    sampling = {"temperature": args.temperature, "top_p": 0.95}
     levels = [
-        asyncio.run(run_level(args.url, args.key, model, c, args.requests, args.max_tokens))
+        asyncio.run(run_level(args.url, args.key, model, c, args.turns, args.max_tokens, sampling))
         for c in args.concurrency
     ]
     cols = list(levels[0])

@@ -1,8 +1,8 @@
 """Pick each sequence's next token from its logits.
 
-Greedy rows take the argmax in one batched call. Random rows go one by one: each applies
-its own filters and draws with its own generator, so a seeded request gives the same
-output whatever else shares its batch.
+Greedy rows take the argmax in one batched call. Unseeded random rows are filtered and
+drawn together in a few tensor ops (`sample_batch`). Seeded rows go one by one, each with
+its own generator, so a seeded request gives the same output whatever else shares its batch.
 """
 
 from __future__ import annotations
@@ -39,6 +39,39 @@ def filter_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return logits
 
 
+# Candidates per row for batched top-k / top-p: a row whose best CANDIDATES tokens already
+# hold top_p of the mass is filtered exactly among them (the rest could never be kept);
+# another row is filtered over the whole vocabulary, as filter_logits does.
+CANDIDATES = 256
+
+
+def sample_batch(logits: torch.Tensor, params: list[SamplingParams]) -> list[int]:
+    """One draw per row of logits [B, vocab] with each row's temperature, top-k, top-p and
+    min-p: the same distribution as filter_logits + softmax, row by row."""
+    b, vocab = logits.shape
+    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
+    probs = torch.softmax(logits / temps[:, None], dim=-1)
+    k = min(vocab, CANDIDATES)
+    top, idx = torch.topk(probs, k, dim=-1)  # descending
+    cand = top.clone()
+    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params])
+    cand[torch.arange(k)[None, :] >= top_k[:, None]] = 0.0
+    top_p = torch.tensor([p.top_p for p in params], dtype=probs.dtype)
+    # filter_logits takes top-p of what top-k left, renormalized.
+    kept_mass = torch.where(top_k <= k, cand.sum(-1), torch.ones(b, dtype=probs.dtype))
+    mass_before = torch.cumsum(cand, dim=-1) - cand
+    cand[mass_before >= (top_p * kept_mass)[:, None]] = 0.0
+    min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype)
+    cand[top < (min_p * top[:, 0])[:, None]] = 0.0
+    # Exact among the candidates when top-k cut inside them or top-p was reached there.
+    covered = (top_k <= k) | (top.sum(-1) >= top_p) | (min_p * top[:, 0] > top[:, -1])
+    picks = idx.gather(1, torch.multinomial(cand, 1)).flatten().tolist()
+    for i in (~covered).nonzero().flatten().tolist():
+        row = torch.softmax(filter_logits(logits[i], params[i]), dim=-1)
+        picks[i] = int(torch.multinomial(row, 1).item())
+    return picks
+
+
 class Sampler:
     def __call__(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """logits: [len(seqs), vocab] float32. Returns one token id per sequence."""
@@ -46,8 +79,13 @@ class Sampler:
             if seq.sampling.repetition_penalty != 1.0:
                 apply_repetition_penalty(logits[i], seq.token_ids, seq.sampling.repetition_penalty)
         tokens = logits.argmax(dim=-1).tolist()
+        batched = [i for i, s in enumerate(seqs) if not s.sampling.greedy and s.generator is None]
+        if batched:
+            draws = sample_batch(logits[batched], [seqs[i].sampling for i in batched])
+            for i, token in zip(batched, draws, strict=True):
+                tokens[i] = token
         for i, seq in enumerate(seqs):
-            if seq.sampling.greedy:
+            if seq.sampling.greedy or seq.generator is None:
                 continue
             probs = torch.softmax(filter_logits(logits[i], seq.sampling), dim=-1)
             tokens[i] = int(torch.multinomial(probs, 1, generator=seq.generator).item())

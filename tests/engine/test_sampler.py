@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from inference.engine.sampler import Sampler, apply_repetition_penalty, filter_logits
+from inference.engine.sampler import Sampler, apply_repetition_penalty, filter_logits, sample_batch
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.sequence import Sequence
 
@@ -42,3 +42,39 @@ def test_greedy_takes_the_argmax_and_seeded_draws_repeat():
         seqs = [Sequence(str(i), [1], SamplingParams(temperature=1.5, seed=7)) for i in range(5)]
         draws.append(Sampler()(seqs, LOGITS.repeat(5, 1)))
     assert draws[0] == draws[1]
+
+
+def _kept(logits: torch.Tensor, p: SamplingParams, draws: int = 4000) -> dict[int, float]:
+    """Frequencies of sample_batch's picks over many identical rows."""
+    picks = sample_batch(logits.repeat(draws, 1), [p] * draws)
+    return {t: picks.count(t) / draws for t in set(picks)}
+
+
+def test_batched_draws_follow_the_filtered_distribution():
+    """sample_batch keeps exactly the tokens filter_logits keeps, in the same proportions,
+    whether the filter is decided among its candidates or over the whole vocabulary."""
+    gen = torch.Generator().manual_seed(0)
+    for logits in (LOGITS, torch.randn(1000, generator=gen) * 0.1):  # peaked; nearly flat
+        for p in (
+            SamplingParams(temperature=0.7, top_p=0.95),
+            SamplingParams(temperature=1.0, top_k=3),
+            SamplingParams(temperature=1.0, top_k=3, top_p=0.6),
+            SamplingParams(temperature=1.3, min_p=0.2),
+        ):
+            want = torch.softmax(filter_logits(logits, p), dim=-1)
+            got = _kept(logits, p)
+            assert set(got) <= set(want.nonzero().flatten().tolist())
+            for token, freq in got.items():
+                assert abs(freq - want[token].item()) < 0.05, (p, token)
+
+
+def test_a_batch_mixes_greedy_seeded_and_unseeded_rows():
+    seqs = [
+        Sequence("g", [1], SamplingParams(temperature=0.0)),
+        Sequence("s", [1], SamplingParams(temperature=1.0, seed=3)),
+        Sequence("u", [1], SamplingParams(temperature=0.5, top_k=1)),
+    ]
+    tokens = Sampler()(seqs, LOGITS.repeat(3, 1))
+    assert tokens[0] == 1 and tokens[2] == 1
+    alone = Sampler()([Sequence("s", [1], SamplingParams(temperature=1.0, seed=3))], LOGITS[None])
+    assert tokens[1] == alone[0]

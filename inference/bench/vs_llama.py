@@ -1,0 +1,246 @@
+"""Our server against llama.cpp's `llama-server` on the same GGUF, through the OpenAI API.
+
+    make bench-baseline                      # builds llama-server once (a few minutes)
+    python -m inference.bench.vs_llama --concurrency 1 16 64 --repeat 3
+
+Both servers run on this machine with the same thread budget; each level of concurrent
+clients runs the multi-turn chat workload of api_clients.py (streaming, growing history,
+64 max tokens) against one server and then the other, alternating which goes first, and
+`--repeat` times. Prints, per level, the median of each figure with its min-max spread
+and the ratio ours / llama-server, and writes the raw runs as JSON.
+
+Our server is started as `make run` serves it (daphne, the embedded engine, the defaults),
+on its own SQLite file and KV-tier namespace; llama-server gets `-np` slots equal to the
+clients, 2048 tokens of context each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from inference.bench.api_clients import run_level
+from inference.model_files import bundled_gguf, default_model_path
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = ROOT / "scripts" / "build-llama-server.sh"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited:\n{log.read_text()[-3000:]}")
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except Exception:
+            time.sleep(0.5)
+    raise RuntimeError(f"{url} did not answer in {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+class OurServer:
+    def __init__(self, workdir: Path, threads: int, env: dict[str, str]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = workdir / "ours.log"
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "chatapp.settings.dev",
+            "DJANGO_DEBUG": "false",
+            "CHATAPP_VAR_DIR": str(workdir),
+            "DATABASE_URL": f"sqlite:///{workdir / 'db.sqlite3'}",
+            "ENGINE_PRELOAD": "true",
+            "ENGINE_KV_TIER_NAMESPACE": f"bench-{os.getpid()}",
+            "PYTHONUNBUFFERED": "1",
+            **({"ENGINE_NUM_THREADS": str(threads)} if threads else {}),
+            **env,
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.key = ""
+
+    def manage(self, *args: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env,
+            capture_output=True, text=True, timeout=300, check=True,
+        )  # fmt: skip
+        return out.stdout.strip()
+
+    def start(self) -> OurServer:
+        self.manage("migrate", "--noinput", "-v", "0")
+        self.key = self.manage(
+            "shell", "--no-imports", "-c",
+            "from django.contrib.auth import get_user_model as g; "
+            "from chatapp.api_keys import create_key; "
+            "u = g().objects.create_user('bench', password='bench-password-1'); "
+            "k, raw = create_key(u, 'bench'); "
+            "type(k).objects.filter(pk=k.pk).update(max_concurrent=1024, "
+            "rate_limit_per_minute=1000000); print(raw)",
+        )  # fmt: skip
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+                 "chatapp.asgi:application"],
+                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        wait_for(f"{self.url}/healthz?engine=1", self.proc, self.log)
+        return self
+
+    def stop(self) -> None:
+        stop(self.proc)
+
+
+class LlamaServer:
+    def __init__(self, binary: str, gguf: Path, threads: int, slots: int, workdir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = workdir / f"llama-{slots}.log"
+        self.args = [
+            binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port),
+            "-t", str(threads), "-tb", str(threads), "-np", str(slots),
+            "-c", str(2048 * slots),
+        ]  # fmt: skip
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> LlamaServer:
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
+        wait_for(f"{self.url}/health", self.proc, self.log)
+        return self
+
+    def stop(self) -> None:
+        stop(self.proc)
+
+
+def stop(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def llama_server_binary(path: str) -> str:
+    if path:
+        return path
+    out = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+FIGURES = ("tok_s", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms")
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in FIGURES:
+        vals = [r[f] for r in runs if r.get(f) is not None]
+        if vals:
+            out[f] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+    return out
+
+
+def print_table(results: dict[str, Any]) -> None:
+    def cell(s: dict[str, Any], f: str) -> str:
+        v = s.get(f)
+        return f"{v['median']:.1f} ({v['min']:.1f}-{v['max']:.1f})" if v else "-"
+
+    print(f"\n{results['machine']}; {results['threads']} threads each; medians (min-max)")
+    head = "| users | system | tok/s | TTFT p50 ms | TTFT p90 ms | TPOT p50 ms |"
+    print(head + "\n|" + "---|" * 6)
+    for level in results["levels"]:
+        for name in ("llama-server", "ours"):
+            s = level[name]
+            cells = " | ".join(cell(s, f) for f in FIGURES)
+            print(f"| {level['concurrency']} | {name} | {cells} |")
+        r = level["ratios"]
+        print(
+            f"| {level['concurrency']} | ours / llama | {r['tok_s']:.2f}x | "
+            f"{r['ttft_p50_ms']:.2f}x | {r['ttft_p90_ms']:.2f}x | {r['tpot_p50_ms']:.2f}x |"
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        prog="python -m inference.bench.vs_llama",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--repeat", type=int, default=3, help="runs per level and server")
+    ap.add_argument("--turns", type=int, default=3, help="turns per conversation")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=0, help="0: each server's own default")
+    ap.add_argument("--llama-server", default="", help="binary (default: build or reuse)")
+    ap.add_argument("--env", nargs="*", default=[], help="KEY=VALUE settings for our server")
+    ap.add_argument("--json", default="bench_vs_llama.json")
+    args = ap.parse_args()
+    binary = llama_server_binary(args.llama_server)
+    threads = args.threads or max(1, (os.cpu_count() or 1) - 1)
+    env = dict(kv.split("=", 1) for kv in args.env)
+    sampling = {"temperature": 0.7, "top_p": 0.95}
+    results: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "threads": threads,
+        "settings": {"turns": args.turns, "max_tokens": args.max_tokens, **sampling, **env},
+        "levels": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-vs-llama-") as tmp:
+        ours = OurServer(Path(tmp), args.threads, env).start()
+        model = str(default_model_path().name)
+        try:
+            for c in args.concurrency:
+                llama = LlamaServer(binary, bundled_gguf(), threads, c, Path(tmp)).start()
+                runs: dict[str, list[dict[str, Any]]] = {"ours": [], "llama-server": []}
+                try:
+                    for rep in range(args.repeat):
+                        order = [("ours", ours), ("llama-server", llama)]
+                        for name, server in order if rep % 2 == 0 else order[::-1]:
+                            key = ours.key if name == "ours" else "none"
+                            run = asyncio.run(
+                                run_level(f"{server.url}/v1", key, model, c, args.turns,
+                                          args.max_tokens, sampling)
+                            )  # fmt: skip
+                            runs[name].append(run)
+                            print(f"{c} users, {name}: {run}", flush=True)
+                finally:
+                    llama.stop()
+                level = {"concurrency": c, "runs": runs}
+                level.update({name: summarise(r) for name, r in runs.items()})
+                level["ratios"] = {
+                    f: level["ours"][f]["median"] / level["llama-server"][f]["median"]
+                    for f in FIGURES
+                    if f in level["ours"] and f in level["llama-server"]
+                }
+                results["levels"].append(level)
+        finally:
+            ours.stop()
+    results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    Path(args.json).write_text(json.dumps(results, indent=2))
+    print_table(results)
+    print(f"json: {args.json}")
+
+
+if __name__ == "__main__":
+    main()

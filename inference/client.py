@@ -236,9 +236,9 @@ class EngineClient:
         )
 
     def shared_prefix_tokens(self, prompt_token_ids: list[int]) -> int:
-        """How many leading tokens of a prompt are public text every user's conversation may
-        open with (the template's opening, the server's default system prompt): their whole
-        KV blocks stay shared across users; the rest of the prompt is salted."""
+        """How many leading tokens of a prompt are public text any user's conversation may
+        open with (the server's default system prompt, PromptBuilder.public_openings): their
+        whole KV blocks stay shared across users; the rest of the prompt is salted."""
         best = 0
         for opening in self._public_openings(str(settings.CHAT_DEFAULTS.get("system_prompt", ""))):
             n = 0

@@ -32,7 +32,12 @@ from chatapp.generation import (
 from chatapp.models import Conversation, Message
 from chatapp.rate_limits import counted_usage
 from inference.chat_template import Turn
-from inference.client import EngineUnavailableError, Prompt, get_engine_client
+from inference.client import (
+    EngineUnavailableError,
+    Prompt,
+    get_engine_client,
+    prefix_cache_salt,
+)
 from inference.engine import PromptTooLongError, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -291,7 +296,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             turns = conv_logic.turns_for(conv, branch)
             if user_text is not None:
                 turns.append(Turn("user", user_text))
-            return client.chat_prompt(turns), (branch[-1] if branch else None)
+            # Scoped to the conversation's owner (docs/kv-tier.md, "Whose blocks").
+            salt = prefix_cache_salt(conv.owner_id)
+            return client.chat_prompt(turns, cache_salt=salt), (branch[-1] if branch else None)
 
         prompt, anchor = await database_sync_to_async(prepare)()
         try:

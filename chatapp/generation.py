@@ -22,7 +22,7 @@ from django.conf import settings
 
 from chatapp.conversations import message_json
 from chatapp.models import Message
-from inference.client import Prompt, get_engine_client
+from inference.client import Prompt, get_engine_client, prefix_cache_salt
 from inference.engine import (
     EngineBusyError,
     EngineError,
@@ -167,11 +167,14 @@ class Generation:
         last_checkpoint = time.monotonic()
         try:
             client = await asyncio.to_thread(get_engine_client)
+            # The owner's scope: nobody else's prefix or response cache sees this prompt.
+            salt = prefix_cache_salt(self.owner_id) if self.owner_id is not None else None
             stream = client.stream(
                 self.prompt,
                 self.sampling,
                 session_id=f"conversation-{self.conversation_id}",
                 request_id=self.request_id,
+                cache_salt=salt,
             )
             async for delta in stream:
                 if delta.token_ids:

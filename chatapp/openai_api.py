@@ -26,7 +26,12 @@ from chatapp.api_keys import key_for_token
 from chatapp.models import ApiKey
 from chatapp.rate_limits import RateLimited, limiter
 from inference.chat_template import Turn
-from inference.client import EngineUnavailableError, Prompt, get_engine_client
+from inference.client import (
+    EngineUnavailableError,
+    Prompt,
+    get_engine_client,
+    prefix_cache_salt,
+)
 from inference.engine import (
     Delta,
     EngineBusyError,
@@ -39,7 +44,7 @@ from inference.recording import recorded_stream
 # Fields we honour, and fields clients commonly send that we accept at their defaults.
 COMMON_FIELDS = {
     "model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream",
-    "stream_options", "user",
+    "stream_options", "user", "cache_salt",
 }  # fmt: skip
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens"}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt"}
@@ -110,6 +115,10 @@ class ApiRequest:
     stream: bool = False
     include_usage: bool = False
     user: str | None = None
+    # vLLM's field: splits the key owner's prefix-cache scope further, never joins another's.
+    cache_salt: str | None = None
+    # Derived at the start of the request: the salt the caches are scoped by.
+    scope: str = ""
 
 
 # --- parsing --------------------------------------------------------------------------
@@ -218,6 +227,11 @@ def parse_common(body: dict, allowed: set[str], default_max_tokens: int | None) 
     user = body.get("user")
     if user is not None and (not isinstance(user, str) or len(user) > 256):
         raise invalid("'user' must be a string", "user")
+    cache_salt = body.get("cache_salt")
+    if cache_salt is not None and (
+        not isinstance(cache_salt, str) or not cache_salt or len(cache_salt) > 256
+    ):
+        raise invalid("'cache_salt' must be a non-empty string", "cache_salt")
     max_new = settings.CHAT_MAX_NEW_TOKENS
     max_tokens = _int(body, "max_completion_tokens", 1, 1 << 20) or _int(
         body, "max_tokens", 1, 1 << 20
@@ -235,7 +249,12 @@ def parse_common(body: dict, allowed: set[str], default_max_tokens: int | None) 
     if body.get("top_p") == 0:
         raise invalid("'top_p' must be greater than 0", "top_p")
     return ApiRequest(
-        model=model, sampling=sampling, stream=stream, include_usage=include_usage, user=user
+        model=model,
+        sampling=sampling,
+        stream=stream,
+        include_usage=include_usage,
+        user=user,
+        cache_salt=cache_salt,
     )
 
 
@@ -374,10 +393,10 @@ def api_view(handler: Any) -> Any:
     return view
 
 
-def build_prompt(client: Any, req: ApiRequest) -> Prompt:
+def build_prompt(client: Any, req: ApiRequest, cache_salt: str) -> Prompt:
     try:
         if req.turns is not None:
-            return client.chat_prompt(req.turns)
+            return client.chat_prompt(req.turns, cache_salt=cache_salt)
         source = req.prompt_ids if req.prompt_ids is not None else req.prompt_text
         return client.completion_prompt(source)
     except ValueError as exc:
@@ -409,14 +428,20 @@ async def start_stream(
             headers={"Retry-After": str(exc.retry_after)},
         ) from exc
     try:
-        prompt = await asyncio.to_thread(build_prompt, client, req)
+        # The key owner's scope in the prefix, response and reply caches (docs/kv-tier.md).
+        req.scope = prefix_cache_salt(key.owner_id, req.cache_salt)
+        prompt = await asyncio.to_thread(build_prompt, client, req, req.scope)
         try:
             client.check_fits(prompt)
         except PromptTooLongError as exc:
             raise invalid(str(exc), "messages", "context_length_exceeded") from exc
         # Observability: the request is recorded when this stream closes (inference/recording.py).
         engine_stream = client.stream(
-            prompt, req.sampling, session_id=req.user, request_id=f"api-{uuid.uuid4().hex}"
+            prompt,
+            req.sampling,
+            session_id=req.user,
+            request_id=f"api-{uuid.uuid4().hex}",
+            cache_salt=req.scope,
         )
         stream = recorded_stream(engine_stream, "api", user_id=key.owner_id)
         try:
@@ -501,7 +526,7 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
     if last.finish_reason == "error":
         raise ENGINE_FAILED
     if chat:
-        client.remember_reply(text, ids)
+        client.remember_reply(text, ids, req.scope)
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": text},
@@ -562,7 +587,7 @@ async def sse_events(
                     body["usage"] = usage(delta, prompt_len, ids)
                     yield sse(body)
         if chat:
-            client.remember_reply(text_all, ids)
+            client.remember_reply(text_all, ids, req.scope)
         yield b"data: [DONE]\n\n"
     finally:
         await stream.aclose()

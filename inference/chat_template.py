@@ -65,6 +65,17 @@ class PromptBuilder:
             return self._render_ids(turns, add_generation_prompt)
         return self._assemble(turns, add_generation_prompt)
 
+    def public_openings(self, system_prompt: str = "") -> list[list[int]]:
+        """Token ids a conversation may open with that are no user's own text: for a
+        server-wide `system_prompt` (public: every user sees it in their settings), its system
+        turn and the user head after it. Empty without one, or when the template is not
+        splittable (nothing is then known to be public)."""
+        a = self._affixes
+        if not self.exact or a is None or not system_prompt.strip():
+            return []
+        system = self.turn_ids(Turn("system", system_prompt), first=True)
+        return [system + self._encode(a.head["user"])]
+
     def turn_ids(self, turn: Turn, first: bool = False) -> list[int]:
         """The ids one turn contributes to the conversation's token stream."""
         a = self._affixes

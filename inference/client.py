@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from django.utils.crypto import salted_hmac
 
 from inference import metrics
 from inference.chat_template import PromptBuilder, Turn
@@ -46,6 +47,18 @@ class Prompt:
         return None if self.token_ids is None else len(self.token_ids)
 
 
+def prefix_cache_salt(owner_id: int, client_salt: str | None = None) -> str:
+    """The salt that scopes a user's prefix reuse (KV cache, memory and Redis alike), the
+    response cache and the reply memory to that user (docs/kv-tier.md, "Whose blocks").
+
+    An HMAC of the user id under SECRET_KEY: not guessable, and never taken from a client.
+    A `client_salt` (the API's `cache_salt` field, vLLM's name) only splits the user's own
+    scope further; no value of it reaches another user's.
+    """
+    value = str(owner_id) if client_salt is None else f"{owner_id}\0{client_salt}"
+    return salted_hmac("inference.prefix-cache", value, algorithm="sha256").hexdigest()[:32]
+
+
 class EngineClient:
     """Wraps an in-process AsyncEngine."""
 
@@ -55,28 +68,35 @@ class EngineClient:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.prompts = PromptBuilder(engine.tokenizer)
-        self._replies: OrderedDict[str, list[int]] = OrderedDict()
+        self._replies: OrderedDict[tuple[str | None, str], list[int]] = OrderedDict()
         self._replies_lock = threading.Lock()
+        self._openings: dict[str, list[list[int]]] = {}  # by default system prompt
 
     # API clients resend a history as text. Re-tokenizing a reply's text does not always
     # give back the ids the engine produced, and then the prefix cache misses from that
     # point on; so remember recent replies' ids by their exact text and splice them back.
     REPLY_MEMORY = 4096
 
-    def remember_reply(self, text: str, token_ids: list[int]) -> None:
+    # Replies are remembered per cache salt (per user): another user's prompt must not get
+    # them, or its token count would tell that someone was sent this exact reply.
+    def remember_reply(
+        self, text: str, token_ids: list[int], cache_salt: str | None = None
+    ) -> None:
         if not text or not token_ids:
             return
+        key = (cache_salt, text)
         with self._replies_lock:
-            self._replies[text] = list(token_ids)
-            self._replies.move_to_end(text)
+            self._replies[key] = list(token_ids)
+            self._replies.move_to_end(key)
             while len(self._replies) > self.REPLY_MEMORY:
                 self._replies.popitem(last=False)
 
-    def recall_replies(self, turns: list[Turn]) -> list[Turn]:
+    def recall_replies(self, turns: list[Turn], cache_salt: str | None = None) -> list[Turn]:
         out = []
         with self._replies_lock:
             for turn in turns:
-                ids = self._replies.get(turn.text) if turn.role == "assistant" else None
+                mine = turn.role == "assistant"
+                ids = self._replies.get((cache_salt, turn.text)) if mine else None
                 out.append(
                     Turn(turn.role, turn.text, ids) if ids and turn.token_ids is None else turn
                 )
@@ -91,9 +111,9 @@ class EngineClient:
     def model_name(self) -> str:
         return str(settings.ENGINE["MODEL"]).rstrip("/").rsplit("/", 1)[-1]
 
-    def chat_prompt(self, turns: list[Turn]) -> Prompt:
+    def chat_prompt(self, turns: list[Turn], cache_salt: str | None = None) -> Prompt:
         """Prompt ids for a conversation; replies the engine wrote keep their exact ids."""
-        turns = self.recall_replies(turns)
+        turns = self.recall_replies(turns, cache_salt)
         user_ids: list[int] = []
         if turns and turns[-1].role == "user" and self.prompts.exact:
             user_ids = self.prompts.turn_ids(turns[-1], first=len(turns) == 1)
@@ -128,28 +148,38 @@ class EngineClient:
         sampling: SamplingParams,
         session_id: str | None = None,
         request_id: str | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[Delta]:
         """The request's deltas. A deterministic request answered before is replayed from
         the response cache when it is on (inference/response_cache.py); the chat socket
-        and the OpenAI API both come through here."""
+        and the OpenAI API both come through here.
+
+        `cache_salt` (prefix_cache_salt(owner)) scopes both caches to the request's owner;
+        only requests no user's text is in (a warm-up) go without one."""
         ids = prompt.token_ids
         assert ids is not None
         cache = self.response_cache or response_cache_from_settings()
         if cache is None or not is_deterministic(sampling):
-            return self.generate(ids, sampling, session_id, request_id)
+            return self.generate(ids, sampling, session_id, request_id, cache_salt)
         return cache.stream(
-            key=lambda: self._cache_key(cache, ids, sampling),
+            key=lambda: self._cache_key(cache, ids, sampling, cache_salt),
             prompt_len=len(ids),
-            start_engine=lambda: self.generate(ids, sampling, session_id, request_id),
+            start_engine=lambda: self.generate(ids, sampling, session_id, request_id, cache_salt),
             request_id=request_id,
             on_lookup=self._count_lookup,
         )
 
     def _cache_key(
-        self, cache: ResponseCache, ids: list[int], sampling: SamplingParams
+        self,
+        cache: ResponseCache,
+        ids: list[int],
+        sampling: SamplingParams,
+        cache_salt: str | None,
     ) -> str | None:
         fingerprint = self.fingerprint(wait=False)
-        return None if fingerprint is None else cache.key(fingerprint, ids, sampling)
+        if fingerprint is None:
+            return None
+        return cache.key(fingerprint, ids, sampling, scope=cache_salt or "")
 
     def fingerprint(self, wait: bool = True) -> str | None:
         """The model as it runs here (weights, dtype, quantization, context length); None
@@ -193,10 +223,39 @@ class EngineClient:
         sampling: SamplingParams,
         session_id: str | None = None,
         request_id: str | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[Delta]:
+        shared = self.shared_prefix_tokens(prompt_token_ids) if cache_salt is not None else 0
         return self.engine.generate(
-            prompt_token_ids, sampling, session_id=session_id, request_id=request_id
+            prompt_token_ids,
+            sampling,
+            session_id=session_id,
+            request_id=request_id,
+            cache_salt=cache_salt,
+            shared_prefix_tokens=shared,
         )
+
+    def shared_prefix_tokens(self, prompt_token_ids: list[int]) -> int:
+        """How many leading tokens of a prompt are public text any user's conversation may
+        open with (the server's default system prompt, PromptBuilder.public_openings): their
+        whole KV blocks stay shared across users; the rest of the prompt is salted."""
+        best = 0
+        for opening in self._public_openings(str(settings.CHAT_DEFAULTS.get("system_prompt", ""))):
+            n = 0
+            for a, b in zip(opening, prompt_token_ids, strict=False):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        return best
+
+    def _public_openings(self, default_system_prompt: str) -> list[list[int]]:
+        found = self._openings.get(default_system_prompt)
+        if found is None:
+            found = self._openings[default_system_prompt] = self.prompts.public_openings(
+                default_system_prompt
+            )
+        return found
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)

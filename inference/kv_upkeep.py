@@ -6,6 +6,9 @@
 2. Warm the tier with the system prompts conversations use most: each is prefilled once by
    the engine (one greedy token), which writes its full KV blocks back to Redis, so a new
    conversation with that prompt starts warm on any worker, even one that just started.
+   Prefix reuse is scoped by owner (docs/kv-tier.md, "Whose blocks"): the server's default
+   system prompt is public and is warmed once, shared by everyone; any other system prompt
+   is one user's text and is warmed in that user's scope, for that user only.
 """
 
 from __future__ import annotations
@@ -21,35 +24,51 @@ from django.db.models import Count
 
 from chatapp.models import Conversation
 from inference.chat_template import Turn
+from inference.client import prefix_cache_salt
 from inference.engine import SamplingParams
 from inference.engine.kv_store import redacted, upkeep_url
 
 log = logging.getLogger(__name__)
 
 
-def most_used_system_prompts(limit: int) -> list[tuple[str, int]]:
+def most_used_system_prompts(limit: int) -> list[tuple[str, int, int | None]]:
+    """(system prompt, conversations, owner), most conversations first. The server's default
+    prompt counts for everyone at once (owner None: it is warmed shared); another prompt
+    counts per user, as only its owner's conversations can reuse its warm blocks."""
+    default = str(settings.CHAT_DEFAULTS.get("system_prompt", ""))
+    with_prompt = Conversation.objects.exclude(system_prompt="")
+    found: list[tuple[str, int, int | None]] = []
+    if default.strip():
+        n = with_prompt.filter(system_prompt=default).count()
+        if n:
+            found.append((default, n, None))
     rows = (
-        Conversation.objects.exclude(system_prompt="")
-        .values("system_prompt")
+        with_prompt.exclude(system_prompt=default)
+        .values("owner_id", "system_prompt")
         .annotate(n=Count("id"))
-        .order_by("-n", "system_prompt")[:limit]
+        .order_by("-n", "system_prompt", "owner_id")[:limit]
     )
-    return [(r["system_prompt"], r["n"]) for r in rows]
+    found += [(r["system_prompt"], r["n"], r["owner_id"]) for r in rows]
+    found.sort(key=lambda row: -row[1])
+    return found[:limit]
 
 
-def warm(prompts: list[str]) -> list[dict[str, Any]]:
-    """Prefill each prompt's system turn on the engine; what each cost."""
+def warm(prompts: list[tuple[str, int | None]]) -> list[dict[str, Any]]:
+    """Prefill each (prompt, owner)'s system turn on the engine, in the owner's cache scope
+    (None: shared); what each cost."""
     from inference.client import get_engine_client
 
     client = get_engine_client()
     sampling = SamplingParams(max_tokens=1, temperature=0.0)
 
-    async def one(text: str) -> dict[str, Any]:
+    async def one(text: str, owner: int | None) -> dict[str, Any]:
         # The system turn alone, as every conversation with this prompt starts.
         ids = client.prompts.build([Turn("system", text)], add_generation_prompt=False)
+        salt = None if owner is None else prefix_cache_salt(owner)
         started = time.perf_counter()
         last = None
-        async for delta in client.generate(ids, sampling, request_id=f"warm-{uuid.uuid4().hex}"):
+        rid = f"warm-{uuid.uuid4().hex}"
+        async for delta in client.generate(ids, sampling, request_id=rid, cache_salt=salt):
             last = delta
         m = last.metrics if last is not None else None
         return {
@@ -60,7 +79,7 @@ def warm(prompts: list[str]) -> list[dict[str, Any]]:
         }
 
     async def all_of_them() -> list[dict[str, Any]]:
-        return [await one(p) for p in prompts]
+        return [await one(p, owner) for p, owner in prompts]
 
     return asyncio.run(all_of_them())
 
@@ -85,8 +104,9 @@ def run() -> dict[str, Any]:
         report["error"] = f"{type(exc).__name__}: {exc}"
         return report
     prompts = most_used_system_prompts(int(settings.KV_TIER_WARM_PROMPTS))
+    figures = warm([(text, owner) for text, _, owner in prompts])
     report["warmed"] = [
-        {"conversations": n, "chars": len(text), **figures}
-        for (text, n), figures in zip(prompts, warm([p for p, _ in prompts]), strict=True)
+        {"conversations": n, "chars": len(text), "shared": owner is None, **cost}
+        for (text, n, owner), cost in zip(prompts, figures, strict=True)
     ]
     return report

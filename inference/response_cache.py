@@ -5,9 +5,14 @@ model, the same prompt ids and the same sampling settings then give the same rep
 stored reply can be streamed again without touching the engine. A sampled request without
 a seed is never looked up nor stored: each of those is meant to come out differently.
 
-    key   = blake2b(model fingerprint, exact prompt token ids, every sampling setting)
+    key   = blake2b(model fingerprint, owner's cache salt, exact prompt token ids,
+                    every sampling setting)
     value = the reply's deltas (text and token ids of each), its finish reason and the
             figures of the request that produced it; JSON, bounded in size, with a TTL.
+
+Entries are scoped by owner like the prefix cache (inference.client.prefix_cache_salt): a
+replay answers in milliseconds, so a global cache would tell anyone that someone else sent
+this exact prompt before.
 
 Only replies that ended normally ("stop" or "length") are stored. Redis is spoken to with
 the synchronous client from worker threads, so the event loop never waits on it; when Redis
@@ -121,9 +126,18 @@ class ResponseCache:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="response-cache")
         self._pending: set[Future[bool]] = set()
 
-    def key(self, fingerprint: str, prompt_token_ids: list[int], sampling: SamplingParams) -> str:
+    def key(
+        self,
+        fingerprint: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams,
+        scope: str = "",
+    ) -> str:
+        """The entry of this prompt and sampling, for `scope` (the owner's cache salt; "":
+        a request no user's text is in) only."""
         h = hashlib.blake2b(digest_size=20)
-        for part in (fingerprint, ",".join(map(str, prompt_token_ids)), sampling_json(sampling)):
+        parts = (fingerprint, scope, ",".join(map(str, prompt_token_ids)), sampling_json(sampling))
+        for part in parts:
             h.update(part.encode())
             h.update(b"\0")
         return f"{self.namespace}:{h.hexdigest()}"

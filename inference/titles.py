@@ -57,21 +57,22 @@ def clean(text: str) -> str:
     return " ".join(line.split()[:MAX_WORDS])[:MAX_CHARS].rstrip(" .,:;")
 
 
-def write_title(user_text: str, reply_text: str) -> str:
-    """Ask the engine (greedy, a few tokens) for a title."""
-    from inference.client import get_engine_client
+def write_title(user_text: str, reply_text: str, owner_id: int | None = None) -> str:
+    """Ask the engine (greedy, a few tokens) for a title, in the owner's cache scope."""
+    from inference.client import get_engine_client, prefix_cache_salt
 
     client = get_engine_client()
+    salt = prefix_cache_salt(owner_id) if owner_id is not None else None
     # The gist is enough for a title; a short prompt keeps this background prefill from
     # delaying the next person's first token.
     conversation = f"User: {user_text[:400]}\nAssistant: {reply_text[:300]}"
-    prompt = client.chat_prompt([Turn("user", INSTRUCTION + conversation)])
+    prompt = client.chat_prompt([Turn("user", INSTRUCTION + conversation)], cache_salt=salt)
     sampling = SamplingParams(max_tokens=16, temperature=0.0)
 
     async def run() -> str:
         text = ""
         rid = f"title-{uuid.uuid4().hex[:12]}"
-        async for delta in client.stream(prompt, sampling, request_id=rid):
+        async for delta in client.stream(prompt, sampling, request_id=rid, cache_salt=salt):
             text += delta.text
         return text
 
@@ -84,7 +85,7 @@ def generate(conversation_id: int) -> str | None:
     if conv is None or not needs_title(conv):
         return None
     user_msg, reply = first_exchange(conv)  # type: ignore[misc]
-    title = write_title(user_msg.text, reply.text)
+    title = write_title(user_msg.text, reply.text, conv.owner_id)
     if not title:
         return None
     # Only if nobody renamed it meanwhile.

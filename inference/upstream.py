@@ -41,9 +41,15 @@ class UpstreamEngineClient:
     max_model_len: int | None = None
 
     def __init__(
-        self, base_url: str, api_key: str = "", model: str = "", timeout: float = 600
+        self,
+        base_url: str,
+        api_key: str = "",
+        model: str = "",
+        timeout: float = 600,
+        send_cache_salt: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.send_cache_salt = send_cache_salt
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout = timeout
         self.model_name = model or self._discover_model()
@@ -56,7 +62,10 @@ class UpstreamEngineClient:
         if not cfg.get("UPSTREAM_URL"):
             raise EngineUnavailableError("ENGINE_MODE=upstream needs ENGINE_UPSTREAM_URL")
         return cls(
-            cfg["UPSTREAM_URL"], cfg.get("UPSTREAM_API_KEY", ""), cfg.get("UPSTREAM_MODEL", "")
+            cfg["UPSTREAM_URL"],
+            cfg.get("UPSTREAM_API_KEY", ""),
+            cfg.get("UPSTREAM_MODEL", ""),
+            send_cache_salt=bool(cfg.get("UPSTREAM_CACHE_SALT", True)),
         )
 
     def _discover_model(self) -> str:
@@ -71,7 +80,7 @@ class UpstreamEngineClient:
 
     # --- the same surface as EngineClient -------------------------------------------
 
-    def chat_prompt(self, turns: list[Turn]) -> Prompt:
+    def chat_prompt(self, turns: list[Turn], cache_salt: str | None = None) -> Prompt:
         return Prompt(messages=[{"role": t.role, "content": t.text} for t in turns])
 
     def completion_prompt(self, prompt: str | list[int]) -> Prompt:
@@ -82,7 +91,9 @@ class UpstreamEngineClient:
     def check_fits(self, prompt: Prompt) -> None:
         """The upstream knows its own context window; it answers for it."""
 
-    def remember_reply(self, text: str, token_ids: list[int]) -> None:
+    def remember_reply(
+        self, text: str, token_ids: list[int], cache_salt: str | None = None
+    ) -> None:
         """Nothing to splice: the upstream tokenizes its own prompts."""
 
     def abort(self, request_id: str) -> None:
@@ -109,6 +120,7 @@ class UpstreamEngineClient:
         sampling: SamplingParams,
         session_id: str | None = None,
         request_id: str | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[Delta]:
         rid = request_id or f"up-{time.monotonic_ns()}"
         body: dict[str, Any] = {
@@ -125,6 +137,10 @@ class UpstreamEngineClient:
             body["stop"] = sampling.stop[:4]
         if session_id:
             body["user"] = session_id
+        if cache_salt and self.send_cache_salt:
+            # All of this app's users reach the upstream as one caller: the salt keeps
+            # them apart in its prefix cache (vLLM and this app honour it).
+            body["cache_salt"] = cache_salt
         if prompt.messages is not None:
             path, body["messages"] = "/chat/completions", prompt.messages
         else:

@@ -172,6 +172,9 @@ ENGINE = {
     "UPSTREAM_URL": env_str("ENGINE_UPSTREAM_URL", ""),  # e.g. http://gpu-box:8000/v1
     "UPSTREAM_API_KEY": env_str("ENGINE_UPSTREAM_API_KEY", ""),
     "UPSTREAM_MODEL": env_str("ENGINE_UPSTREAM_MODEL", ""),  # default: the first it lists
+    # Send each request's per-user `cache_salt` (vLLM's field), so the upstream's prefix
+    # cache does not tell one user what another sent; off for servers that refuse the field.
+    "UPSTREAM_CACHE_SALT": env_bool("ENGINE_UPSTREAM_CACHE_SALT", True),
     # ENGINE_MODE=distributed: `manage.py run_engine` workers serve over Redis (docs/workers.md).
     "WORKERS_REDIS_URL": env_str(
         "ENGINE_WORKERS_REDIS_URL", urlsplit(REDIS_URL)._replace(path="/3").geturl()

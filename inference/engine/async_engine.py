@@ -45,8 +45,11 @@ class AsyncEngine:
         sampling: SamplingParams,
         session_id: str | None = None,
         request_id: str | None = None,
+        cache_salt: str | None = None,
+        shared_prefix_tokens: int = 0,
     ) -> AsyncIterator[Delta]:
-        """Stream the request's deltas; the last one has finished=True.
+        """Stream the request's deltas; the last one has finished=True. `cache_salt` and
+        `shared_prefix_tokens` scope its prefix reuse (LLMEngine.add_request).
 
         Raises EngineBusyError, PromptTooLongError or InvalidRequestError before the first
         delta. Leaving the loop early (break, aclose, cancellation) aborts the request.
@@ -62,7 +65,12 @@ class AsyncEngine:
         self._streams[rid] = (loop, queue)
         try:
             self.engine.add_request(
-                prompt_token_ids, sampling, request_id=rid, session_id=session_id
+                prompt_token_ids,
+                sampling,
+                request_id=rid,
+                session_id=session_id,
+                cache_salt=cache_salt,
+                shared_prefix_tokens=shared_prefix_tokens,
             )
         except BaseException:
             self._streams.pop(rid, None)

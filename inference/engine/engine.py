@@ -30,7 +30,7 @@ from inference.engine.config import EngineConfig
 from inference.engine.detokenizer import IncrementalDetokenizer
 from inference.engine.errors import EngineBusyError, InvalidRequestError, PromptTooLongError
 from inference.engine.fingerprint import model_fingerprint
-from inference.engine.kv_cache import ROOT_DIGEST, Block, KVCacheManager
+from inference.engine.kv_cache import Block, CacheScope, KVCacheManager
 from inference.engine.kv_store import (
     DISABLED_STATS,
     LAYOUT_VERSION,
@@ -127,9 +127,19 @@ class LLMEngine:
         sampling: SamplingParams,
         request_id: str | None = None,
         session_id: str | None = None,
+        cache_salt: str | None = None,
+        shared_prefix_tokens: int = 0,
     ) -> str:
-        """Queue a request; raise at once if it is invalid, too long, or the queue is full."""
+        """Queue a request; raise at once if it is invalid, too long, or the queue is full.
+
+        With a `cache_salt` (vLLM's name), the request's KV blocks are found only by requests
+        with the same salt, in memory and in the Redis tier, except its first
+        `shared_prefix_tokens` tokens' whole blocks, which stay shared (public text)."""
         sampling.validate()
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise InvalidRequestError("cache_salt must be a non-empty string")
+        if isinstance(shared_prefix_tokens, bool) or not isinstance(shared_prefix_tokens, int):
+            raise InvalidRequestError("shared_prefix_tokens must be an integer")
         request_id = request_id or uuid.uuid4().hex
         n = len(prompt_token_ids)
         if n == 0:
@@ -141,7 +151,8 @@ class LLMEngine:
             raise PromptTooLongError(
                 f"the prompt has {n} tokens; this engine takes fewer than {self.max_model_len}"
             )
-        seq = Sequence(request_id, prompt_token_ids, sampling, session_id)
+        scope = CacheScope(cache_salt, max(0, shared_prefix_tokens) // self.config.block_size)
+        seq = Sequence(request_id, prompt_token_ids, sampling, session_id, cache_scope=scope)
         seq.max_tokens = min(sampling.max_tokens, self.max_model_len - n)
         seq.stop_token_ids = set(sampling.stop_token_ids)
         if not sampling.ignore_eos:
@@ -405,7 +416,7 @@ class LLMEngine:
             seq.kv_lookup_pending = False
 
         seq.kv_lookup_pending = True
-        tier.lookup(seq.token_ids[: wanted * bs], first, done)
+        tier.lookup(seq.token_ids[: wanted * bs], first, done, seq.cache_scope)
 
     def _apply_restores(self, tier: KVTier, batch: ScheduledBatch) -> None:
         for r in batch.restores:
@@ -421,16 +432,15 @@ class LLMEngine:
         entries: list[BlockEntry] = []
         ids: list[int] = []
         touches: list[bytes] = []
-        parent = ROOT_DIGEST
         for block_id, digest in zip(seq.block_table, seq.block_digests, strict=False):
             block = self.kv.blocks[block_id]
             if block.digest == digest:  # else a private twin: the indexed copy is saved
                 if block.persisted:
                     touches.append(digest)
                 else:
-                    entries.append(BlockEntry(digest, parent, block.token_ids))
+                    # The parent as indexed: the salted link for a scope's first salted block.
+                    entries.append(BlockEntry(digest, block.parent_digest, block.token_ids))
                     ids.append(block_id)
-            parent = digest
         if (entries or touches) and tier.save(
             entries, lambda: self.runner.read_blocks(ids), touches
         ):

@@ -6,7 +6,9 @@ One Redis entry per full KV block, under
 
 The fingerprint covers the model's weights, dtype, quantization, device type, block size and
 cache layout (fingerprint.py); the chain digest is blake2b over the previous block's digest
-and this block's exact token ids (kv_cache.chain_digest). The value is a header (magic,
+and this block's exact token ids (kv_cache.chain_digest), the link into a request's first
+salted block salted with its owner (kv_cache.CacheScope), so one owner's keys never name
+another's blocks. The value is a header (magic,
 version, compression, fingerprint, parent digest, lengths) and the block's token ids, then
 the block's K and V for every layer in the pool dtype, byte for byte (or compressed), then a
 crc32 of all that. A reader checks
@@ -42,7 +44,7 @@ import torch
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from inference.engine.kv_cache import ROOT_DIGEST, chain_digest
+from inference.engine.kv_cache import UNSALTED, CacheScope
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +166,7 @@ class _Lookup:
     token_ids: list[int]
     first_block: int
     on_done: Callable[[RestoredPrefix | None], None]
+    scope: CacheScope
 
 
 @dataclass
@@ -368,12 +371,14 @@ class KVTier:
         token_ids: list[int],
         first_block: int,
         on_done: Callable[[RestoredPrefix | None], None],
+        scope: CacheScope = UNSALTED,
     ) -> None:
-        """Find blocks first_block.. of token_ids (whole blocks) in Redis, in the background.
+        """Find blocks first_block.. of token_ids (whole blocks) in Redis, in the background,
+        under the request's cache scope (its chain of digests).
 
         on_done runs on the reader thread with the longest valid run found (or None);
         lookup_done is set after it."""
-        self._lookups.put(_Lookup(token_ids, first_block, on_done))
+        self._lookups.put(_Lookup(token_ids, first_block, on_done, scope))
 
     def wait_for_lookups(self, timeout: float) -> None:
         self.lookup_done.wait(timeout)
@@ -383,7 +388,7 @@ class KVTier:
             restored: RestoredPrefix | None = None
             try:
                 if self.available:
-                    restored = self._fetch(job.token_ids, job.first_block)
+                    restored = self._fetch(job.token_ids, job.first_block, job.scope)
             except redis.RedisError as exc:
                 self._failed(exc)
             except Exception:
@@ -392,24 +397,24 @@ class KVTier:
                 job.on_done(restored)
                 self.lookup_done.set()
             if restored is not None:
-                self._touch_restored(job.token_ids, restored)
+                self._touch_restored(job.token_ids, restored, job.scope)
 
-    def _fetch(self, token_ids: list[int], first_block: int) -> RestoredPrefix | None:
+    def _fetch(
+        self, token_ids: list[int], first_block: int, scope: CacheScope
+    ) -> RestoredPrefix | None:
         start = time.perf_counter()
         bs = self.layout.block_size
         blocks = [tuple(token_ids[i : i + bs]) for i in range(0, len(token_ids) - bs + 1, bs)]
-        digests = [ROOT_DIGEST]
-        for tokens in blocks:
-            digests.append(chain_digest(digests[-1], tokens))
+        chain = scope.digest_chain(token_ids, bs, len(blocks))
         wanted = range(first_block, len(blocks))
-        keys = [self.keys.entry(digests[i + 1]) for i in wanted]
+        keys = [self.keys.entry(chain[i][1]) for i in wanted]
         values: list[bytes | None] = self.redis.mget(keys)
         self.count(lookups=1)
         found: list[memoryview] = []
         for i, key, value in zip(wanted, keys, values, strict=True):
             if value is None:
                 break
-            payload = self._verify(value, blocks[i], digests[i])
+            payload = self._verify(value, blocks[i], chain[i][0])
             if payload is None:
                 self.count(rejected=1)
                 log.warning("KV tier: deleting a corrupt or mismatched entry %s", key)
@@ -476,14 +481,12 @@ class KVTier:
         shape = (heads, len(payloads), lay.block_size, lay.head_dim)
         return [t.view(lay.dtype).view(shape) for t in layers]
 
-    def _touch_restored(self, token_ids: list[int], restored: RestoredPrefix) -> None:
+    def _touch_restored(
+        self, token_ids: list[int], restored: RestoredPrefix, scope: CacheScope
+    ) -> None:
         bs = self.layout.block_size
-        digest = ROOT_DIGEST
-        digests = []
-        for i in range(restored.first_block + restored.num_blocks):
-            digest = chain_digest(digest, token_ids[i * bs : (i + 1) * bs])
-            if i >= restored.first_block:
-                digests.append(digest)
+        chain = scope.digest_chain(token_ids, bs, restored.first_block + restored.num_blocks)
+        digests = [digest for _, digest in chain[restored.first_block :]]
         self._writes.put(_Write([], None, digests, 0))
 
     # -- write-back -------------------------------------------------------------------

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from inference.engine.kv_cache import UNSALTED, CacheScope
 from inference.engine.outputs import RequestMetrics
 from inference.engine.sampling_params import SamplingParams
 
@@ -36,9 +37,12 @@ class Sequence:
         sampling: SamplingParams,
         session_id: str | None = None,
         arrival_time: float | None = None,
+        cache_scope: CacheScope = UNSALTED,
     ) -> None:
         self.request_id = request_id
         self.session_id = session_id
+        # Which prefix chain this request's KV blocks join (kv_cache.CacheScope).
+        self.cache_scope = cache_scope
         self.sampling = sampling
         # The engine clamps max_tokens to the context left and adds eos to the stop ids.
         self.max_tokens = sampling.max_tokens

@@ -3,7 +3,8 @@
 To a worker, on its channel `engine.worker.<id>`::
 
     {"type": "generate", "request_id": str, "prompt": [int], "sampling": {...},
-     "session_id": str | None, "reply_to": str}
+     "session_id": str | None, "reply_to": str,
+     "cache_salt": str | None, "shared_prefix_tokens": int}
     {"type": "abort", "request_id": str}
 
 To a web process, on the reply channel it named (one per process and event loop)::
@@ -190,7 +191,11 @@ def generate_message(
     sampling: SamplingParams,
     session_id: str | None,
     reply_to: str,
+    cache_salt: str | None = None,
+    shared_prefix_tokens: int = 0,
 ) -> dict[str, Any]:
+    """A request for a worker; `cache_salt` and `shared_prefix_tokens` scope its prefix
+    reuse on the worker as in LLMEngine.add_request (the web side derives them)."""
     return {
         "type": "generate",
         "request_id": request_id,
@@ -198,6 +203,8 @@ def generate_message(
         "sampling": dataclasses.asdict(sampling),
         "session_id": session_id,
         "reply_to": reply_to,
+        "cache_salt": cache_salt,
+        "shared_prefix_tokens": int(shared_prefix_tokens),
     }
 
 

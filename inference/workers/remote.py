@@ -138,6 +138,8 @@ class RemoteEngine:
         sampling: SamplingParams,
         session_id: str | None = None,
         request_id: str | None = None,
+        cache_salt: str | None = None,
+        shared_prefix_tokens: int = 0,
     ) -> AsyncIterator[Delta]:
         if self._closed:
             raise EngineUnavailableError("the engine client is shut down")
@@ -150,7 +152,15 @@ class RemoteEngine:
         link.requests[rid] = pending
         finished = False
         try:
-            message = generate_message(rid, prompt_token_ids, sampling, session_id, link.reply_to)
+            message = generate_message(
+                rid,
+                prompt_token_ids,
+                sampling,
+                session_id,
+                link.reply_to,
+                cache_salt=cache_salt,
+                shared_prefix_tokens=shared_prefix_tokens,
+            )
             try:
                 await send(link.layer, worker.channel, message, REDIS_TIMEOUT_S)
             except ChannelFull as exc:

@@ -212,6 +212,8 @@ class WorkerServer:
                 sampling_from_dict(message["sampling"]),
                 session_id=session_id,
                 request_id=rid,
+                cache_salt=message.get("cache_salt"),
+                shared_prefix_tokens=int(message.get("shared_prefix_tokens") or 0),
             )
             async for delta in stream:
                 self._post(reply_to, delta_event(delta), urgent=first or delta.finished)

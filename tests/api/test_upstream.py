@@ -98,3 +98,27 @@ def test_upstream_refusals_become_clear_errors(front: LiveServer, model_id: str)
 
 def test_tiny_model_dir_is_what_the_upstream_serves(tiny_model_dir: Path, model_id: str) -> None:
     assert tiny_model_dir.name == model_id
+
+
+def test_the_front_keeps_its_users_apart_in_the_upstream_s_prefix_cache(
+    front: LiveServer, model_id: str
+) -> None:
+    # All the front's users reach the upstream through one key: the per-user cache_salt
+    # the front sends is what keeps them apart there.
+    def cached(username: str) -> int:
+        api = openai.OpenAI(
+            base_url=front.url + "/v1", api_key=front.make_key(username), max_retries=0
+        )
+        reply = api.chat.completions.create(
+            model=model_id,
+            messages=[{"role": "user", "content": "A line only its writer may reuse. " * 8}],
+            max_tokens=1,
+            temperature=0,
+        )
+        return reply.usage.prompt_tokens_details.cached_tokens
+
+    for name in ("front-alice", "front-bob"):
+        front.make_user(name, PASSWORD)
+    assert cached("front-alice") == 0
+    assert cached("front-bob") == 0
+    assert cached("front-alice") >= 48

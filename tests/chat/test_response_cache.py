@@ -22,7 +22,12 @@ from channels.db import database_sync_to_async
 
 from chatapp.models import Message
 from inference import metrics
-from inference.client import EngineClient, Prompt, response_cache_from_settings
+from inference.client import (
+    EngineClient,
+    Prompt,
+    prefix_cache_salt,
+    response_cache_from_settings,
+)
 from inference.engine import Delta, SamplingParams
 from inference.models import RequestRecord
 from inference.response_cache import CachedReply, ResponseCache
@@ -57,10 +62,15 @@ def cache(tiny_engine: EngineClient) -> Iterator[ResponseCache]:
         rc.close()
 
 
-async def run(client: EngineClient, sampling: SamplingParams, ids: list[int] = PROMPT) -> dict:
+async def run(
+    client: EngineClient,
+    sampling: SamplingParams,
+    ids: list[int] = PROMPT,
+    cache_salt: str | None = None,
+) -> dict:
     """One request through EngineClient.stream: its deltas, and whether the engine ran it."""
     before = client.stats()["total_requests"]
-    stream = client.stream(Prompt(token_ids=list(ids)), sampling)
+    stream = client.stream(Prompt(token_ids=list(ids)), sampling, cache_salt=cache_salt)
     deltas: list[Delta] = [d async for d in stream]
     if client.response_cache is not None:
         await asyncio.to_thread(client.response_cache.flush)
@@ -101,6 +111,21 @@ async def test_a_greedy_request_answered_before_is_replayed_without_the_engine(
     assert m.prompt_tokens == len(PROMPT) and m.output_tokens == 12 and len(m.token_times) == 12
     assert m.ttft is not None and m.ttft < first["last"].metrics.ttft
     assert cache.counts["hits"] == 1 and cache.counts["stores"] == 1
+
+
+@needs_redis
+async def test_a_stored_reply_is_replayed_to_its_owner_only(
+    tiny_engine: EngineClient, cache: ResponseCache
+) -> None:
+    alice, bob = prefix_cache_salt(1), prefix_cache_salt(2)
+    first = await run(tiny_engine, greedy(), cache_salt=alice)
+    # A replay answers in milliseconds: bob must not learn that alice sent this prompt.
+    theirs = await run(tiny_engine, greedy(), cache_salt=bob)
+    assert theirs["engine_ran"] == 1 and not theirs["replayed"]
+    unscoped = await run(tiny_engine, greedy())
+    assert unscoped["engine_ran"] == 1 and not unscoped["replayed"]
+    mine = await run(tiny_engine, greedy(), cache_salt=alice)
+    assert mine["engine_ran"] == 0 and mine["replayed"] and mine["ids"] == first["ids"]
 
 
 @needs_redis

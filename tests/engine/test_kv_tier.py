@@ -78,9 +78,9 @@ def _prompt(n: int, seed: int) -> list[int]:
     return torch.randint(3, 49152, (n,), generator=g).tolist()
 
 
-def _generate(engine: LLMEngine, prompt: list[int], max_tokens: int = 12):  # type: ignore[no-untyped-def]
+def _generate(engine: LLMEngine, prompt: list[int], max_tokens: int = 12, **kw):  # type: ignore[no-untyped-def]
     rid = uuid.uuid4().hex
-    engine.add_request(prompt, greedy(max_tokens, ignore_eos=True), request_id=rid)
+    engine.add_request(prompt, greedy(max_tokens, ignore_eos=True), request_id=rid, **kw)
     deltas = run_to_completion(engine)[rid]
     return token_ids_of(deltas), deltas[-1].metrics
 
@@ -344,3 +344,24 @@ def test_a_long_conversation_of_the_real_model_restored_from_redis_equals_cold(
     assert metrics.cached_tokens_redis >= len(turn1) // 16 * 16
     cold = LLMEngine(EngineConfig(**base, enable_prefix_caching=False))  # type: ignore[arg-type]
     assert tokens == _generate(cold, turn2, 24)[0]
+
+
+def test_a_salted_conversation_is_restored_for_its_owner_only(tier_engine, store, namespace):
+    first = tier_engine()
+    turn1 = _prompt(70, seed=1)
+    reply, _ = _generate(first, turn1, 20, cache_salt="alice")
+    first.close()
+    assert _entries(store, namespace)
+    turn2 = turn1 + reply + _prompt(15, seed=2)
+    restarted = tier_engine()
+    # Another owner, or no owner, finds none of alice's blocks in Redis.
+    for salt in ("bob", None):
+        _, theirs = _generate(restarted, turn2, cache_salt=salt)
+        assert (theirs.cached_tokens, theirs.cached_tokens_redis) == (0, 0), salt
+    # Alice's next turn is restored: every full block of turn 1 but its last token.
+    _, mine = _generate(restarted, turn2, cache_salt="alice")
+    assert mine.cached_tokens == 0
+    assert mine.cached_tokens_redis == (70 + 20 - 1) // 8 * 8
+    # And the turn after that finds it all in memory.
+    _, later = _generate(restarted, [*turn2, 5, 6, 7], cache_salt="alice")
+    assert later.cached_tokens >= len(turn2) // 8 * 8

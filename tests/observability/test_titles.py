@@ -20,7 +20,7 @@ def asked(settings, monkeypatch, plain_user) -> list[str]:  # type: ignore[no-un
     settings.CHAT_AUTO_TITLES = True
     calls: list[str] = []
 
-    def fake_write(user_text: str, reply_text: str) -> str:
+    def fake_write(user_text: str, reply_text: str, owner_id: int | None = None) -> str:
         calls.append(user_text)
         return "Baking bread at home"
 

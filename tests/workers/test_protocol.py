@@ -49,6 +49,16 @@ def test_sampling_settings_survive_and_unknown_fields_are_dropped() -> None:
     assert protocol.sampling_from_dict({**message["sampling"], "from_the_future": 1}) == s
 
 
+def test_a_request_carries_its_cache_scope_to_the_worker() -> None:
+    s = SamplingParams(max_tokens=2)
+    message = through_the_layer(
+        protocol.generate_message(
+            "r", [1, 2], s, None, "reply!x", cache_salt="owner-salt", shared_prefix_tokens=32
+        )
+    )
+    assert (message["cache_salt"], message["shared_prefix_tokens"]) == ("owner-salt", 32)
+
+
 @pytest.mark.parametrize("error", [EngineBusyError, PromptTooLongError, EngineUnavailableError])
 def test_a_refusal_is_raised_again_as_the_same_error(error: type[Exception]) -> None:
     event = through_the_layer(protocol.refusal_event("r", error("no room")))

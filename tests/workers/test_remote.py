@@ -106,6 +106,16 @@ async def test_a_session_stays_on_its_worker_and_a_new_one_goes_to_the_less_load
         await stream.aclose()
 
 
+async def test_a_worker_scopes_prefix_reuse_by_the_request_s_cache_salt(client: Any) -> None:
+    ids = prompt(client, "A note that only its owner may reuse from the cache. " * 6)
+    on_one_worker = {"session_id": "conv-salted"}
+    await run(client, ids, cache_salt="alice-salt", **on_one_worker)
+    _, _, bob = await run(client, ids, cache_salt="bob-salt", **on_one_worker)
+    _, _, alice = await run(client, ids, cache_salt="alice-salt", **on_one_worker)
+    assert bob.metrics.cached_tokens + bob.metrics.cached_tokens_redis == 0
+    assert alice.metrics.cached_tokens + alice.metrics.cached_tokens_redis >= 48
+
+
 async def test_deltas_travel_coalesced_not_one_message_per_token(client: Any) -> None:
     remote = client.engine
     ids = prompt(client, "Count the messages")

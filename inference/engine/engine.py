@@ -97,8 +97,14 @@ class LLMEngine:
         self.sampler = Sampler()
         self.step_tokens_counts = [0] * len(STEP_TOKEN_BUCKETS)
         self.step_tokens_sum = 0
+        native = getattr(self.runner.model, "native", None)
         self.speculator = (
-            Speculator(config, self.max_model_len, self.runner.model.vocab_size)
+            Speculator(
+                config,
+                self.max_model_len,
+                self.runner.model.vocab_size,
+                row_budget=native.max_rows if native is not None else None,
+            )
             if config.speculative_mode
             else None
         )
@@ -208,11 +214,14 @@ class LLMEngine:
             if not batch.seqs and self.scheduler.lookups_pending:
                 tier.wait_for_lookups(0.05)  # nothing to run until a lookup answers
         if batch.seqs:
+            guessed = any(s.draft_tokens for s in batch.seqs[: batch.num_decodes])
             start = time.perf_counter()
             try:
                 self._run(batch, deltas)
             except Exception as exc:
                 deltas.extend(self._fail(batch, exc))
+            if self.speculator is not None:
+                self.speculator.record_step(time.perf_counter() - start, guessed)
             self.last_step = {
                 "batch_size": len(batch),
                 "tokens": batch.total_tokens,

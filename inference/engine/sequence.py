@@ -81,6 +81,7 @@ class Sequence:
         # engine's bar it pauses until num_output_tokens reaches spec_resume_at.
         self.spec_window_drafted = 0
         self.spec_window_accepted = 0
+        self.spec_window_checks = 0
         self.spec_resume_at = 0
 
     def __len__(self) -> int:

@@ -133,22 +133,37 @@ class Speculator:
       - where fewer than two tokens are left under max_tokens or the context window.
     """
 
-    def __init__(self, config: EngineConfig, max_model_len: int, vocab_size: int) -> None:
-        if config.speculative_mode not in ("ngram", "draft"):
+    def __init__(
+        self,
+        config: EngineConfig,
+        max_model_len: int,
+        vocab_size: int,
+        row_budget: int | None = None,
+    ) -> None:
+        if config.speculative_mode not in ("ngram", "draft", "auto"):
             raise ValueError(
-                f"speculative_mode must be '', 'ngram' or 'draft'; got {config.speculative_mode!r}"
+                "speculative_mode must be '', 'auto', 'ngram' or 'draft'; "
+                f"got {config.speculative_mode!r}"
             )
         self.config = config
+        # "auto": prompt lookup, and only while a step's rows (decodes plus guesses) stay
+        # within row_budget: the rows a step can take at the cost of about one row (the
+        # native small-step path, where reading the weights dominates). Beyond it a guess
+        # costs nearly as much as the token it may save.
+        self.row_budget = row_budget if config.speculative_mode == "auto" else None
         self.max_model_len = max_model_len
         self.k = config.num_speculative_tokens
         self.ngram: NgramProposer | None = None
         self.draft: DraftProposer | None = None
-        if config.speculative_mode == "ngram":
+        if config.speculative_mode in ("ngram", "auto"):
             self.ngram = NgramProposer(self.k, config.ngram_min, config.ngram_max)
         else:
             from inference.engine.draft import DraftProposer
 
             self.draft = DraftProposer(config, self.k, vocab_size)
+        # "auto" judges a sequence by what its guesses buy against what they cost: the
+        # mean duration of steps with and without guesses (exponential averages).
+        self.step_seconds = {False: 0.0, True: 0.0}
         self.drafted = 0  # guesses checked
         self.accepted = 0  # guesses kept
         self.verifications = 0  # sequence-checks (one per sequence per step with guesses)
@@ -161,6 +176,9 @@ class Speculator:
             seq.clear_draft()
         if not decoding or len(decoding) > self.config.speculative_max_batch:
             return
+        spare = None if self.row_budget is None else self.row_budget - len(decoding)
+        if spare is not None and spare <= 0:
+            return
         wanted: list[tuple[Sequence, int]] = []
         for seq in decoding:
             if seq.sampling.repetition_penalty != 1.0:
@@ -171,6 +189,8 @@ class Speculator:
             # positions within the context window.
             room = min(seq.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq) + 1)
             limit = min(self.k, room - 1)
+            if spare is not None:
+                limit = min(limit, spare // len(decoding))
             if limit > 0:
                 wanted.append((seq, limit))
         if self.ngram is not None:
@@ -178,6 +198,20 @@ class Speculator:
                 seq.draft_tokens = self.ngram.propose(seq.token_ids, limit)
         elif self.draft is not None and wanted:
             self.draft.propose(wanted)
+
+    def record_step(self, seconds: float, with_guesses: bool) -> None:
+        old = self.step_seconds[with_guesses]
+        self.step_seconds[with_guesses] = seconds if old == 0.0 else 0.9 * old + 0.1 * seconds
+
+    def _pays(self, seq: Sequence) -> bool:
+        """Whether the sequence's last window of guesses paid for themselves."""
+        if self.row_budget is None:
+            rate = seq.spec_window_accepted / seq.spec_window_drafted
+            return rate >= self.config.speculative_min_acceptance
+        plain, spec = self.step_seconds[False], self.step_seconds[True]
+        # A checked step emits 1 + accepted tokens for spec / plain steps' time.
+        tokens_per_check = 1 + seq.spec_window_accepted / max(1, seq.spec_window_checks)
+        return plain == 0.0 or tokens_per_check >= spec / plain
 
     def verify(self, seq: Sequence, logits: torch.Tensor) -> list[int]:
         """The tokens to emit, from the model's logits at [last token, *guesses]."""
@@ -197,11 +231,11 @@ class Speculator:
         m.accepted_tokens += accepted
         seq.spec_window_drafted += len(draft)
         seq.spec_window_accepted += accepted
+        seq.spec_window_checks += 1
         if seq.spec_window_drafted >= JUDGE_AFTER:
-            rate = seq.spec_window_accepted / seq.spec_window_drafted
-            if rate < self.config.speculative_min_acceptance:
+            if not self._pays(seq):
                 seq.spec_resume_at = seq.num_output_tokens + len(out) + PAUSE_TOKENS
-            seq.spec_window_drafted = seq.spec_window_accepted = 0
+            seq.spec_window_drafted = seq.spec_window_accepted = seq.spec_window_checks = 0
         seq.clear_draft()
         return out
 

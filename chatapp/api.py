@@ -8,17 +8,22 @@ from functools import wraps
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_http_methods
 
 from chatapp import conversations as conv_logic
-from chatapp.conversations import InvalidSettings, NotFound
+from chatapp.conversations import InvalidSettings, NotFound, clean_text, clean_title
 from chatapp.export import conversation_markdown, conversation_payload
 from chatapp.models import Conversation
 from inference.client import engine_ready, get_engine_client
 
 MAX_BODY_BYTES = 64 * 1024
+
+
+class BodyTooLarge(Exception):
+    pass
 
 
 def api_error(status: int, code: str, message: str) -> JsonResponse:
@@ -39,20 +44,39 @@ def api_view(*methods: str) -> Callable:
             except NotFound:
                 return api_error(404, "not_found", "Not found.")
             except InvalidSettings as exc:
-                return api_error(400, "invalid", str(exc))
+                return api_error(400, getattr(exc, "code", "invalid"), str(exc))
+            except BodyTooLarge:
+                return api_error(
+                    413, "too_large", f"The request body is larger than {MAX_BODY_BYTES} bytes."
+                )
 
         return inner
 
     return wrap
 
 
-def read_json(request: HttpRequest) -> dict[str, Any]:
-    if len(request.body) > MAX_BODY_BYTES:
-        raise InvalidSettings("request body too large")
+def declared_length(request: HttpRequest) -> int:
     try:
-        data = json.loads(request.body or b"{}")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidSettings("body must be JSON") from exc
+        return int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return 0
+
+
+def read_json(request: HttpRequest) -> dict[str, Any]:
+    # The declared length first: reading a body over DATA_UPLOAD_MAX_MEMORY_SIZE makes
+    # Django answer with its own 400 page instead of this API's 413.
+    if declared_length(request) > MAX_BODY_BYTES:
+        raise BodyTooLarge
+    try:
+        body = request.body
+    except RequestDataTooBig as exc:
+        raise BodyTooLarge from exc
+    if len(body) > MAX_BODY_BYTES:
+        raise BodyTooLarge
+    try:
+        data = json.loads(body or b"{}")
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise InvalidSettings("body must be JSON (and nested less deeply)") from exc
     if not isinstance(data, dict):
         raise InvalidSettings("body must be a JSON object")
     return data
@@ -72,15 +96,14 @@ def conversations(request: HttpRequest) -> HttpResponse:
         unknown = set(data) - {"title", "settings"}
         if unknown:
             raise InvalidSettings(f"unknown field(s): {', '.join(sorted(unknown))}")
-        title = data.get("title", "")
-        if not isinstance(title, str) or len(title) > 200:
-            raise InvalidSettings("title must be a string of at most 200 characters")
         conv = conv_logic.create_conversation(
-            request.user, title.strip(), conv_logic.clean_settings(data.get("settings"))
+            request.user,
+            clean_title(data.get("title", "")),
+            conv_logic.clean_settings(data.get("settings")),
         )
         return JsonResponse(conv_logic.conversation_json(conv), status=201)
     qs = Conversation.objects.filter(owner=request.user)
-    q = request.GET.get("q", "").strip()
+    q = clean_text(request.GET.get("q", ""), "The search", settings.CHAT_MAX_MESSAGE_CHARS).strip()
     if q:
         qs = qs.filter(Q(title__icontains=q) | Q(messages__text__icontains=q)).distinct()
     items = [conv_logic.conversation_json(c) for c in qs.order_by("-updated_at", "-id")[:500]]

@@ -10,11 +10,14 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 
+from chatapp.conversations import InvalidText, clean_text
 from chatapp.models import ApiKey
 
 KEY_PREFIX = "sk-chat-"
+NAME_MAX_CHARS = 100  # ApiKey.name's max_length
 
 
 def hash_key(raw: str) -> str:
@@ -24,7 +27,10 @@ def hash_key(raw: str) -> str:
 def create_key(user: Any, name: str) -> tuple[ApiKey, str]:
     raw = KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey.objects.create(
-        owner=user, name=name.strip()[:100] or "key", prefix=raw[:14], key_hash=hash_key(raw)
+        owner=user,
+        name=name.strip()[:NAME_MAX_CHARS] or "key",
+        prefix=raw[:14],
+        key_hash=hash_key(raw),
     )
     return key, raw
 
@@ -43,14 +49,22 @@ def key_for_token(raw: str) -> ApiKey | None:
     return key
 
 
+# The page can show a new key in full: no browser or proxy may keep a copy (no-store).
+@never_cache
 @login_required
 @require_http_methods(["GET", "POST"])
 def keys_page(request: HttpRequest) -> HttpResponse:
-    new_key = None
+    new_key, error, status = None, None, 200
     if request.method == "POST":
-        _, new_key = create_key(request.user, request.POST.get("name", ""))
+        try:
+            name = clean_text(request.POST.get("name", ""), "The name", NAME_MAX_CHARS)
+        except InvalidText as exc:
+            error, status = exc.message, 400
+        else:
+            _, new_key = create_key(request.user, name)
     keys = ApiKey.objects.filter(owner=request.user, revoked_at__isnull=True)
-    return render(request, "chatapp/keys.html", {"keys": keys, "new_key": new_key})
+    context = {"keys": keys, "new_key": new_key, "error": error}
+    return render(request, "chatapp/keys.html", context, status=status)
 
 
 @login_required

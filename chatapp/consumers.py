@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from chatapp import conversations as conv_logic
-from chatapp.conversations import InvalidSettings, NotFound
+from chatapp.conversations import InvalidSettings, InvalidText, NotFound, clean_text
 from chatapp.generation import (
     ERROR_TEXT,
     Generation,
@@ -54,19 +54,10 @@ def _text_field(content: dict[str, Any], name: str = "text") -> str:
     text = content.get(name)
     if not isinstance(text, str):
         raise FrameError("bad_frame", f"'{name}' must be a string")
-    if not text.strip():
-        raise FrameError("invalid", "The message is empty.")
-    if len(text) > settings.CHAT_MAX_MESSAGE_CHARS:
-        raise FrameError(
-            "too_long", f"The message is longer than {settings.CHAT_MAX_MESSAGE_CHARS} characters."
-        )
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise FrameError("invalid", "The message contains invalid Unicode.") from exc
-    if "\x00" in text:
-        raise FrameError("invalid", "The message contains a NUL character.")
-    return text
+        return clean_text(text, "The message", settings.CHAT_MAX_MESSAGE_CHARS, allow_empty=False)
+    except InvalidText as exc:
+        raise FrameError(exc.code, exc.message) from exc
 
 
 def _id_field(content: dict[str, Any], name: str, allow_null: bool = False) -> int | None:

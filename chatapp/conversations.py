@@ -12,6 +12,7 @@ from chatapp.models import Conversation, Message
 from inference.chat_template import Turn
 
 TITLE_WORDS = 8
+TITLE_MAX_CHARS = 200  # Conversation.title's max_length
 
 
 class NotFound(Exception):
@@ -20,6 +21,41 @@ class NotFound(Exception):
 
 class InvalidSettings(ValueError):
     pass
+
+
+class InvalidText(InvalidSettings):
+    """User text that cannot be stored or used; `code` is the error code a client sees
+    (`invalid`, or `too_long` for text over its limit)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def clean_text(value: Any, label: str, max_chars: int, *, allow_empty: bool = True) -> str:
+    """The one check for text a person sends (a message, a title, a system prompt, a key
+    name, a search): a string, within `max_chars`, and storable on every database the app
+    runs on. A lone surrogate cannot be encoded as UTF-8 at all, and PostgreSQL refuses NUL
+    in text columns; both are refused here, before anything is written, rather than
+    surfacing later as a 500 or a misleading "database unavailable"."""
+    if not isinstance(value, str):
+        raise InvalidText("invalid", f"{label} must be a string.")
+    if not allow_empty and not value.strip():
+        raise InvalidText("invalid", f"{label} is empty.")
+    if len(value) > max_chars:
+        raise InvalidText("too_long", f"{label} is longer than {max_chars} characters.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidText("invalid", f"{label} contains invalid Unicode.") from exc
+    if "\x00" in value:
+        raise InvalidText("invalid", f"{label} contains a NUL character.")
+    return value
+
+
+def clean_title(value: Any) -> str:
+    return clean_text(value, "The title", TITLE_MAX_CHARS).strip()
 
 
 def default_title(text: str) -> str:
@@ -57,10 +93,9 @@ def clean_settings(raw: Any) -> dict[str, Any]:
         raise InvalidSettings(f"unknown setting(s): {', '.join(sorted(unknown))}")
     out: dict[str, Any] = {}
     if "system_prompt" in raw:
-        sp = raw["system_prompt"]
-        if not isinstance(sp, str) or len(sp) > settings.CHAT_MAX_MESSAGE_CHARS:
-            raise InvalidSettings("system_prompt must be a string of reasonable length")
-        out["system_prompt"] = sp
+        out["system_prompt"] = clean_text(
+            raw["system_prompt"], "The system prompt", settings.CHAT_MAX_MESSAGE_CHARS
+        )
     if "temperature" in raw:
         out["temperature"] = _number(raw["temperature"], "temperature", 0.0, 2.0)
     if "top_p" in raw:
@@ -103,10 +138,7 @@ def create_conversation(
 
 def update_conversation(conv: Conversation, data: dict[str, Any]) -> Conversation:
     if "title" in data:
-        title = data["title"]
-        if not isinstance(title, str) or len(title) > 200:
-            raise InvalidSettings("title must be a string of at most 200 characters")
-        conv.title = title.strip()
+        conv.title = clean_title(data["title"])
     for key, value in clean_settings(data.get("settings")).items():
         setattr(conv, key, value)
     if "active_message" in data:

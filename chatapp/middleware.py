@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from django.db import DatabaseError
+from django.db import DatabaseError, DataError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 log = logging.getLogger(__name__)
 
 MESSAGE = "The server cannot reach its database just now. Nothing was changed; try again."
+REFUSED = "The database refused a value in this request. Nothing was changed."
 
 
 class DatabaseUnavailableMiddleware:
@@ -23,6 +24,11 @@ class DatabaseUnavailableMiddleware:
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         if not isinstance(exception, DatabaseError):
             return None
+        if isinstance(exception, DataError):
+            # A value the database cannot hold (input validation should have caught it):
+            # the request is at fault, and retrying it would fail again, so not a 503.
+            log.error("database refused a value on %s: %s", request.path, exception)
+            return self.refused(request)
         log.error("database unavailable on %s: %s", request.path, exception)
         if request.path.startswith("/v1/"):
             body = {
@@ -40,3 +46,13 @@ class DatabaseUnavailableMiddleware:
             response = HttpResponse(MESSAGE, status=503, content_type="text/plain; charset=utf-8")
         response["Retry-After"] = "2"
         return response
+
+    @staticmethod
+    def refused(request: HttpRequest) -> HttpResponse:
+        if request.path.startswith("/v1/"):
+            body = {"message": REFUSED, "type": "invalid_request_error", "param": None,
+                    "code": "invalid_value"}  # fmt: skip
+            return JsonResponse({"error": body}, status=400)
+        if request.path.startswith("/api/"):
+            return JsonResponse({"error": {"code": "invalid", "message": REFUSED}}, status=400)
+        return HttpResponse(REFUSED, status=400, content_type="text/plain; charset=utf-8")

@@ -19,10 +19,12 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from chatapp.api_keys import key_for_token
+from chatapp.conversations import InvalidText, clean_text
 from chatapp.models import ApiKey
 from chatapp.rate_limits import RateLimited, limiter
 from inference.chat_template import Turn
@@ -196,11 +198,12 @@ def _check_fields(body: dict, allowed: set[str]) -> None:
 
 
 def _text_ok(text: str, param: str) -> str:
+    # No text can be longer in characters than the body is in bytes: the body limit
+    # is the length limit here.
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise invalid("text contains invalid Unicode (lone surrogates)", param) from exc
-    return text
+        return clean_text(text, f"'{param}'", settings.OPENAI_MAX_BODY_BYTES)
+    except InvalidText as exc:
+        raise invalid(exc.message, param) from exc
 
 
 def parse_common(body: dict, allowed: set[str], default_max_tokens: int | None) -> ApiRequest:
@@ -233,9 +236,15 @@ def parse_common(body: dict, allowed: set[str], default_max_tokens: int | None) 
     ):
         raise invalid("'cache_salt' must be a non-empty string", "cache_salt")
     max_new = settings.CHAT_MAX_NEW_TOKENS
-    max_tokens = _int(body, "max_completion_tokens", 1, 1 << 20) or _int(
-        body, "max_tokens", 1, 1 << 20
-    )
+    # Two names for one limit (max_tokens is the older): both are checked, and when both
+    # are given they must agree rather than one silently winning.
+    max_completion_tokens = _int(body, "max_completion_tokens", 1, 1 << 20)
+    max_tokens = _int(body, "max_tokens", 1, 1 << 20)
+    if None not in (max_tokens, max_completion_tokens) and max_tokens != max_completion_tokens:
+        raise invalid(
+            "'max_tokens' and 'max_completion_tokens' differ; send one of them", "max_tokens"
+        )
+    max_tokens = max_completion_tokens or max_tokens
     if max_tokens is not None and max_tokens > max_new:
         raise invalid(f"max_tokens must be at most {max_new}", "max_tokens")
     seed = _int(body, "seed", -(1 << 63), (1 << 63) - 1)
@@ -335,11 +344,24 @@ async def authenticate(request: HttpRequest) -> ApiKey:
 
 
 def read_body(request: HttpRequest) -> dict:
-    if len(request.body) > settings.OPENAI_MAX_BODY_BYTES:
-        raise ApiError(413, "The request body is too large.", code="request_too_large")
+    too_large = ApiError(413, "The request body is too large.", code="request_too_large")
+    # The declared length first: reading a body over DATA_UPLOAD_MAX_MEMORY_SIZE makes
+    # Django answer with its own HTML 400 page instead of this error object.
     try:
-        body = json.loads(request.body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    if declared > settings.OPENAI_MAX_BODY_BYTES:
+        raise too_large
+    try:
+        raw = request.body
+    except RequestDataTooBig as exc:
+        raise too_large from exc
+    if len(raw) > settings.OPENAI_MAX_BODY_BYTES:
+        raise too_large
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise invalid("We could not parse the JSON body of your request.") from exc
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.")

@@ -3,11 +3,16 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 
 from chatapp import api, api_keys, openai_api, views
+from chatapp.login_throttle import ThrottledAuthenticationForm
 
 urlpatterns = [
     path("", views.index, name="index"),
     path("healthz", views.healthz, name="healthz"),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path(
+        "accounts/login/",
+        auth_views.LoginView.as_view(authentication_form=ThrottledAuthenticationForm),
+        name="login",
+    ),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("accounts/signup/", views.signup, name="signup"),
     path("api/me/", api.me),

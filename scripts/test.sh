@@ -20,4 +20,17 @@ if [ -f frontend/package.json ]; then
 fi
 # pytest exits 5 when it collected no tests: that is a failure here, not a pass.
 .venv/bin/python -m pytest "$@" || status=$?
+# The chat, API and reliability tests again on PostgreSQL, the database docker compose
+# deploys (NUL handling, races and locking differ from SQLite). Only the tests that use the
+# test database run (tests/conftest.py); pytest-django makes and drops its own test_
+# database on this server.
+PG_URL="${TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+if .venv/bin/python -c 'import sys, psycopg; psycopg.connect(sys.argv[1], connect_timeout=5).close()' "$PG_URL" 2>/dev/null; then
+  printf '\033[1m==> the database tests again, on PostgreSQL (%s)\033[0m\n' "$PG_URL"
+  TEST_DATABASE_URL="$PG_URL" .venv/bin/python -m pytest tests/chat tests/api tests/reliability -m "not slow" || status=$?
+else
+  echo "PostgreSQL does not answer at $PG_URL: the PostgreSQL pass of the tests cannot run." >&2
+  echo "Start PostgreSQL there (trust auth, user postgres), or point TEST_POSTGRES_URL at one." >&2
+  status=1
+fi
 exit "$status"

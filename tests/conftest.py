@@ -7,6 +7,8 @@ what the model says use the real default model and are marked slow.
 
 from __future__ import annotations
 
+import inspect
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,32 @@ def make_user(db: None) -> Any:
         return get_user_model().objects.create_user(username=username, password=password)
 
     return make
+
+
+def _uses_the_test_database(item: pytest.Item) -> bool:
+    """Whether a test reads or writes the in-process test database, and no server process
+    of its own (a LiveServer keeps its own SQLite file whatever the test database is)."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if item.get_closest_marker("django_db") is None and not fixtures & {"db", "transactional_db"}:
+        return False
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in info.name2fixturedefs.values() if info else ():
+        for fixturedef in defs:
+            if "LiveServer" in str(inspect.signature(fixturedef.func).return_annotation):
+                return False
+    return True
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The PostgreSQL pass of scripts/test.sh (TEST_DATABASE_URL set) runs only the tests
+    that use the test database: the others would repeat the first pass unchanged."""
+    if not os.environ.get("TEST_DATABASE_URL"):
+        return
+    keep = [item for item in items if _uses_the_test_database(item)]
+    dropped = [item for item in items if item not in keep]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -16,6 +16,13 @@ import httpx
 import websockets.sync.client as ws_client
 
 ROOT = Path(__file__).resolve().parent.parent
+# As every launcher of the project passes them (scripts/run.sh, Dockerfile, compose).
+WEBSOCKET_LIMITS = (
+    "--websocket-max-message-size",
+    "16777216",
+    "--websocket-max-frame-size",
+    "16777216",
+)
 
 
 def free_port() -> int:
@@ -91,6 +98,7 @@ class LiveServer(DjangoProcess):
                     "127.0.0.1",
                     "-p",
                     str(self.port),
+                    *WEBSOCKET_LIMITS,
                     "chatapp.asgi:application",
                 ],
                 cwd=ROOT,

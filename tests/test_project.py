@@ -72,3 +72,20 @@ def test_the_engine_library_imports_nothing_from_django() -> None:
     for path in (ROOT / "inference" / "engine").rglob("*.py"):
         text = path.read_text()
         assert "import django" not in text and "from django" not in text, path
+
+
+def test_every_server_launcher_lifts_daphnes_websocket_cap_above_the_apps_frame_limit() -> None:
+    """Past daphne's own cap a frame drops the connection (1006) instead of getting the
+    app's `frame_too_large`: every launcher sets the cap to 16 MiB."""
+    from tests.live_server import WEBSOCKET_LIMITS
+
+    launchers = {
+        "compose": " ".join(compose()["services"]["web"]["command"]),
+        "Dockerfile": (ROOT / "Dockerfile").read_text(),
+        "run.sh": (ROOT / "scripts" / "run.sh").read_text(),
+        "live_server": " ".join(WEBSOCKET_LIMITS),
+    }
+    for name, text in launchers.items():
+        for flag in ("--websocket-max-message-size", "--websocket-max-frame-size"):
+            assert flag in text, (name, flag)
+        assert "16777216" in text, name

@@ -7,6 +7,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import dj_database_url
+from csp.constants import NONE, SELF
 
 from chatapp.settings.env import env_bool, env_float, env_int, env_list, env_str
 from inference.model_files import default_model_path
@@ -35,6 +36,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -44,6 +46,28 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "chatapp.middleware.DatabaseUnavailableMiddleware",
 ]
+
+# Content-Security-Policy on every response (django-csp): scripts, styles, fonts and
+# connections from this origin only, no inline script or style, images from this origin or
+# data: URLs. A reply that smuggles in a remote image (or anything else that loads on
+# sight) cannot send the page's text to another host, even if the markdown sanitiser
+# missed it.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF],
+        "connect-src": [SELF],  # 'self' covers ws:/wss: to this host (CSP level 3)
+        "media-src": [NONE],
+        "object-src": [NONE],
+        "frame-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
 
 ROOT_URLCONF = "chatapp.urls"
 ASGI_APPLICATION = "chatapp.asgi.application"
@@ -88,6 +112,11 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "/accounts/login/"
+# Log-in throttling (chatapp/login_throttle.py): failed log-ins allowed per account and per
+# address within the window; past either, no password is checked until it ends.
+LOGIN_FAILURES_PER_ACCOUNT = env_int("LOGIN_FAILURES_PER_ACCOUNT", 10)
+LOGIN_FAILURES_PER_ADDRESS = env_int("LOGIN_FAILURES_PER_ADDRESS", 30)
+LOGIN_FAILURE_WINDOW_S = env_int("LOGIN_FAILURE_WINDOW_S", 900)
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
@@ -214,6 +243,9 @@ CHAT_DEFAULTS = {
 
 # OpenAI-compatible API (/v1/...).
 OPENAI_MAX_BODY_BYTES = env_int("OPENAI_MAX_BODY_BYTES", 1024 * 1024)
+# Django refuses bodies over this with its own 400 page; never below the API's own limit,
+# so a configured larger OPENAI_MAX_BODY_BYTES is honoured (the views answer 413 past it).
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(2621440, OPENAI_MAX_BODY_BYTES)
 OPENAI_RATE_LIMIT_PER_MINUTE = env_int("OPENAI_RATE_LIMIT_PER_MINUTE", 120)
 OPENAI_MAX_CONCURRENT = env_int("OPENAI_MAX_CONCURRENT", 8)
 

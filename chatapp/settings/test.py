@@ -2,6 +2,8 @@
 
 import os
 
+import dj_database_url
+
 from chatapp.settings.base import *  # noqa: F403
 from chatapp.settings.base import ENGINE
 
@@ -20,3 +22,12 @@ CELERY_TASK_ALWAYS_EAGER = True
 # tests/observability turns titles on where it tests them.
 OBS_BACKGROUND = False
 CHAT_AUTO_TITLES = False
+
+# TEST_DATABASE_URL runs the suite on another database, e.g. the PostgreSQL that docker
+# compose deploys (scripts/test.sh does a second pass so); pytest-django makes and drops
+# its test_ database there.
+if os.environ.get("TEST_DATABASE_URL"):
+    DATABASES = {"default": dj_database_url.parse(os.environ["TEST_DATABASE_URL"], conn_max_age=0)}
+    # One test database per run, so two runs on one server (two checkouts, CI beside a
+    # developer) never drop each other's.
+    DATABASES["default"]["TEST"] = {"NAME": f"test_chatapp_{os.getpid()}"}

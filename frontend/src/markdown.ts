@@ -79,10 +79,45 @@ function purifier() {
 }
 
 const PURIFY_CONFIG = {
-  FORBID_TAGS: ['style', 'form', 'input', 'textarea', 'select', 'iframe', 'object', 'embed'],
-  FORBID_ATTR: ['style'],
+  // HTML only: no SVG or MathML (an SVG <image> loads a URL of its own).
+  USE_PROFILES: { html: true },
+  // Media and their sources load URLs on sight; none is useful in a chat reply.
+  FORBID_TAGS: ['style', 'form', 'input', 'textarea', 'select', 'iframe', 'object', 'embed', 'video', 'audio', 'source', 'picture', 'track'],
+  FORBID_ATTR: ['style', 'srcset', 'poster', 'background', 'ping'],
   ALLOWED_URI_REGEXP: /^(?:(?:https?|mailto):|[^a-z]|[a-z+.-]+(?:[^a-z+.\-:]|$))/i,
 };
+
+/** An image that loads without a click sends its URL (with whatever a model wrote into
+ * it: the chat so far) to its host; only inline data: images and this site's own stay. */
+function loadsRemotely(src: string): boolean {
+  if (/^data:image\//i.test(src)) return false;
+  try {
+    return new URL(src, document.baseURI).origin !== window.location.origin;
+  } catch {
+    return true;
+  }
+}
+
+/** Remote images become links: the reader sees where it points and decides. */
+function linkRemoteImages(root: DocumentFragment): void {
+  for (const img of Array.from(root.querySelectorAll('img'))) {
+    const src = img.getAttribute('src') || '';
+    if (!src) {
+      img.remove();
+      continue;
+    }
+    if (!loadsRemotely(src)) continue;
+    const a = document.createElement('a');
+    a.className = 'remote-image';
+    a.setAttribute('href', src);
+    a.setAttribute('target', '_blank');
+    a.setAttribute('rel', 'noopener noreferrer nofollow');
+    a.title = 'Remote image, not loaded: open it in a new tab';
+    const alt = (img.getAttribute('alt') || '').trim();
+    a.textContent = `[image${alt ? `: ${alt}` : ''}]`;
+    img.replaceWith(a);
+  }
+}
 
 /**
  * Markdown → sanitised HTML. Works on partial text while a reply streams: an unclosed code
@@ -98,5 +133,9 @@ export function renderMarkdown(text: string, streaming = false): string {
     src = src.slice(0, lastNl + 1);
   }
   const html = md.parse(src, { async: false }) as string;
-  return purifier().sanitize(html, PURIFY_CONFIG) as unknown as string;
+  const fragment = purifier().sanitize(html, { ...PURIFY_CONFIG, RETURN_DOM_FRAGMENT: true }) as unknown as DocumentFragment;
+  linkRemoteImages(fragment);
+  const out = document.createElement('div');
+  out.appendChild(fragment);
+  return out.innerHTML;
 }

@@ -77,11 +77,12 @@ _LINEAR_FP16 = torch.ops.quantized.linear_dynamic_fp16.default
 # ("large") and whether steps of few rows use 4-bit blocks instead.
 QUANTIZATIONS = ("none", "fp16", "int8", "int4", "hybrid")
 
-# hybrid: steps of at most this many rows use the Q4_1 weights, bigger ones the float
-# format. Measured on a 2-core AVX2 CPU (docs/performance.md): the 4-bit kernel reads a
-# quarter of fp16's bytes and wins while a step is bound by reading weights; by 8 rows the
-# fp16 GEMM's arithmetic wins.
-HYBRID_MAX_ROWS = 4
+# hybrid: steps of at most this many rows use the Q4_1 weights (and the native path),
+# bigger ones the float format. Measured on a 2-core AVX2 CPU, CPU ms per decode step of
+# the default model (docs/performance.md): 4-bit 11.5 / 26.5 / 50.7 / 78.1 at 1 / 4 / 8 /
+# 12 rows, fp16 34.8 / 41.1 / 65.1 / 77.2: 4-bit reads a quarter of the bytes and wins
+# while reading weights dominates; by 12 rows fp16's GEMM has caught up.
+HYBRID_MAX_ROWS = 8
 
 
 class Linear:

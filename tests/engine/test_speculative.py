@@ -60,3 +60,57 @@ def test_sampled_verification_accepts_a_sure_guess_and_adds_a_bonus() -> None:
     probs[2, 3] = 1.0
     assert verify_sampled(probs, [2, 1], torch.Generator().manual_seed(0)) == [2, 1, 3]
     assert verify_sampled(probs, [0, 1], torch.Generator().manual_seed(0)) == [2]
+
+
+def _repeating_seq(request_id: str, max_tokens: int = 100):
+    from inference.engine.sampling_params import SamplingParams
+    from inference.engine.sequence import Sequence
+
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8] * 4
+    seq = Sequence(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    seq.num_computed_tokens = len(seq) - 1  # decoding
+    return seq
+
+
+def _auto_speculator(row_budget: int):
+    from inference.engine.config import EngineConfig
+    from inference.engine.speculative import Speculator
+
+    config = EngineConfig(speculative_mode="auto", num_speculative_tokens=4)
+    return Speculator(config, max_model_len=1024, vocab_size=100, row_budget=row_budget)
+
+
+def test_auto_keeps_a_steps_rows_within_the_small_step_budget() -> None:
+    spec = _auto_speculator(row_budget=8)
+    alone = [_repeating_seq("a")]
+    spec.propose(alone)
+    assert len(alone[0].draft_tokens) == 4  # 1 + 4 rows fit
+    three = [_repeating_seq(str(i)) for i in range(3)]
+    spec.propose(three)
+    assert sum(1 + len(s.draft_tokens) for s in three) <= 8
+    eight = [_repeating_seq(str(i)) for i in range(8)]
+    spec.propose(eight)
+    assert all(not s.draft_tokens for s in eight)
+
+
+def test_auto_pauses_a_sequence_whose_guesses_do_not_pay_for_their_step() -> None:
+    """A checked step emits 1 + accepted tokens; auto keeps guessing only while that beats
+    how much longer such steps take than plain ones."""
+    import torch
+
+    from inference.engine.speculative import JUDGE_AFTER
+
+    def judge(accepted_per_check: int) -> bool:
+        spec = _auto_speculator(row_budget=8)
+        spec.record_step(0.010, with_guesses=False)
+        spec.record_step(0.025, with_guesses=True)  # guessing steps take 2.5x
+        seq = _repeating_seq("s", max_tokens=1000)
+        for _ in range(JUDGE_AFTER // 4):  # one judging window of 4-guess checks
+            seq.draft_tokens = [9, 9, 9, 9]
+            target = [9] * accepted_per_check + [0] * (5 - accepted_per_check)
+            logits = torch.nn.functional.one_hot(torch.tensor(target), 100).float()
+            seq.token_ids.extend(spec.verify(seq, logits))
+        return seq.spec_resume_at <= seq.num_output_tokens  # still speculating
+
+    assert judge(accepted_per_check=2)  # 3 tokens per 2.5x step: pays
+    assert not judge(accepted_per_check=1)  # 2 tokens per 2.5x step: pauses

@@ -75,9 +75,30 @@ static inline __m256 dot_u8_s8(__m256i u, __m256i s) {
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones));
 }
 
+/* sc[b] = d[b] * dx[b] for each block; returns sum(m[b] * sx[b]). Eight blocks at a time:
+ * done one by one, this bookkeeping cost as much as the dot products themselves. */
+static inline float block_scales(const uint16_t *d, const uint16_t *m, const float *dx,
+                                 const float *sx, int nb, float *sc) {
+    __m256 macc = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + b)));
+        __m256 wm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + b)));
+        _mm256_storeu_ps(sc + b, _mm256_mul_ps(wd, _mm256_loadu_ps(dx + b)));
+        macc = _mm256_fmadd_ps(wm, _mm256_loadu_ps(sx + b), macc);
+    }
+    float msum = hsum256(macc);
+    for (; b < nb; b++) {
+        sc[b] = _cvtsh_ss(d[b]) * dx[b];
+        msum += _cvtsh_ss(m[b]) * sx[b];
+    }
+    return msum;
+}
+
 static void q4_1_rows(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int n0, int n1,
                       int K, const QuantizedRows *q, int r0, int nr, float *y, int N) {
     int nb = K / QK;
+    float sc[ROW_TILE][nb];
     const __m256i mask = _mm256_set1_epi8(0x0F);
     for (int n = n0; n < n1; n++) {
         const uint8_t *wq = qs + (size_t)n * (K / 2);
@@ -85,24 +106,21 @@ static void q4_1_rows(const uint8_t *qs, const uint16_t *d, const uint16_t *m, i
         __m256 acc[ROW_TILE];
         float msum[ROW_TILE];
         for (int r = 0; r < nr; r++) {
+            size_t row = (size_t)(r0 + r);
+            msum[r] = block_scales(wd, wm, q->dx + row * nb, q->sx + row * nb, nb, sc[r]);
             acc[r] = _mm256_setzero_ps();
-            msum[r] = 0.0f;
         }
         for (int b = 0; b < nb; b += 2) {
             __m256i w = _mm256_loadu_si256((const __m256i *)(wq + b * 16));
             __m256i w0 = _mm256_and_si256(w, mask);
             __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
-            float d0 = _cvtsh_ss(wd[b]), d1 = _cvtsh_ss(wd[b + 1]);
-            float m0 = _cvtsh_ss(wm[b]), m1 = _cvtsh_ss(wm[b + 1]);
             for (int r = 0; r < nr; r++) {
-                size_t row = (size_t)(r0 + r);
-                const int8_t *xq = q->qx + row * K + b * QK;
-                const float *dx = q->dx + row * nb + b, *sx = q->sx + row * nb + b;
+                const int8_t *xq = q->qx + (size_t)(r0 + r) * K + b * QK;
                 __m256i x0 = _mm256_load_si256((const __m256i *)xq);
                 __m256i x1 = _mm256_load_si256((const __m256i *)(xq + QK));
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * dx[0]), dot_u8_s8(w0, x0), acc[r]);
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * dx[1]), dot_u8_s8(w1, x1), acc[r]);
-                msum[r] += m0 * sx[0] + m1 * sx[1];
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(sc[r][b]), dot_u8_s8(w0, x0), acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(sc[r][b + 1]), dot_u8_s8(w1, x1),
+                                         acc[r]);
             }
         }
         for (int r = 0; r < nr; r++) y[(size_t)(r0 + r) * N + n] = hsum256(acc[r]) + msum[r];
@@ -131,26 +149,6 @@ static void q8_0_rows(const int8_t *qs, const float *d, int n0, int n1, int K,
         }
         for (int r = 0; r < nr; r++) y[(size_t)(r0 + r) * N + n] = hsum256(acc[r]);
     }
-}
-
-/* sc[b] = d[b] * dx[b] for each block; returns sum(m[b] * sx[b]). Eight blocks at a time:
- * done one by one, this bookkeeping cost as much as the dot products themselves. */
-static inline float block_scales(const uint16_t *d, const uint16_t *m, const float *dx,
-                                 const float *sx, int nb, float *sc) {
-    __m256 macc = _mm256_setzero_ps();
-    int b = 0;
-    for (; b + 8 <= nb; b += 8) {
-        __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + b)));
-        __m256 wm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + b)));
-        _mm256_storeu_ps(sc + b, _mm256_mul_ps(wd, _mm256_loadu_ps(dx + b)));
-        macc = _mm256_fmadd_ps(wm, _mm256_loadu_ps(sx + b), macc);
-    }
-    float msum = hsum256(macc);
-    for (; b < nb; b++) {
-        sc[b] = _cvtsh_ss(d[b]) * dx[b];
-        msum += _cvtsh_ss(m[b]) * sx[b];
-    }
-    return msum;
 }
 
 /* One row, in the kernel layout (see q4_1_pairs in quantized.py): byte j of a pair of

@@ -1,6 +1,6 @@
 # The two commands: `make run` sets everything up and serves the app on :8000;
 # `make test` runs the whole test suite. Both are safe to repeat.
-.PHONY: run test test-fast lint bench
+.PHONY: run test test-fast lint bench bench-baseline
 
 run:
 	scripts/run.sh
@@ -16,3 +16,8 @@ lint:
 
 bench:
 	.venv/bin/python -m inference.bench $(ARGS)
+
+# llama.cpp's llama-server, built once into the cache folder: the benchmark's baseline
+# (python -m inference.bench.vs_llama). Never needed by run or test.
+bench-baseline:
+	scripts/build-llama-server.sh

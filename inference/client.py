@@ -284,6 +284,7 @@ def engine_config_from_settings(overrides: dict[str, Any] | None = None) -> Engi
         max_model_len=cfg["MAX_MODEL_LEN"],
         max_waiting_requests=cfg["MAX_WAITING_REQUESTS"],
         num_threads=cfg["NUM_THREADS"],
+        small_step_threads=cfg.get("SMALL_STEP_THREADS", 0),
         quantization=cfg.get("QUANTIZATION", "auto"),
         kv_tier_url=cfg.get("KV_TIER_URL", ""),
         kv_tier_ttl_s=cfg.get("KV_TIER_TTL_S", 86400),

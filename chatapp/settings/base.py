@@ -178,6 +178,7 @@ ENGINE = {
     "MAX_MODEL_LEN": env_int("ENGINE_MAX_MODEL_LEN", 0),
     "MAX_WAITING_REQUESTS": env_int("ENGINE_MAX_WAITING_REQUESTS", 256),
     "NUM_THREADS": env_int("ENGINE_NUM_THREADS", 0),
+    "SMALL_STEP_THREADS": env_int("ENGINE_SMALL_STEP_THREADS", 0),
     # "auto": float16-stored linear weights on CPUs without bfloat16, else none (exact).
     "QUANTIZATION": env_str("ENGINE_QUANTIZATION", "auto"),
     # Redis tier of the KV cache (docs/kv-tier.md): memory-only while nobody answers there.

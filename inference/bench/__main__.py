@@ -49,6 +49,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--skip-speculative", action="store_true", help="skip the speculative decoding section"
     )
+    p.add_argument(
+        "--vs-llama", action="store_true",
+        help="add our server against llama.cpp's llama-server through the OpenAI API at 1, 16 "
+        "and 64 users (builds llama-server once: make bench-baseline; about 15 minutes)",
+    )  # fmt: skip
     p.add_argument("--json", default="bench_results.json", help="where to write the figures")
     p.add_argument("--plot", default="bench_results.png", help="where to draw the plot")
     return p.parse_args()
@@ -147,6 +152,10 @@ def main() -> None:
             "speculative",
             lambda: speculative.run(args.model, args.quantization, args.threads, quick=args.quick),
         )
+    if args.vs_llama:
+        from inference.bench import vs_llama
+
+        section("vs_llama", lambda: vs_llama.run(threads=args.threads))
     if args.workers:
         from inference.bench import workers
 

@@ -60,6 +60,7 @@ def wait_for(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float 
 
 class OurServer:
     def __init__(self, workdir: Path, threads: int, env: dict[str, str]) -> None:
+        # threads: the engine's ENGINE_NUM_THREADS, the same budget llama-server gets.
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / "ours.log"
@@ -72,7 +73,7 @@ class OurServer:
             "ENGINE_PRELOAD": "true",
             "ENGINE_KV_TIER_NAMESPACE": f"bench-{os.getpid()}",
             "PYTHONUNBUFFERED": "1",
-            **({"ENGINE_NUM_THREADS": str(threads)} if threads else {}),
+            "ENGINE_NUM_THREADS": str(threads),
             **env,
         }
         self.proc: subprocess.Popen[bytes] | None = None
@@ -180,53 +181,48 @@ def print_table(results: dict[str, Any]) -> None:
         )
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(
-        prog="python -m inference.bench.vs_llama",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
-    ap.add_argument("--repeat", type=int, default=3, help="runs per level and server")
-    ap.add_argument("--turns", type=int, default=3, help="turns per conversation")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=0, help="0: each server's own default")
-    ap.add_argument("--llama-server", default="", help="binary (default: build or reuse)")
-    ap.add_argument("--env", nargs="*", default=[], help="KEY=VALUE settings for our server")
-    ap.add_argument("--json", default="bench_vs_llama.json")
-    args = ap.parse_args()
-    binary = llama_server_binary(args.llama_server)
-    threads = args.threads or max(1, (os.cpu_count() or 1) - 1)
-    env = dict(kv.split("=", 1) for kv in args.env)
+def run(
+    concurrency: tuple[int, ...] = (1, 16, 64),
+    repeat: int = 3,
+    turns: int = 3,
+    max_tokens: int = 64,
+    threads: int = 0,
+    llama_server: str = "",
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Both servers at each level of concurrent clients; the figures as a dict."""
+    binary = llama_server_binary(llama_server)
+    threads = threads or max(1, (os.cpu_count() or 1) - 1)
+    env = env or {}
     sampling = {"temperature": 0.7, "top_p": 0.95}
     results: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "threads": threads,
-        "settings": {"turns": args.turns, "max_tokens": args.max_tokens, **sampling, **env},
+        "settings": {"turns": turns, "max_tokens": max_tokens, **sampling, **env},
         "levels": [],
     }
     with tempfile.TemporaryDirectory(prefix="bench-vs-llama-") as tmp:
-        ours = OurServer(Path(tmp), args.threads, env).start()
+        ours = OurServer(Path(tmp), threads, env).start()
         model = str(default_model_path().name)
         try:
-            for c in args.concurrency:
+            for c in concurrency:
                 llama = LlamaServer(binary, bundled_gguf(), threads, c, Path(tmp)).start()
                 runs: dict[str, list[dict[str, Any]]] = {"ours": [], "llama-server": []}
                 try:
-                    for rep in range(args.repeat):
+                    for rep in range(repeat):
                         order = [("ours", ours), ("llama-server", llama)]
                         for name, server in order if rep % 2 == 0 else order[::-1]:
                             key = ours.key if name == "ours" else "none"
-                            run = asyncio.run(
-                                run_level(f"{server.url}/v1", key, model, c, args.turns,
-                                          args.max_tokens, sampling)
+                            one = asyncio.run(
+                                run_level(f"{server.url}/v1", key, model, c, turns,
+                                          max_tokens, sampling)
                             )  # fmt: skip
-                            runs[name].append(run)
-                            print(f"{c} users, {name}: {run}", flush=True)
+                            runs[name].append(one)
+                            print(f"{c} users, {name}: {one}", flush=True)
                 finally:
                     llama.stop()
-                level = {"concurrency": c, "runs": runs}
+                level: dict[str, Any] = {"concurrency": c, "runs": runs}
                 level.update({name: summarise(r) for name, r in runs.items()})
                 level["ratios"] = {
                     f: level["ours"][f]["median"] / level["llama-server"][f]["median"]
@@ -237,8 +233,30 @@ def main() -> None:
         finally:
             ours.stop()
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    Path(args.json).write_text(json.dumps(results, indent=2))
     print_table(results)
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        prog="python -m inference.bench.vs_llama",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--repeat", type=int, default=3, help="runs per level and server")
+    ap.add_argument("--turns", type=int, default=3, help="turns per conversation")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=0, help="0: cores - 1 for both servers")
+    ap.add_argument("--llama-server", default="", help="binary (default: build or reuse)")
+    ap.add_argument("--env", nargs="*", default=[], help="KEY=VALUE settings for our server")
+    ap.add_argument("--json", default="bench_vs_llama.json")
+    args = ap.parse_args()
+    results = run(
+        tuple(args.concurrency), args.repeat, args.turns, args.max_tokens, args.threads,
+        args.llama_server, dict(kv.split("=", 1) for kv in args.env),
+    )  # fmt: skip
+    Path(args.json).write_text(json.dumps(results, indent=2))
     print(f"json: {args.json}")
 
 

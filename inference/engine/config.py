@@ -37,10 +37,18 @@ class EngineConfig:
     # decode step ~10x slower on a 2-core machine.
     num_threads: int = 0
 
+    # Threads for steps of a few rows (those the 4-bit native path takes, when it is on):
+    # such steps come from few streams, whose web side is light, and are bound by reading
+    # weights, which more cores speed up. 0 means the same as num_threads.
+    small_step_threads: int = 0
+
     def cpu_threads(self) -> int:
         if self.num_threads > 0:
             return self.num_threads
         return max(1, (os.cpu_count() or 1) - 1)
+
+    def small_step_cpu_threads(self) -> int:
+        return self.small_step_threads if self.small_step_threads > 0 else self.cpu_threads()
 
     seed: int = 0
     # How linear weights are stored on CPU (fbgemm kernels; compute stays float32):

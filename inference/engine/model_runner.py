@@ -124,6 +124,7 @@ class ModelRunner:
         seqs = [batch.seqs[i] for i in order]
         counts = [batch.num_tokens[i] for i in order]
         input_ids, meta, sample_rows = self._prepare(seqs, counts)
+        self._set_threads(input_ids.shape[0])
         hidden = self.model.forward(input_ids, meta, self.kv_caches)
         if all_logits:
             return seqs, self.model.compute_logits(hidden)
@@ -141,6 +142,15 @@ class ModelRunner:
         if len(rows) < hidden.shape[0]:
             hidden = hidden[torch.tensor(rows, device=self.device)]
         return sampling, self.model.compute_logits(hidden)
+
+    def _set_threads(self, rows: int) -> None:
+        if self.device.type != "cpu":
+            return
+        native = getattr(self.model, "native", None)
+        small = native is not None and native.handles(rows)
+        want = self.config.small_step_cpu_threads() if small else self.config.cpu_threads()
+        if torch.get_num_threads() != want:
+            torch.set_num_threads(want)
 
     def _prepare(
         self, seqs: list[Sequence], counts: list[int]

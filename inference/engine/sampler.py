@@ -45,12 +45,45 @@ def filter_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 CANDIDATES = 256
 
 
+def draw(weights: torch.Tensor) -> torch.Tensor:
+    """One index per row of non-negative weights [B, n], in proportion to them: inverse CDF
+    (torch.multinomial cost ~1.5 ms a row over a 49k vocabulary; this ~0.1 ms)."""
+    cdf = weights.cumsum(-1)
+    u = torch.rand(weights.shape[0], 1, dtype=cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).clamp_(max=weights.shape[1] - 1)
+
+
 def sample_batch(logits: torch.Tensor, params: list[SamplingParams]) -> list[int]:
     """One draw per row of logits [B, vocab] with each row's temperature, top-k, top-p and
     min-p: the same distribution as filter_logits + softmax, row by row."""
-    b, vocab = logits.shape
+    vocab = logits.shape[1]
     temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
     probs = torch.softmax(logits / temps[:, None], dim=-1)
+    picks = [0] * len(params)
+    plain = [i for i, p in enumerate(params) if not _filters(p, vocab)]
+    if plain:
+        for i, token in zip(plain, draw(probs[plain]).flatten().tolist(), strict=True):
+            picks[i] = token
+    rows = [i for i, p in enumerate(params) if _filters(p, vocab)]
+    if rows:
+        drawn = _sample_filtered(probs[rows], [params[i] for i in rows])
+        for i, token in zip(rows, drawn, strict=True):
+            picks[i] = token if token >= 0 else _sample_one(logits[i], params[i])
+    return picks
+
+
+def _filters(p: SamplingParams, vocab: int) -> bool:
+    return 0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0
+
+
+def _sample_one(logits: torch.Tensor, p: SamplingParams) -> int:
+    return int(torch.multinomial(torch.softmax(filter_logits(logits, p), dim=-1), 1).item())
+
+
+def _sample_filtered(probs: torch.Tensor, params: list[SamplingParams]) -> list[int]:
+    """Draws among each row's CANDIDATES most likely tokens; -1 for a row whose filters
+    those candidates do not decide (it is drawn over the whole vocabulary instead)."""
+    b, vocab = probs.shape
     k = min(vocab, CANDIDATES)
     top, idx = torch.topk(probs, k, dim=-1)  # descending
     cand = top.clone()
@@ -63,13 +96,11 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams]) -> list[int
     cand[mass_before >= (top_p * kept_mass)[:, None]] = 0.0
     min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype)
     cand[top < (min_p * top[:, 0])[:, None]] = 0.0
-    # Exact among the candidates when top-k cut inside them or top-p was reached there.
+    # Exact among the candidates when top-k cut inside them, top-p was reached there, or
+    # min-p drops everything past them.
     covered = (top_k <= k) | (top.sum(-1) >= top_p) | (min_p * top[:, 0] > top[:, -1])
-    picks = idx.gather(1, torch.multinomial(cand, 1)).flatten().tolist()
-    for i in (~covered).nonzero().flatten().tolist():
-        row = torch.softmax(filter_logits(logits[i], params[i]), dim=-1)
-        picks[i] = int(torch.multinomial(row, 1).item())
-    return picks
+    picks = idx.gather(1, draw(cand)).flatten()
+    return torch.where(covered, picks, -1).tolist()
 
 
 class Sampler:

@@ -57,6 +57,7 @@ def test_batched_draws_follow_the_filtered_distribution():
     for logits in (LOGITS, torch.randn(1000, generator=gen) * 0.1):  # peaked; nearly flat
         for p in (
             SamplingParams(temperature=0.7, top_p=0.95),
+            SamplingParams(temperature=0.9),
             SamplingParams(temperature=1.0, top_k=3),
             SamplingParams(temperature=1.0, top_k=3, top_p=0.6),
             SamplingParams(temperature=1.3, min_p=0.2),

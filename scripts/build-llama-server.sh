@@ -18,7 +18,7 @@ mkdir -p "$CACHE"
 if [ ! -f "$CACHE/src/CMakeLists.txt" ]; then
   say "downloading llama-cpp-python $VERSION (source distribution)"
   tmp=$(mktemp -d)
-  .venv/bin/pip download --quiet --no-deps --no-binary :all: -d "$tmp" "llama-cpp-python==$VERSION"
+  .venv/bin/pip download --quiet --no-deps --no-binary llama-cpp-python -d "$tmp" "llama-cpp-python==$VERSION"
   tar -xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$tmp"
   rm -rf "$CACHE/src"
   mv "$tmp"/llama_cpp_python-*/vendor/llama.cpp "$CACHE/src"

@@ -167,7 +167,29 @@ static void q4_1_row1(const uint8_t *qs, const uint16_t *d, const uint16_t *m, i
         const uint16_t *wd = d + (size_t)n * nb, *wm = m + (size_t)n * nb;
         float msum = block_scales(wd, wm, q->dx, q->sx, nb, sc);
         __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-        for (int b = 0; b < nb; b += 2) {
+        __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+        int b = 0;
+        for (; b + 4 <= nb; b += 4) {
+            __m256i w = _mm256_loadu_si256((const __m256i *)(wq + b * 16));
+            __m256i v = _mm256_loadu_si256((const __m256i *)(wq + b * 16 + 32));
+            const int8_t *xq = q->qx + b * QK;
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(sc[b]),
+                                   dot_u8_s8(_mm256_and_si256(w, mask),
+                                             _mm256_load_si256((const __m256i *)xq)), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(sc[b + 1]),
+                                   dot_u8_s8(_mm256_and_si256(_mm256_srli_epi16(w, 4), mask),
+                                             _mm256_load_si256((const __m256i *)(xq + QK))),
+                                   acc1);
+            acc2 = _mm256_fmadd_ps(_mm256_set1_ps(sc[b + 2]),
+                                   dot_u8_s8(_mm256_and_si256(v, mask),
+                                             _mm256_load_si256((const __m256i *)(xq + 2 * QK))),
+                                   acc2);
+            acc3 = _mm256_fmadd_ps(_mm256_set1_ps(sc[b + 3]),
+                                   dot_u8_s8(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask),
+                                             _mm256_load_si256((const __m256i *)(xq + 3 * QK))),
+                                   acc3);
+        }
+        for (; b < nb; b += 2) {
             __m256i w = _mm256_loadu_si256((const __m256i *)(wq + b * 16));
             __m256i w0 = _mm256_and_si256(w, mask);
             __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
@@ -176,6 +198,8 @@ static void q4_1_row1(const uint8_t *qs, const uint16_t *d, const uint16_t *m, i
             acc0 = _mm256_fmadd_ps(_mm256_set1_ps(sc[b]), dot_u8_s8(w0, x0), acc0);
             acc1 = _mm256_fmadd_ps(_mm256_set1_ps(sc[b + 1]), dot_u8_s8(w1, x1), acc1);
         }
+        acc0 = _mm256_add_ps(acc0, acc2);
+        acc1 = _mm256_add_ps(acc1, acc3);
         y[n] = hsum256(_mm256_add_ps(acc0, acc1)) + msum;
     }
 }

@@ -62,14 +62,19 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams]) -> list[int
     picks = [0] * len(params)
     plain = [i for i, p in enumerate(params) if not _filters(p, vocab)]
     if plain:
-        for i, token in zip(plain, draw(probs[plain]).flatten().tolist(), strict=True):
+        for i, token in zip(plain, draw(_rows(probs, plain)).flatten().tolist(), strict=True):
             picks[i] = token
     rows = [i for i, p in enumerate(params) if _filters(p, vocab)]
     if rows:
-        drawn = _sample_filtered(probs[rows], [params[i] for i in rows])
+        drawn = _sample_filtered(_rows(probs, rows), [params[i] for i in rows])
         for i, token in zip(rows, drawn, strict=True):
             picks[i] = token if token >= 0 else _sample_one(logits[i], params[i])
     return picks
+
+
+def _rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """t[rows] without the copy when rows are all of t's, in order (the usual batch)."""
+    return t if len(rows) == t.shape[0] else t[rows]
 
 
 def _filters(p: SamplingParams, vocab: int) -> bool:
@@ -109,10 +114,14 @@ class Sampler:
         for i, seq in enumerate(seqs):
             if seq.sampling.repetition_penalty != 1.0:
                 apply_repetition_penalty(logits[i], seq.token_ids, seq.sampling.repetition_penalty)
-        tokens = logits.argmax(dim=-1).tolist()
+        greedy = [i for i, s in enumerate(seqs) if s.sampling.greedy]
+        tokens = [0] * len(seqs)
+        if greedy:
+            for i, token in zip(greedy, _rows(logits, greedy).argmax(dim=-1).tolist(), strict=True):
+                tokens[i] = token
         batched = [i for i, s in enumerate(seqs) if not s.sampling.greedy and s.generator is None]
         if batched:
-            draws = sample_batch(logits[batched], [seqs[i].sampling for i in batched])
+            draws = sample_batch(_rows(logits, batched), [seqs[i].sampling for i in batched])
             for i, token in zip(batched, draws, strict=True):
                 tokens[i] = token
         for i, seq in enumerate(seqs):

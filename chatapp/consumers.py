@@ -23,8 +23,11 @@ from chatapp import conversations as conv_logic
 from chatapp.conversations import InvalidSettings, NotFound
 from chatapp.generation import (
     ERROR_TEXT,
+    AlreadyStreaming,
     Generation,
+    Reservation,
     Subscription,
+    TooManyStreams,
     done_event,
     message_snapshot,
     registry,
@@ -240,20 +243,23 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     # --- generation -----------------------------------------------------------------
 
-    @staticmethod
-    def _refuse_if_streaming(conversation_id: int | None) -> None:
-        if registry.streaming_in(conversation_id) is not None:
-            raise FrameError("already_streaming", "A reply is already being written here.")
-
-    async def _check_user_limits(self) -> None:
-        """Messages per minute (django-ratelimit's counters in the Django cache) and
-        replies streaming at once, per user."""
-        active = registry.streaming_for_user(self.user.pk)
-        if active >= settings.CHAT_MAX_CONCURRENT_STREAMS:
+    def _reserve_stream(self, conversation_id: int | None) -> Reservation:
+        """Claim this user's stream slot (and the conversation's) before anything is
+        awaited, so frames arriving together cannot all pass the check."""
+        try:
+            return registry.reserve(
+                self.user.pk, conversation_id, settings.CHAT_MAX_CONCURRENT_STREAMS
+            )
+        except AlreadyStreaming as exc:
+            raise FrameError("already_streaming", "A reply is already being written here.") from exc
+        except TooManyStreams as exc:
             raise FrameError(
                 "rate_limited",
-                f"You already have {active} replies being written; wait for one to finish.",
-            )
+                f"You already have {exc.active} replies being written; wait for one to finish.",
+            ) from exc
+
+    async def _count_message(self) -> None:
+        """Messages per minute, per user (django-ratelimit's counters in the Django cache)."""
         usage = await counted_usage(
             SimpleNamespace(user=self.user, method="WS"),
             group="chat-messages",
@@ -279,10 +285,35 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         """Continue `conv` with a reply: after the active branch (a plain send), or after
         `parent` (`branch_from`: regenerate and edit), with `user_text` first if given."""
         new_conversation = conv.pk is None
-        self._refuse_if_streaming(conv.pk)
-        await self._check_user_limits()
+        reservation = self._reserve_stream(conv.pk)
+        try:
+            gen, user_msg, reply = await self._prepare_reply(
+                conv, parent, user_text, branch_from, reservation
+            )
+        finally:
+            registry.release(reservation)  # a no-op once the reply has started
+        # Launched before anything else is awaited, so a registered reply always runs
+        # (and ends, freeing its slot) even if this socket fails from here on; its events
+        # wait in `sub` until the `start` frame is out.
+        sub = gen.subscribe()
+        registry.launch(gen)
+        try:
+            await self._announce(conv, user_msg, reply, new_conversation, content)
+        except BaseException:
+            gen.unsubscribe(sub)
+            raise
+        self._forward(gen, sub)
+
+    async def _prepare_reply(
+        self,
+        conv: Conversation,
+        parent: Message | None,
+        user_text: str | None,
+        branch_from: bool,
+        reservation: Reservation,
+    ) -> tuple[Generation, Message | None, Message]:
+        await self._count_message()
         client = await asyncio.to_thread(get_engine_client)
-        client_id = content.get("client_id")
 
         def prepare() -> tuple[Prompt, Message | None]:
             # The branch the reply continues: for a plain send, the active branch; for
@@ -298,7 +329,6 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             client.check_fits(prompt)
         except PromptTooLongError as exc:
             raise FrameError("too_long", ERROR_TEXT["too_long"]) from exc
-        self._refuse_if_streaming(conv.pk)  # again: another frame may have started one meanwhile
         user_msg, reply = await database_sync_to_async(conv_logic.add_exchange)(
             conv, anchor, user_text, prompt.user_token_ids
         )
@@ -307,8 +337,18 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             temperature=conv.temperature,
             top_p=conv.top_p if conv.top_p > 0 else 1.0,
         )
-        gen = registry.start(reply, prompt, sampling)
-        sub = gen.subscribe()
+        return registry.start(reply, prompt, sampling, reservation), user_msg, reply
+
+    async def _announce(
+        self,
+        conv: Conversation,
+        user_msg: Message | None,
+        reply: Message,
+        new_conversation: bool,
+        content: dict[str, Any],
+    ) -> None:
+        """Tell this socket the reply started."""
+        client_id = content.get("client_id")
         if new_conversation:
             conv_json = await database_sync_to_async(conv_logic.conversation_json)(conv)
             await self.send_json({"type": "conversation", "conversation": conv_json})
@@ -327,8 +367,6 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if client_id:
             start["client_id"] = client_id
         await self.send_json(start)
-        self._forward(gen, sub)
-        registry.launch(gen)
 
     def _forward(self, gen: Generation, sub: Subscription) -> None:
         old = self.forwarders.pop(gen.message_id, None)

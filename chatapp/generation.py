@@ -19,6 +19,7 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.utils import timezone
 
 from chatapp.conversations import message_json
 from chatapp.models import Message
@@ -219,9 +220,19 @@ class Generation:
             )
 
     async def _checkpoint(self) -> None:
-        await database_sync_to_async(
-            Message.objects.filter(pk=self.message_id, status=Message.Status.STREAMING).update
-        )(text=self.text, token_ids=list(self.token_ids))
+        if not await database_sync_to_async(self._save_progress)():
+            # Deleted with its conversation: nobody can see this reply any more.
+            self.stop("abort")
+
+    def _save_progress(self) -> bool:
+        """Save the text so far; False when the reply no longer exists."""
+        rows = Message.objects.filter(pk=self.message_id)
+        return bool(
+            rows.filter(status=Message.Status.STREAMING).update(
+                text=self.text, token_ids=list(self.token_ids), updated_at=timezone.now()
+            )
+            or rows.exists()
+        )
 
     async def _finish(
         self, finish_reason: str, error_code: str | None, metrics: RequestMetrics | None
@@ -262,18 +273,22 @@ class Generation:
         # A briefly locked database must not lose the reply: retry before giving up.
         for attempt in range(5):
             try:
-                msg = Message.objects.get(pk=self.message_id)
-                msg.text = self.text
-                msg.token_ids = list(self.token_ids)
-                msg.status = status
-                msg.finish_reason = finish_reason
-                msg.stats = stats
-                msg.error = error
-                msg.save()
+                # An UPDATE of the fields this reply owns, never a save() of a loaded copy:
+                # were the conversation deleted in between, that save would insert it again.
+                saved = Message.objects.filter(pk=self.message_id).update(
+                    text=self.text,
+                    token_ids=list(self.token_ids),
+                    status=status,
+                    finish_reason=finish_reason,
+                    stats=stats,
+                    error=error,
+                    updated_at=timezone.now(),
+                )
+                msg = Message.objects.filter(pk=self.message_id).first() if saved else None
+                if msg is None:
+                    # The conversation was deleted while the reply streamed.
+                    return {"id": self.message_id, "text": self.text, "status": status}
                 return message_json(msg, with_alternatives=True)
-            except Message.DoesNotExist:
-                # The conversation was deleted while the reply streamed.
-                return {"id": self.message_id, "text": self.text, "status": status}
             except Exception:
                 if attempt == 4:
                     log.exception("could not save reply %s", self.message_id)

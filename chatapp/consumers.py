@@ -21,6 +21,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from chatapp import conversations as conv_logic
+from chatapp.auth_events import session_user_id, user_group
 from chatapp.conversations import InvalidSettings, NotFound
 from chatapp.generation import (
     ERROR_TEXT,
@@ -78,13 +79,24 @@ def _id_field(content: dict[str, Any], name: str, allow_null: bool = False) -> i
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
+    group: str | None = None
+    signed_out = False
+
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
+            # Accept, then close: a socket refused during the handshake reaches the page
+            # as a bare 1006 (which it retries); 4401 tells it that it is signed out.
+            self.signed_out = True
+            await self.accept()
             await self.close(code=4401)
             return
         self.user = user
+        self.session_key: str | None = self.scope["session"].session_key
         self.forwarders: dict[int, tuple[Generation, Subscription, asyncio.Task[None]]] = {}
+        # Joined before accepting, so a logout from then on reaches this socket.
+        self.group = user_group(user.pk)
+        await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
@@ -92,10 +104,29 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             task.cancel()
             gen.unsubscribe(sub)
         self.forwarders = {}
+        if self.group is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+            self.group = None
+
+    # --- the login this socket was opened with (chatapp/auth_events.py) -------------
+
+    async def auth_logout(self, event: dict[str, Any]) -> None:
+        if event.get("session_key") == self.session_key:
+            await self._sign_out()
+
+    async def auth_changed(self, event: dict[str, Any]) -> None:
+        if await session_user_id(self.session_key) != self.user.pk:
+            await self._sign_out()
+
+    async def _sign_out(self) -> None:
+        self.signed_out = True
+        await self.close(code=4401)
 
     # --- framing --------------------------------------------------------------------
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.signed_out:
+            return  # sent before the close reached the client: not answered
         if text_data is None:
             await self.send_error("bad_frame", "Binary frames are not supported; send JSON text.")
             return

@@ -9,6 +9,8 @@ group_send works on the in-memory layer (one process) and the Redis layer (sever
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from importlib import import_module
 from typing import Any
@@ -26,6 +28,8 @@ log = logging.getLogger(__name__)
 # Group event types; the consumer's handlers are named after them (auth.logout -> auth_logout).
 LOGOUT = "auth.logout"
 CHANGED = "auth.changed"
+# A channel layer that does not answer within this long is treated as away.
+LAYER_TIMEOUT_S = 2.0
 
 
 def user_group(user_id: int) -> str:
@@ -43,15 +47,32 @@ async def session_user_id(session_key: str | None) -> int | None:
     return user.pk if user.is_authenticated else None
 
 
+async def join(layer: Any, user_id: int, channel_name: str) -> None:
+    """Add a socket to its user's group (it raises when the channel layer is away, as
+    the socket's own channel would fail then too: the page reconnects with backoff)."""
+    await asyncio.wait_for(layer.group_add(user_group(user_id), channel_name), LAYER_TIMEOUT_S)
+
+
+async def leave(layer: Any, user_id: int, channel_name: str) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(
+            layer.group_discard(user_group(user_id), channel_name), LAYER_TIMEOUT_S
+        )
+
+
 def notify(user_id: int, event: dict[str, Any]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
+
+    async def send() -> None:
+        await asyncio.wait_for(layer.group_send(user_group(user_id), event), LAYER_TIMEOUT_S)
+
     try:
-        async_to_sync(layer.group_send)(user_group(user_id), event)
-    except Exception:
+        async_to_sync(send)()
+    except Exception as exc:
         # The channel layer (Redis) away must not make logging out fail.
-        log.warning("could not tell user %s's sockets about %s", user_id, event["type"])
+        log.warning("could not tell user %s's sockets about %s: %s", user_id, event["type"], exc)
 
 
 def _on_logout(sender: Any, request: Any, user: Any, **kwargs: Any) -> None:

@@ -21,7 +21,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from chatapp import conversations as conv_logic
-from chatapp.auth_events import session_user_id, user_group
+from chatapp.auth_events import join, leave, session_user_id
 from chatapp.conversations import InvalidSettings, NotFound
 from chatapp.generation import (
     ERROR_TEXT,
@@ -79,7 +79,7 @@ def _id_field(content: dict[str, Any], name: str, allow_null: bool = False) -> i
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
-    group: str | None = None
+    in_group = False
     signed_out = False
 
     async def connect(self) -> None:
@@ -95,8 +95,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.session_key: str | None = self.scope["session"].session_key
         self.forwarders: dict[int, tuple[Generation, Subscription, asyncio.Task[None]]] = {}
         # Joined before accepting, so a logout from then on reaches this socket.
-        self.group = user_group(user.pk)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        await join(self.channel_layer, user.pk, self.channel_name)
+        self.in_group = True
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
@@ -104,9 +104,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             task.cancel()
             gen.unsubscribe(sub)
         self.forwarders = {}
-        if self.group is not None:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
-            self.group = None
+        if self.in_group:
+            self.in_group = False
+            await leave(self.channel_layer, self.user.pk, self.channel_name)
 
     # --- the login this socket was opened with (chatapp/auth_events.py) -------------
 

@@ -16,6 +16,7 @@ from django.test import Client
 
 from chatapp.asgi import application
 from tests.chat.conftest import open_socket
+from tests.live_server import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -134,3 +135,19 @@ async def test_saving_a_user_without_changing_the_login_keeps_the_sockets(
         assert await still_answers(tab)
     finally:
         await tab.disconnect()
+
+
+async def test_logging_out_works_while_the_channel_layer_is_away(
+    make_user: Any, settings: Any
+) -> None:
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [f"redis://127.0.0.1:{free_port()}/0"]},  # nothing listens
+        }
+    }
+    alice = await database_sync_to_async(make_user)("alice")
+    browser = await database_sync_to_async(logged_in_client)(alice)
+    answer = await database_sync_to_async(browser.post)("/accounts/logout/")
+    assert answer.status_code == 302
+    assert (await database_sync_to_async(browser.get)("/api/me/")).status_code == 401

@@ -83,15 +83,20 @@ def _on_logout(sender: Any, request: Any, user: Any, **kwargs: Any) -> None:
     notify(user.pk, {"type": LOGOUT, "session_key": request.session.session_key})
 
 
+def _credentials(user: Any) -> tuple[Any, Any]:
+    # From __dict__: reading a deferred field here would cost a query per loaded user.
+    return user.__dict__.get("password"), user.__dict__.get("is_active")
+
+
 def _remember_credentials(sender: Any, instance: Any, **kwargs: Any) -> None:
-    instance._chat_credentials = (instance.password, instance.is_active)
+    instance._chat_credentials = _credentials(instance)
 
 
 def _on_user_saved(sender: Any, instance: Any, created: bool, **kwargs: Any) -> None:
     update_fields = kwargs.get("update_fields")
     if created or (update_fields is not None and not {"password", "is_active"} & update_fields):
         return  # e.g. the last_login update on every login
-    now = (instance.password, instance.is_active)
+    now = _credentials(instance)
     if getattr(instance, "_chat_credentials", now) == now:
         return
     instance._chat_credentials = now

@@ -114,7 +114,7 @@ def conversations(request: HttpRequest) -> HttpResponse:
 def conversation(request: HttpRequest, pk: int) -> HttpResponse:
     conv = conv_logic.get_conversation(request.user, pk)
     if request.method == "DELETE":
-        conv.delete()
+        conv_logic.delete_conversation(conv)
         return HttpResponse(status=204)
     if request.method == "PATCH":
         data = read_json(request)

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from chatapp.models import Conversation, Message
 from inference.chat_template import Turn
@@ -137,16 +138,29 @@ def create_conversation(
 
 
 def update_conversation(conv: Conversation, data: dict[str, Any]) -> Conversation:
+    changed: list[str] = []
     if "title" in data:
         conv.title = clean_title(data["title"])
+        changed.append("title")
     for key, value in clean_settings(data.get("settings")).items():
         setattr(conv, key, value)
+        changed.append(key)
     if "active_message" in data:
         message = Message.objects.filter(pk=_int(data["active_message"]), conversation=conv).first()
         if message is None:
             raise NotFound("message")
         conv.active_leaf = latest_leaf_under(message)
-    conv.save()
+        changed.append("active_leaf")
+    # Only the fields this request sets: `conv` was loaded earlier, and writing all of it
+    # back would undo a reply added meanwhile (active_leaf) or, were the conversation
+    # deleted meanwhile, insert it again.
+    values = {name: getattr(conv, name) for name in changed}
+    if not Conversation.objects.filter(pk=conv.pk).update(**values, updated_at=timezone.now()):
+        raise NotFound("conversation")
+    try:
+        conv.refresh_from_db()
+    except Conversation.DoesNotExist as exc:
+        raise NotFound("conversation") from exc
     return conv
 
 
@@ -221,15 +235,31 @@ def turns_for(conv: Conversation, branch: list[Message]) -> list[Turn]:
     return turns
 
 
+def delete_conversation(conv: Conversation) -> None:
+    """Delete `conv` and its messages, after any exchange being added to it has landed
+    (add_exchange holds the same row lock), so none of its messages is left behind."""
+    with transaction.atomic():
+        locked = Conversation.objects.select_for_update().filter(pk=conv.pk).first()
+        if locked is None:
+            raise NotFound("conversation")
+        locked.delete()
+
+
 @transaction.atomic
 def add_exchange(
     conv: Conversation, parent: Message | None, user_text: str | None, user_token_ids: list[int]
 ) -> tuple[Message | None, Message]:
     """Save the user message (if any) and an empty streaming assistant reply under it,
     and make the reply the conversation's active leaf. A new conversation is saved here
-    too: all of it lands, or none of it."""
+    too: all of it lands, or none of it.
+
+    `conv` may have been loaded a while ago: only the fields this step owns are written
+    (the active leaf, and a title if it still has none), so a rename made meanwhile
+    stands, and a conversation deleted meanwhile raises NotFound instead of coming back."""
     if conv.pk is None:
         conv.save()
+    elif Conversation.objects.select_for_update().filter(pk=conv.pk).first() is None:
+        raise NotFound("conversation")
     user_msg = None
     if user_text is not None:
         user_msg = Message.objects.create(
@@ -247,10 +277,13 @@ def add_exchange(
         text="",
         status=Message.Status.STREAMING,
     )
-    conv.active_leaf = reply
-    if not conv.title and user_text:
+    now = timezone.now()
+    Conversation.objects.filter(pk=conv.pk).update(active_leaf=reply, updated_at=now)
+    conv.active_leaf, conv.updated_at = reply, now
+    if user_text and Conversation.objects.filter(pk=conv.pk, title="").update(
+        title=default_title(user_text)
+    ):
         conv.title = default_title(user_text)
-    conv.save()
     return user_msg, reply
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.utils import timezone
 
 from chatapp.conversations import message_json
 from chatapp.models import Message
@@ -222,9 +223,19 @@ class Generation:
             )
 
     async def _checkpoint(self) -> None:
-        await database_sync_to_async(
-            Message.objects.filter(pk=self.message_id, status=Message.Status.STREAMING).update
-        )(text=self.text, token_ids=list(self.token_ids))
+        if not await database_sync_to_async(self._save_progress)():
+            # Deleted with its conversation: nobody can see this reply any more.
+            self.stop("abort")
+
+    def _save_progress(self) -> bool:
+        """Save the text so far; False when the reply no longer exists."""
+        rows = Message.objects.filter(pk=self.message_id)
+        return bool(
+            rows.filter(status=Message.Status.STREAMING).update(
+                text=self.text, token_ids=list(self.token_ids), updated_at=timezone.now()
+            )
+            or rows.exists()
+        )
 
     async def _finish(
         self, finish_reason: str, error_code: str | None, metrics: RequestMetrics | None
@@ -265,18 +276,22 @@ class Generation:
         # A briefly locked database must not lose the reply: retry before giving up.
         for attempt in range(5):
             try:
-                msg = Message.objects.get(pk=self.message_id)
-                msg.text = self.text
-                msg.token_ids = list(self.token_ids)
-                msg.status = status
-                msg.finish_reason = finish_reason
-                msg.stats = stats
-                msg.error = error
-                msg.save()
+                # An UPDATE of the fields this reply owns, never a save() of a loaded copy:
+                # were the conversation deleted in between, that save would insert it again.
+                saved = Message.objects.filter(pk=self.message_id).update(
+                    text=self.text,
+                    token_ids=list(self.token_ids),
+                    status=status,
+                    finish_reason=finish_reason,
+                    stats=stats,
+                    error=error,
+                    updated_at=timezone.now(),
+                )
+                msg = Message.objects.filter(pk=self.message_id).first() if saved else None
+                if msg is None:
+                    # The conversation was deleted while the reply streamed.
+                    return {"id": self.message_id, "text": self.text, "status": status}
                 return message_json(msg, with_alternatives=True)
-            except Message.DoesNotExist:
-                # The conversation was deleted while the reply streamed.
-                return {"id": self.message_id, "text": self.text, "status": status}
             except Exception:
                 if attempt == 4:
                     log.exception("could not save reply %s", self.message_id)
@@ -285,25 +300,77 @@ class Generation:
         raise AssertionError("unreachable")
 
 
+class AlreadyStreaming(Exception):
+    """A reply is already being written (or about to be) in that conversation."""
+
+
+class TooManyStreams(Exception):
+    def __init__(self, active: int) -> None:
+        super().__init__(f"{active} replies streaming")
+        self.active = active
+
+
+@dataclass(eq=False)
+class Reservation:
+    """A stream slot claimed for a reply that is not registered yet."""
+
+    owner_id: int
+    conversation_id: int | None
+
+
 class GenerationRegistry:
-    """The replies generating in this process, by message and by conversation."""
+    """The replies generating in this process, by message and by conversation, and the
+    slots reserved for replies still being prepared."""
 
     def __init__(self) -> None:
         self.by_message: dict[int, Generation] = {}
         self.by_conversation: dict[int, int] = {}
+        self.reserved: set[Reservation] = set()
 
     def get(self, message_id: int) -> Generation | None:
         return self.by_message.get(message_id)
 
     def streaming_for_user(self, owner_id: int) -> int:
-        return sum(1 for g in self.by_message.values() if g.owner_id == owner_id and not g.finished)
+        running = sum(
+            1 for g in self.by_message.values() if g.owner_id == owner_id and not g.finished
+        )
+        return running + sum(1 for r in self.reserved if r.owner_id == owner_id)
 
     def streaming_in(self, conversation_id: int) -> Generation | None:
         mid = self.by_conversation.get(conversation_id)
         return self.by_message.get(mid) if mid is not None else None
 
-    def start(self, message: Message, prompt: Prompt, sampling: SamplingParams) -> Generation:
+    def reserve(self, owner_id: int, conversation_id: int | None, limit: int) -> Reservation:
+        """Check the limits and claim a slot in one step, with no await in between: two
+        frames that check at the same moment cannot both pass. The caller must either
+        `start` the reply with it or `release` it, on every path."""
+        if conversation_id is not None and (
+            self.streaming_in(conversation_id) is not None
+            or any(r.conversation_id == conversation_id for r in self.reserved)
+        ):
+            raise AlreadyStreaming
+        active = self.streaming_for_user(owner_id)
+        if active >= limit:
+            raise TooManyStreams(active)
+        reservation = Reservation(owner_id, conversation_id)
+        self.reserved.add(reservation)
+        return reservation
+
+    def release(self, reservation: Reservation) -> None:
+        """Give back a slot whose reply never started (idempotent)."""
+        self.reserved.discard(reservation)
+
+    def start(
+        self,
+        message: Message,
+        prompt: Prompt,
+        sampling: SamplingParams,
+        reservation: Reservation | None = None,
+    ) -> Generation:
         gen = Generation(self, message, prompt, sampling)
+        if reservation is not None:
+            # The slot passes from the reservation to the generation in one step.
+            self.reserved.discard(reservation)
         self.by_message[gen.message_id] = gen
         self.by_conversation[gen.conversation_id] = gen.message_id
         return gen

@@ -34,20 +34,12 @@ class KeyLimiter:
         return per_minute, concurrent
 
     async def acquire(self, key: Any, request: HttpRequest) -> Callable[[], None]:
-        """Count one request against `key`; return the function that ends it."""
+        """Count one request against `key`; return the function that ends it (idempotent).
+
+        The concurrency slot is checked and claimed before anything is awaited, so
+        requests arriving together cannot all pass the check; a request refused by the
+        per-minute limit gives its slot straight back."""
         per_minute, concurrent = self.limits(key)
-        usage = await counted_usage(
-            request,
-            group="openai-api",
-            key=lambda _g, _r: str(key.pk),
-            rate=f"{per_minute}/m",
-            increment=True,
-        )
-        if usage and usage["should_limit"]:
-            retry = max(1, math.ceil(usage.get("time_left", 60)))
-            raise RateLimited(
-                f"Rate limit reached: {per_minute} requests per minute for this key.", retry
-            )
         if self.active[key.pk] >= concurrent:
             raise RateLimited(
                 f"Too many concurrent requests: at most {concurrent} for this key.", 1
@@ -60,7 +52,26 @@ class KeyLimiter:
             if not released:
                 released = True
                 self.active[key.pk] -= 1
+                if self.active[key.pk] <= 0:
+                    del self.active[key.pk]
 
+        try:
+            usage = await counted_usage(
+                request,
+                group="openai-api",
+                key=lambda _g, _r: str(key.pk),
+                rate=f"{per_minute}/m",
+                increment=True,
+            )
+        except BaseException:
+            release()
+            raise
+        if usage and usage["should_limit"]:
+            release()
+            retry = max(1, math.ceil(usage.get("time_left", 60)))
+            raise RateLimited(
+                f"Rate limit reached: {per_minute} requests per minute for this key.", retry
+            )
         return release
 
 

@@ -123,11 +123,6 @@ async def test_edit_branches_from_the_edited_message(alice_socket: ChatSocket) -
     assert len(msgs) == 4  # both branches are kept
 
 
-async def test_anonymous_socket_is_refused(db: None) -> None:
-    _, connected, code = await open_socket(None)
-    assert not connected and code == 4401
-
-
 async def test_foreign_origin_is_refused(make_user: Any) -> None:
     user = await database_sync_to_async(make_user)("mallory")
     _, connected, _ = await open_socket(user, origin=b"http://evil.example")

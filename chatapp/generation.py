@@ -180,14 +180,17 @@ class Generation:
             async for delta in stream:
                 if delta.token_ids:
                     self.token_ids.extend(delta.token_ids)
-                if delta.text:
-                    self.text += delta.text
+                # A byte-level tokenizer can emit NUL, which PostgreSQL's text refuses: the
+                # reply drops it, on the screen and in the database alike.
+                text = delta.text.replace("\x00", "")
+                if text:
+                    self.text += text
                     self.seq += 1
                     self._publish(
                         {
                             "type": "delta",
                             "message_id": self.message_id,
-                            "text": delta.text,
+                            "text": text,
                             "seq": self.seq,
                         }
                     )

@@ -6,6 +6,8 @@ Owns the KV cache tensors: per layer a key and a value pool of shape
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from inference.engine import kernels
@@ -14,6 +16,8 @@ from inference.engine.model import AttentionMetadata, DecodeGroup, PrefillChunk
 from inference.engine.scheduler import ScheduledBatch
 from inference.engine.sequence import Sequence
 from inference.engine.tensor_parallel import build_model
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -82,6 +86,13 @@ class ModelRunner:
         # Per layer one pool, head-major: keys are heads [0, kv_heads), values the rest, so
         # one copy writes a step's K and V and one gather reads a sequence's context with
         # every head's tokens contiguous (what the attention matmuls want).
+        native = getattr(m, "native", None)
+        log.info(
+            "engine: %s, %s, weights %s%s, %d threads (%d for small steps), %d KV blocks",
+            self.device, str(self.dtype).removeprefix("torch."), self.quantization,
+            f" (4-bit native path up to {native.max_rows} rows)" if native else "",
+            config.cpu_threads(), config.small_step_cpu_threads(), self.num_blocks,
+        )  # fmt: skip
         shape = (2 * m.num_kv_heads, self.num_blocks, self.block_size, m.head_dim)
         self.kv_caches = [
             torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(m.num_layers)

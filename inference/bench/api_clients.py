@@ -82,9 +82,13 @@ async def run_level(
     max_tokens: int,
     sampling: dict[str, float] | None = None,
 ) -> dict[str, Any]:
+    import httpx
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=url, api_key=key, max_retries=0, timeout=600)
+    # A new connection per request: llama-server's HTTP library closes a kept-alive
+    # connection after a few requests, and a client reusing it then fails the request.
+    http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0), timeout=600)
+    client = AsyncOpenAI(base_url=url, api_key=key, max_retries=0, timeout=600, http_client=http)
     started = time.perf_counter()
     results = await asyncio.gather(
         *(

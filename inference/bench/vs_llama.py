@@ -118,7 +118,7 @@ class LlamaServer:
         self.args = [
             binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port),
             "-t", str(threads), "-tb", str(threads), "-np", str(slots),
-            "-c", str(2048 * slots),
+            "-c", str(2048 * slots), "--threads-http", str(slots + 4),
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -210,6 +210,8 @@ def run(
                 llama = LlamaServer(binary, bundled_gguf(), threads, c, Path(tmp)).start()
                 runs: dict[str, list[dict[str, Any]]] = {"ours": [], "llama-server": []}
                 try:
+                    for server, key in ((ours, ours.key), (llama, "none")):  # warm-up
+                        asyncio.run(run_level(f"{server.url}/v1", key, model, 1, 1, 8, sampling))
                     for rep in range(repeat):
                         order = [("ours", ours), ("llama-server", llama)]
                         for name, server in order if rep % 2 == 0 else order[::-1]:

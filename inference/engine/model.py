@@ -345,6 +345,13 @@ class LlamaModel:
         self.quantization = quantization
         formats = WeightFormats(large=quantization)
         if quantization in ("int4", "hybrid"):
+            # The kernels take whole pairs of 32-weight blocks along each input.
+            widths = (config.hidden_size, config.intermediate_size // tp_size)
+            if any(k % 64 for k in widths):
+                raise ValueError(
+                    f"quantization={quantization!r} needs hidden and (per-rank) intermediate "
+                    f"sizes divisible by 64; this model has {widths}: use fp16 or none"
+                )
             formats.blocks = _block_weights(folder, w, config)
             formats.large = None if quantization == "int4" else _large_format(dtype)
             formats.block_rows = HYBRID_MAX_ROWS

@@ -12,7 +12,7 @@ import torch
 
 from inference.engine import kernels
 from inference.engine.config import EngineConfig
-from inference.engine.model import AttentionMetadata, DecodeGroup, PrefillChunk
+from inference.engine.model import AttentionMetadata, DecodeGroup, PrefillChunk, load_config
 from inference.engine.scheduler import ScheduledBatch
 from inference.engine.sequence import Sequence
 from inference.engine.tensor_parallel import build_model
@@ -51,7 +51,9 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-def resolve_quantization(name: str, device: torch.device, dtype: torch.dtype) -> str:
+def resolve_quantization(
+    name: str, device: torch.device, dtype: torch.dtype, model_fits_blocks: bool = True
+) -> str:
     """ "auto": on a CPU where the 4-bit kernels build, "hybrid" (4-bit weights for steps of
     a few rows, the float format for the rest); else fp16-stored weights for a float32 CPU
     model; else the model dtype as it is."""
@@ -59,7 +61,7 @@ def resolve_quantization(name: str, device: torch.device, dtype: torch.dtype) ->
         return name
     if device.type != "cpu":
         return "none"
-    if kernels.load() is not None:
+    if kernels.load() is not None and model_fits_blocks:
         return "hybrid"
     return "fp16" if dtype == torch.float32 else "none"
 
@@ -69,7 +71,14 @@ class ModelRunner:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self.quantization = resolve_quantization(config.quantization, self.device, self.dtype)
+        model_config = load_config(config.model)
+        widths = (
+            model_config.hidden_size,
+            model_config.intermediate_size // max(1, config.tensor_parallel_size),
+        )
+        self.quantization = resolve_quantization(
+            config.quantization, self.device, self.dtype, all(k % 64 == 0 for k in widths)
+        )
         self.model = build_model(  # LlamaModel, or rank 0 of tensor_parallel_size ranks
             config,
             dtype=self.dtype,

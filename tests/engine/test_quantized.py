@@ -117,3 +117,12 @@ def test_gguf_blocks_are_exactly_the_converted_checkpoints_weights(real_model_pa
     for name, b in blocks.items():
         ref = weights["embed_tokens.weight" if name == "lm_head.weight" else name]
         assert torch.equal(b.dequantize(), ref.float()), name
+
+
+def test_auto_keeps_float_weights_for_a_model_the_4bit_kernels_cannot_tile():
+    from inference.engine.model_runner import resolve_quantization
+
+    cpu = torch.device("cpu")
+    assert resolve_quantization("auto", cpu, torch.float32, model_fits_blocks=False) == "fp16"
+    fits = resolve_quantization("auto", cpu, torch.float32, model_fits_blocks=True)
+    assert fits == ("hybrid" if kernels.load() is not None else "fp16")

@@ -363,15 +363,12 @@ class LlamaModel:
             lm_head = w.get("lm_head.weight")
             tied = lm_head is None or getattr(config, "tie_word_embeddings", False)
             head = self.embed if tied else put(lm_head)
-            if formats.blocks is None:
-                self.lm_head = Linear(head, quantization)
-            else:
-                self.lm_head = Linear(
-                    None if formats.large is None else head,
-                    formats.large or "none",
-                    formats.blocks["lm_head.weight"],
-                    formats.block_rows,
-                )
+            # With 4-bit layers the head stays in the float format: its Q8_0 product with
+            # 8-bit activations flipped the very first token of "What is the capital of
+            # France?" (the final hidden state has one outlier ~30x the others, which
+            # costs the rest of its block their precision).
+            head_format = quantization if formats.blocks is None else _large_format(dtype)
+            self.lm_head = Linear(head, head_format)
         self.layers = [
             DecoderLayer(w, f"layers.{i}", formats, put, tp_rank, tp_size)
             for i in range(self.num_layers)

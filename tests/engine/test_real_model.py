@@ -78,7 +78,7 @@ def test_greedy_equals_transformers_up_to_the_first_near_tie(engine, tokenizer, 
 
 
 def test_default_settings_also_answer_paris(real_model_path, tokenizer):
-    """The default config stores weights in float16 on a CPU without bf16 (see config.py)."""
+    """The default config: on this CPU 4-bit weights for small steps, fp16 for the rest."""
     fast = LLMEngine(EngineConfig(model=str(real_model_path)))
     fast.add_request(
         _chat(tokenizer, QUESTIONS[0]), SamplingParams(max_tokens=30, temperature=0), "q"

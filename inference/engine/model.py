@@ -227,20 +227,13 @@ def load_blocks(folder: str) -> dict[str, BlockWeight] | None:
     return out
 
 
-def _block_weights(
-    folder: str, w: dict[str, torch.Tensor], config: PretrainedConfig
-) -> dict[str, BlockWeight]:
-    """Each linear's 4-bit blocks (the lm_head's 8-bit): the GGUF's own where the folder
-    came from one, else quantized from the float weights now."""
+def _block_weights(folder: str, w: dict[str, torch.Tensor]) -> dict[str, BlockWeight]:
+    """Each linear's 4-bit blocks: the GGUF's own where the folder came from one, else
+    quantized from the float weights now."""
     blocks = load_blocks(folder) or {}
     for name, t in w.items():
-        if name in blocks or not name.endswith("_proj.weight"):
-            continue
-        blocks[name] = Q4_1.quantize(t)
-    if "lm_head.weight" not in blocks:
-        tied = "lm_head.weight" not in w or getattr(config, "tie_word_embeddings", False)
-        head = w["embed_tokens.weight"] if tied else w["lm_head.weight"]
-        blocks["lm_head.weight"] = Q8_0.quantize(head)
+        if name not in blocks and name.endswith("_proj.weight"):
+            blocks[name] = Q4_1.quantize(t)
     return blocks
 
 
@@ -352,7 +345,7 @@ class LlamaModel:
                     f"quantization={quantization!r} needs hidden and (per-rank) intermediate "
                     f"sizes divisible by 64; this model has {widths}: use fp16 or none"
                 )
-            formats.blocks = _block_weights(folder, w, config)
+            formats.blocks = _block_weights(folder, w)
             formats.large = None if quantization == "int4" else _large_format(dtype)
             formats.block_rows = HYBRID_MAX_ROWS
         self.embed = put(w["embed_tokens.weight"])

@@ -93,7 +93,7 @@ class Linear:
         self,
         weight: torch.Tensor | None,
         quantization: str = "none",
-        blocks: BlockWeight | None = None,
+        blocks: Q4_1 | None = None,
         block_rows: int = 0,
     ) -> None:
         self.blocks = blocks.for_kernel() if blocks is not None else None
@@ -185,7 +185,7 @@ class WeightFormats:
     steps of at most `block_rows` rows."""
 
     large: str | None
-    blocks: dict[str, BlockWeight] | None = None
+    blocks: dict[str, Q4_1] | None = None
     block_rows: int = 0
 
 
@@ -227,13 +227,15 @@ def load_blocks(folder: str) -> dict[str, BlockWeight] | None:
     return out
 
 
-def _block_weights(folder: str, w: dict[str, torch.Tensor]) -> dict[str, BlockWeight]:
+def _block_weights(folder: str, w: dict[str, torch.Tensor]) -> dict[str, Q4_1]:
     """Each linear's 4-bit blocks: the GGUF's own where the folder came from one, else
     quantized from the float weights now."""
-    blocks = load_blocks(folder) or {}
+    stored = load_blocks(folder) or {}
+    blocks: dict[str, Q4_1] = {}
     for name, t in w.items():
-        if name not in blocks and name.endswith("_proj.weight"):
-            blocks[name] = Q4_1.quantize(t)
+        if name.endswith("_proj.weight"):
+            b = stored.get(name)
+            blocks[name] = b if isinstance(b, Q4_1) else Q4_1.quantize(t)
     return blocks
 
 

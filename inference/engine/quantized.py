@@ -1,10 +1,10 @@
 """Block-quantized weights, as GGUF stores them: Q4_1 (4-bit with a scale and a minimum per
-32 weights) and Q8_0 (8-bit with a scale per 32), and their products with activations.
+32 weights), with its product with activations, and Q8_0 (8-bit with a scale per 32).
 
 The bundled model is a Q4_1 GGUF (its tied embedding / lm_head Q8_0): `read_gguf` takes its
 blocks as they are, so the engine multiplies by the very weights llama.cpp uses, with no
 round trip through a float checkpoint. Any float weight can be quantized the same way at
-load (`Q4_1.quantize`, `Q8_0.quantize`). The products run in inference/engine/kernels.
+load (`Q4_1.quantize`). The products run in inference/engine/kernels.
 """
 
 from __future__ import annotations
@@ -118,7 +118,8 @@ class Q4_1:
 
 @dataclass
 class Q8_0:
-    """W[n, k] = d[n, k // 32] * q; q in [-127, 127]."""
+    """W[n, k] = d[n, k // 32] * q; q in [-127, 127]. Read from a GGUF (its embedding) and
+    dequantized; the engine multiplies by no Q8_0 matrix (see model.py on the lm_head)."""
 
     qs: torch.Tensor  # int8 [N, K]
     d: torch.Tensor  # float32 [N, K / 32]
@@ -127,45 +128,12 @@ class Q8_0:
     def shape(self) -> tuple[int, int]:
         return self.qs.shape[0], self.qs.shape[1]
 
-    @classmethod
-    def quantize(cls, w: torch.Tensor) -> Q8_0:
-        n, k = w.shape
-        _check_k(k)
-        blocks = w.float().reshape(n, k // QK, QK)
-        d = blocks.abs().amax(-1) / 127.0
-        inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
-        q = (blocks * inv[..., None]).round().clamp(-127, 127).to(torch.int8)
-        return cls(q.reshape(n, k).contiguous(), d.contiguous())
-
     def dequantize(self) -> torch.Tensor:
         n, k = self.shape
         return (self.qs.reshape(n, k // QK, QK).float() * self.d[..., None]).reshape(n, k)
 
-    def rows(self, start: int, stop: int) -> Q8_0:
-        return Q8_0(self.qs[start:stop], self.d[start:stop])
-
-    def cols(self, start: int, stop: int) -> Q8_0:
-        _check_k(start)
-        _check_k(stop)
-        return Q8_0(
-            self.qs[:, start:stop].contiguous(), self.d[:, start // QK : stop // QK].contiguous()
-        )
-
-    def for_kernel(self) -> Q8_0:
-        return self
-
     def take_rows(self, index: torch.Tensor) -> Q8_0:
         return Q8_0(self.qs[index], self.d[index])
-
-    @staticmethod
-    def cat(parts: list[Q8_0]) -> Q8_0:
-        return Q8_0(torch.cat([p.qs for p in parts]), torch.cat([p.d for p in parts]))
-
-    def matmul_t(self, x: torch.Tensor) -> torch.Tensor:
-        lib = kernels.load()
-        if lib is None:
-            return x.float() @ self.dequantize().T
-        return kernels.q8_0_gemm(lib, self.qs, self.d, x.float().contiguous())
 
 
 BlockWeight = Q4_1 | Q8_0

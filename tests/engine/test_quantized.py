@@ -42,8 +42,8 @@ def test_block_products_match_the_dequantized_weights(rows):
     """Activations are quantized to 8 bits per block of 32, as llama.cpp does: the product
     stays within a percent of the float product with the same (dequantized) weights."""
     x = torch.randn(rows, 256)
-    for q in (Q4_1.quantize(_weight(70, 256)).for_kernel(), Q8_0.quantize(_weight(70, 256))):
-        assert _rel_err(q.matmul_t(x), x @ q.dequantize().T) < 0.01
+    q = Q4_1.quantize(_weight(70, 256)).for_kernel()
+    assert _rel_err(q.matmul_t(x), x @ q.dequantize().T) < 0.01
 
 
 def test_hybrid_linear_takes_blocks_for_small_steps_and_fp16_for_large_ones():

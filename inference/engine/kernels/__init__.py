@@ -1,5 +1,5 @@
-"""Small native kernels the engine builds once at run time: weight-only Q4_1 / Q8_0 matrix
-products for decode steps of a few rows (quant_gemm.c).
+"""Small native kernels the engine builds once at run time: weight-only Q4_1 matrix products
+and a whole decoder layer for steps of a few rows (quant_gemm.c).
 
 Why our own: at one row a step is bound by the bytes of weights it reads, so 4-bit weights
 should cost a quarter of bf16. torch's `_weight_int4pack_mm_for_cpu` is fast only with
@@ -91,8 +91,7 @@ def load() -> ctypes.CDLL | None:
         return None
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.q4_1_gemm.argtypes = [p, p, p, i, i, p, i, p, i]
-    lib.q8_0_gemm.argtypes = [p, p, i, i, p, i, p, i]
-    lib.q4_1_gemm.restype = lib.q8_0_gemm.restype = i
+    lib.q4_1_gemm.restype = i
     lib.decode_layer.argtypes = [
         ctypes.POINTER(LayerShape), ctypes.POINTER(LayerWeights), p, i, p, p, p, p, i, p, i
     ]  # fmt: skip
@@ -148,18 +147,4 @@ def q4_1_gemm(
     )  # fmt: skip
     if rc:
         raise RuntimeError(f"q4_1_gemm failed ({rc})")
-    return y
-
-
-def q8_0_gemm(lib: ctypes.CDLL, qs: torch.Tensor, d: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """x [rows, K] float32 contiguous @ Q8_0 weights (qs [N, K] int8, d [N, K/32]).T"""
-    rows, k = x.shape
-    n = qs.shape[0]
-    y = torch.empty(rows, n, dtype=torch.float32)
-    rc = lib.q8_0_gemm(
-        qs.data_ptr(), d.data_ptr(), n, k, x.data_ptr(), rows, y.data_ptr(),
-        torch.get_num_threads(),
-    )  # fmt: skip
-    if rc:
-        raise RuntimeError(f"q8_0_gemm failed ({rc})")
     return y

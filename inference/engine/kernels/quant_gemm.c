@@ -1,13 +1,11 @@
-/* Weight-only 4-bit (Q4_1) and 8-bit (Q8_0) matrix products for small batches on x86 CPUs.
+/* Weight-only 4-bit (Q4_1) matrix products for small batches on x86 CPUs.
  *
  * y[r, n] = sum_k x[r, k] * W[n, k], where W is stored in blocks of 32 along k:
- *   Q4_1: W = d * q + m,  q in [0, 15], two per byte (byte j of a block holds element j in
- *         its low nibble and element j + 16 in its high nibble: the GGUF layout);
- *   Q8_0: W = d * q,      q in [-127, 127].
+ *   Q4_1: W = d * q + m,  q in [0, 15].
  * Activations are quantized per row and block to int8 (a = dx * qx), so each block's dot
- * product is one integer multiply-add chain: d * dx * sum(q * qx) (+ m * dx * sum(qx)).
- * At one to a few rows the step is bound by the weights' bytes, and these formats read
- * 4.5 to 8.5 bits per weight instead of 16.
+ * product is one integer multiply-add chain: d * dx * sum(q * qx) + m * dx * sum(qx).
+ * At one to a few rows the step is bound by the weights' bytes, and this format reads
+ * 5 bits per weight instead of 16.
  *
  * Q4_1 here is in a kernel layout of its own, made at load from GGUF's (quantized.py).
  * Built once at run time by inference/engine/kernels/__init__.py (gcc -O3 -mavx2 -mfma).
@@ -127,31 +125,7 @@ static void q4_1_rows(const uint8_t *qs, const uint16_t *d, const uint16_t *m, i
     }
 }
 
-static void q8_0_rows(const int8_t *qs, const float *d, int n0, int n1, int K,
-                      const QuantizedRows *q, int r0, int nr, float *y, int N) {
-    int nb = K / QK;
-    for (int n = n0; n < n1; n++) {
-        const int8_t *wq = qs + (size_t)n * K;
-        const float *wd = d + (size_t)n * nb;
-        __m256 acc[ROW_TILE];
-        for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
-        for (int b = 0; b < nb; b++) {
-            __m256i w = _mm256_loadu_si256((const __m256i *)(wq + b * QK));
-            __m256i wabs = _mm256_sign_epi8(w, w);
-            for (int r = 0; r < nr; r++) {
-                size_t row = (size_t)(r0 + r);
-                __m256i xq = _mm256_load_si256((const __m256i *)(q->qx + row * K + b * QK));
-                /* |w| * (x carrying w's sign): unsigned times signed, as maddubs wants. */
-                __m256 p = dot_u8_s8(wabs, _mm256_sign_epi8(xq, w));
-                float scale = wd[b] * q->dx[row * nb + b];
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(scale), p, acc[r]);
-            }
-        }
-        for (int r = 0; r < nr; r++) y[(size_t)(r0 + r) * N + n] = hsum256(acc[r]);
-    }
-}
-
-/* One row, in the kernel layout (see q4_1_pairs in quantized.py): byte j of a pair of
+/* One row, in the kernel layout (Q4_1.for_kernel in quantized.py): byte j of a pair of
  * blocks holds element j of the first block in its low nibble and element j of the second
  * in its high nibble, so one 32-byte load and two masks give 64 weights; scales are fp16.
  * The per-block scale products and the minimum terms are short loops first, so the inner
@@ -204,36 +178,6 @@ static void q4_1_row1(const uint8_t *qs, const uint16_t *d, const uint16_t *m, i
     }
 }
 
-static void q8_0_row1(const int8_t *qs, const float *d, int n0, int n1, int K,
-                      const QuantizedRows *q, float *y) {
-    int nb = K / QK;
-    float sc[nb];
-    for (int n = n0; n < n1; n++) {
-        const int8_t *wq = qs + (size_t)n * K;
-        const float *wd = d + (size_t)n * nb;
-        for (int b = 0; b < nb; b++) sc[b] = wd[b] * q->dx[b];
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-        int b = 0;
-        for (; b + 1 < nb; b += 2) {
-            __m256i w0 = _mm256_loadu_si256((const __m256i *)(wq + b * QK));
-            __m256i w1 = _mm256_loadu_si256((const __m256i *)(wq + (b + 1) * QK));
-            __m256i x0 = _mm256_load_si256((const __m256i *)(q->qx + b * QK));
-            __m256i x1 = _mm256_load_si256((const __m256i *)(q->qx + (b + 1) * QK));
-            __m256 p0 = dot_u8_s8(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(x0, w0));
-            __m256 p1 = dot_u8_s8(_mm256_sign_epi8(w1, w1), _mm256_sign_epi8(x1, w1));
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(sc[b]), p0, acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(sc[b + 1]), p1, acc1);
-        }
-        if (b < nb) {
-            __m256i w0 = _mm256_loadu_si256((const __m256i *)(wq + b * QK));
-            __m256i x0 = _mm256_load_si256((const __m256i *)(q->qx + b * QK));
-            __m256 p0 = dot_u8_s8(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(x0, w0));
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(sc[b]), p0, acc0);
-        }
-        y[n] = hsum256(_mm256_add_ps(acc0, acc1));
-    }
-}
-
 /* Output columns go to threads in chunks; each thread walks all rows for its columns, so a
  * weight block is read from memory once per tile of rows. */
 #define CHUNK 32
@@ -261,28 +205,6 @@ int q4_1_gemm(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N, in
     QuantizedRows q;
     if (quantize_rows(x, rows, K, &q)) return -1;
     q4_1_gemm_rows(qs, d, m, N, K, &q, rows, y, nthreads);
-    free_rows(&q);
-    return 0;
-}
-
-int q8_0_gemm(const int8_t *qs, const float *d, int N, int K, const float *x, int rows, float *y,
-              int nthreads) {
-    if (K % QK) return -2;
-    QuantizedRows q;
-    if (quantize_rows(x, rows, K, &q)) return -1;
-    int chunks = (N + CHUNK - 1) / CHUNK;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
-    for (int c = 0; c < chunks; c++) {
-        int n0 = c * CHUNK, n1 = n0 + CHUNK < N ? n0 + CHUNK : N;
-        if (rows == 1) {
-            q8_0_row1(qs, d, n0, n1, K, &q, y);
-            continue;
-        }
-        for (int r0 = 0; r0 < rows; r0 += ROW_TILE) {
-            int nr = rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE;
-            q8_0_rows(qs, d, n0, n1, K, &q, r0, nr, y, N);
-        }
-    }
     free_rows(&q);
     return 0;
 }

@@ -83,6 +83,9 @@ QUANTIZATIONS = ("none", "fp16", "int8", "int4", "hybrid")
 # 12 rows, fp16 34.8 / 41.1 / 65.1 / 77.2: 4-bit reads a quarter of the bytes and wins
 # while reading weights dominates; by 12 rows fp16's GEMM has caught up.
 HYBRID_MAX_ROWS = 8
+# The lm_head's 8-bit product widens each weight once per row it multiplies; past a row or
+# two the fp16 product (one conversion shared by all rows) is faster (docs/performance.md).
+HEAD_BLOCK_ROWS = 2
 
 
 class Linear:
@@ -93,7 +96,7 @@ class Linear:
         self,
         weight: torch.Tensor | None,
         quantization: str = "none",
-        blocks: Q4_1 | None = None,
+        blocks: Q4_1 | Q8_0 | None = None,
         block_rows: int = 0,
     ) -> None:
         self.blocks = blocks.for_kernel() if blocks is not None else None
@@ -227,10 +230,18 @@ def load_blocks(folder: str) -> dict[str, BlockWeight] | None:
     return out
 
 
-def _block_weights(folder: str, w: dict[str, torch.Tensor]) -> dict[str, Q4_1]:
-    """Each linear's 4-bit blocks: the GGUF's own where the folder came from one, else
-    quantized from the float weights now."""
-    stored = load_blocks(folder) or {}
+def _head_blocks(stored: dict[str, BlockWeight], head: torch.Tensor, tied: bool) -> Q8_0:
+    """The lm_head as Q8_0: the GGUF's own blocks where the folder came from one (`stored`),
+    else quantized from the float weight now."""
+    own = stored.get("embed_tokens.weight" if tied else "lm_head.weight")
+    if isinstance(own, Q8_0) and own.shape == tuple(head.shape):
+        return own
+    return Q8_0.quantize(head)
+
+
+def _block_weights(stored: dict[str, BlockWeight], w: dict[str, torch.Tensor]) -> dict[str, Q4_1]:
+    """Each linear's 4-bit blocks: the GGUF's own where the folder came from one (`stored`),
+    else quantized from the float weights now."""
     blocks: dict[str, Q4_1] = {}
     for name, t in w.items():
         if name.endswith("_proj.weight"):
@@ -339,6 +350,7 @@ class LlamaModel:
 
         self.quantization = quantization
         formats = WeightFormats(large=quantization)
+        stored: dict[str, BlockWeight] = {}
         if quantization in ("int4", "hybrid"):
             # The kernels take whole pairs of 32-weight blocks along each input.
             widths = (config.hidden_size, config.intermediate_size // tp_size)
@@ -347,7 +359,8 @@ class LlamaModel:
                     f"quantization={quantization!r} needs hidden and (per-rank) intermediate "
                     f"sizes divisible by 64; this model has {widths}: use fp16 or none"
                 )
-            formats.blocks = _block_weights(folder, w)
+            stored = load_blocks(folder) or {}
+            formats.blocks = _block_weights(stored, w)
             formats.large = None if quantization == "int4" else _large_format(dtype)
             formats.block_rows = HYBRID_MAX_ROWS
         self.embed = put(w["embed_tokens.weight"])
@@ -358,12 +371,21 @@ class LlamaModel:
             lm_head = w.get("lm_head.weight")
             tied = lm_head is None or getattr(config, "tie_word_embeddings", False)
             head = self.embed if tied else put(lm_head)
-            # With 4-bit layers the head stays in the float format: its Q8_0 product with
-            # 8-bit activations flipped the very first token of "What is the capital of
-            # France?" (the final hidden state has one outlier ~30x the others, which
-            # costs the rest of its block their precision).
-            head_format = quantization if formats.blocks is None else _large_format(dtype)
-            self.lm_head = Linear(head, head_format)
+            if formats.blocks is None:
+                self.lm_head = Linear(head, quantization)
+            else:
+                # With 4-bit layers, steps of a row or two take the head from 8-bit blocks
+                # (the GGUF's own) with 16-bit activations: 8-bit ones flipped the very
+                # first token of "What is the capital of France?" (the final hidden state
+                # has one outlier ~30x the others, which cost the rest of its block their
+                # precision). Larger steps take the float format, whose products reuse
+                # each weight across rows better.
+                self.lm_head = Linear(
+                    head,
+                    _large_format(dtype),
+                    _head_blocks(stored, head, tied),
+                    HEAD_BLOCK_ROWS,
+                )
         self.layers = [
             DecoderLayer(w, f"layers.{i}", formats, put, tp_rank, tp_size)
             for i in range(self.num_layers)

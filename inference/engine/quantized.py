@@ -1,5 +1,5 @@
 """Block-quantized weights, as GGUF stores them: Q4_1 (4-bit with a scale and a minimum per
-32 weights), with its product with activations, and Q8_0 (8-bit with a scale per 32).
+32 weights) and Q8_0 (8-bit with a scale per 32), with their products with activations.
 
 The bundled model is a Q4_1 GGUF (its tied embedding / lm_head Q8_0): `read_gguf` takes its
 blocks as they are, so the engine multiplies by the very weights llama.cpp uses, with no
@@ -118,8 +118,9 @@ class Q4_1:
 
 @dataclass
 class Q8_0:
-    """W[n, k] = d[n, k // 32] * q; q in [-127, 127]. Read from a GGUF (its embedding) and
-    dequantized; the engine multiplies by no Q8_0 matrix (see model.py on the lm_head)."""
+    """W[n, k] = d[n, k // 32] * q; q in [-127, 127]. The GGUF's embedding / lm_head; its
+    product takes the activations at 16 bits (kernels: q8_0_gemm), since 8-bit ones lost
+    the head's answer to the final hidden state's outliers (see model.py)."""
 
     qs: torch.Tensor  # int8 [N, K]
     d: torch.Tensor  # float32 [N, K / 32]
@@ -127,6 +128,26 @@ class Q8_0:
     @property
     def shape(self) -> tuple[int, int]:
         return self.qs.shape[0], self.qs.shape[1]
+
+    @classmethod
+    def quantize(cls, w: torch.Tensor) -> Q8_0:
+        n, k = w.shape
+        _check_k(k)
+        blocks = w.float().reshape(n, k // QK, QK)
+        d = blocks.abs().amax(-1) / 127.0
+        inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+        q = (blocks * inv[..., None]).round().clamp(-127, 127).to(torch.int8)
+        return cls(q.reshape(n, k).contiguous(), d.contiguous())
+
+    def for_kernel(self) -> Q8_0:
+        return Q8_0(self.qs.contiguous(), self.d.float().contiguous())
+
+    def matmul_t(self, x: torch.Tensor) -> torch.Tensor:
+        """x [rows, K] @ W.T in float32."""
+        lib = kernels.load()
+        if lib is None:
+            return x.float() @ self.dequantize().T
+        return kernels.q8_0_gemm(lib, self.qs, self.d, x.float().contiguous())
 
     def dequantize(self) -> torch.Tensor:
         n, k = self.shape

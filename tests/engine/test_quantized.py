@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from inference.engine import kernels
-from inference.engine.model import HYBRID_MAX_ROWS, Linear, load_blocks, load_weights
+from inference.engine.model import (
+    HEAD_BLOCK_ROWS,
+    HYBRID_MAX_ROWS,
+    Linear,
+    load_blocks,
+    load_weights,
+)
 from inference.engine.quantized import Q4_1, Q8_0
 from inference.engine.sampling_params import SamplingParams
 from tests.engine.conftest import run_to_completion, token_ids_of
@@ -44,6 +50,26 @@ def test_block_products_match_the_dequantized_weights(rows):
     x = torch.randn(rows, 256)
     q = Q4_1.quantize(_weight(70, 256)).for_kernel()
     assert _rel_err(q.matmul_t(x), x @ q.dequantize().T) < 0.01
+
+
+def test_q8_0_quantization_is_within_half_a_step_of_each_weight():
+    w = _weight(48, 96)
+    q = Q8_0.quantize(w)
+    step = q.d.repeat_interleave(32, dim=1)
+    assert ((q.dequantize() - w).abs() <= step / 2 + 1e-6).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+def test_q8_0_product_keeps_float_precision_despite_an_outlier(rows):
+    """The head's activations go in at 16 bits: with one input 30x the rest (as the final
+    hidden state has), the product still matches the float one to ~1e-4, where 8-bit
+    activations would be off by about a percent."""
+    x = torch.randn(rows, 192)
+    x[:, 7] *= 30
+    q = Q8_0.quantize(_weight(75, 192))
+    want = (x.double() @ q.dequantize().double().T).float()
+    assert _rel_err(q.for_kernel().matmul_t(x), want) < 2e-4
 
 
 def test_hybrid_linear_takes_blocks_for_small_steps_and_fp16_for_large_ones():
@@ -100,6 +126,22 @@ def test_int4_engine_runs_on_blocks_alone(make_engine):
     engine.add_request([7, 8, 9, 10] * 20, SamplingParams(max_tokens=8, temperature=0.0), "a")
     out = run_to_completion(engine)
     assert len(token_ids_of(out["a"])) == 8
+
+
+@needs_kernels
+def test_hybrid_head_takes_8bit_blocks_for_a_row_or_two_and_fp16_beyond(make_engine):
+    engine = make_engine(quantization="hybrid")
+    head = engine.runner.model.lm_head
+    assert isinstance(head.blocks, Q8_0) and head.kind == "fp16"
+    assert head.block_rows == HEAD_BLOCK_ROWS
+    hidden = torch.randn(HEAD_BLOCK_ROWS + 1, head.blocks.shape[1])
+    blocks_ref = (hidden.double() @ head.blocks.dequantize().double().T).float()
+    float_ref = hidden @ engine.runner.model.embed.T  # the tiny model's head is tied
+    for rows in (1, HEAD_BLOCK_ROWS):
+        got = engine.runner.model.compute_logits(hidden[:rows])
+        assert _rel_err(got, blocks_ref[:rows]) < 2e-4
+    got = engine.runner.model.compute_logits(hidden)
+    assert _rel_err(got, float_ref) < 2e-3 < _rel_err(got, blocks_ref)
 
 
 @pytest.mark.slow

@@ -28,6 +28,15 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("quant_gemm.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC"]
 _REQUIRED_CPU_FLAGS = {"avx2", "fma", "f16c"}
+# Where the CPU lists them (as the kernel sees them: /proc/cpuinfo, not the compiler's own
+# -march=native probe, which on some virtual machines enables what the host hides), the
+# AVX512 forms: VNNI's one-instruction 8-bit dot products and 512-bit 16-bit products.
+_AVX512_FLAGS = {
+    "avx512f": "-mavx512f",
+    "avx512bw": "-mavx512bw",
+    "avx512vl": "-mavx512vl",
+    "avx512_vnni": "-mavx512vnni",
+}
 
 
 def _cpu_flags() -> set[str]:
@@ -48,7 +57,7 @@ def _cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-def _build(target: Path) -> None:
+def _build(target: Path, flags: list[str]) -> None:
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         raise RuntimeError("no C compiler (gcc) found")
@@ -58,7 +67,7 @@ def _build(target: Path) -> None:
         partial = Path(tmp.name)
     try:
         subprocess.run(
-            [compiler, *FLAGS, "-o", str(partial), str(SOURCE), "-lm"],
+            [compiler, *flags, "-o", str(partial), str(SOURCE), "-lm"],
             check=True,
             capture_output=True,
             text=True,
@@ -73,18 +82,29 @@ def _build(target: Path) -> None:
         raise
 
 
+def build_flags(cpu_flags: set[str]) -> list[str]:
+    """The compiler flags for this CPU: AVX2 always, the AVX512 set only when all of it is
+    there (ENGINE_KERNELS_AVX512=0 keeps the AVX2 build, for comparisons)."""
+    wanted = os.environ.get("ENGINE_KERNELS_AVX512", "1") not in ("0", "false", "no")
+    if wanted and set(_AVX512_FLAGS) <= cpu_flags:
+        return [*FLAGS, *_AVX512_FLAGS.values()]
+    return list(FLAGS)
+
+
 @cache
 def load() -> ctypes.CDLL | None:
     """The compiled kernels, built on first use; None where they cannot run here."""
-    missing = _REQUIRED_CPU_FLAGS - _cpu_flags()
+    cpu = _cpu_flags()
+    missing = _REQUIRED_CPU_FLAGS - cpu
     if missing:
         log.info("native 4-bit kernels off: the CPU lacks %s", ", ".join(sorted(missing)))
         return None
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    flags = build_flags(cpu)
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
     target = _cache_dir() / f"quant_gemm-{digest}.so"
     try:
         if not target.is_file():
-            _build(target)
+            _build(target, flags)
         lib = ctypes.CDLL(str(target))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         log.warning("native 4-bit kernels unavailable, using torch weights: %s", exc)
@@ -92,6 +112,8 @@ def load() -> ctypes.CDLL | None:
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.q4_1_gemm.argtypes = [p, p, p, i, i, p, i, p, i]
     lib.q4_1_gemm.restype = i
+    lib.q8_0_gemm.argtypes = [p, p, i, i, p, i, p, i]
+    lib.q8_0_gemm.restype = i
     lib.decode_layer.argtypes = [
         ctypes.POINTER(LayerShape), ctypes.POINTER(LayerWeights), p, i, p, p, p, p, i, p, i
     ]  # fmt: skip
@@ -147,4 +169,18 @@ def q4_1_gemm(
     )  # fmt: skip
     if rc:
         raise RuntimeError(f"q4_1_gemm failed ({rc})")
+    return y
+
+
+def q8_0_gemm(lib: ctypes.CDLL, qs: torch.Tensor, d: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x [rows, K] float32 contiguous @ Q8_0 weights (qs int8 [N, K], d float32 [N, K/32]).T"""
+    rows, k = x.shape
+    n = qs.shape[0]
+    y = torch.empty(rows, n, dtype=torch.float32)
+    rc = lib.q8_0_gemm(
+        qs.data_ptr(), d.data_ptr(), n, k, x.data_ptr(), rows, y.data_ptr(),
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if rc:
+        raise RuntimeError(f"q8_0_gemm failed ({rc})")
     return y

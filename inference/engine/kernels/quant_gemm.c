@@ -69,8 +69,13 @@ static void free_rows(QuantizedRows *q) {
 }
 
 static inline __m256 dot_u8_s8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    /* One instruction for the two below (and no 16-bit saturation on the way). */
+    return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s));
+#else
     const __m256i ones = _mm256_set1_epi16(1);
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones));
+#endif
 }
 
 /* sc[b] = d[b] * dx[b] for each block; returns sum(m[b] * sx[b]). Eight blocks at a time:
@@ -209,6 +214,134 @@ int q4_1_gemm(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N, in
     return 0;
 }
 
+/* ---- Q8_0 (W = d * q, q in [-127, 127]) by 16-bit activations: the lm_head -----------
+ *
+ * The head's input is the final hidden state, which has outliers ~30x its typical value:
+ * at 8 bits they cost the rest of their block its precision (it flipped the first token of
+ * a short factual answer), at 16 bits the product is as good as float32's. Each block's dot
+ * product is still integers: sum(q * qx) in int32 (|q * qx| < 2^22, 32 of them < 2^27).
+ */
+
+typedef struct {
+    int16_t *qx;
+    float *dx;
+} Wide;
+
+static int quantize_rows16(const float *x, int rows, int K, Wide *out) {
+    int nb = K / QK;
+    out->qx = (int16_t *)aligned_alloc(64, sizeof(int16_t) * (size_t)rows * K + 64);
+    out->dx = (float *)malloc(sizeof(float) * (size_t)rows * nb);
+    if (!out->qx || !out->dx) return -1;
+    for (int r = 0; r < rows; r++) {
+        for (int b = 0; b < nb; b++) {
+            const float *xb = x + (size_t)r * K + b * QK;
+            float amax = 0.0f;
+            for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+            float d = amax / 32767.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+            int16_t *q = out->qx + (size_t)r * K + b * QK;
+            for (int j = 0; j < QK; j++) q[j] = (int16_t)lrintf(xb[j] * id);
+            out->dx[(size_t)r * nb + b] = d;
+        }
+    }
+    return 0;
+}
+
+/* One block of 32 int8 weights widened to int16 once, then multiplied by each row's int16
+ * activations: pairs summed into int32 lanes (8 with AVX2's two halves, 16 with AVX512). */
+#if defined(__AVX512BW__)
+typedef __m512i W16;
+typedef __m512 F32;
+static inline W16 widen_block(const int8_t *w) {
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)w));
+}
+static inline F32 dot_block(W16 w, const int16_t *x) {
+    return _mm512_cvtepi32_ps(_mm512_madd_epi16(w, _mm512_load_si512((const void *)x)));
+}
+#define F32_ZERO _mm512_setzero_ps
+#define F32_FMA(s, v, a) _mm512_fmadd_ps(_mm512_set1_ps(s), (v), (a))
+#define F32_ADD _mm512_add_ps
+#define F32_SUM _mm512_reduce_add_ps
+#else
+typedef struct {
+    __m256i lo, hi;
+} W16;
+typedef __m256 F32;
+static inline W16 widen_block(const int8_t *w) {
+    W16 v = {_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w)),
+             _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)))};
+    return v;
+}
+static inline F32 dot_block(W16 w, const int16_t *x) {
+    __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w.lo, _mm256_load_si256((const __m256i *)x)),
+                                 _mm256_madd_epi16(w.hi, _mm256_load_si256((const __m256i *)(x + 16))));
+    return _mm256_cvtepi32_ps(p);
+}
+#define F32_ZERO _mm256_setzero_ps
+#define F32_FMA(s, v, a) _mm256_fmadd_ps(_mm256_set1_ps(s), (v), (a))
+#define F32_ADD _mm256_add_ps
+#define F32_SUM hsum256
+#endif
+
+/* Rows r0 .. r0 + nr (nr <= ROW_TILE) of y for columns n0 .. n1: each weight block is
+ * widened once for all the rows; two accumulators per row, since one FMA chain would wait
+ * on its own latency. */
+static void q8_0_rows(const int8_t *qs, const float *d, int n0, int n1, int K, const Wide *q,
+                      int r0, int nr, float *y, int N) {
+    int nb = K / QK;
+    float sc[ROW_TILE][nb];
+    for (int n = n0; n < n1; n++) {
+        const int8_t *wq = qs + (size_t)n * K;
+        const float *wd = d + (size_t)n * nb;
+        F32 a0[ROW_TILE], a1[ROW_TILE];
+        for (int r = 0; r < nr; r++) {
+            const float *dx = q->dx + (size_t)(r0 + r) * nb;
+            for (int b = 0; b < nb; b++) sc[r][b] = wd[b] * dx[b];
+            a0[r] = F32_ZERO();
+            a1[r] = F32_ZERO();
+        }
+        int b = 0;
+        for (; b + 2 <= nb; b += 2) {
+            W16 w0 = widen_block(wq + b * QK), w1 = widen_block(wq + (b + 1) * QK);
+            for (int r = 0; r < nr; r++) {
+                const int16_t *xq = q->qx + (size_t)(r0 + r) * K + b * QK;
+                a0[r] = F32_FMA(sc[r][b], dot_block(w0, xq), a0[r]);
+                a1[r] = F32_FMA(sc[r][b + 1], dot_block(w1, xq + QK), a1[r]);
+            }
+        }
+        for (; b < nb; b++) {
+            W16 w0 = widen_block(wq + b * QK);
+            for (int r = 0; r < nr; r++)
+                a0[r] = F32_FMA(sc[r][b], dot_block(w0, q->qx + (size_t)(r0 + r) * K + b * QK),
+                                a0[r]);
+        }
+        for (int r = 0; r < nr; r++) y[(size_t)(r0 + r) * N + n] = F32_SUM(F32_ADD(a0[r], a1[r]));
+    }
+}
+
+/* y [rows, N] = x [rows, K] @ W.T for Q8_0 W (qs int8 [N, K], d float32 [N, K / 32]).
+ * Rows walk inside each column chunk, so a chunk of weights is read once for the step
+ * (they stay in L1/L2 for the second and later rows). */
+int q8_0_gemm(const int8_t *qs, const float *d, int N, int K, const float *x, int rows,
+              float *y, int nthreads) {
+    if (K % QK) return -2;
+    Wide q;
+    if (quantize_rows16(x, rows, K, &q)) {
+        free(q.qx);
+        free(q.dx);
+        return -1;
+    }
+    int chunks = (N + CHUNK - 1) / CHUNK;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+    for (int c = 0; c < chunks; c++) {
+        int n0 = c * CHUNK, n1 = n0 + CHUNK < N ? n0 + CHUNK : N;
+        for (int r0 = 0; r0 < rows; r0 += ROW_TILE)
+            q8_0_rows(qs, d, n0, n1, K, &q, r0, rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE, y, N);
+    }
+    free(q.qx);
+    free(q.dx);
+    return 0;
+}
+
 /* ---- A whole decoder layer for a decode step of a few rows ------------------------------
  *
  * The same maths as LlamaModel.forward (model.py) for rows that each decode one token: RMS
@@ -257,6 +390,20 @@ static void rope(float *x, const float *cos, const float *sin, int d) {
     memcpy(x, tmp, sizeof(float) * d);
 }
 
+/* A float dot product: -O3 alone keeps a reduction scalar (it may not reorder the sum),
+ * which made attention over a long context the slowest part of a decode step. */
+static inline float dot_f32(const float *a, const float *b, int n) {
+    int i = 0;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    float sum = hsum256(_mm256_add_ps(acc0, acc1));
+    for (; i < n; i++) sum += a[i] * b[i];
+    return sum;
+}
+
 int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
                  const int64_t *positions, const float *cos, const float *sin,
                  const int64_t *block_tables, int table_width, float *pool, int nthreads) {
@@ -297,9 +444,7 @@ int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
             float mx = -INFINITY;
             for (int t = 0; t < ctx; t++) {
                 const float *k = keys + (table[t / bs] * bs + t % bs) * d;
-                float dot = 0.0f;
-                for (int i = 0; i < d; i++) dot += q[i] * k[i];
-                scores[t] = dot * s->scale;
+                scores[t] = dot_f32(q, k, d) * s->scale;
                 if (scores[t] > mx) mx = scores[t];
             }
             float sum = 0.0f;

@@ -28,22 +28,14 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX: only there is bfloat16 faster than float32 on a CPU."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
-    except OSError:
-        pass
-    return False
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(name: str, device: torch.device, quantization: str = "none") -> torch.dtype:
+    """ "auto": float32 on a CPU whose weights are 4-bit blocks (the native small steps
+    compute in float32; the large ones still multiply in bf16 where the CPU does it, see
+    model._large_format), else bfloat16 where it is native, else float32."""
     if name == "auto":
-        if device.type == "cuda" or cpu_has_native_bf16():
+        if device.type == "cpu" and quantization in ("int4", "hybrid"):
+            return torch.float32
+        if device.type == "cuda" or kernels.cpu_has_native_bf16():
             return torch.bfloat16
         return torch.float32
     if name not in _DTYPES:
@@ -70,15 +62,18 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, max_model_len: int | None = None) -> None:
         self.config = config
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
         model_config = load_config(config.model)
         widths = (
             model_config.hidden_size,
             model_config.intermediate_size // max(1, config.tensor_parallel_size),
         )
         self.quantization = resolve_quantization(
-            config.quantization, self.device, self.dtype, all(k % 64 == 0 for k in widths)
+            config.quantization,
+            self.device,
+            resolve_dtype(config.dtype, self.device),
+            all(k % 64 == 0 for k in widths),
         )
+        self.dtype = resolve_dtype(config.dtype, self.device, self.quantization)
         self.model = build_model(  # LlamaModel, or rank 0 of tensor_parallel_size ranks
             config,
             dtype=self.dtype,

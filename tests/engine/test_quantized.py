@@ -129,10 +129,10 @@ def test_int4_engine_runs_on_blocks_alone(make_engine):
 
 
 @needs_kernels
-def test_hybrid_head_takes_8bit_blocks_for_a_row_or_two_and_fp16_beyond(make_engine):
+def test_hybrid_head_takes_8bit_blocks_for_a_row_or_two_and_floats_beyond(make_engine):
     engine = make_engine(quantization="hybrid")
     head = engine.runner.model.lm_head
-    assert isinstance(head.blocks, Q8_0) and head.kind == "fp16"
+    assert isinstance(head.blocks, Q8_0) and head.kind in ("fp16", "bf16")
     assert head.block_rows == HEAD_BLOCK_ROWS
     hidden = torch.randn(HEAD_BLOCK_ROWS + 1, head.blocks.shape[1])
     blocks_ref = (hidden.double() @ head.blocks.dequantize().double().T).float()
@@ -141,7 +141,7 @@ def test_hybrid_head_takes_8bit_blocks_for_a_row_or_two_and_fp16_beyond(make_eng
         got = engine.runner.model.compute_logits(hidden[:rows])
         assert _rel_err(got, blocks_ref[:rows]) < 2e-4
     got = engine.runner.model.compute_logits(hidden)
-    assert _rel_err(got, float_ref) < 2e-3 < _rel_err(got, blocks_ref)
+    assert _rel_err(got, float_ref) < 5e-3  # fp16 or bf16 weights
 
 
 @pytest.mark.slow

@@ -50,6 +50,11 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX: only there is bfloat16 faster than float32 on a CPU."""
+    return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
 def _cache_dir() -> Path:
     root = os.environ.get("CHATAPP_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "chatapp"

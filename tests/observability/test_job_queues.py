@@ -179,3 +179,27 @@ def test_run_job_wait_follows_a_queued_job_to_its_result(site: Site) -> None:
     _, out = site.run_job("prune", "--wait", "--timeout", "60")
     assert out is not None and out["result"]["jobs"] == 0
     assert site.job(job)[0] == "done"
+
+
+def test_compose_runs_one_worker_per_queue_and_the_routes_match() -> None:
+    import yaml
+    from django.conf import settings
+
+    import inference.tasks  # noqa: F401  (registers the tasks with the app)
+    from chatapp.celery import app
+
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    consumes = {
+        name: arg.split("=", 1)[1]
+        for name, svc in services.items()
+        for arg in svc.get("command") or []
+        if str(arg).startswith("--queues=")
+    }
+    assert consumes == {"celery-worker": "celery", "celery-worker-long": "long"}
+    assert (settings.CELERY_TASK_DEFAULT_QUEUE, settings.CELERY_LONG_QUEUE) == ("celery", "long")
+    route = {name: app.amqp.router.route({}, name)["queue"].name for name in app.tasks}
+    long = {name for name, queue in route.items() if queue == "long"}
+    assert long == {"inference.tune", "inference.run_benchmark", "inference.export_conversations"}
+    for name in ("inference.rollup", "inference.prune", "inference.generate_title",
+                 "inference.kv_tier_upkeep"):  # fmt: skip
+        assert route[name] == "celery"

@@ -78,6 +78,10 @@ def test_bad_command_lines_are_refused_clearly() -> None:
         call_command("run_job", "tune", "--params", "{grid", stdout=StringIO())
     with pytest.raises(CommandError, match="--wait is for a queued job"):
         call_command("run_job", "rollup", "--wait", stdout=StringIO())
+    with pytest.raises(CommandError, match="--model is for run_job benchmark, not tune"):
+        call_command("run_job", "tune", "--model", "/m", stdout=StringIO())
+    with pytest.raises(CommandError, match="--format is for run_job export, not rollup"):
+        call_command("run_job", "rollup", "--format", "json", stdout=StringIO())
     with pytest.raises(CommandError, match="invalid choice"):
         call_command("run_job", "defragment", stdout=StringIO())
     assert not Job.objects.exists()  # nothing half-started

@@ -36,6 +36,18 @@ TASK_KINDS = {
 # Kinds started as a Job row, like the dashboard starts them (inference.jobs.start).
 JOB_KINDS = {"benchmark": Job.Kind.BENCHMARK, "export": Job.Kind.EXPORT, "tune": Job.Kind.TUNING}
 FINISHED = (Job.Status.DONE, Job.Status.FAILED)
+# The options that only some kinds take; given to another kind they are refused, not ignored.
+KIND_OPTIONS = {
+    "user": "export",
+    "format": "export",
+    "model": "benchmark",
+    "requests": "tune",
+    "rate": "tune",
+    "synthetic": "tune",
+    "ttft_target": "tune",
+    "tpot_target": "tune",
+    "params": "tune",
+}
 
 
 class Command(BaseCommand):
@@ -57,7 +69,7 @@ class Command(BaseCommand):
             "--timeout", type=float, default=3600.0, help="seconds --wait waits (3600)"
         )
         parser.add_argument("--user", help="export: whose conversations")
-        parser.add_argument("--format", choices=("md", "json"), default="md", help="export")
+        parser.add_argument("--format", choices=("md", "json"), help="export (default md)")
         parser.add_argument("--model", help="benchmark: a model folder (default: the engine's)")
         parser.add_argument("--requests", type=int, help="tune: requests per trial")
         parser.add_argument("--rate", type=float, help="tune: arrivals per second")
@@ -76,6 +88,9 @@ class Command(BaseCommand):
             raise CommandError("run_job title needs the conversation's id")
         if kind != "title" and opts["conversation"] is not None:
             raise CommandError(f"run_job {kind} takes no positional argument")
+        for opt, owner in KIND_OPTIONS.items():
+            if opts[opt] not in (None, False) and kind != owner:
+                raise CommandError(f"--{opt.replace('_', '-')} is for run_job {owner}, not {kind}")
         in_process = opts["now"] or settings.CELERY_TASK_ALWAYS_EAGER
         if opts["wait"] and in_process:
             raise CommandError("--wait is for a queued job; this one runs in this process")
@@ -94,7 +109,7 @@ class Command(BaseCommand):
                 user = get_user_model().objects.get_by_natural_key(opts["user"])
             except get_user_model().DoesNotExist:
                 raise CommandError(f"no user {opts['user']!r}") from None
-            return user, {"format": opts["format"]}
+            return user, {"format": opts["format"] or "md"}
         if kind == "benchmark":
             return None, {"model": opts["model"]} if opts["model"] else {}
         params: dict[str, Any] = {}

@@ -4,6 +4,7 @@ fills in `result` / `file` / `log`, and raises on failure."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -15,6 +16,47 @@ from django.conf import settings
 from django.utils.text import slugify
 
 from inference.models import Job
+
+# The dashboard's tuning form takes these; `manage.py run_job tune --params` takes any.
+TUNING_PARAMS = ("requests", "rate", "synthetic", "ttft_target_s", "tpot_target_s")
+
+# The Celery task (inference.tasks) that runs each kind of job started by somebody; the KV
+# tier upkeep task makes its own Job row on each pass.
+TASK_NAMES = {
+    Job.Kind.BENCHMARK: "run_benchmark",
+    Job.Kind.EXPORT: "export_conversations",
+    Job.Kind.TUNING: "tune",
+}
+
+
+def task_for(kind: str) -> Any:
+    from inference import tasks
+
+    if kind not in TASK_NAMES:
+        raise ValueError(f"no job of kind {kind!r} can be started; one of {sorted(TASK_NAMES)}")
+    return getattr(tasks, TASK_NAMES[kind])
+
+
+def create(kind: str, user: Any = None, params: dict[str, Any] | None = None) -> Job:
+    """The queued Job row, checked: the work itself starts with `start` or `run_job`."""
+    task_for(kind)
+    if kind == Job.Kind.EXPORT:
+        if user is None:
+            raise ValueError("an export is of one user's conversations: name the user")
+        if (params or {}).get("format", "md") not in ("md", "json"):
+            raise ValueError("the export format must be 'md' or 'json'")
+    return Job.objects.create(kind=kind, user=user, params=params or {})
+
+
+def start(kind: str, user: Any = None, params: dict[str, Any] | None = None) -> Job:
+    """Create a job and queue it the way every offline task is (inference.tasks.submit):
+    to the broker, whose routes put tuning, benchmark and exports on the long queue, or
+    to this process's background thread."""
+    from inference import tasks
+
+    job = create(kind, user, params)
+    tasks.submit(task_for(kind), job.pk)
+    return job
 
 
 def job_dir(job: Job) -> Path:
@@ -40,6 +82,12 @@ def benchmark_command(job: Job, out: Path) -> list[str]:
     ]
 
 
+def benchmark_env() -> dict[str, str]:
+    """The bench's KV tier section uses the tier this server is configured with (it writes
+    under a namespace of its own and drops it); "" skips the section."""
+    return {**os.environ, "ENGINE_KV_TIER_URL": str(settings.ENGINE.get("KV_TIER_URL") or "")}
+
+
 def benchmark(job: Job) -> dict[str, Any]:
     """Run `python -m inference.bench` in a subprocess; keep its JSON, plot and output."""
     out = job_dir(job)
@@ -47,6 +95,7 @@ def benchmark(job: Job) -> dict[str, Any]:
     proc = subprocess.run(
         cmd,
         cwd=settings.BASE_DIR,
+        env=benchmark_env(),
         capture_output=True,
         text=True,
         timeout=settings.BENCH_TIMEOUT_S,

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from datetime import datetime, timedelta
+from pathlib import Path
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from inference import stats
-from inference.models import EngineSample, MinuteRollup, RequestRecord
+from inference.models import EngineSample, Job, MinuteRollup, RequestRecord
 
 # Token counts summed per minute (and again over a dashboard window).
 TOKEN_SUMS = (
@@ -132,7 +135,14 @@ def rollup_since(since: datetime | None = None, now: datetime | None = None) -> 
     return len(minutes)
 
 
-def prune(raw_hours: float, rollup_days: float, now: datetime | None = None) -> dict[str, int]:
+def prune(
+    raw_hours: float,
+    rollup_days: float,
+    now: datetime | None = None,
+    job_days: float | None = None,
+) -> dict[str, int]:
+    """Drop raw figures older than `raw_hours` (once rolled up), rollups older than
+    `rollup_days`, and finished jobs (prune_jobs)."""
     now = now or timezone.now()
     raw_cut = now - timedelta(hours=raw_hours)
     # Never drop raw rows that have not been rolled up yet.
@@ -144,4 +154,28 @@ def prune(raw_hours: float, rollup_days: float, now: datetime | None = None) -> 
     records, _ = RequestRecord.objects.filter(finished_at__lt=raw_cut).delete()
     samples, _ = EngineSample.objects.filter(at__lt=raw_cut).delete()
     rollups, _ = MinuteRollup.objects.filter(minute__lt=now - timedelta(days=rollup_days)).delete()
-    return {"records": records, "samples": samples, "rollups": rollups}
+    jobs = prune_jobs(
+        raw_hours, settings.OBS_JOB_RETENTION_DAYS if job_days is None else job_days, now
+    )
+    return {"records": records, "samples": samples, "rollups": rollups, "jobs": jobs}
+
+
+def prune_jobs(raw_hours: float, job_days: float, now: datetime | None = None) -> int:
+    """Delete finished Job rows and their files: the periodic KV tier upkeep passes (one
+    every KV_TIER_UPKEEP_S) with the raw figures after `raw_hours`, the jobs somebody
+    started (benchmark runs compared run against run, tuning reports, exports) after
+    `job_days`. Queued and running jobs stay, however old."""
+    now = now or timezone.now()
+    finished = Job.objects.filter(status__in=(Job.Status.DONE, Job.Status.FAILED))
+    old = finished.filter(
+        kind=Job.Kind.KV_TIER, finished_at__lt=now - timedelta(hours=raw_hours)
+    ) | finished.exclude(kind=Job.Kind.KV_TIER).filter(
+        finished_at__lt=now - timedelta(days=job_days)
+    )
+    doomed = list(old.values_list("pk", "kind"))
+    jobs_root = Path(settings.VAR_DIR) / "jobs"
+    for pk, kind in doomed:
+        # The folder inference.jobs.job_dir made for it: plots, archives, results.
+        shutil.rmtree(jobs_root / f"{kind}-{pk}", ignore_errors=True)
+    deleted, _ = Job.objects.filter(pk__in=[pk for pk, _ in doomed]).delete()
+    return deleted

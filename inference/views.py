@@ -20,7 +20,7 @@ from django.http import (
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from inference import dashboard, metrics, sampler, tasks
+from inference import dashboard, jobs, metrics, sampler
 from inference.models import Job
 
 
@@ -73,8 +73,7 @@ def dashboard_data(request: HttpRequest) -> JsonResponse:
 @staff_member_required
 @require_POST
 def start_benchmark(request: HttpRequest) -> JsonResponse:
-    job = Job.objects.create(kind=Job.Kind.BENCHMARK, user=request.user)
-    tasks.submit(tasks.run_benchmark, job.pk)
+    job = jobs.start(Job.Kind.BENCHMARK, user=request.user)
     return JsonResponse({"id": job.pk, "status": job.status}, status=202)
 
 
@@ -102,13 +101,11 @@ def start_tuning(request: HttpRequest) -> JsonResponse:
         return JsonResponse({"error": "expected a JSON object"}, status=400)
     if not isinstance(params, dict):
         return JsonResponse({"error": "expected a JSON object"}, status=400)
-    allowed = {"requests", "rate", "synthetic", "ttft_target_s", "tpot_target_s"}
-    job = Job.objects.create(
-        kind=Job.Kind.TUNING,
+    job = jobs.start(
+        Job.Kind.TUNING,
         user=request.user,
-        params={k: v for k, v in params.items() if k in allowed},
+        params={k: v for k, v in params.items() if k in jobs.TUNING_PARAMS},
     )
-    tasks.submit(tasks.tune, job.pk)
     return JsonResponse({"id": job.pk, "status": job.status}, status=202)
 
 
@@ -150,12 +147,11 @@ def exports(request: HttpRequest) -> JsonResponse:
             return HttpResponseBadRequest("expected a JSON object")
         if fmt not in ("md", "json"):
             return JsonResponse({"error": "format must be 'md' or 'json'"}, status=400)
-        job = Job.objects.create(kind=Job.Kind.EXPORT, user=request.user, params={"format": fmt})
-        tasks.submit(tasks.export_conversations, job.pk)
+        job = jobs.start(Job.Kind.EXPORT, user=request.user, params={"format": fmt})
         job.refresh_from_db()
         return JsonResponse(_job_json(job), status=202)
-    jobs = Job.objects.filter(kind=Job.Kind.EXPORT, user=request.user)[:20]
-    return JsonResponse({"exports": [_job_json(j) for j in jobs]})
+    done = Job.objects.filter(kind=Job.Kind.EXPORT, user=request.user)[:20]
+    return JsonResponse({"exports": [_job_json(j) for j in done]})
 
 
 @login_required

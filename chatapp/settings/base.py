@@ -165,6 +165,13 @@ CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "")
 CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", "")
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", not CELERY_BROKER_URL)
 CELERY_TASK_EAGER_PROPAGATES = True
+# Two queues, so a rollup never waits behind an hour of tuning: the default one (rollups,
+# pruning, titles, KV tier upkeep) and one for long jobs (tuning, benchmark, exports), each
+# with its own worker (docker-compose.yml: celery-worker, celery-worker-long).
+CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_DEFAULT_QUEUE", "celery")
+CELERY_LONG_QUEUE = env_str("CELERY_LONG_QUEUE", "long")
+LONG_TASKS = ("inference.tune", "inference.run_benchmark", "inference.export_conversations")
+CELERY_TASK_ROUTES = {name: {"queue": CELERY_LONG_QUEUE} for name in LONG_TASKS}
 
 # The engine. "embedded" runs it in-process, beside the asyncio loop.
 ENGINE = {
@@ -258,6 +265,9 @@ OBS_BACKGROUND = env_bool("OBS_BACKGROUND", True)
 OBS_SAMPLE_INTERVAL_S = env_float("OBS_SAMPLE_INTERVAL_S", 5.0)
 OBS_RAW_RETENTION_HOURS = env_float("OBS_RAW_RETENTION_HOURS", 48.0)
 OBS_ROLLUP_RETENTION_DAYS = env_float("OBS_ROLLUP_RETENTION_DAYS", 90.0)
+# Finished jobs somebody started (benchmark, tuning, export) and their files; the periodic
+# KV tier upkeep passes go after OBS_RAW_RETENTION_HOURS.
+OBS_JOB_RETENTION_DAYS = env_float("OBS_JOB_RETENTION_DAYS", 30.0)
 # A title written by the engine after a conversation's first reply.
 CHAT_AUTO_TITLES = env_bool("CHAT_AUTO_TITLES", True)
 # The dashboard's benchmark job; --model, --json and --plot are appended.

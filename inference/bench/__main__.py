@@ -40,7 +40,12 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--skip-hf", action="store_true", help="run our engine only")
     p.add_argument("--skip-hf-cb", action="store_true", help="skip transformers generate_batch")
-    p.add_argument("--kv-tier-url", default=kv_tier.DEFAULT_URL, help="Redis for the KV tier")
+    p.add_argument(
+        "--kv-tier-url",
+        default=None,
+        help=f"Redis for the KV tier section (default: ENGINE_KV_TIER_URL, else "
+        f"{kv_tier.DEFAULT_URL}); it writes under a namespace of its own and drops it",
+    )
     p.add_argument("--skip-kv-tier", action="store_true", help="skip the Redis KV tier section")
     p.add_argument(
         "--workers", action="store_true",
@@ -145,7 +150,9 @@ def main() -> None:
     if not args.skip_kv_tier:
         section(
             "kv_tier",
-            lambda: kv_tier.run(args.model, args.kv_tier_url, args.quantization, args.threads),
+            lambda: kv_tier.run(
+                args.model, kv_tier.tier_url(args.kv_tier_url), args.quantization, args.threads
+            ),
         )
     if not args.skip_speculative:
         section(

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import redis
@@ -24,7 +26,19 @@ from inference.bench.workloads import greedy, make_prompts
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
 
+# ENGINE_KV_TIER_URL's own default (chatapp/settings/base.py): used only when it is unset.
 DEFAULT_URL = "redis://127.0.0.1:6379/4"
+
+
+def tier_url(given: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """The Redis this section uses: --kv-tier-url, else ENGINE_KV_TIER_URL (the tier the
+    server uses), else DEFAULT_URL. "" means the tier is off: the section is skipped. The
+    bench writes only under a namespace of its own, which it deletes afterwards, so pointing
+    it at the serving tier leaves that tier's entries alone."""
+    if given is not None:
+        return given.strip()
+    env = os.environ if environ is None else environ
+    return env.get("ENGINE_KV_TIER_URL", DEFAULT_URL).strip()
 
 
 def _config(model: str, quantization: str, threads: int, **kw: Any) -> EngineConfig:
@@ -42,6 +56,17 @@ def restore_ttft(
     reps: int = 3, max_tokens: int = 8,
 ) -> dict[str, Any]:  # fmt: skip
     namespace = f"bench-kvtier-{uuid.uuid4().hex[:8]}"
+    try:
+        return _restore_ttft(model, url, namespace, quantization, threads, tokens, reps,
+                             max_tokens)  # fmt: skip
+    finally:
+        _drop_namespace(url, namespace)
+
+
+def _restore_ttft(
+    model: str, url: str, namespace: str, quantization: str, threads: int, tokens: int,
+    reps: int, max_tokens: int,
+) -> dict[str, Any]:  # fmt: skip
     tier = {"kv_tier_url": url, "kv_tier_namespace": namespace}
     hot = LLMEngine(_config(model, quantization, threads, **tier))
     if hot.kv_tier is None or not hot.kv_tier.available:
@@ -88,7 +113,6 @@ def restore_ttft(
         c.append(m.ttft)
         c_out.append(ids)
     del cold
-    _drop_namespace(url, namespace)
 
     med = statistics.median
     out.update({
@@ -129,6 +153,17 @@ def write_back_cost(
     """Decode tok/s of `streams` streams while `finishing` other conversations arrive, finish
     and (tier on) are written back; the same engine with the tier on and off, alternately."""
     namespace = f"bench-kvtier-{uuid.uuid4().hex[:8]}"
+    try:
+        return _write_back_cost(model, url, namespace, quantization, threads, streams,
+                                stream_tokens, finishing, finishing_len, reps)  # fmt: skip
+    finally:
+        _drop_namespace(url, namespace)
+
+
+def _write_back_cost(
+    model: str, url: str, namespace: str, quantization: str, threads: int, streams: int,
+    stream_tokens: int, finishing: int, finishing_len: int, reps: int,
+) -> dict[str, Any]:  # fmt: skip
     engine = LLMEngine(_config(model, quantization, threads, kv_tier_url=url,
                                kv_tier_namespace=namespace))  # fmt: skip
     tier = engine.kv_tier
@@ -162,7 +197,6 @@ def write_back_cost(
                 written.append(tier.stats()["kv_tier_bytes_written"] - before)  # type: ignore[operator]
     engine.kv_tier = tier
     engine.close()
-    _drop_namespace(url, namespace)
     off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
     return {
         "streams": streams,
@@ -176,14 +210,23 @@ def write_back_cost(
 
 
 def _drop_namespace(url: str, namespace: str) -> None:
+    """Delete this run's keys, and only those: never FLUSHDB, the tier may be shared."""
+    if not namespace.startswith("bench-kvtier-"):
+        raise ValueError(f"refusing to drop {namespace!r}: not a namespace of the bench's")
     client = redis.Redis.from_url(url)
-    keys = list(client.scan_iter(f"{namespace}:*", count=1000))
-    for i in range(0, len(keys), 500):
-        client.delete(*keys[i : i + 500])
-    client.close()
+    try:
+        keys = list(client.scan_iter(f"{namespace}:*", count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
+    except redis.RedisError:
+        pass  # Redis away: nothing was written there either, or it expires under its TTL
+    finally:
+        client.close()
 
 
 def run(model: str, url: str, quantization: str = "auto", threads: int = 1) -> dict[str, Any]:
+    if not url:
+        return {"error": "skipped: the KV tier is off (ENGINE_KV_TIER_URL is empty)"}
     return {
         "restore": restore_ttft(model, url, quantization, threads),
         "write_back": write_back_cost(model, url, quantization, threads),
@@ -227,7 +270,11 @@ def main() -> None:
 
     p = argparse.ArgumentParser(prog="python -m inference.bench.kv_tier", description=__doc__)
     p.add_argument("--model", default=str(default_model_path()), help="HF model folder")
-    p.add_argument("--redis-url", default=DEFAULT_URL, help="the Redis to use")
+    p.add_argument(
+        "--redis-url",
+        default=None,
+        help=f"the Redis to use (default: ENGINE_KV_TIER_URL, else {DEFAULT_URL})",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument(
         "--quantization",
@@ -238,7 +285,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
-    results = run(args.model, args.redis_url, args.quantization, args.threads)
+    results = run(args.model, tier_url(args.redis_url), args.quantization, args.threads)
     results["started"] = started
     results["targets"] = checked(targets(results))
     with open(args.json, "w") as f:

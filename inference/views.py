@@ -102,7 +102,7 @@ def start_tuning(request: HttpRequest) -> JsonResponse:
         return JsonResponse({"error": "expected a JSON object"}, status=400)
     if not isinstance(params, dict):
         return JsonResponse({"error": "expected a JSON object"}, status=400)
-    allowed = {"requests", "rate", "synthetic", "ttft_target_s", "tpot_target_s"}
+    allowed = {"requests", "rate", "synthetic", "ttft_target_s", "tpot_target_s", "repeats", "axes"}
     job = Job.objects.create(
         kind=Job.Kind.TUNING,
         user=request.user,
@@ -118,7 +118,7 @@ def apply_tuning(request: HttpRequest, pk: int) -> JsonResponse:
     from inference import tuning
 
     job = get_object_or_404(Job, pk=pk, kind=Job.Kind.TUNING, status=Job.Status.DONE)
-    best = job.result["best"]
+    best = (job.result or {}).get("best")
     try:
         tuning.apply(best)
     except RuntimeError as exc:

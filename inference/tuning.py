@@ -454,18 +454,41 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
         while engine.has_work():
             engine.step()
         runs: list[list[dict]] = [[] for _ in candidates]
-        for index, _ in order:
+        trials: list[dict[str, int]] = []  # as they ran
+        for index, repeat in order:
             setting = candidates[index]
+            trials.append({"setting": index, "repeat": repeat})
             configure(engine, base, setting)
             t0 = time.time()
             seen = replay(engine, load, vocab, int(setting[FLUSH_AXIS]))
             runs[index].append(score(seen, time.time() - t0, ttft_target, tpot_target))
     finally:
         engine.close()
+    return {
+        "workload": source,
+        "requests": len(workload),
+        "targets": {"ttft_s": ttft_target, "tpot_s": tpot_target},
+        **verdict_of(current, candidates, runs, margin),
+        "trials": trials,
+        "wall_s": time.time() - started,
+    }
+
+
+def verdict_of(
+    current: dict[str, Any],
+    candidates: list[dict[str, Any]],
+    runs: list[list[dict[str, Any]]],
+    margin: float = DEFAULT_MARGIN,
+) -> dict[str, Any]:
+    """The report's judgement from each setting's runs (`candidates[0]` is the current
+    settings; `runs[i]` the `score` of each of its runs)."""
+    if not candidates or candidates[0] != current or len(runs) != len(candidates):
+        raise ValueError("candidates must start with the current settings, one runs list each")
+    repeats = min(len(r) for r in runs)
     rows = [summarize(s, current, r) for s, r in zip(candidates, runs, strict=True)]
     won = decide([[r["goodput_rps"] for r in row["runs"]] for row in rows], 0, margin)
     winner = None if won is None else candidates[won]
-    if winner is None:
+    if won is None:
         verdict = KEEP_CURRENT
     else:
         w, c = rows[won]["goodput_rps"], rows[0]["goodput_rps"]
@@ -474,9 +497,6 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
             f"{w['max']:.2f} req/s against {c['min']:.2f}-{c['max']:.2f}"
         )
     return {
-        "workload": source,
-        "requests": len(workload),
-        "targets": {"ttft_s": ttft_target, "tpot_s": tpot_target},
         "method": {
             "sweep": "coordinate: one setting changes at a time, the others stay current",
             "repeats": repeats,
@@ -490,14 +510,12 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
             "margin": margin,
         },
         "current": current,
-        "trials": [{"setting": s, "repeat": r} for s, r in order],
         "rows": rows,
         "winner": winner,
         "verdict": verdict,
         # What *Apply* applies: the winner, None when the current settings stay.
         "best": winner,
         "env": env_lines(winner) if winner is not None else "",
-        "wall_s": time.time() - started,
     }
 
 

@@ -138,6 +138,41 @@ def test_differences_inside_the_noise_keep_the_current_settings() -> None:
         tuning.decide([current], current=1)
 
 
+def scored(goodput: float) -> dict[str, Any]:
+    return {"requests": 6, "refused": 0, "met_targets": 6, "goodput_rps": goodput,
+            "throughput_tok_s": 90.0, "ttft_p50": 0.02, "ttft_p99": 0.05, "tpot_p50": 0.004,
+            "tpot_p99": 0.01, "cached_tokens": 0, "wall_s": 0.6}  # fmt: skip
+
+
+def test_the_report_names_the_winner_or_keeps_the_current_settings() -> None:
+    seqs8 = {**CURRENT, "MAX_NUM_SEQS": 8}
+    ngram = {**CURRENT, "SPECULATIVE_MODE": "ngram"}
+    runs = [[scored(g) for g in gs] for gs in ([2.0, 2.2, 2.1], [3.0, 2.9, 3.1], [2.1, 2.3, 2.2])]
+    report = tuning.verdict_of(CURRENT, [CURRENT, seqs8, ngram], runs)
+    assert report["winner"] == report["best"] == seqs8
+    assert report["verdict"] == (
+        "MAX_NUM_SEQS=8 beats the current settings: goodput 2.90-3.10 req/s against 2.00-2.20"
+    )
+    assert report["env"] == (
+        "ENGINE_MAX_NUM_BATCHED_TOKENS=512 ENGINE_MAX_NUM_SEQS=8 ENGINE_SPECULATIVE_MODE= "
+        "CHAT_FLUSH_INTERVAL_MS=30"
+    )
+    row = report["rows"][1]
+    assert row["label"] == "MAX_NUM_SEQS=8" and not row["current"]
+    assert row["goodput_rps"] == {"median": 3.0, "min": 2.9, "max": 3.1}
+    assert [r["label"] for r in report["rows"]] == [
+        "current",
+        "MAX_NUM_SEQS=8",
+        "SPECULATIVE_MODE=ngram",
+    ]
+
+    report = tuning.verdict_of(CURRENT, [CURRENT, seqs8, ngram], [runs[0], runs[2], runs[2]])
+    assert report["winner"] is report["best"] is None
+    assert report["verdict"] == tuning.KEEP_CURRENT and report["env"] == ""
+    with pytest.raises(ValueError):
+        tuning.verdict_of(CURRENT, [seqs8, CURRENT], runs[:2])
+
+
 @pytest.mark.parametrize(
     "params",
     [

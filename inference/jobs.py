@@ -18,7 +18,9 @@ from django.utils.text import slugify
 from inference.models import Job
 
 # The dashboard's tuning form takes these; `manage.py run_job tune --params` takes any.
-TUNING_PARAMS = ("requests", "rate", "synthetic", "ttft_target_s", "tpot_target_s")
+TUNING_PARAMS = (
+    "requests", "rate", "synthetic", "ttft_target_s", "tpot_target_s", "repeats", "axes"
+)
 
 # The Celery task (inference.tasks) that runs each kind of job started by somebody; the KV
 # tier upkeep task makes its own Job row on each pass.

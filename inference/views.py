@@ -115,7 +115,7 @@ def apply_tuning(request: HttpRequest, pk: int) -> JsonResponse:
     from inference import tuning
 
     job = get_object_or_404(Job, pk=pk, kind=Job.Kind.TUNING, status=Job.Status.DONE)
-    best = job.result["best"]
+    best = (job.result or {}).get("best")
     try:
         tuning.apply(best)
     except RuntimeError as exc:

@@ -173,15 +173,17 @@ def test_tuning_job_reports_goodput_per_setting(worker: Worker) -> None:
     job_id = int(
         worker.python(
             "from inference.models import Job; print(Job.objects.create(kind='tuning', params={"
-            "'requests': 6, 'rate': 30, 'synthetic': True, "
-            "'grid': {'MAX_NUM_BATCHED_TOKENS': [64, 512], 'MAX_NUM_SEQS': [4]}}).pk)"
+            "'requests': 6, 'rate': 30, 'synthetic': True, 'repeats': 3, "
+            "'axes': {'MAX_NUM_BATCHED_TOKENS': [64]}}).pk)"
         )
     )
     assert worker.run("inference.tune", job_id, timeout=300)["status"] == "done"
     (result,) = worker.query("select result from inference_job where id = ?", job_id)[0]
     report = json.loads(result)
-    assert len(report["rows"]) == 2 and report["best"] in [r["settings"] for r in report["rows"]]
-    assert all(r["requests"] == 6 and r["wall_s"] > 0 for r in report["rows"])
+    assert [row["label"] for row in report["rows"]] == ["current", "MAX_NUM_BATCHED_TOKENS=64"]
+    assert report["best"] is None or report["best"] == report["rows"][1]["settings"]
+    runs = [run for row in report["rows"] for run in row["runs"]]
+    assert len(runs) == 6 and all(r["requests"] == 6 and r["wall_s"] > 0 for r in runs)
 
 
 def test_kv_tier_upkeep_reports_size_drops_stale_books_and_warms_system_prompts(

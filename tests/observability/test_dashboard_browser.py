@@ -141,3 +141,58 @@ def test_dashboard_draws_charts_from_stored_figures_and_live_load(server: LiveSe
             assert not errors, errors
         finally:
             browser.close()
+
+
+SEED_TUNING = """
+from inference import tuning
+from inference.models import Job
+current = tuning.current_settings()
+other = {**current, "MAX_NUM_SEQS": 4}
+def runs(*goodputs):
+    return [{"requests": 6, "refused": 0, "met_targets": 6, "goodput_rps": g,
+             "throughput_tok_s": 90.0, "ttft_p50": 0.02, "ttft_p99": 0.05, "tpot_p50": 0.004,
+             "tpot_p99": 0.01, "cached_tokens": 0, "wall_s": 0.6} for g in goodputs]
+report = tuning.verdict_of(current, [current, other], [runs(%s), runs(%s)])
+report.update(workload="synthetic", requests=6, targets={"ttft_s": 1.0, "tpot_s": 0.1})
+print(Job.objects.create(kind="tuning", status="done", result=report).pk)
+"""
+
+
+def test_dashboard_shows_the_tuning_verdict_and_offers_only_a_winner(server: LiveServer) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(server.url + "/admin/login/?next=/admin/latency/")
+            page.fill("#id_username", "operator")
+            page.fill("#id_password", PASSWORD)
+            page.click("input[type=submit]")
+            server.python(SEED_TUNING % ("2.0, 2.2, 2.1", "3.0, 2.9, 3.1"))
+            page.reload()
+            verdict = page.locator("#ld-tune-verdict")
+            expect(verdict).to_have_text(
+                "MAX_NUM_SEQS=4 beats the current settings: goodput 2.90-3.10 req/s "
+                "against 2.00-2.20",
+                timeout=20000,
+            )
+            rows = page.locator("#ld-tune-runs tr")
+            expect(rows).to_have_count(3)
+            expect(rows.nth(1)).to_contain_text("current")
+            expect(rows.nth(2)).to_have_class("ld-best")
+            expect(rows.nth(2)).to_contain_text("3.00 (2.90\u20133.10)")
+            expect(page.locator("#ld-tune-apply")).to_contain_text("ENGINE_MAX_NUM_SEQS=4")
+
+            # A newer run inside the noise: the verdict says so and nothing is offered.
+            server.python(SEED_TUNING % ("2.0, 2.2, 2.1", "2.1, 2.3, 2.2"))
+            page.reload()
+            expect(verdict).to_have_text("no clear winner: keep the current settings")
+            expect(page.locator("#ld-tune-runs .ld-best")).to_have_count(0)
+            expect(page.locator("#ld-tune-apply")).to_have_count(0)
+            page.screenshot(path=str(SCREENSHOTS / "dashboard-tuning.png"), full_page=True)
+            assert not errors, errors
+        finally:
+            browser.close()

@@ -16,14 +16,17 @@ interface BenchRun {
   summary: Record<string, Num>; targets: { target: string; measured: unknown; bar: string; met: boolean | null }[];
   machine: string; plot_url: string | null; log_tail: string;
 }
+interface Spread { median: Num; min: Num; max: Num }
 interface TuningRow {
-  settings: Record<string, number>; requests: number; refused: number; met_targets: number;
-  goodput_rps: number; throughput_tok_s: number; ttft_p50: Num; ttft_p99: Num; tpot_p50: Num; tpot_p99: Num;
+  settings: Record<string, number | string>; label: string; current: boolean; requests: number;
+  goodput_rps: Spread; ttft_p50: Spread; tpot_p50: Spread; throughput_tok_s: Spread;
+  runs: { met_targets: number; refused: number }[];
 }
 interface TuningRun {
   id: number; status: string; created_at: string; log_tail: string;
   report: { workload?: string; requests?: number; targets?: { ttft_s: number; tpot_s: number };
-    rows?: TuningRow[]; best?: Record<string, number>; env?: string };
+    method?: { repeats: number; rule: string }; rows?: TuningRow[];
+    winner?: Record<string, number | string> | null; verdict?: string; env?: string };
 }
 interface Data {
   window: string; bucket_s: number; now: number; series: Series;
@@ -129,10 +132,10 @@ class Dashboard {
     start.addEventListener('click', () => void this.startBenchmark());
     bench.append(el('h2', {}, 'Benchmark runs'), start, el('div', { id: 'ld-bench-runs' }));
     const tune = el('section', { class: 'ld-wide', id: 'ld-tuning' });
-    const tuneStart = el('button', { type: 'button', id: 'ld-tune-start' }, 'Tune batching settings');
+    const tuneStart = el('button', { type: 'button', id: 'ld-tune-start' }, 'Tune serving settings');
     tuneStart.addEventListener('click', () => void this.post(this.tuningUrl, tuneStart));
-    tune.append(el('h2', {}, 'Batching tuning'), el('p', { class: 'ld-help' },
-      'Replays the recent requests (or a synthetic stream) under each token budget and sequence cap; goodput counts the requests per second that meet both the TTFT and the TPOT target.'),
+    tune.append(el('h2', {}, 'Serving-settings tuning'), el('p', { class: 'ld-help' },
+      'Replays the recent requests (or a synthetic stream) under the current settings and, one change at a time, other token budgets, sequence caps, speculation modes and chat flush intervals; each setting runs several times, interleaved, on an engine with the Redis KV tier off and a cold prefix cache. Goodput counts the requests per second that meet both the TTFT and the TPOT target; a winner is named only when its worst run beats the current settings\' best.'),
       tuneStart, el('div', { id: 'ld-tune-runs' }));
     this.root.append(bar, tiles, grid, slow, bench, tune);
   }
@@ -185,30 +188,36 @@ class Dashboard {
       ? ` · ${r.requests} ${r.workload} requests · targets TTFT ≤ ${r.targets.ttft_s * 1000} ms, TPOT ≤ ${r.targets.tpot_s * 1000} ms`
       : ''));
     const parts: HTMLElement[] = [head];
+    const range = (v: Spread, scale: number, digits: number): string =>
+      `${fmt(v.median, scale, digits)} (${fmt(v.min, scale, digits)}–${fmt(v.max, scale, digits)})`;
     if (r.rows) {
+      if (r.verdict) parts.push(el('p', { id: 'ld-tune-verdict' }, r.verdict));
       const table = el('table', { class: 'ld-table' });
       const tr0 = el('tr');
-      for (const h of ['token budget', 'max seqs', 'goodput req/s', 'met / all', 'refused', 'tok/s', 'TTFT p50 / p99 ms', 'TPOT p50 / p99 ms']) tr0.append(el('th', {}, h));
+      for (const h of ['setting', 'goodput req/s', 'met / all', 'refused', 'tok/s', 'TTFT p50 ms', 'TPOT p50 ms']) tr0.append(el('th', {}, h));
       table.append(tr0);
       for (const row of r.rows) {
-        const isBest = JSON.stringify(row.settings) === JSON.stringify(r.best);
-        const tr = el('tr', { class: isBest ? 'ld-best' : '' });
+        const isWinner = !!r.winner && JSON.stringify(row.settings) === JSON.stringify(r.winner);
+        const tr = el('tr', { class: isWinner ? 'ld-best' : '' });
+        const met = row.runs.map((x) => x.met_targets).join(', ');
         tr.append(
-          el('td', { class: 'num' }, String(row.settings.MAX_NUM_BATCHED_TOKENS ?? '')),
-          el('td', { class: 'num' }, String(row.settings.MAX_NUM_SEQS ?? '')),
-          el('td', { class: 'num' }, fmt(row.goodput_rps, 1, 2)),
-          el('td', { class: 'num' }, `${row.met_targets} / ${row.requests}`),
-          el('td', { class: 'num' }, String(row.refused)),
-          el('td', { class: 'num' }, fmt(row.throughput_tok_s, 1, 1)),
-          el('td', { class: 'num' }, `${fmt(row.ttft_p50, 1000, 0)} / ${fmt(row.ttft_p99, 1000, 0)}`),
-          el('td', { class: 'num' }, `${fmt(row.tpot_p50, 1000, 0)} / ${fmt(row.tpot_p99, 1000, 0)}`),
+          el('td', {}, row.label),
+          el('td', { class: 'num' }, range(row.goodput_rps, 1, 2)),
+          el('td', { class: 'num' }, `${met} / ${row.requests}`),
+          el('td', { class: 'num' }, row.runs.map((x) => x.refused).join(', ')),
+          el('td', { class: 'num' }, range(row.throughput_tok_s, 1, 1)),
+          el('td', { class: 'num' }, range(row.ttft_p50, 1000, 0)),
+          el('td', { class: 'num' }, range(row.tpot_p50, 1000, 1)),
         );
         table.append(tr);
       }
-      parts.push(table);
-      const apply = el('button', { type: 'button', id: 'ld-tune-apply' }, `Apply best (${r.env})`);
-      apply.addEventListener('click', () => void this.post(`${this.tuningUrl}/${run.id}/apply`, apply));
-      parts.push(apply, el('p', { class: 'ld-help' }, `To keep it after a restart, set ${r.env}.`));
+      parts.push(table, el('p', { class: 'ld-help' },
+        `Median (min–max) over ${r.method?.repeats ?? '?'} runs per setting; met / refused: each run's count.`));
+      if (r.winner) {
+        const apply = el('button', { type: 'button', id: 'ld-tune-apply' }, `Apply the winner (${r.env})`);
+        apply.addEventListener('click', () => void this.post(`${this.tuningUrl}/${run.id}/apply`, apply));
+        parts.push(apply, el('p', { class: 'ld-help' }, `To keep it after a restart, set ${r.env}.`));
+      }
     }
     if (run.log_tail) parts.push(el('pre', { class: 'ld-log' }, run.log_tail));
     box.replaceChildren(...parts);

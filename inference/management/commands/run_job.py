@@ -79,7 +79,7 @@ class Command(BaseCommand):
         parser.add_argument("--ttft-target", type=float, help="tune: TTFT target, seconds")
         parser.add_argument("--tpot-target", type=float, help="tune: TPOT target, seconds")
         parser.add_argument(
-            "--params", help="tune: a JSON object of tuning parameters (the grid too)"
+            "--params", help="tune: a JSON object of tuning parameters (repeats, axes too)"
         )
 
     def handle(self, *args: Any, **opts: Any) -> None:

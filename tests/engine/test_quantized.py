@@ -102,6 +102,17 @@ def test_native_decode_steps_give_the_torch_paths_tokens(make_engine):
 
 
 @needs_kernels
+def test_native_steps_on_several_threads_give_the_same_tokens(make_engine):
+    """The kernels' own thread pool splits each product's columns and the attention's
+    heads: more threads, the same sums, so the same greedy tokens (and no hang when the
+    pool starts or grows mid-run)."""
+    prompts = [[5 + i, 17, 300 + 7 * i, 42] * (3 + i) for i in range(3)]
+    one = _generate(make_engine, True, prompts, num_threads=1, small_step_threads=1)
+    assert _generate(make_engine, True, prompts, num_threads=3, small_step_threads=3) == one
+    assert _generate(make_engine, True, prompts, num_threads=2, small_step_threads=2) == one
+
+
+@needs_kernels
 def test_native_path_prefills_short_prompts_causally(make_engine):
     """Prompts of 2-4 tokens go through the native path whole: each row attends only to
     the positions up to its own."""

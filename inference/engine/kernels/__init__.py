@@ -1,5 +1,7 @@
-"""Small native kernels the engine builds once at run time: weight-only Q4_1 matrix products
-and a whole decoder layer for steps of a few rows (quant_gemm.c).
+"""Small native kernels the engine builds once at run time: weight-only Q4_1 and Q8_0 matrix
+products and a whole decoder layer for steps of a few rows (quant_gemm.c), spread over the
+engine's threads by a pool of their own (spinning between a step's products, asleep between
+steps).
 
 Why our own: at one row a step is bound by the bytes of weights it reads, so 4-bit weights
 should cost a quarter of bf16. torch's `_weight_int4pack_mm_for_cpu` is fast only with
@@ -26,7 +28,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("quant_gemm.c")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC"]
 _REQUIRED_CPU_FLAGS = {"avx2", "fma", "f16c"}
 # Where the CPU lists them (as the kernel sees them: /proc/cpuinfo, not the compiler's own
 # -march=native probe, which on some virtual machines enables what the host hides), the

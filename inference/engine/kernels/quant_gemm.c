@@ -8,10 +8,15 @@
  * 5 bits per weight instead of 16.
  *
  * Q4_1 here is in a kernel layout of its own, made at load from GGUF's (quantized.py).
- * Built once at run time by inference/engine/kernels/__init__.py (gcc -O3 -mavx2 -mfma).
+ * Built once at run time by inference/engine/kernels/__init__.py (gcc -O3 -mavx2 -mfma, and
+ * the AVX512/VNNI flags where the CPU lists them).
  */
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,25 +188,157 @@ static void q4_1_row1(const uint8_t *qs, const uint16_t *d, const uint16_t *m, i
     }
 }
 
+
+/* ---- A small thread pool: the step's other cores ------------------------------------------
+ *
+ * A decode step calls ~120 matrix products of 20-100 us each. OpenMP's fork and join per
+ * product, and a second OpenMP runtime beside torch's (each with its own spinning threads
+ * on the same two cores), cost more than a second core gives. Here the workers spin
+ * briefly between the tasks of one step (so a product's hand-off costs ~a microsecond),
+ * then sleep until the next step wakes them. Tasks run one at a time (the engine steps from
+ * one thread; the lock makes a second caller wait rather than mix tasks).
+ */
+
+typedef void (*task_fn)(void *arg, int ith, int nth);
+
+#define MAX_THREADS 64
+#define SPIN_NS 200000L /* a worker sleeps after this long without a task */
+
+static struct {
+    pthread_mutex_t run_lock, sleep_lock;
+    pthread_cond_t wake;
+    atomic_uint gen;
+    atomic_int done, sleepers;
+    int workers;
+    task_fn fn;
+    void *arg;
+    int nth;
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+
+static long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+typedef struct {
+    int id;
+    unsigned gen; /* the generation before the worker's first task */
+} WorkerStart;
+
+static void *pool_worker(void *p) {
+    WorkerStart start = *(WorkerStart *)p;
+    free(p);
+    int id = start.id;
+    unsigned seen = start.gen;
+    for (;;) {
+        unsigned g;
+        long since = now_ns();
+        int spins = 0;
+        while ((g = atomic_load(&pool.gen)) == seen) {
+            _mm_pause();
+            if (++spins % 256 || now_ns() - since < SPIN_NS) continue;
+            pthread_mutex_lock(&pool.sleep_lock);
+            atomic_fetch_add(&pool.sleepers, 1);
+            while (atomic_load(&pool.gen) == seen) pthread_cond_wait(&pool.wake, &pool.sleep_lock);
+            atomic_fetch_sub(&pool.sleepers, 1);
+            pthread_mutex_unlock(&pool.sleep_lock);
+            since = now_ns();
+        }
+        seen = g;
+        if (id < pool.nth) pool.fn(pool.arg, id, pool.nth);
+        atomic_fetch_add(&pool.done, 1);
+    }
+    return NULL;
+}
+
+/* fn(arg, i, nth) for i in 0..nth-1, i = 0 on the calling thread; returns when all are done. */
+static void pool_run(task_fn fn, void *arg, int nth) {
+    if (nth > MAX_THREADS) nth = MAX_THREADS;
+    if (nth <= 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    pthread_mutex_lock(&pool.run_lock);
+    while (pool.workers < nth - 1) {
+        pthread_t t;
+        pthread_attr_t attr;
+        WorkerStart *start = malloc(sizeof(WorkerStart));
+        if (!start) break;
+        /* A thread may first run after the task below was posted: it must count that one. */
+        start->id = pool.workers + 1;
+        start->gen = atomic_load(&pool.gen);
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int ok = pthread_create(&t, &attr, pool_worker, start) == 0;
+        pthread_attr_destroy(&attr);
+        if (!ok) {
+            free(start);
+            break;
+        }
+        pool.workers++;
+    }
+    if (nth > pool.workers + 1) nth = pool.workers + 1;
+    pool.fn = fn;
+    pool.arg = arg;
+    pool.nth = nth;
+    atomic_store(&pool.done, 0);
+    atomic_fetch_add(&pool.gen, 1);
+    if (atomic_load(&pool.sleepers) > 0) {
+        pthread_mutex_lock(&pool.sleep_lock);
+        pthread_cond_broadcast(&pool.wake);
+        pthread_mutex_unlock(&pool.sleep_lock);
+    }
+    fn(arg, 0, nth);
+    /* A worker the OS took off its core (the web side runs on these cores too) is given the
+     * core back rather than spun against. */
+    for (int spins = 0; atomic_load(&pool.done) < pool.workers; spins++) {
+        if (spins < 4096)
+            _mm_pause();
+        else
+            sched_yield();
+    }
+    pthread_mutex_unlock(&pool.run_lock);
+}
+
+static inline void split(int total, int ith, int nth, int *lo, int *hi) {
+    *lo = (int)((long)total * ith / nth);
+    *hi = (int)((long)total * (ith + 1) / nth);
+}
+
 /* Output columns go to threads in chunks; each thread walks all rows for its columns, so a
  * weight block is read from memory once per tile of rows. */
 #define CHUNK 32
 
-static void q4_1_gemm_rows(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N, int K,
-                           const QuantizedRows *q, int rows, float *y, int nthreads) {
-    int chunks = (N + CHUNK - 1) / CHUNK;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
-    for (int c = 0; c < chunks; c++) {
-        int n0 = c * CHUNK, n1 = n0 + CHUNK < N ? n0 + CHUNK : N;
-        if (rows == 1) {
-            q4_1_row1(qs, d, m, n0, n1, K, q, y);
+typedef struct {
+    const uint8_t *qs;
+    const uint16_t *d, *m;
+    int N, K, rows;
+    const QuantizedRows *q;
+    float *y;
+} Q4Task;
+
+static void q4_1_task(void *arg, int ith, int nth) {
+    const Q4Task *t = (const Q4Task *)arg;
+    int c0, c1;
+    split((t->N + CHUNK - 1) / CHUNK, ith, nth, &c0, &c1);
+    for (int c = c0; c < c1; c++) {
+        int n0 = c * CHUNK, n1 = n0 + CHUNK < t->N ? n0 + CHUNK : t->N;
+        if (t->rows == 1) {
+            q4_1_row1(t->qs, t->d, t->m, n0, n1, t->K, t->q, t->y);
             continue;
         }
-        for (int r0 = 0; r0 < rows; r0 += ROW_TILE) {
-            int nr = rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE;
-            q4_1_rows(qs, d, m, n0, n1, K, q, r0, nr, y, N);
+        for (int r0 = 0; r0 < t->rows; r0 += ROW_TILE) {
+            int nr = t->rows - r0 < ROW_TILE ? t->rows - r0 : ROW_TILE;
+            q4_1_rows(t->qs, t->d, t->m, n0, n1, t->K, t->q, r0, nr, t->y, t->N);
         }
     }
+}
+
+static void q4_1_gemm_rows(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N, int K,
+                           const QuantizedRows *q, int rows, float *y, int nthreads) {
+    Q4Task t = {qs, d, m, N, K, rows, q, y};
+    pool_run(q4_1_task, &t, nthreads);
 }
 
 int q4_1_gemm(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N, int K,
@@ -318,6 +455,26 @@ static void q8_0_rows(const int8_t *qs, const float *d, int n0, int n1, int K, c
     }
 }
 
+typedef struct {
+    const int8_t *qs;
+    const float *d;
+    int N, K, rows;
+    const Wide *q;
+    float *y;
+} Q8Task;
+
+static void q8_0_task(void *arg, int ith, int nth) {
+    const Q8Task *t = (const Q8Task *)arg;
+    int c0, c1;
+    split((t->N + CHUNK - 1) / CHUNK, ith, nth, &c0, &c1);
+    for (int c = c0; c < c1; c++) {
+        int n0 = c * CHUNK, n1 = n0 + CHUNK < t->N ? n0 + CHUNK : t->N;
+        for (int r0 = 0; r0 < t->rows; r0 += ROW_TILE)
+            q8_0_rows(t->qs, t->d, n0, n1, t->K, t->q, r0,
+                      t->rows - r0 < ROW_TILE ? t->rows - r0 : ROW_TILE, t->y, t->N);
+    }
+}
+
 /* y [rows, N] = x [rows, K] @ W.T for Q8_0 W (qs int8 [N, K], d float32 [N, K / 32]).
  * Rows walk inside each column chunk, so a chunk of weights is read once for the step
  * (they stay in L1/L2 for the second and later rows). */
@@ -330,13 +487,8 @@ int q8_0_gemm(const int8_t *qs, const float *d, int N, int K, const float *x, in
         free(q.dx);
         return -1;
     }
-    int chunks = (N + CHUNK - 1) / CHUNK;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
-    for (int c = 0; c < chunks; c++) {
-        int n0 = c * CHUNK, n1 = n0 + CHUNK < N ? n0 + CHUNK : N;
-        for (int r0 = 0; r0 < rows; r0 += ROW_TILE)
-            q8_0_rows(qs, d, n0, n1, K, &q, r0, rows - r0 < ROW_TILE ? rows - r0 : ROW_TILE, y, N);
-    }
+    Q8Task t = {qs, d, N, K, rows, &q, y};
+    pool_run(q8_0_task, &t, nthreads);
     free(q.qx);
     free(q.dx);
     return 0;
@@ -404,6 +556,60 @@ static inline float dot_f32(const float *a, const float *b, int n) {
     return sum;
 }
 
+typedef struct {
+    const LayerShape *s;
+    const float *qkv;
+    float *attn;
+    const int64_t *positions, *block_tables;
+    int table_width;
+    const float *pool;
+    int rows, max_ctx;
+    atomic_int failed;
+} AttnTask;
+
+/* Each row's query heads over the positions up to its own, (row, head) pairs split across
+ * the threads. */
+static void attention_task(void *arg, int ith, int nth) {
+    AttnTask *t = (AttnTask *)arg;
+    const LayerShape *s = t->s;
+    int d = s->head_dim, hq = s->heads, hkv = s->kv_heads, bs = s->block_size;
+    int nqkv = (hq + 2 * hkv) * d;
+    size_t head_stride = (size_t)s->num_blocks * bs * d;
+    float *scores = malloc(sizeof(float) * t->max_ctx);
+    if (!scores) {
+        atomic_store(&t->failed, 1);
+        return;
+    }
+    int i0, i1;
+    split(t->rows * hq, ith, nth, &i0, &i1);
+    for (int item = i0; item < i1; item++) {
+        int r = item / hq, head = item % hq;
+        const float *q = t->qkv + (size_t)r * nqkv + head * d;
+        const int64_t *table = t->block_tables + (size_t)r * t->table_width;
+        int ctx = (int)t->positions[r] + 1;
+        int g = head / (hq / hkv);
+        const float *keys = t->pool + g * head_stride, *vals = t->pool + (hkv + g) * head_stride;
+        float mx = -INFINITY;
+        for (int p = 0; p < ctx; p++) {
+            scores[p] = dot_f32(q, keys + (table[p / bs] * bs + p % bs) * d, d) * s->scale;
+            if (scores[p] > mx) mx = scores[p];
+        }
+        float sum = 0.0f;
+        for (int p = 0; p < ctx; p++) {
+            scores[p] = expf(scores[p] - mx);
+            sum += scores[p];
+        }
+        float *o = t->attn + ((size_t)r * hq + head) * d, inv = 1.0f / sum;
+        for (int i = 0; i < d; i++) o[i] = 0.0f;
+        for (int p = 0; p < ctx; p++) {
+            const float *v = vals + (table[p / bs] * bs + p % bs) * d;
+            float w = scores[p] * inv;
+            for (int i = 0; i < d; i++) o[i] += w * v[i];
+        }
+    }
+    free(scores);
+}
+
 int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
                  const int64_t *positions, const float *cos, const float *sin,
                  const int64_t *block_tables, int table_width, float *pool, int nthreads) {
@@ -417,9 +623,8 @@ int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
     float *qkv = malloc(sizeof(float) * rows * nqkv);
     float *attn = malloc(sizeof(float) * rows * hq * d);
     float *gu = malloc(sizeof(float) * rows * 2 * s->inter);
-    float *scores = malloc(sizeof(float) * max_ctx);
     int rc = -1;
-    if (!h || !qkv || !attn || !gu || !scores) goto out;
+    if (!h || !qkv || !attn || !gu) goto out;
 
     for (int r = 0; r < rows; r++) rms_norm(x + r * H, w->input_norm, H, s->eps, h + r * H);
     if (q4_matmul(&w->qkv, h, rows, qkv, nthreads)) goto out;
@@ -433,34 +638,9 @@ int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
         for (int g = 0; g < 2 * hkv; g++)
             memcpy(pool + g * head_stride + slot * d, row + (hq + g) * d, sizeof(float) * d);
     }
-    for (int r = 0; r < rows; r++) {
-        const float *row = qkv + (size_t)r * nqkv;
-        const int64_t *table = block_tables + (size_t)r * table_width;
-        int ctx = (int)positions[r] + 1;
-        for (int head = 0; head < hq; head++) {
-            int g = head / (hq / hkv);
-            const float *q = row + head * d;
-            const float *keys = pool + g * head_stride, *vals = pool + (hkv + g) * head_stride;
-            float mx = -INFINITY;
-            for (int t = 0; t < ctx; t++) {
-                const float *k = keys + (table[t / bs] * bs + t % bs) * d;
-                scores[t] = dot_f32(q, k, d) * s->scale;
-                if (scores[t] > mx) mx = scores[t];
-            }
-            float sum = 0.0f;
-            for (int t = 0; t < ctx; t++) {
-                scores[t] = expf(scores[t] - mx);
-                sum += scores[t];
-            }
-            float *o = attn + ((size_t)r * hq + head) * d;
-            for (int i = 0; i < d; i++) o[i] = 0.0f;
-            for (int t = 0; t < ctx; t++) {
-                const float *v = vals + (table[t / bs] * bs + t % bs) * d;
-                float p = scores[t] / sum;
-                for (int i = 0; i < d; i++) o[i] += p * v[i];
-            }
-        }
-    }
+    AttnTask at = {s, qkv, attn, positions, block_tables, table_width, pool, rows, max_ctx, 0};
+    pool_run(attention_task, &at, nthreads);
+    if (at.failed) goto out;
     if (q4_matmul(&w->o, attn, rows, h, nthreads)) goto out;
     for (int i = 0; i < rows * H; i++) x[i] += h[i];
     for (int r = 0; r < rows; r++) rms_norm(x + r * H, w->post_norm, H, s->eps, h + r * H);
@@ -484,6 +664,5 @@ out:
     free(qkv);
     free(attn);
     free(gu);
-    free(scores);
     return rc;
 }

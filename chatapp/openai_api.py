@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -41,7 +42,11 @@ from inference.engine import (
     PromptTooLongError,
     SamplingParams,
 )
+from inference.engine.errors import InvalidRequestError
 from inference.recording import recorded_stream
+from inference.workers.protocol import is_worker_lost
+
+log = logging.getLogger(__name__)
 
 # Fields we honour, and fields clients commonly send that we accept at their defaults.
 COMMON_FIELDS = {
@@ -312,17 +317,65 @@ def parse_completion(body: dict) -> ApiRequest:
 # --- plumbing ---------------------------------------------------------------------------
 
 
+# Seconds a client should wait before sending again (the Retry-After header): a full
+# queue drains in about a second; a missing worker or Redis takes longer to come back.
+RETRY_BUSY_S = 1
+RETRY_UNAVAILABLE_S = 5
+RETRY_WORKER_LOST_S = 1
+
+
+def server_error(status: int, message: str, code: str, retry_after: int | None = None) -> ApiError:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return ApiError(status, message, "server_error", code=code, headers=headers)
+
+
+def engine_failure(exc: EngineError, param: str = "messages") -> ApiError:
+    """The status and code of an engine-side failure (docs/api.md, "Errors"), chosen by the
+    error's type. Only the client's own mistakes are 400s; the rest are the server's, and
+    those a retry can get past carry Retry-After."""
+    if isinstance(exc, EngineBusyError):
+        return server_error(503, "The engine is busy; retry shortly.", "busy", RETRY_BUSY_S)
+    if isinstance(exc, PromptTooLongError):
+        return invalid(str(exc), param, "context_length_exceeded")
+    if isinstance(exc, InvalidRequestError):
+        return invalid(str(exc), param)
+    if isinstance(exc, EngineUnavailableError):
+        # The reason (no worker, Redis away and its address) is for the operator's log.
+        log.warning("engine unavailable: %s", exc)
+        return server_error(
+            503,
+            "The model is not available right now; retry shortly.",
+            "engine_unavailable",
+            RETRY_UNAVAILABLE_S,
+        )
+    log.error("engine error: %s", exc)
+    return engine_failed()
+
+
+def failed_reply(delta: Delta) -> ApiError:
+    """The error of a reply the engine ended with finish_reason "error"."""
+    if is_worker_lost(delta):
+        # The chat socket's `worker_lost` too: the worker stopped or died mid-reply, and
+        # sent again the request runs on another one.
+        return server_error(
+            503,
+            "The engine worker serving this request stopped; send the request again.",
+            "worker_lost",
+            RETRY_WORKER_LOST_S,
+        )
+    log.error("engine error on %s: %s", delta.request_id, delta.error)
+    return engine_failed()
+
+
+def engine_failed() -> ApiError:
+    return server_error(500, "The engine failed while generating.", "engine_error")
+
+
 async def engine_client() -> Any:
     try:
         return await asyncio.to_thread(get_engine_client)
-    except EngineUnavailableError as exc:
-        raise ApiError(
-            503,
-            "The model is not available right now.",
-            "server_error",
-            code="engine_unavailable",
-            headers={"Retry-After": "5"},
-        ) from exc
+    except EngineError as exc:
+        raise engine_failure(exc) from exc
 
 
 async def authenticate(request: HttpRequest) -> ApiKey:
@@ -387,8 +440,9 @@ def envelope(rid: str, obj: str, created: int, model: str, choices: list) -> dic
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": choices}
 
 
-def sse(data: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+def sse(data: dict[str, Any], event: str | None = None) -> bytes:
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
 
 
 async def starting_with(first: Delta, stream: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
@@ -453,33 +507,35 @@ async def start_stream(
         # The key owner's scope in the prefix, response and reply caches (docs/kv-tier.md).
         req.scope = prefix_cache_salt(key.owner_id, req.cache_salt)
         prompt = await asyncio.to_thread(build_prompt, client, req, req.scope)
+        param = "messages" if req.turns is not None else "prompt"
         try:
             client.check_fits(prompt)
-        except PromptTooLongError as exc:
-            raise invalid(str(exc), "messages", "context_length_exceeded") from exc
+        except EngineError as exc:
+            raise engine_failure(exc, param) from exc
         # Observability: the request is recorded when this stream closes (inference/recording.py).
+        request_id = f"api-{uuid.uuid4().hex}"
         engine_stream = client.stream(
             prompt,
             req.sampling,
             session_id=req.user,
-            request_id=f"api-{uuid.uuid4().hex}",
+            request_id=request_id,
             cache_salt=req.scope,
         )
-        stream = recorded_stream(engine_stream, "api", user_id=key.owner_id)
+        stream = recorded_stream(
+            engine_stream,
+            "api",
+            user_id=key.owner_id,
+            prompt_tokens=prompt.length,
+            request_id=request_id,
+        )
         try:
             first = await stream.__anext__()
-        except EngineBusyError as exc:
-            raise ApiError(
-                503,
-                "The engine is busy; retry shortly.",
-                "server_error",
-                code="busy",
-                headers={"Retry-After": "1"},
-            ) from exc
-        except PromptTooLongError as exc:
-            raise invalid(str(exc), "messages", "context_length_exceeded") from exc
         except EngineError as exc:
-            raise invalid(str(exc)) from exc
+            raise engine_failure(exc, param) from exc
+        if first.finish_reason == "error":
+            # Failed before any byte went out: a status, not a 200 with an error event.
+            await stream.aclose()
+            raise failed_reply(first)
         replayed = bool(getattr(engine_stream, "replayed", False))
         return client, prompt, stream, first, release, replayed
     except BaseException:
@@ -493,11 +549,6 @@ async def collect(stream: AsyncIterator[Delta], first: Delta) -> tuple[str, list
         text += last.text
         ids.extend(last.token_ids)
     return text, ids, last
-
-
-ENGINE_FAILED = ApiError(
-    500, "The engine failed while generating.", "server_error", code="engine_error"
-)
 
 
 # --- endpoints --------------------------------------------------------------------------
@@ -546,7 +597,7 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
         await stream.aclose()
         release()
     if last.finish_reason == "error":
-        raise ENGINE_FAILED
+        raise failed_reply(last)
     if chat:
         client.remember_reply(text, ids, req.scope)
         choice = {
@@ -598,7 +649,8 @@ async def sse_events(
             ids.extend(delta.token_ids)
             text_all += delta.text
             if delta.finish_reason == "error":
-                yield sse(ENGINE_FAILED.body())
+                # The status line went out long ago: the error travels as an `error` event.
+                yield sse(failed_reply(delta).body(), event="error")
                 break
             if delta.text:
                 yield chunk(piece(delta.text))

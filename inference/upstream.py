@@ -248,4 +248,6 @@ def _error_for(status: int, text: str) -> EngineError:
         return PromptTooLongError(message)
     if status == 400:
         return InvalidRequestError(message)
+    if status == 500:  # the upstream engine failed; other statuses: it cannot be reached
+        return EngineError(f"upstream answered {status}: {message}")
     return EngineUnavailableError(f"upstream answered {status}: {message}")

@@ -5,6 +5,9 @@ class EngineError(Exception):
     """Something went wrong inside the engine; the request cannot continue."""
 
     code = "engine_error"
+    # The engine worker that refused or failed the request (distributed mode; None: this
+    # process's engine), so that the request's record names it.
+    worker: str | None = None
 
 
 class EngineBusyError(EngineError):

@@ -32,7 +32,7 @@ from redis import Redis
 from redis import asyncio as aioredis
 
 from inference.engine.errors import EngineBusyError, EngineError, InvalidRequestError
-from inference.engine.outputs import Delta
+from inference.engine.outputs import Delta, RequestMetrics
 from inference.engine.sampling_params import SamplingParams
 from inference.workers.protocol import (
     LOST_CONTACT,
@@ -151,6 +151,7 @@ class RemoteEngine:
         pending = _Pending(worker.id, worker.channel, worker.incarnation)
         link.requests[rid] = pending
         finished = False
+        arrival, output_tokens = time.time(), 0
         try:
             message = generate_message(
                 rid,
@@ -177,9 +178,21 @@ class RemoteEngine:
                     finished = True
                     raise item
                 finished = item.finished
+                output_tokens += len(item.token_ids)
+                if finished and item.metrics is None:
+                    # An error delta (the worker died, stopped or went out of reach) brings
+                    # no figures; the request's record still names its worker and counts.
+                    item.metrics = lost_metrics(
+                        worker.id, arrival, len(prompt_token_ids), output_tokens
+                    )
                 yield item
                 if finished:
                     return
+        except EngineError as exc:
+            # Refused by (or on the way to) this worker: its record names the worker.
+            if exc.worker is None:
+                exc.worker = worker.id
+            raise
         finally:
             link.requests.pop(rid, None)
             if not finished:
@@ -380,6 +393,17 @@ class RemoteEngine:
         if link is not None:
             self._close_link(link)
             await asyncio.gather(*link.tasks, return_exceptions=True)
+
+
+def lost_metrics(
+    worker_id: str, arrival: float, prompt_tokens: int, output_tokens: int
+) -> RequestMetrics:
+    """What the web side knows of a request whose worker never sent its figures."""
+    m = RequestMetrics(
+        arrival_time=arrival, prompt_tokens=prompt_tokens, output_tokens=output_tokens
+    )
+    m.worker = worker_id  # type: ignore[attr-defined]  # as delta_from_event does
+    return m
 
 
 # Per-worker figures combined: most add up; these do not.

@@ -345,3 +345,36 @@ def test_a_title_waits_while_the_serving_engine_has_requests_queued(tiny_model_d
         assert not tasks.serving_engine_busy()
     finally:
         engine_client.set_engine_client(None)
+
+
+FIRST_MESSAGES = [
+    QUESTION,
+    "What is the capital of France?",
+    "Can you explain how photosynthesis works in simple terms?",
+    "hi! I need help writing a cover letter for a junior developer job",
+    "Write a python function that reverses a linked list",
+    "My cat keeps scratching the sofa, what should I do?",
+]
+
+
+@pytest.mark.slow
+@db
+def test_the_default_model_titles_first_messages_usably(
+    settings, real_model_dir, plain_user
+) -> None:  # type: ignore[no-untyped-def]
+    settings.CHAT_AUTO_TITLES = True
+    written = {}
+    with installed_engine(real_model_dir):
+        for text in FIRST_MESSAGES:
+            conv = Conversation.objects.create(owner=plain_user, title=default_title(text))
+            q = Message.objects.create(conversation=conv, role="user", text=text)
+            Message.objects.create(conversation=conv, parent=q, role="assistant", text="Sure.")
+            written[text] = tasks.generate_title.apply((conv.pk,)).get()
+            conv.refresh_from_db()
+            assert conv.title == written[text]
+        # Greedy: the same message gets the same title.
+        assert titles.write_title(QUESTION, plain_user.pk) == written[QUESTION]
+    for text, title in written.items():
+        assert well_formed(title), (text, title)
+        assert title != default_title(text)
+    assert re.search(r"bread|loaf|bak", written[QUESTION], re.IGNORECASE)

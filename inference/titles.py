@@ -50,15 +50,21 @@ _DANGLING_WORDS = """
     is are was were be been being am do does did have has had can could will would shall
     should may might must not very"""
 DANGLING = frozenset(_DANGLING_WORDS.split())
-# Openings of a message that say nothing about its subject.
+# Openings of a message that say nothing about its subject (left out of the fallback).
 FILLER = re.compile(
-    r"^(?:(?:hi|hello|hey|hiya|greetings|good (?:morning|afternoon|evening))(?: there)?\b[\s,!.:-]*"
+    r"^(?:(?:hi|hello|hey|hiya|greetings|what'?s up|good (?:morning|afternoon|evening))"
+    r"(?: there)?\b[\s,!.:-]*"
     r"|please\b[\s,]*"
     r"|(?:can|could|would|will) you(?: please)?\b\s*"
     r"|i (?:want|need|would like|'d like|wanted) (?:you )?(?:to know|to)?\b\s*"
     r"|i have a question(?: about)?\b[\s,:.-]*"
     r"|quick question\b[\s,:.-]*"
-    r"|tell me\b\s*)",
+    r"|tell me(?: about)?\b\s*"
+    r"|explain(?: to me)?\b\s*"
+    # "How do I bake bread" -> "Bake bread", "What is the capital" -> "The capital": a
+    # question's opening is no part of its subject.
+    r"|how (?:do|can|could|should|would) (?:i|we|you|one)\b\s*"
+    r"|(?:what|who) (?:is|are|was|were)\b\s*|what'?s\b\s*)",
     re.IGNORECASE,
 )
 REFUSAL = re.compile(
@@ -209,6 +215,7 @@ def _strip_filler(sentence: str) -> str:
 def _first_words(text: str) -> str:
     """At most MAX_WORDS words of `text` (MAX_CHARS characters), ending on a word that
     needs nothing after it; "" when nothing is left."""
+    text = re.sub(r"\s+(?:to|for) (?:me|us)\b", "", text, flags=re.IGNORECASE)
     words = [w for w in _words(_balance(text)) if any(c.isalnum() for c in w)][:MAX_WORDS]
     while words and _bare(words[-1]) in DANGLING:
         words.pop()

@@ -33,7 +33,7 @@ from tests.workers.conftest import cleanup, worker_env
 
 QUESTION = "How do I bake a simple loaf of bread at home without a machine?"
 # The tiny random-weight model answers with blanks: the title is the question's first words.
-FALLBACK = "How do I bake a simple"
+FALLBACK = "Bake a simple loaf of bread"
 PASSWORD = "a-long-test-password-1"
 # What the engine logs when it is built (inference/engine/model_runner.py), in Django's
 # log format (servers, engine workers) and in Celery's (its workers).

@@ -25,6 +25,7 @@ from inference.models import Job, RequestRecord
 from tests.chat.conftest import installed_engine, open_socket
 
 QUESTION = "How do I bake a simple loaf of bread at home without a machine?"
+FALLBACK = "Bake a simple loaf of bread"  # QUESTION's fallback title
 QUOTES = (('"', '"'), ("“", "”"), ("(", ")"), ("[", "]"))
 
 
@@ -125,15 +126,22 @@ def test_an_answer_cut_off_by_the_token_limit_is_refused_unless_its_head_is_whol
 @pytest.mark.parametrize(
     ("message", "title"),
     [
-        (QUESTION, "How do I bake a simple"),
-        ("What is the capital of France?", "What is the capital of France"),
+        (QUESTION, "Bake a simple loaf of bread"),
+        ("What is the capital of France?", "The capital of France"),
+        ("What is recursion?", "Recursion"),
+        ("Who is Ada Lovelace?", "Ada Lovelace"),
+        ("What's up?", "What's up"),  # a greeting only: its own words
+        ("How do I", "How do I"),
+        ("What is", "What"),
         ("Why?", "Why"),
         ("hi! I need help writing a cover letter for a junior job", "Help writing a cover letter"),
-        ("Hello there. Could you please explain recursion to me?", "Explain recursion to me"),
+        ("Hello there. Could you please explain recursion to me?", "Recursion"),
         ("Hello", "Hello"),
         ("hey!!", "Hey"),
-        ("Can you tell me about the history of Rome", "About the history of Rome"),
-        ("Explain the difference between TCP and UDP", "Explain the difference between TCP"),
+        ("Can you tell me about the history of Rome", "The history of Rome"),
+        ("Write a letter for me to my landlord", "Write a letter to my landlord"),
+        ("Explain the difference between TCP and UDP", "The difference between TCP and UDP"),
+        ("Please summarise the plot of Hamlet in three lines", "Summarise the plot of Hamlet"),
         ("Translate 'good morning' into German", "Translate 'good morning' into German"),
         ('Is "Dune a good book', "Is Dune a good book"),  # the stray quote dropped
         ("**Bold** request: sort a list in `python`", "Bold request: sort a list"),
@@ -215,7 +223,7 @@ async def test_first_reply_gets_a_title_once_and_the_owners_sockets_hear_of_it(
         await recording.record_request("chat", "c1", None, "stop", conversation_id=conv.pk)
         await conv.arefresh_from_db()
         # The tiny random model answers with blanks: the title is the question's first words.
-        assert conv.title == titles.fallback_title(QUESTION) == "How do I bake a simple"
+        assert conv.title == titles.fallback_title(QUESTION) == FALLBACK
         frame = await mine.recv(timeout=10)
         assert frame == {"type": "title", "conversation_id": conv.pk, "title": conv.title}
         assert await other.c.receive_nothing(timeout=0.3)
@@ -249,9 +257,9 @@ async def test_an_error_reply_asks_for_no_title(auto_titles, plain_user) -> None
 @db
 def test_a_title_job_with_no_socket_open_still_stores_the_title(auto_titles, plain_user) -> None:
     conv = conversation(plain_user)
-    assert tasks.generate_title.apply((conv.pk,)).get() == "How do I bake a simple"
+    assert tasks.generate_title.apply((conv.pk,)).get() == FALLBACK
     conv.refresh_from_db()
-    assert conv.title == "How do I bake a simple"
+    assert conv.title == FALLBACK
 
 
 # --- where generation jobs run ----------------------------------------------------------
@@ -303,7 +311,7 @@ def test_a_celery_worker_builds_no_engine_and_leaves_titles_to_the_serving_proce
         assert engine_client.embedded_engine_refused() is None
         titles.maybe_start(conv.pk)
     conv.refresh_from_db()
-    assert conv.title == "How do I bake a simple"
+    assert conv.title == FALLBACK
 
 
 @db

@@ -16,12 +16,13 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
 from chatapp import conversations as conv_logic
-from chatapp.auth_events import join, leave, session_user_id
+from chatapp.auth_events import LAYER_TIMEOUT_S, join, leave, notify, session_user_id, user_group
 from chatapp.conversations import InvalidSettings, InvalidText, NotFound, clean_text
 from chatapp.generation import (
     ERROR_TEXT,
@@ -46,6 +47,41 @@ from inference.client import (
 from inference.engine import PromptTooLongError, SamplingParams
 
 log = logging.getLogger(__name__)
+
+# Group event telling a user's sockets a conversation got a new title (chat_title below).
+TITLE = "chat.title"
+# The event loop this process's sockets run on, once one has connected.
+_sockets_loop: asyncio.AbstractEventLoop | None = None
+
+
+def send_title(user_id: int, conversation_id: int, title: str) -> None:
+    """Tell the user's open sockets (in any process: through the channel layer) that a
+    conversation got a new title; they send a `title` frame. Never raises: a frame that
+    does not arrive only means the title shows on the next reload.
+
+    Called from a job's thread. The in-memory layer's queues belong to the loop the
+    sockets run on, so the event is handed to that loop; the Redis layer works from any
+    loop, and a process with no sockets (a Celery worker) sends it on a loop of its own."""
+    event = {"type": TITLE, "conversation_id": conversation_id, "title": title}
+    loop = _sockets_loop
+    if loop is None or not loop.is_running():
+        notify(user_id, event)
+        return
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    coro = asyncio.wait_for(layer.group_send(user_group(user_id), event), LAYER_TIMEOUT_S)
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    try:
+        if running is loop:
+            loop.create_task(coro)
+        else:
+            asyncio.run_coroutine_threadsafe(coro, loop).result(LAYER_TIMEOUT_S + 1)
+    except Exception as exc:
+        log.warning("could not tell user %s's sockets about a new title: %s", user_id, exc)
 
 
 class FrameError(Exception):
@@ -90,7 +126,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.user = user
         self.session_key: str | None = self.scope["session"].session_key
         self.forwarders: dict[int, tuple[Generation, Subscription, asyncio.Task[None]]] = {}
-        # Joined before accepting, so a logout from then on reaches this socket.
+        global _sockets_loop
+        _sockets_loop = asyncio.get_running_loop()
+        # Joined before accepting, so a logout (or a new title) from then on reaches it.
         await join(self.channel_layer, user.pk, self.channel_name)
         self.in_group = True
         await self.accept()
@@ -113,6 +151,17 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def auth_changed(self, event: dict[str, Any]) -> None:
         if await session_user_id(self.session_key) != self.user.pk:
             await self._sign_out()
+
+    async def chat_title(self, event: dict[str, Any]) -> None:
+        """A title job stored a new title for one of this user's conversations."""
+        if not self.signed_out:
+            await self.send_json(
+                {
+                    "type": "title",
+                    "conversation_id": event["conversation_id"],
+                    "title": event["title"],
+                }
+            )
 
     async def _sign_out(self) -> None:
         self.signed_out = True

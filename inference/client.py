@@ -270,6 +270,25 @@ class EngineClient:
 _client: Any = None
 _lock = threading.Lock()
 _load_error: BaseException | None = None
+# Why this process must not build an embedded engine (set in a Celery worker), or None.
+_embedded_refused: str | None = None
+
+
+def refuse_embedded_engine(reason: str) -> None:
+    """From now on this process builds no embedded engine: `get_engine_client` logs
+    `reason` as one error and raises EngineUnavailableError instead of loading the model.
+    A Celery worker calls it (inference.tasks): the engine that serves users is the web
+    process's, and a second copy would cost its memory and serve nobody."""
+    global _embedded_refused
+    _embedded_refused = reason
+
+
+def embedded_engine_refused() -> str | None:
+    """Why this process may not build the engine it would need now; None when it may (or
+    holds one already, or the engine is elsewhere: distributed or upstream mode)."""
+    if _embedded_refused and _client is None and settings.ENGINE["MODE"] == "embedded":
+        return _embedded_refused
+    return None
 
 
 def engine_config_from_settings(overrides: dict[str, Any] | None = None) -> EngineConfig:
@@ -361,6 +380,10 @@ def get_engine_client() -> Any:
     global _client, _load_error
     if _client is not None:
         return _client
+    refused = embedded_engine_refused()
+    if refused:
+        log.error("no engine built here: %s", refused)
+        raise EngineUnavailableError(refused)
     with _lock:
         if _client is None:
             try:

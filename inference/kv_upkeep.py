@@ -4,7 +4,9 @@
    ran out leave their last-use and size records behind; those are dropped, and the size
    cap is enforced again (inference.engine.kv_store.upkeep).
 2. Warm the tier with the system prompts conversations use most: each is prefilled once by
-   the engine (one greedy token), which writes its full KV blocks back to Redis, so a new
+   the serving engine (one greedy token; never an engine of this job's own: in embedded
+   mode the web process runs this job, in distributed mode it goes through the engine
+   workers, docs/titles.md), which writes its full KV blocks back to Redis, so a new
    conversation with that prompt starts warm on any worker, even one that just started.
    Prefix reuse is scoped by owner (docs/kv-tier.md, "Whose blocks"): the server's default
    system prompt is public and is warmed once, shared by everyone; any other system prompt

@@ -112,18 +112,20 @@ def _loop() -> None:
         time.sleep(interval)
         try:
             take_sample()
-            if settings.CELERY_TASK_ALWAYS_EAGER:
-                from inference import tasks
+            from inference import tasks
 
+            if settings.CELERY_TASK_ALWAYS_EAGER:
                 if time.monotonic() - last_rollup >= 60:
                     last_rollup = time.monotonic()
                     tasks.rollup.apply()
                 if time.monotonic() - last_prune >= 3600:
                     last_prune = time.monotonic()
                     tasks.prune.apply()
-                if time.monotonic() - last_kv_upkeep >= settings.KV_TIER_UPKEEP_S:
-                    last_kv_upkeep = time.monotonic()
-                    tasks.kv_tier_upkeep.apply()
+            # Broker or not: in embedded mode the warming needs this process's engine.
+            due = time.monotonic() - last_kv_upkeep >= settings.KV_TIER_UPKEEP_S
+            if due and tasks.runs_in_process(tasks.kv_tier_upkeep):
+                last_kv_upkeep = time.monotonic()
+                tasks.kv_tier_upkeep.apply()
         except Exception:
             log.exception("engine sampling failed")
         finally:

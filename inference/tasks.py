@@ -4,6 +4,12 @@ With a broker (docker compose) a Celery worker runs them and beat schedules the
 periodic ones (CELERY_BEAT_SCHEDULE); with none (the embedded default) `submit` runs
 them in a background thread of this process, and the engine sampler runs the periodic
 ones.
+
+Jobs that generate text (GENERATION_TASKS: titles, KV tier warming) run against the
+engine that serves users, never a second copy (docs/titles.md, "Where generation jobs
+run"): in embedded mode that engine is the web process's, so they always run in its
+background thread, broker or not, and a Celery worker refuses to build an engine; in
+distributed mode they go to the engine workers from wherever they run.
 """
 
 from __future__ import annotations
@@ -14,11 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from celery import shared_task
+from celery.signals import worker_init
 from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
 from inference import jobs, rollups, titles
+from inference.client import embedded_engine_refused, get_engine_client, refuse_embedded_engine
 from inference.models import Job
 
 log = logging.getLogger(__name__)
@@ -26,9 +34,32 @@ log = logging.getLogger(__name__)
 _in_process = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offline-job")
 
 
+# Jobs whose work is generation on the serving engine.
+GENERATION_TASKS = frozenset({"inference.generate_title", "inference.kv_tier_upkeep"})
+WORKER_REFUSAL = (
+    "a Celery worker builds no engine in ENGINE_MODE=embedded: the engine that serves users "
+    "is the web process's, and jobs that generate text (titles, KV tier warming) run in "
+    "that process's background thread (docs/titles.md)"
+)
+
+
+@worker_init.connect
+def _no_engine_in_a_worker(**_: Any) -> None:
+    refuse_embedded_engine(WORKER_REFUSAL)
+
+
+def runs_in_process(task: Any) -> bool:
+    """Whether `submit` runs `task` in this process rather than sending it to the broker:
+    with no broker, every task; in embedded mode, also every job that generates text, as
+    the engine serving users is this process's."""
+    if settings.CELERY_TASK_ALWAYS_EAGER:
+        return True
+    return settings.ENGINE["MODE"] == "embedded" and task.name in GENERATION_TASKS
+
+
 def submit(task: Any, *args: Any) -> None:
     """Queue a task: to the broker, or to this process's background thread."""
-    if not settings.CELERY_TASK_ALWAYS_EAGER:
+    if not runs_in_process(task):
         task.delay(*args)
     elif not settings.OBS_BACKGROUND:
         task.apply(args)
@@ -43,6 +74,26 @@ def submit(task: Any, *args: Any) -> None:
         _in_process.submit(run)
 
 
+def serving_engine_busy() -> bool:
+    """Whether the engine that serves users has requests waiting: in embedded mode this
+    process's (generation jobs run in the serving process), in distributed mode the
+    workers' summed queue. An upstream server's queue cannot be seen: never busy."""
+    mode = settings.ENGINE["MODE"]
+    if mode == "embedded":
+        from inference.sampler import live_stats
+
+        stats = live_stats()
+    elif mode == "distributed":
+        try:
+            stats = get_engine_client().stats()
+        except Exception as exc:  # the job itself will say what is wrong
+            log.warning("could not read the engine workers' load: %s", exc)
+            return False
+    else:
+        return False
+    return bool(stats) and int(stats.get("waiting") or 0) > 0
+
+
 @shared_task(name="inference.rollup")
 def rollup() -> int:
     return rollups.rollup_since()
@@ -53,17 +104,25 @@ def prune() -> dict[str, int]:
     return rollups.prune(settings.OBS_RAW_RETENTION_HOURS, settings.OBS_ROLLUP_RETENTION_DAYS)
 
 
+TITLE_WAIT_S = 2.0
+
+
 @shared_task(name="inference.generate_title", bind=True, max_retries=30)
 def generate_title(self: Any, conversation_id: int) -> str | None:
-    # Low priority: while the engine in this process has requests waiting, wait too.
-    from inference.sampler import live_stats
-
-    stats = live_stats()
-    if stats and int(stats.get("waiting") or 0) > 0:
-        if settings.CELERY_TASK_ALWAYS_EAGER:
-            time.sleep(2)
-            return generate_title.apply((conversation_id,)).get()
-        raise self.retry(countdown=2)
+    refused = embedded_engine_refused()
+    if refused:
+        log.error("title for conversation %s not written: %s", conversation_id, refused)
+        return None
+    # Low priority: while the serving engine has requests waiting, wait (at most
+    # max_retries times), so a title never delays a person's reply.
+    for _ in range(self.max_retries):
+        if not serving_engine_busy():
+            break
+        if not self.request.is_eager:
+            if self.request.retries < self.max_retries:
+                raise self.retry(countdown=TITLE_WAIT_S)
+            break
+        time.sleep(TITLE_WAIT_S)
     return titles.generate(conversation_id)
 
 
@@ -102,6 +161,13 @@ def tune(job_id: int) -> dict[str, Any]:
 @shared_task(name="inference.kv_tier_upkeep")
 def kv_tier_upkeep() -> dict[str, Any]:
     """Periodic: the Redis KV tier's size, its books kept straight, the most-used system
-    prompts warmed (inference/kv_upkeep.py). Each pass is a Job row the dashboard shows."""
+    prompts warmed (inference/kv_upkeep.py). Each pass is a Job row the dashboard shows.
+
+    In embedded mode the serving process runs it (its sampler thread, on the same
+    schedule): the warming needs the serving engine. Beat's copy reaching a Celery worker
+    then does nothing and says so."""
+    if embedded_engine_refused():
+        log.info("KV tier upkeep skipped here: the serving process runs it in embedded mode")
+        return {"status": "skipped", "reason": "embedded mode: the serving process runs it"}
     job = Job.objects.create(kind=Job.Kind.KV_TIER)
     return _run_job(job.pk, jobs.kv_tier)

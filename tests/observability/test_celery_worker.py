@@ -1,4 +1,6 @@
 """Each offline job, run by a real Celery worker process through the real Redis.
+(The jobs that generate text, titles and the KV tier upkeep, run against the serving
+engine: test_generation_jobs.py.)
 
 The worker and this test share a SQLite file; the test seeds it and reads the results
 through `manage.py shell` (the same settings as the worker) and plain sqlite3.
@@ -113,31 +115,6 @@ def test_prune_task_drops_old_raw_rows(worker: Worker) -> None:
     assert worker.query("select count(*) from inference_requestrecord")[0][0] == before - 40
 
 
-def first_exchange(w: Worker) -> int:
-    return int(
-        w.python(
-            "from django.contrib.auth import get_user_model as g; "
-            "from chatapp.models import Conversation, Message; "
-            "from chatapp.conversations import default_title; "
-            "u, _ = g().objects.get_or_create(username='titled'); "
-            "q = 'How do I bake a simple loaf of bread at home without a machine?'; "
-            "c = Conversation.objects.create(owner=u, title=default_title(q)); "
-            "m = Message.objects.create(conversation=c, role='user', text=q); "
-            "Message.objects.create(conversation=c, parent=m, role='assistant', "
-            "text='Mix flour, water, salt and yeast, knead, let it rise, then bake.'); "
-            "print(c.pk)"
-        )
-    )
-
-
-def test_title_job_keeps_the_default_when_the_model_writes_nothing(worker: Worker) -> None:
-    # The tiny random-weight model answers with blank lines: no title is better than that.
-    conv_id = first_exchange(worker)
-    assert worker.run("inference.generate_title", conv_id) is None
-    stored = worker.query("select title from chatapp_conversation where id = ?", conv_id)[0][0]
-    assert stored.startswith("How do I bake a simple loaf")
-
-
 def test_conversation_export_is_produced_in_the_background(worker: Worker) -> None:
     ids = json.loads(
         worker.python(
@@ -186,52 +163,6 @@ def test_tuning_job_reports_goodput_per_setting(worker: Worker) -> None:
     assert len(runs) == 6 and all(r["requests"] == 6 and r["wall_s"] > 0 for r in runs)
 
 
-def test_kv_tier_upkeep_reports_size_drops_stale_books_and_warms_system_prompts(
-    worker: Worker,
-) -> None:
-    tier = redis.Redis.from_url(KV_TIER)
-    lru, sizes, total = (f"{KV_NAMESPACE}:{k}" for k in ("lru", "sizes", "bytes"))
-    # Books of an entry whose TTL already ran out: upkeep must drop them.
-    gone = f"{KV_NAMESPACE}:expired:00"
-    tier.zadd(lru, {gone: 1.0})
-    tier.hset(sizes, gone, 1000)
-    tier.incrby(total, 1000)
-    prompt = "You are a patient tutor. " * 12  # several full KV blocks
-    worker.python(
-        "from django.contrib.auth import get_user_model as g; "
-        "from chatapp.models import Conversation; "
-        "u, _ = g().objects.get_or_create(username='tutored'); "
-        f"[Conversation.objects.create(owner=u, system_prompt={prompt!r}) for _ in range(2)]; "
-        "Conversation.objects.create(owner=u, system_prompt='rarely used')"
-    )
-    try:
-        result = worker.run("inference.kv_tier_upkeep", timeout=180)
-        assert result["status"] == "done", result
-        assert result["enabled"] and result["expired_dropped"] >= 1
-        warmed = result["warmed"]
-        assert [w["conversations"] for w in warmed] == [2, 1]
-        assert warmed[0]["prompt_tokens"] > 32
-        # The engine writes the warmed blocks back in the background, under the tier's
-        # fingerprint prefix; the stale books are gone.
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and tier.zcard(lru) < 2:
-            time.sleep(0.2)
-        assert tier.zcard(lru) >= 2 and tier.zscore(lru, gone) is None
-        assert int(tier.get(total) or 0) > 0
-        # A second pass finds the blocks stored: the prompt is restored, not recomputed.
-        again = worker.run("inference.kv_tier_upkeep", timeout=180)
-        assert again["entries"] >= 2
-        first = again["warmed"][0]
-        assert first["cached_memory"] + first["cached_redis"] >= 32
-        kind, status, stored = worker.query(
-            "select kind, status, result from inference_job order by id desc limit 1"
-        )[0]
-        assert (kind, status) == ("kv_tier", "done") and json.loads(stored)["entries"] >= 2
-    finally:
-        for key in tier.scan_iter(match=f"{KV_NAMESPACE}:*", count=500):
-            tier.delete(key)
-
-
 @pytest.mark.slow
 def test_benchmark_run_is_stored_beside_earlier_runs(worker: Worker) -> None:
     job_id = int(
@@ -259,29 +190,3 @@ def test_benchmark_run_is_stored_beside_earlier_runs(worker: Worker) -> None:
     assert [r["id"] for r in runs][:2] == [job_id, job_id - 1]
     assert runs[0]["summary"]["single_decode_tok_s"] > 0 and runs[0]["plot_url"]
     assert runs[1]["summary"]["single_decode_tok_s"] == 1.0
-
-
-@pytest.fixture(scope="module")
-def real_model_worker(
-    tmp_path_factory: pytest.TempPathFactory, real_model_dir: Path, worker: Worker
-) -> Iterator[Worker]:
-    worker.stop()  # one worker at a time on the shared queue
-    w = Worker(tmp_path_factory.mktemp("celery-real-model"), real_model_dir)
-    try:
-        yield w.start()
-    finally:
-        w.stop()
-
-
-@pytest.mark.slow
-def test_title_is_written_by_the_engine_after_the_first_reply(real_model_worker: Worker) -> None:
-    conv_id = first_exchange(real_model_worker)
-    title = real_model_worker.run("inference.generate_title", conv_id, timeout=180)
-    assert isinstance(title, str) and 2 <= len(title.split()) <= 8
-    stored = real_model_worker.query(
-        "select title from chatapp_conversation where id = ?", conv_id
-    )[0][0]
-    assert stored == title and not stored.startswith("How do I bake")
-    assert "bread" in title.lower() or "loaf" in title.lower() or "bak" in title.lower()
-    # A second run finds nothing to do: the title is no longer the default one.
-    assert real_model_worker.run("inference.generate_title", conv_id) is None

@@ -161,6 +161,8 @@ class RemoteEngine:
         self._lock = threading.Lock()
         self._background: set[asyncio.Task[Any]] = set()
         self._max_model_len: int | None = None
+        # Each live worker's own stats as of the last stats() (the per-worker /metrics).
+        self.last_worker_stats: dict[str, dict[str, Any]] = {}
         self._closed = False
         options = {**REDIS_OPTIONS, "socket_timeout": REDIS_TIMEOUT_S}
         self._sync_redis = Redis.from_url(url, **options)
@@ -412,6 +414,7 @@ class RemoteEngine:
             workers = self._note(live_workers_sync(self._sync_redis, self.namespace))
         except REDIS_ERRORS as exc:
             return {"running": 0, "waiting": 0, "workers": [], "error": str(self._unreachable(exc))}
+        self.last_worker_stats = {w.id: w.stats for w in workers}
         out = combine([w.stats for w in workers])
         out.update(
             mode="distributed",

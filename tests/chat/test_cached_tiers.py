@@ -15,8 +15,9 @@ from channels.db import database_sync_to_async
 
 from chatapp.generation import stats_from_metrics
 from chatapp.models import Message
+from chatapp.openai_api import usage
 from inference.client import set_engine_client
-from inference.engine import RequestMetrics
+from inference.engine import Delta, RequestMetrics
 from tests.chat.conftest import make_engine_client, open_socket
 
 REDIS_URL = "redis://127.0.0.1:6379/4"
@@ -29,6 +30,14 @@ def test_stats_count_both_tiers_and_name_the_redis_part() -> None:
     assert (stats["cached_tokens"], stats["cached_tokens_redis"]) == (1760, 1248)
     memory_only = stats_from_metrics(RequestMetrics(arrival_time=1.0, cached_tokens=32))
     assert (memory_only["cached_tokens"], memory_only["cached_tokens_redis"]) == (32, 0)
+
+
+def test_the_api_usage_counts_both_tiers_as_the_chat_does() -> None:
+    m = RequestMetrics(arrival_time=1.0, prompt_tokens=1850, cached_tokens=512, output_tokens=3)
+    m.cached_tokens_redis = 1248
+    last = Delta("r", finished=True, finish_reason="stop", metrics=m)
+    assert usage(last, None, [1, 2, 3])["prompt_tokens_details"]["cached_tokens"] == 1760
+    assert stats_from_metrics(m)["cached_tokens"] == 1760
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ Routing: the worker that served the session last (it holds the session's KV), if
 without a session (an API request with no `user`), the worker that served the longest
 prefix of this prompt's first blocks (prefix_keys), unless it is much busier than the
 least loaded; else the least loaded live worker (which restores the session's prefix from
-the Redis KV tier if it has one). A watchdog ends a request with an error delta when its worker's
-heartbeat lapses, or when Redis stays unreachable for WORKER_DEAD_AFTER_S: a reply never
-hangs on a worker that is gone.
+the Redis KV tier if it has one). A watchdog ends a request with an error delta when its
+worker's heartbeat lapses, or when Redis stays unreachable for WORKER_DEAD_AFTER_S: a
+reply never hangs on a worker that is gone.
 """
 
 from __future__ import annotations

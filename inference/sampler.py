@@ -24,8 +24,8 @@ log = logging.getLogger(__name__)
 
 _thread: threading.Thread | None = None
 _lock = threading.Lock()
-# The engine totals last fed to the Prometheus counters (counters only go up), per engine
-# (worker) and total.
+# The engine totals last fed to the Prometheus counters (counters only go up), by
+# (worker, total's name).
 _last_totals: dict[tuple[str, str], int] = {}
 # The engines (`worker` label values) the gauges were last set for.
 _engines_seen: set[str] = set()
@@ -56,11 +56,13 @@ def sample_fields(s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def engines_of(s: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def engines_of(s: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
     """Each engine's own stats by its `worker` label: in distributed mode every live
     worker's, as read by the same stats() call that produced `s` (the summed figures);
-    else the one engine's."""
+    else the one engine's. None when the workers could not be read (Redis away)."""
     if s.get("mode") == "distributed":
+        if "error" in s:
+            return None
         from inference.client import engine_ready, get_engine_client
 
         engine = getattr(get_engine_client(), "engine", None) if engine_ready() else None
@@ -80,6 +82,8 @@ def update_prometheus(
     global _engines_seen
     model = _model_name()
     engines = engines_of(s) if by_worker is None else by_worker
+    if engines is None:
+        return  # nothing known: the series keep their last values until the next sample
     with _lock:
         for worker, ws in engines.items():
             _update_engine(model, worker, ws)

@@ -413,7 +413,8 @@ class RemoteEngine:
         try:
             workers = self._note(live_workers_sync(self._sync_redis, self.namespace))
         except REDIS_ERRORS as exc:
-            return {"running": 0, "waiting": 0, "workers": [], "error": str(self._unreachable(exc))}
+            return {"running": 0, "waiting": 0, "workers": [], "mode": "distributed",
+                    "error": str(self._unreachable(exc))}  # fmt: skip
         self.last_worker_stats = {w.id: w.stats for w in workers}
         out = combine([w.stats for w in workers])
         out.update(

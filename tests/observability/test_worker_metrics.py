@@ -77,6 +77,13 @@ def test_each_worker_gets_its_own_series_and_a_gone_one_s_queue_drops(
             )
             assert sample_value(text, hits, model_name=model, worker=a) == 50
             assert sample_value(text, hits, model_name=model, worker=b) == 4  # counters stay
+            # Redis away: nothing is known, so no series moves (none becomes `embedded`).
+            away = {"running": 0, "waiting": 0, "workers": [], "mode": "distributed",
+                    "error": "cannot reach the engine workers"}  # fmt: skip
+            assert sampler.engines_of(away) is None
+            sampler.update_prometheus(away)
+            after = metrics.exposition()[0].decode()
+            assert sample_value(after, running, model_name=model, worker=a) == 1
     finally:
         cleanup(Redis.from_url(REDIS_URL), namespace)
 
@@ -98,5 +105,7 @@ async def test_the_embedded_engine_has_one_stable_worker_label(tiny_model_dir: P
         assert queried >= stats["prefix_cache_queries"]
         assert sample_value(text, "vllm:num_requests_running", worker="embedded") == 0
         assert 'vllm:num_requests_running{model_name="' + model + '",worker="embedded"}' in text
+        upstream = {"upstream": "http://127.0.0.1:9/v1", "running": 1, "waiting": 0}
+        assert list(sampler.engines_of(upstream) or {}) == ["upstream"]
     finally:
         client.shutdown()

@@ -67,6 +67,8 @@ def stats_from_metrics(m: RequestMetrics | None) -> dict[str, Any]:
     if m.first_token_time is not None and m.finish_time is not None:
         decode_s = m.finish_time - m.first_token_time
     tps = (m.output_tokens - 1) / decode_s if decode_s and m.output_tokens > 1 else None
+    # Upstream servers and replays have no Redis tier: their figure stays 0.
+    redis_tokens = int(getattr(m, "cached_tokens_redis", 0) or 0)
 
     def ms(v: float | None) -> float | None:
         return None if v is None else round(v * 1000, 1)
@@ -76,7 +78,10 @@ def stats_from_metrics(m: RequestMetrics | None) -> dict[str, Any]:
         "output_tokens": m.output_tokens,
         "tokens_per_s": None if tps is None else round(tps, 1),
         "prompt_tokens": m.prompt_tokens,
-        "cached_tokens": m.cached_tokens,
+        # Both tiers, as the API's usage counts them; the Redis part on its own, so the UI
+        # can tell a turn served from memory from one restored from the KV tier.
+        "cached_tokens": m.cached_tokens + redis_tokens,
+        "cached_tokens_redis": redis_tokens,
         "e2e_ms": ms(m.e2e),
         "queue_ms": ms(m.queue_time),
     }

@@ -5,7 +5,9 @@ processes serve (PROMETHEUS_MULTIPROC_DIR set, as prometheus_client requires), e
 process writes its figures to that folder and /metrics merges them.
 
 Request histograms are observed when a request ends (inference.recording); the engine
-gauges and counters are refreshed from the engine's stats by inference.sampler.
+gauges and counters are refreshed from the engine's stats by inference.sampler, one series
+per engine: labelled `worker` with the engine worker's id in distributed mode, and
+`embedded` (or `upstream`) for the one engine of the other modes.
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 REGISTRY = CollectorRegistry()
 L = ["model_name"]
+# The engine figures: one series per engine (worker).
+ENGINE_L = [*L, "worker"]
+# The `worker` label of the one engine in embedded and upstream mode: stable across
+# restarts, so a restart continues the same series instead of starting a new one.
+EMBEDDED_WORKER = "embedded"
+UPSTREAM_WORKER = "upstream"
 
 # vLLM's bucket bounds for each histogram.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -35,8 +43,8 @@ LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 
 
-def _hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-    return Histogram(name, doc, L, buckets=buckets, registry=REGISTRY)
+def _hist(name: str, doc: str, buckets: tuple[float, ...], labels: list[str] = L) -> Histogram:
+    return Histogram(name, doc, labels, buckets=buckets, registry=REGISTRY)
 
 
 def _counter(name: str, doc: str, labels: list[str] = L) -> Counter:
@@ -82,7 +90,9 @@ request_success = _counter(
 request_errors = _counter(
     "chatapp:request_errors", "Requests that ended with an error, by code.", [*L, "code"]
 )
-spec_decode_drafts = _counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+spec_decode_drafts = _counter(
+    "vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", ENGINE_L
+)
 spec_decode_draft_tokens = _counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
 spec_decode_accepted_tokens = _counter(
     "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."
@@ -103,59 +113,66 @@ response_cache_ttft = _hist(
     TTFT_BUCKETS,
 )
 
-# Refreshed from the engine's stats (inference.sampler). In multiprocess mode a gauge is
-# summed over live processes: each engine process reports its own queue.
+# Refreshed from the engine's stats (inference.sampler), per engine (`worker`). In
+# multiprocess mode a gauge is summed over live processes: each engine process reports its
+# own queue.
 num_requests_running = Gauge(
     "vllm:num_requests_running",
     "Number of requests in model execution batches.",
-    L,
+    ENGINE_L,
     registry=REGISTRY,
     multiprocess_mode="livesum",
 )
 num_requests_waiting = Gauge(
     "vllm:num_requests_waiting",
     "Number of requests waiting to be processed.",
-    L,
+    ENGINE_L,
     registry=REGISTRY,
     multiprocess_mode="livesum",
 )
 kv_cache_usage = Gauge(
     "vllm:kv_cache_usage_perc",
     "KV-cache usage. 1 means 100 percent usage.",
-    L,
+    ENGINE_L,
     registry=REGISTRY,
     multiprocess_mode="livemax",
 )
 prefix_cache_queries = _counter(
-    "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
+    "vllm:prefix_cache_queries",
+    "Prefix cache queries, in terms of number of queried tokens.",
+    ENGINE_L,
 )
 prefix_cache_hits = _counter(
-    "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+    "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", ENGINE_L
 )
-num_preemptions = _counter("vllm:num_preemptions", "Cumulative number of preemption.")
-refused_requests = _counter("chatapp:requests_refused", "Requests refused as busy by the engine.")
-engine_steps = _counter("chatapp:engine_steps", "Engine steps run.")
+num_preemptions = _counter("vllm:num_preemptions", "Cumulative number of preemption.", ENGINE_L)
+refused_requests = _counter(
+    "chatapp:requests_refused", "Requests refused as busy by the engine.", ENGINE_L
+)
+engine_steps = _counter("chatapp:engine_steps", "Engine steps run.", ENGINE_L)
 # Tokens per engine step: the engine counts them per bucket; the sampler adds what changed.
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 iteration_tokens = _hist(
     "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
-    ITERATION_TOKEN_BUCKETS,
+    ITERATION_TOKEN_BUCKETS, ENGINE_L,
 )  # fmt: skip
 # The engine reports its last step only; these gauges show it as of the latest sample.
 step_tokens = Gauge(
     "chatapp:engine_step_tokens",
     "Tokens in the engine's most recent step (sampled).",
-    L,
+    ENGINE_L,
     registry=REGISTRY,
     multiprocess_mode="livesum",
 )
 step_batch_size = Gauge(
     "chatapp:engine_step_batch_size",
     "Sequences in the engine's most recent step (sampled).",
-    L,
+    ENGINE_L,
     registry=REGISTRY,
     multiprocess_mode="livesum",
 )
+ENGINE_GAUGES = (num_requests_running, num_requests_waiting, kv_cache_usage, step_tokens,
+                 step_batch_size)  # fmt: skip
 
 
 def multiprocess() -> bool:

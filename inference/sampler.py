@@ -24,8 +24,11 @@ log = logging.getLogger(__name__)
 
 _thread: threading.Thread | None = None
 _lock = threading.Lock()
-# The engine totals last fed to the Prometheus counters (counters only go up).
-_last_totals: dict[str, int] = {}
+# The engine totals last fed to the Prometheus counters (counters only go up), by
+# (worker, total's name).
+_last_totals: dict[tuple[str, str], int] = {}
+# The engines (`worker` label values) the gauges were last set for.
+_engines_seen: set[str] = set()
 
 COUNTERS = {
     "prefix_cache_queries": metrics.prefix_cache_queries,
@@ -53,32 +56,71 @@ def sample_fields(s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def update_prometheus(s: dict[str, Any]) -> None:
+def engines_of(s: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """Each engine's own stats by its `worker` label: in distributed mode every live
+    worker's, as read by the same stats() call that produced `s` (the summed figures);
+    else the one engine's. None when the workers could not be read (Redis away)."""
+    if s.get("mode") == "distributed":
+        if "error" in s:
+            return None
+        from inference.client import engine_ready, get_engine_client
+
+        engine = getattr(get_engine_client(), "engine", None) if engine_ready() else None
+        per_worker = getattr(engine, "last_worker_stats", None)
+        if per_worker is not None:
+            return dict(per_worker)
+    if "upstream" in s:
+        return {metrics.UPSTREAM_WORKER: s}
+    return {metrics.EMBEDDED_WORKER: s}
+
+
+def update_prometheus(
+    s: dict[str, Any], by_worker: dict[str, dict[str, Any]] | None = None
+) -> None:
+    """Refresh the engine gauges and counters, one series per engine (`worker` label);
+    `by_worker` defaults to engines_of(s)."""
+    global _engines_seen
     model = _model_name()
-    f = sample_fields(s)
-    metrics.num_requests_running.labels(model).set(f["running"])
-    metrics.num_requests_waiting.labels(model).set(f["waiting"])
-    metrics.kv_cache_usage.labels(model).set(f["kv_usage"])
-    metrics.step_tokens.labels(model).set(f["step_tokens"])
-    metrics.step_batch_size.labels(model).set(f["batch_size"])
+    engines = engines_of(s) if by_worker is None else by_worker
+    if engines is None:
+        return  # nothing known: the series keep their last values until the next sample
     with _lock:
-        for key, counter in COUNTERS.items():
-            counter.labels(model).inc(_growth(key, s))
-        # The tokens-per-step histogram: add each bucket's new steps. prometheus_client
-        # observes one value at a time, so the buckets are advanced directly.
-        hist = metrics.iteration_tokens.labels(model)
-        keys = [f"step_tokens_le_{b}" for b in metrics.ITERATION_TOKEN_BUCKETS]
-        for bucket, key in zip(hist._buckets, [*keys, "step_tokens_le_inf"], strict=True):
-            bucket.inc(_growth(key, s))
-        hist._sum.inc(_growth("step_tokens_sum", s))
+        for worker, ws in engines.items():
+            _update_engine(model, worker, ws)
+        # A worker gone since the last sample: its queue gauges drop (its counters stay,
+        # as counters do).
+        for worker in _engines_seen - set(engines):
+            for gauge in metrics.ENGINE_GAUGES:
+                gauge.labels(model, worker).set(0)
+                if not metrics.multiprocess():
+                    gauge.remove(model, worker)
+        _engines_seen = set(engines)
 
 
-def _growth(key: str, s: dict[str, Any]) -> int:
+def _update_engine(model: str, worker: str, s: dict[str, Any]) -> None:
+    f = sample_fields(s)
+    metrics.num_requests_running.labels(model, worker).set(f["running"])
+    metrics.num_requests_waiting.labels(model, worker).set(f["waiting"])
+    metrics.kv_cache_usage.labels(model, worker).set(f["kv_usage"])
+    metrics.step_tokens.labels(model, worker).set(f["step_tokens"])
+    metrics.step_batch_size.labels(model, worker).set(f["batch_size"])
+    for key, counter in COUNTERS.items():
+        counter.labels(model, worker).inc(_growth(worker, key, s))
+    # The tokens-per-step histogram: add each bucket's new steps. prometheus_client
+    # observes one value at a time, so the buckets are advanced directly.
+    hist = metrics.iteration_tokens.labels(model, worker)
+    keys = [f"step_tokens_le_{b}" for b in metrics.ITERATION_TOKEN_BUCKETS]
+    for bucket, key in zip(hist._buckets, [*keys, "step_tokens_le_inf"], strict=True):
+        bucket.inc(_growth(worker, key, s))
+    hist._sum.inc(_growth(worker, "step_tokens_sum", s))
+
+
+def _growth(worker: str, key: str, s: dict[str, Any]) -> int:
     """How much an engine total grew since the last sample (a restarted engine starts
     its totals again from 0)."""
     now = int(s.get(key) or 0)
-    before = _last_totals.get(key, 0)
-    _last_totals[key] = now
+    before = _last_totals.get((worker, key), 0)
+    _last_totals[(worker, key)] = now
     return now - before if now >= before else now
 
 

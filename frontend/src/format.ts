@@ -30,19 +30,34 @@ export interface Figure {
   title: string;
 }
 
+/** Prompt tokens reused from the KV cache: `cached_tokens` counts both tiers and
+ * `cached_tokens_redis` the part restored from the Redis tier, so a turn served from Redis
+ * never reads as "0 cached". */
+function formatCached(s: Stats): { value: string; title: string } {
+  const title = 'Prompt tokens reused from the KV cache';
+  if (!isNum(s.cached_tokens)) return { value: '–', title };
+  const total = Math.max(0, s.cached_tokens);
+  const redis = isNum(s.cached_tokens_redis) ? Math.min(total, Math.max(0, s.cached_tokens_redis)) : 0;
+  const memory = total - redis;
+  const share = isNum(s.prompt_tokens) && s.prompt_tokens > 0 ? ` (${Math.round((100 * total) / s.prompt_tokens)}%)` : '';
+  if (redis === 0) return { value: `${formatCount(total, 'token', 'tokens')}${share}`, title };
+  const n = (v: number) => Math.round(v).toLocaleString('en-US');
+  const value =
+    memory > 0
+      ? `${n(memory)} + ${n(redis)} from Redis${share}`
+      : `${formatCount(redis, 'token', 'tokens')} from Redis${share}`;
+  return { value, title: `${title}: ${n(memory)} in memory, ${n(redis)} restored from the Redis tier` };
+}
+
 /** The figures shown under a reply, in order. Missing values show as "–". */
 export function formatStats(stats: Stats | null | undefined): Figure[] {
   const s = stats || {};
-  const cached = isNum(s.cached_tokens)
-    ? isNum(s.prompt_tokens) && s.prompt_tokens > 0
-      ? `${formatCount(s.cached_tokens, 'token', 'tokens')} (${Math.round((100 * s.cached_tokens) / s.prompt_tokens)}%)`
-      : formatCount(s.cached_tokens, 'token', 'tokens')
-    : '–';
+  const cached = formatCached(s);
   return [
     { key: 'ttft', label: 'TTFT', value: formatMs(s.ttft_ms), title: 'Time to first token' },
     { key: 'rate', label: 'Speed', value: formatRate(s.tokens_per_s), title: 'Output tokens per second after the first' },
     { key: 'tokens', label: 'Output', value: formatCount(s.output_tokens, 'token', 'tokens'), title: 'Output tokens' },
-    { key: 'cached', label: 'Cached', value: cached, title: 'Prompt tokens reused from the KV cache' },
+    { key: 'cached', label: 'Cached', value: cached.value, title: cached.title },
   ];
 }
 

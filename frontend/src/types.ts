@@ -20,7 +20,10 @@ export interface Stats {
   output_tokens?: number | null;
   tokens_per_s?: number | null;
   prompt_tokens?: number | null;
+  /** Prompt tokens reused from the KV cache, both tiers (memory and Redis). */
   cached_tokens?: number | null;
+  /** The part of cached_tokens restored from the Redis KV tier. */
+  cached_tokens_redis?: number | null;
   e2e_ms?: number | null;
   queue_ms?: number | null;
   /** True when the reply was replayed from the server's response cache. */

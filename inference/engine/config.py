@@ -56,7 +56,9 @@ class EngineConfig:
     #   "fp16": float16 weights, float32 activations: half the memory traffic per decode
     #           step, greedy output the same as float32 on ordinary prompts;
     #   "int8": int8 weights with 7-bit dynamic activations: fastest, visibly less accurate;
-    #   "auto": "fp16" when the model runs in float32 on a CPU, else "none".
+    #   "auto": on a CPU, "hybrid" where the 4-bit kernels build, else "fp16" for a float32
+    #           model; "none" on a GPU, and "none" whenever `dtype` is set explicitly (not
+    #           "auto"): an explicit dtype is the dtype the weights are held in.
     quantization: str = "auto"
     # The Redis tier of the KV cache (kv_store.py): full prefix blocks written back when a
     # request finishes and restored on a memory miss, across restarts and workers.

@@ -44,18 +44,60 @@ def resolve_dtype(name: str, device: torch.device, quantization: str = "none") -
 
 
 def resolve_quantization(
-    name: str, device: torch.device, dtype: torch.dtype, model_fits_blocks: bool = True
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    model_fits_blocks: bool = True,
+    dtype_explicit: bool = False,
 ) -> str:
-    """ "auto": on a CPU where the 4-bit kernels build, "hybrid" (4-bit weights for steps of
-    a few rows, the float format for the rest); else fp16-stored weights for a float32 CPU
+    """ "auto": the weights stay in the model dtype when that dtype was asked for explicitly
+    (ENGINE_DTYPE set: a float32 request gets float32 weights, not fp16 or 4-bit ones);
+    else, on a CPU where the 4-bit kernels build, "hybrid" (4-bit weights for steps of a
+    few rows, the float format for the rest); else fp16-stored weights for a float32 CPU
     model; else the model dtype as it is."""
     if name != "auto":
         return name
-    if device.type != "cpu":
+    if device.type != "cpu" or dtype_explicit:
         return "none"
     if kernels.load() is not None and model_fits_blocks:
         return "hybrid"
     return "fp16" if dtype == torch.float32 else "none"
+
+
+def describe_engine(
+    config: EngineConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    quantization: str,
+    num_blocks: int,
+    block_bytes: int,
+    native_rows: int | None = None,
+) -> str:
+    """The resolved configuration, as the one line an engine logs when it starts: what
+    `auto` chose, and why, is visible without reading the code."""
+    from inference.engine.kv_store import redacted
+
+    dtype_name = str(dtype).removeprefix("torch.")
+    dtype_src = "auto" if config.dtype == "auto" else "set"
+    if config.quantization != "auto":
+        why = "set"
+    elif config.dtype != "auto":
+        why = f"auto: kept in {dtype_name} as the dtype was set explicitly"
+    else:
+        why = "auto"
+    native = f", 4-bit native path up to {native_rows} rows" if native_rows else ""
+    pool_mb = num_blocks * block_bytes / 2**20
+    tier = redacted(config.kv_tier_url) if config.kv_tier_url else "off"
+    if config.kv_tier_url and config.tensor_parallel_size > 1:
+        tier += " (off: tensor parallel)"
+    return (
+        f"engine config: model={config.model} device={device} dtype={dtype_name} ({dtype_src}) "
+        f"quantization={quantization} ({why}{native}) threads={config.cpu_threads()} "
+        f"(small steps {config.small_step_cpu_threads()}) kv_pool={num_blocks} blocks x "
+        f"{config.block_size} tokens ({pool_mb:.0f} MB) max_num_seqs={config.max_num_seqs} "
+        f"tensor_parallel={config.tensor_parallel_size} "
+        f"speculative={config.speculative_mode or 'off'} kv_tier={tier}"
+    )
 
 
 class ModelRunner:
@@ -72,6 +114,7 @@ class ModelRunner:
             self.device,
             resolve_dtype(config.dtype, self.device),
             all(k % 64 == 0 for k in widths),
+            dtype_explicit=config.dtype != "auto",
         )
         self.dtype = resolve_dtype(config.dtype, self.device, self.quantization)
         self.model = build_model(  # LlamaModel, or rank 0 of tensor_parallel_size ranks
@@ -87,16 +130,17 @@ class ModelRunner:
             2 * m.num_layers * self.block_size * m.num_kv_heads * m.head_dim * self.dtype.itemsize
         )
         self.num_blocks = max(2, config.kv_cache_memory_mb * 2**20 // block_bytes)
+        native = getattr(m, "native", None)
+        log.info(
+            "%s",
+            describe_engine(
+                config, self.device, self.dtype, self.quantization, self.num_blocks,
+                block_bytes, native.max_rows if native is not None else None,
+            ),
+        )  # fmt: skip
         # Per layer one pool, head-major: keys are heads [0, kv_heads), values the rest, so
         # one copy writes a step's K and V and one gather reads a sequence's context with
         # every head's tokens contiguous (what the attention matmuls want).
-        native = getattr(m, "native", None)
-        log.info(
-            "engine: %s, %s, weights %s%s, %d threads (%d for small steps), %d KV blocks",
-            self.device, str(self.dtype).removeprefix("torch."), self.quantization,
-            f" (4-bit native path up to {native.max_rows} rows)" if native else "",
-            config.cpu_threads(), config.small_step_cpu_threads(), self.num_blocks,
-        )  # fmt: skip
         shape = (2 * m.num_kv_heads, self.num_blocks, self.block_size, m.head_dim)
         self.kv_caches = [
             torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(m.num_layers)

@@ -4,6 +4,9 @@
                             dead_after_s unless the worker beats again: alive == exists
     <ns>:workers            set of worker ids ever seen (pruned when their entry is gone)
     <ns>:affinity:<session> the worker that served the session last (holds its KV)
+    <ns>:prefix-affinity:<digest>
+                            the same for a request without a session, keyed by a digest
+                            of its prompt's first blocks (remote.prefix_keys)
 
 Each worker restarts with a new `incarnation`, so a restarted worker that reuses its id
 (a container's hostname and pid 1) is not mistaken for the one that died.
@@ -68,6 +71,9 @@ class Keys:
     def affinity(self, session_id: str) -> str:
         return f"{self.ns}:affinity:{session_id}"
 
+    def prefix_affinity(self, digest: str) -> str:
+        return f"{self.ns}:prefix-affinity:{digest}"
+
 
 def _parse(ids: list[str], raws: list[Any]) -> tuple[list[WorkerInfo], list[str]]:
     live, gone = [], []
@@ -106,21 +112,31 @@ class Registry:
     async def live_workers(self) -> list[WorkerInfo]:
         return (await self.routing(None))[0]
 
-    async def routing(self, session_id: str | None) -> tuple[list[WorkerInfo], str | None]:
-        """The live workers, and the worker the session was served by last (two round
-        trips)."""
+    async def routing(
+        self, session_id: str | None, prefix: list[str] | tuple[str, ...] = ()
+    ) -> tuple[list[WorkerInfo], str | None]:
+        """The live workers, and the worker the session was served by last; without a
+        session, the worker that served the longest of these prompt-prefix digests (the
+        last found in `prefix`, which runs from the shortest prefix to the longest). Two
+        round trips."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.smembers(self.keys.workers)
         if session_id:
             pipe.get(self.keys.affinity(session_id))
-        members, *sticky = await pipe.execute()
+        elif prefix:
+            pipe.mget([self.keys.prefix_affinity(d) for d in prefix])
+        members, *found = await pipe.execute()
         ids = _ids(members)
         if not ids:
             return [], None
         live, gone = _parse(ids, await self.redis.mget([self.keys.worker(i) for i in ids]))
         if gone:
             await self.redis.srem(self.keys.workers, *gone)
-        home = sticky[0] if sticky else None
+        home = None
+        if found and session_id:
+            home = found[0]
+        elif found:
+            home = next((h for h in reversed(found[0]) if h is not None), None)
         return live, home.decode() if isinstance(home, bytes) else home
 
     async def incarnations(self, worker_ids: list[str]) -> dict[str, str | None]:
@@ -133,6 +149,9 @@ class Registry:
 
     async def set_affinity(self, session_id: str, worker_id: str) -> None:
         await self.redis.set(self.keys.affinity(session_id), worker_id, ex=AFFINITY_TTL_S)
+
+    async def set_prefix_affinity(self, digest: str, worker_id: str) -> None:
+        await self.redis.set(self.keys.prefix_affinity(digest), worker_id, ex=AFFINITY_TTL_S)
 
 
 def live_workers_sync(redis: Any, namespace: str) -> list[WorkerInfo]:

@@ -7,16 +7,19 @@ an async iterator of Delta, the last one finished; EngineBusyError, PromptTooLon
 or InvalidRequestError before the first delta; leaving early aborts the request.
 
 Routing: the worker that served the session last (it holds the session's KV), if alive;
-else the least loaded live worker (which restores the session's prefix from the Redis KV
-tier if it has one). A watchdog ends a request with an error delta when its worker's
-heartbeat lapses, or when Redis stays unreachable for WORKER_DEAD_AFTER_S: a reply never
-hangs on a worker that is gone.
+without a session (an API request with no `user`), the worker that served the longest
+prefix of this prompt's first blocks (prefix_keys), unless it is much busier than the
+least loaded; else the least loaded live worker (which restores the session's prefix from
+the Redis KV tier if it has one). A watchdog ends a request with an error delta when its
+worker's heartbeat lapses, or when Redis stays unreachable for WORKER_DEAD_AFTER_S: a
+reply never hangs on a worker that is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import random
 import threading
@@ -59,10 +62,54 @@ log = logging.getLogger(__name__)
 REDIS_TIMEOUT_S = 2.0
 # How often in-flight requests' workers are checked for a heartbeat.
 WATCH_EVERY_S = 0.5
+# Prefix affinity: a request without a session is known by digests of its prompt's first
+# PREFIX_BLOCKS blocks of PREFIX_BLOCK_TOKENS tokens (the first 256 tokens), so a client
+# that resends a growing history keeps to the worker holding its KV.
+PREFIX_BLOCK_TOKENS = 16
+PREFIX_BLOCKS = 16
+# A prefix's worker is passed over when its load is more than this above the least loaded
+# one's: many conversations opening alike (one long system prompt) must not all pile onto
+# one worker, and a restore from the Redis tier costs less than a queue.
+PREFIX_AFFINITY_SLACK = 4
 LOST_ON_THE_WAY = (
     "the engine worker no longer knows this reply (a message was lost on the way); "
     "what was written so far is saved - send again to continue"
 )
+
+
+def prefix_keys(prompt_token_ids: list[int], cache_salt: str | None = None) -> list[str]:
+    """Digests of the prompt's first full blocks, a chain: the i-th covers blocks 0..i,
+    salted with the request's cache salt (its KV is found only under that salt). A turn
+    that extends an earlier prompt shares the earlier prompt's digests; a prompt shorter
+    than one block has none (it routes by load)."""
+    n = min(len(prompt_token_ids) // PREFIX_BLOCK_TOKENS, PREFIX_BLOCKS)
+    h = hashlib.blake2b(digest_size=16)
+    h.update(b"salt:" + (cache_salt or "").encode() + b"\0")
+    keys = []
+    for i in range(n):
+        block = prompt_token_ids[i * PREFIX_BLOCK_TOKENS : (i + 1) * PREFIX_BLOCK_TOKENS]
+        h.update(b"".join(int(t).to_bytes(4, "little", signed=True) for t in block))
+        keys.append(h.copy().hexdigest())
+    return keys
+
+
+def choose_worker(
+    candidates: list[WorkerInfo], home: str | None, by_prefix: bool, mine: dict[str, int]
+) -> WorkerInfo:
+    """The session's (or prefix's) worker if alive, else the least loaded. A heartbeat can
+    be a moment old, so a worker's load counts this process's own requests on it too: a
+    burst of new sessions spreads instead of piling onto one worker."""
+
+    def load(w: WorkerInfo) -> int:
+        return max(w.load, mine.get(w.id, 0))
+
+    least = min(candidates, key=lambda w: (load(w), random.random()))
+    for w in candidates:
+        if w.id == home:
+            if by_prefix and load(w) - load(least) > PREFIX_AFFINITY_SLACK:
+                return least
+            return w
+    return least
 
 
 @dataclass(eq=False)
@@ -114,6 +161,8 @@ class RemoteEngine:
         self._lock = threading.Lock()
         self._background: set[asyncio.Task[Any]] = set()
         self._max_model_len: int | None = None
+        # Each live worker's own stats as of the last stats() (the per-worker /metrics).
+        self.last_worker_stats: dict[str, dict[str, Any]] = {}
         self._closed = False
         options = {**REDIS_OPTIONS, "socket_timeout": REDIS_TIMEOUT_S}
         self._sync_redis = Redis.from_url(url, **options)
@@ -147,7 +196,8 @@ class RemoteEngine:
         rid = request_id or uuid.uuid4().hex
         if rid in link.requests:
             raise InvalidRequestError(f"request id {rid!r} is already streaming")
-        worker = await self._route(link, session_id)
+        prefix = [] if session_id else prefix_keys(prompt_token_ids, cache_salt)
+        worker = await self._route(link, session_id, prefix)
         pending = _Pending(worker.id, worker.channel, worker.incarnation)
         link.requests[rid] = pending
         finished = False
@@ -177,6 +227,9 @@ class RemoteEngine:
                 if isinstance(item, EngineError):
                     finished = True
                     raise item
+                if prefix:  # the worker took it: it holds this prefix's KV from now on
+                    self._note_prefix(link, prefix[-1], worker.id)
+                    prefix = []
                 finished = item.finished
                 output_tokens += len(item.token_ids)
                 if finished and item.metrics is None:
@@ -222,10 +275,23 @@ class RemoteEngine:
 
     # --- routing --------------------------------------------------------------------
 
-    async def _route(self, link: _Link, session_id: str | None) -> WorkerInfo:
+    def _note_prefix(self, link: _Link, digest: str, worker_id: str) -> None:
+        async def note() -> None:
+            with contextlib.suppress(*REDIS_ERRORS):
+                await asyncio.wait_for(
+                    link.registry.set_prefix_affinity(digest, worker_id), REDIS_TIMEOUT_S
+                )
+
+        task = link.loop.create_task(note())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _route(
+        self, link: _Link, session_id: str | None, prefix: list[str] | None = None
+    ) -> WorkerInfo:
         try:
             found, sticky = await asyncio.wait_for(
-                link.registry.routing(session_id), REDIS_TIMEOUT_S
+                link.registry.routing(session_id, prefix or ()), REDIS_TIMEOUT_S
             )
         except REDIS_ERRORS as exc:
             raise_if_cancelled(exc)
@@ -241,15 +307,10 @@ class RemoteEngine:
             raise EngineUnavailableError(
                 "no engine worker is running: start one with `python manage.py run_engine`"
             )
-        for w in candidates:
-            if w.id == sticky:
-                return w
-        # A heartbeat can be a moment old: count this process's own requests too, so a
-        # burst of new sessions spreads instead of piling onto one worker.
         mine: dict[str, int] = {}
         for p in link.requests.values():
             mine[p.worker_id] = mine.get(p.worker_id, 0) + 1
-        return min(candidates, key=lambda w: (max(w.load, mine.get(w.id, 0)), random.random()))
+        return choose_worker(candidates, sticky, not session_id, mine)
 
     def _note(self, workers: list[WorkerInfo]) -> list[WorkerInfo]:
         """The workers serving our model; remember their context window."""
@@ -365,7 +426,9 @@ class RemoteEngine:
         try:
             workers = self._note(live_workers_sync(self._sync_redis, self.namespace))
         except REDIS_ERRORS as exc:
-            return {"running": 0, "waiting": 0, "workers": [], "error": str(self._unreachable(exc))}
+            return {"running": 0, "waiting": 0, "workers": [], "mode": "distributed",
+                    "error": str(self._unreachable(exc))}  # fmt: skip
+        self.last_worker_stats = {w.id: w.stats for w in workers}
         out = combine([w.stats for w in workers])
         out.update(
             mode="distributed",

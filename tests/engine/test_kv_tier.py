@@ -122,6 +122,21 @@ def test_next_turn_after_a_restart_is_restored_from_redis_and_equals_a_cold_star
     assert m3.cached_tokens >= len(turn2) // 8 * 8 and m3.cached_tokens_redis == 0
 
 
+def test_a_turn_served_by_both_tiers_counts_each_tier_s_tokens(tier_engine, make_engine):
+    """Memory holds the first blocks, Redis the rest: the figures say which came from where
+    (the chat's stats and the API's usage add them up)."""
+    first = tier_engine()
+    turn2 = _first_turn(first)
+    first.close()
+    restarted = tier_engine()
+    # Another request that opens like turn 1 leaves its first 3 blocks in memory.
+    _generate(restarted, turn2[:24] + _prompt(5, seed=7), 2)
+    tokens, metrics = _generate(restarted, turn2)
+    assert metrics.cached_tokens == 24
+    assert metrics.cached_tokens_redis == (70 + 20 - 1) // 8 * 8 - 24
+    assert tokens == _cold(make_engine, turn2)
+
+
 def test_corrupted_entries_are_ignored_deleted_and_output_equals_a_cold_start(
     tier_engine, make_engine, store, namespace
 ):

@@ -150,7 +150,7 @@ def test_metrics_merge_across_processes(tmp_path) -> None:
     observe = (
         "from inference import metrics; "
         "metrics.time_to_first_token.labels('m').observe(0.1); "
-        "metrics.num_requests_running.labels('m').set(3)"
+        "metrics.num_requests_running.labels('m', 'embedded').set(3)"
     )
     for _ in range(2):
         subprocess.run([sys.executable, "-c", observe], cwd=ROOT, env=env, check=True)

@@ -282,8 +282,14 @@ KV_TIER_WARM_PROMPTS = env_int("KV_TIER_WARM_PROMPTS", 5)
 CELERY_BEAT_SCHEDULE = {
     "rollup-every-minute": {"task": "inference.rollup", "schedule": 60.0},
     "prune-every-hour": {"task": "inference.prune", "schedule": 3600.0},
-    "kv-tier-upkeep": {"task": "inference.kv_tier_upkeep", "schedule": KV_TIER_UPKEEP_S},
 }
+# The tier upkeep warms blocks through an engine: in the embedded mode only the web process
+# has one (its sampler thread runs the upkeep there), so beat schedules it only for workers.
+if ENGINE["MODE"] == "distributed":
+    CELERY_BEAT_SCHEDULE["kv-tier-upkeep"] = {
+        "task": "inference.kv_tier_upkeep",
+        "schedule": KV_TIER_UPKEEP_S,
+    }
 CELERY_RESULT_EXPIRES = 3600
 # --- end observability ---
 

@@ -248,20 +248,25 @@ class ModelRunner:
             num_decodes=len(decode_tables),
             prefills=prefills,
         )
+        # The native path reads only the block tables and positions: no masks to build.
+        native = getattr(self.model, "native", None)
+        masks = native is None or not native.handles(len(ids))
         start = 0
         for group in _group_by_length(decode_lens):
             tables = [decode_tables[i] for i in group]
             lens = [decode_lens[i] for i in group]
-            meta.decode_groups.append(self._decode_group(start, tables, lens))
+            meta.decode_groups.append(self._decode_group(start, tables, lens, masks))
             start += len(group)
         return torch.tensor(ids, device=dev), meta, sample_rows
 
-    def _decode_group(self, start: int, tables: list[list[int]], lens: list[int]) -> DecodeGroup:
+    def _decode_group(
+        self, start: int, tables: list[list[int]], lens: list[int], masks: bool = True
+    ) -> DecodeGroup:
         bs, dev = self.block_size, self.device
         width = max(len(t) for t in tables)
         padded = [t + [0] * (width - len(t)) for t in tables]
         mask = None
-        if min(lens) < width * bs:
+        if masks and min(lens) < width * bs:
             key_pos = torch.arange(width * bs, device=dev)
             blocked = key_pos[None, :] >= torch.tensor(lens, device=dev)[:, None]
             mask = torch.zeros(blocked.shape, dtype=self.dtype, device=dev)

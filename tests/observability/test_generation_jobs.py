@@ -37,7 +37,7 @@ FALLBACK = "Bake a simple loaf of bread"
 PASSWORD = "a-long-test-password-1"
 # What the engine logs when it is built (inference/engine/model_runner.py), in Django's
 # log format (servers, engine workers) and in Celery's (its workers).
-ENGINE_BUILT = re.compile(r"engine: \S+, \S+, weights ")
+ENGINE_BUILT = re.compile(r"engine config: model=")
 ERROR = re.compile(r"\bERROR\b")
 
 

@@ -31,7 +31,10 @@ from inference.models import Job
 
 log = logging.getLogger(__name__)
 
+# With no broker, the same split as the Celery queues: long jobs (settings.LONG_TASKS:
+# tuning, benchmarks, exports) get a thread of their own, so a title never waits behind them.
 _in_process = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offline-job")
+_in_process_long = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offline-long-job")
 
 
 # Jobs whose work is generation on the serving engine.
@@ -71,7 +74,7 @@ def submit(task: Any, *args: Any) -> None:
             finally:
                 close_old_connections()
 
-        _in_process.submit(run)
+        (_in_process_long if task.name in settings.LONG_TASKS else _in_process).submit(run)
 
 
 def serving_engine_busy() -> bool:

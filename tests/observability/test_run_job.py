@@ -236,3 +236,27 @@ def test_the_bench_drops_only_its_own_namespace() -> None:
         assert r.get(f"{other}:fp:0") == b"y"
     finally:
         r.delete(f"{other}:fp:0", *r.scan_iter(f"{mine}:*"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_no_broker_a_long_job_has_its_own_thread(settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The in-process split matches the Celery queues: while a benchmark holds the
+    long-job thread, the short jobs' thread (titles, exports of nothing) still runs."""
+    from inference import jobs, tasks
+
+    gate = tmp_path / "gate"
+    settings.OBS_BACKGROUND = True
+    settings.BENCH_COMMAND = f"{{python}} {FAKE_BENCH} --gate {gate}"
+    job = jobs.start(Job.Kind.BENCHMARK)
+    try:
+        deadline = timezone.now() + timedelta(seconds=30)
+        while Job.objects.get(pk=job.pk).status != "running":
+            assert timezone.now() < deadline, Job.objects.get(pk=job.pk).log
+        names = tasks._in_process.submit(lambda: __import__("threading").current_thread().name)
+        assert names.result(timeout=10).startswith("offline-job")
+        assert Job.objects.get(pk=job.pk).status == "running"
+    finally:
+        gate.touch()
+    done = tasks._in_process_long.submit(lambda: None)
+    done.result(timeout=60)
+    assert Job.objects.get(pk=job.pk).status == "done"

@@ -18,6 +18,7 @@ bench:
 	.venv/bin/python -m inference.bench $(ARGS)
 
 # llama.cpp's llama-server, built once into the cache folder: the benchmark's baseline
-# (python -m inference.bench.vs_llama). Never needed by run or test.
+# (python -m inference.bench.vs_llama) and the upstream engine of the tests in front of it
+# (scripts/test.sh builds it too). Never needed by run.
 bench-baseline:
 	scripts/build-llama-server.sh

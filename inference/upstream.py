@@ -244,7 +244,12 @@ def _error_for(status: int, text: str) -> EngineError:
     message = str(error.get("message") or text[:200] or f"upstream answered {status}")
     if status in (429, 503):
         return EngineBusyError(message)
-    if status == 400 and error.get("code") == "context_length_exceeded":
+    # OpenAI, vLLM and this app name an oversized prompt by its code; llama.cpp's server by
+    # its type. Either way the API's client gets context_length_exceeded, as from our engine.
+    too_long = error.get("code") == "context_length_exceeded" or (
+        error.get("type") == "exceed_context_size_error"
+    )
+    if status == 400 and too_long:
         return PromptTooLongError(message)
     if status == 400:
         return InvalidRequestError(message)

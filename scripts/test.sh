@@ -15,6 +15,15 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 status=0
+# llama.cpp's llama-server, the upstream engine of tests/api/test_upstream_llama.py: built
+# once into the cache folder (minutes on a new machine; afterwards this only finds it).
+# Without the tools to build it, those tests skip and say why.
+missing=$(.venv/bin/python -c 'from inference.bench.llama_server import missing_build_tools as m; print(" ".join(m()))')
+if [ -z "$missing" ]; then
+  scripts/build-llama-server.sh >/dev/null || { echo "building llama-server failed (scripts/build-llama-server.sh)" >&2; status=1; }
+else
+  echo "no $missing here: llama-server cannot be built, the tests in front of it will skip" >&2
+fi
 if [ -f frontend/package.json ]; then
   (cd frontend && npm test --silent) || status=$?
 fi

@@ -258,4 +258,48 @@ describe('auto-scroll', () => {
     expect(list.scrollTop).toBe(1400);
     expect($('scroll-bottom')).toBeNull();
   });
+
+  it('lets go however little the reader scrolls up, and follows again once they are back at the bottom', async () => {
+    await act(() => FakeSocket.last().open());
+    store.conversations = [conv(4)];
+    store.applyConversation(conv(4), [msg({ id: 1, role: 'user', conversation_id: 4 }), msg({ id: 2, role: 'assistant', conversation_id: 4, status: 'streaming', parent_id: 1 })]);
+    await act(() => store.selectConversation(4));
+    const list = $('message-list');
+    // A browser's scroller: scrollTop stays within [0, scrollHeight - clientHeight].
+    let height = 1000;
+    let top = 0;
+    Object.defineProperty(list, 'scrollHeight', { get: () => height, configurable: true });
+    Object.defineProperty(list, 'clientHeight', { get: () => 400, configurable: true });
+    Object.defineProperty(list, 'scrollTop', {
+      get: () => top,
+      set: (v: number) => void (top = Math.max(0, Math.min(v, height - 400))),
+      configurable: true,
+    });
+    const scrollTo = (v: number) =>
+      act(() => {
+        list.scrollTop = v;
+        list.dispatchEvent(new Event('scroll'));
+      });
+    await server({ type: 'delta', message_id: 2, text: 'more text' });
+    expect(list.scrollTop).toBe(600);
+    // 10 px up (a touchpad step, a smooth scroll's first frame): well within "near the bottom"
+    await scrollTo(590);
+    height = 1100;
+    await server({ type: 'delta', message_id: 2, text: ' and more' });
+    expect(list.scrollTop).toBe(590); // not pulled back down
+    expect($('scroll-bottom')).not.toBeNull();
+    // back near the bottom by scrolling down: following again
+    await scrollTo(680);
+    expect($('scroll-bottom')).toBeNull();
+    height = 1200;
+    await server({ type: 'delta', message_id: 2, text: ' and yet more' });
+    expect(list.scrollTop).toBe(800);
+    // content shrinking moves the view up, but that is not the reader letting go
+    height = 1150;
+    await scrollTo(list.scrollTop);
+    height = 1300;
+    await server({ type: 'delta', message_id: 2, text: ' and the end' });
+    expect(list.scrollTop).toBe(900);
+    expect($('scroll-bottom')).toBeNull();
+  });
 });

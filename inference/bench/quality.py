@@ -134,7 +134,7 @@ def main() -> None:
         print(q, results["formats"][q], flush=True)
         del e
     if args.llama_server:
-        from inference.bench.vs_llama import LlamaServer, llama_server_binary
+        from inference.bench.llama_server import LlamaServer, llama_server_binary
 
         binary = llama_server_binary("" if args.llama_server == "build" else args.llama_server)
         import tempfile

@@ -26,36 +26,20 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from inference.bench.api_clients import run_level
+from inference.bench.llama_server import (
+    LlamaServer,
+    free_port,
+    llama_server_binary,
+    stop,
+    wait_for,
+)
 from inference.model_files import bundled_gguf, default_model_path
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILD_SCRIPT = ROOT / "scripts" / "build-llama-server.sh"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: the server exited:\n{log.read_text()[-3000:]}")
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
-            return
-        except Exception:
-            time.sleep(0.5)
-    raise RuntimeError(f"{url} did not answer in {timeout:.0f} s:\n{log.read_text()[-3000:]}")
 
 
 class OurServer:
@@ -108,45 +92,6 @@ class OurServer:
 
     def stop(self) -> None:
         stop(self.proc)
-
-
-class LlamaServer:
-    def __init__(self, binary: str, gguf: Path, threads: int, slots: int, workdir: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = workdir / f"llama-{slots}.log"
-        self.args = [
-            binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port),
-            "-t", str(threads), "-tb", str(threads), "-np", str(slots),
-            "-c", str(2048 * slots), "--threads-http", str(slots + 4),
-        ]  # fmt: skip
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> LlamaServer:
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
-        wait_for(f"{self.url}/health", self.proc, self.log)
-        return self
-
-    def stop(self) -> None:
-        stop(self.proc)
-
-
-def stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def llama_server_binary(path: str) -> str:
-    if path:
-        return path
-    out = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=True)
-    return out.stdout.strip().splitlines()[-1]
 
 
 FIGURES = ("tok_s", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms")

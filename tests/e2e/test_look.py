@@ -204,11 +204,22 @@ def test_auto_scroll_follows_the_reply_until_the_reader_scrolls_up(page: Page) -
     page.wait_for_timeout(300)
     assert list_.evaluate(gap) <= 40
     expect(page.get_by_test_id("scroll-bottom")).to_have_count(0)
-    # The reader scrolls up: the view stays where they put it, and offers a way back.
+    # The reader scrolls up: the view stays where they put it, and offers a way back. The
+    # page shows the button from the wheel event itself, before the browser has moved (or
+    # finished animating) the scroller: the position the view must keep is where the
+    # reader's scroll ended (a scroll that ends near the bottom is the page following it).
+    list_.evaluate(
+        """e => { window.__readerTop = null;
+          const ended = () => { if (e.scrollHeight - e.scrollTop - e.clientHeight > 100) {
+            window.__readerTop = e.scrollTop; e.removeEventListener('scrollend', ended); } };
+          e.addEventListener('scrollend', ended); }"""
+    )
     list_.hover()
     page.mouse.wheel(0, -400)
     expect(page.get_by_test_id("scroll-bottom")).to_be_visible()
-    top = list_.evaluate("e => e.scrollTop")
+    page.wait_for_function("() => window.__readerTop !== null")
+    top = page.evaluate("() => window.__readerTop")
+    assert abs(list_.evaluate("e => e.scrollTop") - top) <= 2
     if reply.get_attribute("data-status") == "streaming":
         page.wait_for_timeout(800)
     assert abs(list_.evaluate("e => e.scrollTop") - top) <= 2

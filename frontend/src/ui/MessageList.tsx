@@ -70,12 +70,16 @@ export function MessageList() {
 
   const onScroll = () => {
     const el = scroller.current!;
-    const bottom = el.scrollHeight - el.scrollTop - el.clientHeight <= STICK_PX;
-    // Only the reader moving up lets go of the bottom; content growing under us does not.
-    if (bottom) stick.current = true;
-    else if (el.scrollTop < lastTop.current - 2) stick.current = false;
+    const gap = el.scrollHeight - el.scrollTop - el.clientHeight;
+    const movedUp = el.scrollTop < lastTop.current - 2;
     lastTop.current = el.scrollTop;
-    const shown = bottom || stick.current;
+    // Only the reader moving up lets go of the bottom, however little (a touchpad's small
+    // steps and a smooth scroll's first frames stay within STICK_PX: treating those as "at
+    // the bottom" let the next delta pull the view back down). Content growing under us never
+    // moves the view up; content shrinking does, but leaves it at the very bottom.
+    if (movedUp && gap > 2) stick.current = false;
+    else if (gap <= STICK_PX) stick.current = true;
+    const shown = stick.current;
     if (shown !== atBottom) setAtBottom(shown);
   };
   const onWheel = (e: WheelEvent) => {

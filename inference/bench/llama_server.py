@@ -1,0 +1,115 @@
+"""llama.cpp's `llama-server` on the bundled GGUF: build it (once, cached), start it, stop it.
+
+Shared by the benchmark against it (vs_llama.py, quality.py) and by the tests that put
+this app in front of it (tests/api/test_upstream_llama.py). The binary comes from
+scripts/build-llama-server.sh, which builds it into the cache folder the first time and
+afterwards only prints its path.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = ROOT / "scripts" / "build-llama-server.sh"
+# What the build script runs; without one of them there is no llama-server on this machine.
+BUILD_TOOLS = (("cmake",), ("ninja",), ("cc", "gcc", "clang"), ("c++", "g++", "clang++"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:
+    """Until `url` answers 200; the server's log in the error if it exits or never does."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited:\n{log.read_text()[-3000:]}")
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except Exception:
+            time.sleep(0.5)
+    raise RuntimeError(f"{url} did not answer in {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def stop(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def missing_build_tools() -> list[str]:
+    """The tools the build needs and this machine lacks (a name per group of alternatives)."""
+    return [group[0] for group in BUILD_TOOLS if not any(shutil.which(t) for t in group)]
+
+
+def binary_path() -> Path:
+    """Where the build script puts (or has put) llama-server; it need not exist yet."""
+    out = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), "--path"], capture_output=True, text=True, check=True
+    )
+    return Path(out.stdout.strip())
+
+
+def llama_server_binary(path: str = "") -> str:
+    """`path` if given, else the cached build (built first if missing: minutes)."""
+    if path:
+        return path
+    out = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{BUILD_SCRIPT.name} failed:\n{out.stderr[-3000:]}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+class LlamaServer:
+    """One llama-server process: `slots` parallel sequences of `ctx_per_slot` tokens each."""
+
+    def __init__(
+        self,
+        binary: str,
+        gguf: Path,
+        threads: int,
+        slots: int,
+        workdir: Path,
+        ctx_per_slot: int = 2048,
+    ) -> None:
+        if threads < 1 or slots < 1 or ctx_per_slot < 1:
+            raise ValueError(
+                f"threads, slots and ctx_per_slot must be >= 1, not {threads}, {slots}, "
+                f"{ctx_per_slot}"
+            )
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = workdir / f"llama-{slots}.log"
+        self.args = [
+            binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port),
+            "-t", str(threads), "-tb", str(threads), "-np", str(slots),
+            "-c", str(ctx_per_slot * slots), "--threads-http", str(slots + 4),
+        ]  # fmt: skip
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> LlamaServer:
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for(f"{self.url}/health", self.proc, self.log)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        stop(self.proc)

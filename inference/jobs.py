@@ -19,7 +19,13 @@ from inference.models import Job
 
 # The dashboard's tuning form takes these; `manage.py run_job tune --params` takes any.
 TUNING_PARAMS = (
-    "requests", "rate", "synthetic", "ttft_target_s", "tpot_target_s", "repeats", "axes"
+    "requests",
+    "rate",
+    "synthetic",
+    "ttft_target_s",
+    "tpot_target_s",
+    "repeats",
+    "axes",
 )
 
 # The Celery task (inference.tasks) that runs each kind of job started by somebody; the KV

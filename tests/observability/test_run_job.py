@@ -260,3 +260,15 @@ def test_with_no_broker_a_long_job_has_its_own_thread(settings, tmp_path) -> Non
     done = tasks._in_process_long.submit(lambda: None)
     done.result(timeout=60)
     assert Job.objects.get(pk=job.pk).status == "done"
+
+
+@pytest.mark.parametrize("args", [("kv-upkeep",), ("title", "1")])
+def test_generation_jobs_are_not_queued_in_embedded_mode(settings, args) -> None:  # type: ignore[no-untyped-def]
+    """A Celery worker holds no engine in the embedded mode, so queueing a title or the
+    tier upkeep there would only be skipped: the command says so and queues nothing."""
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+    settings.ENGINE = {**settings.ENGINE, "MODE": "embedded"}
+    user = get_user_model().objects.create_user("queued")
+    Conversation.objects.create(pk=1, owner=user, title="t")
+    with pytest.raises(CommandError, match=r"only the web process has the engine.*--now"):
+        call_command("run_job", *args, stdout=StringIO())

@@ -176,6 +176,17 @@ class Command(BaseCommand):
             if not Conversation.objects.filter(pk=opts["conversation"]).exists():
                 raise CommandError(f"no conversation {opts['conversation']}")
             args = (opts["conversation"],)
+        from inference import tasks
+
+        embedded = settings.ENGINE["MODE"] == "embedded"
+        if not now and embedded and task.name in tasks.GENERATION_TASKS:
+            # A Celery worker builds no engine in this mode (docs/titles.md): queued, the job
+            # would only be skipped there.
+            raise CommandError(
+                f"{task.name} generates text, and in ENGINE_MODE=embedded only the web process "
+                "has the engine (it runs this job itself); --now runs it here, loading the "
+                "model into this process"
+            )
         if now:
             self.stdout.write(f"{task.name} running in this process")
             value = task.apply(args).get()

@@ -83,9 +83,11 @@ QUANTIZATIONS = ("none", "fp16", "int8", "int4", "hybrid")
 # 12 rows, fp16 34.8 / 41.1 / 65.1 / 77.2: 4-bit reads a quarter of the bytes and wins
 # while reading weights dominates; by 12 rows fp16's GEMM has caught up.
 HYBRID_MAX_ROWS = 8
-# The lm_head's 8-bit product widens each weight once per row it multiplies; past a row or
-# two the fp16 product (one conversion shared by all rows) is faster (docs/performance.md).
-HEAD_BLOCK_ROWS = 2
+# Steps on the native path take the lm_head from its 8-bit blocks too, in the kernels' own
+# thread pool: torch's float products of the head at a few rows measured no faster on one
+# thread (fp16) or 2-3x slower (bf16), and on more threads their OpenMP workers spin on
+# the cores the pool needs next (docs/performance.md).
+HEAD_BLOCK_ROWS = HYBRID_MAX_ROWS
 
 
 class Linear:
@@ -381,12 +383,11 @@ class LlamaModel:
             if formats.blocks is None:
                 self.lm_head = Linear(head, quantization)
             else:
-                # With 4-bit layers, steps of a row or two take the head from 8-bit blocks
-                # (the GGUF's own) with 16-bit activations: 8-bit ones flipped the very
-                # first token of "What is the capital of France?" (the final hidden state
-                # has one outlier ~30x the others, which cost the rest of its block their
-                # precision). Larger steps take the float format, whose products reuse
-                # each weight across rows better.
+                # With 4-bit layers, small steps take the head from 8-bit blocks (the
+                # GGUF's own) with 16-bit activations: 8-bit ones flipped the very first
+                # token of "What is the capital of France?" (the final hidden state has one
+                # outlier ~30x the others, which cost the rest of its block their
+                # precision). Larger steps take the float format.
                 self.lm_head = Linear(
                     head,
                     _large_format(dtype),

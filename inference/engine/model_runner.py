@@ -206,8 +206,15 @@ class ModelRunner:
         if self.device.type != "cpu":
             return
         native = getattr(self.model, "native", None)
-        small = native is not None and native.handles(rows)
-        want = self.config.small_step_cpu_threads() if small else self.config.cpu_threads()
+        if native is not None and native.handles(rows):
+            # The step runs in the kernels' own pool (layers and, for a row or two, the
+            # head); torch's few ops around it stay on this thread, so no torch OpenMP
+            # thread spins on a core the pool needs.
+            kernels.set_threads(self.config.small_step_cpu_threads())
+            want = 1
+        else:
+            want = self.config.cpu_threads()
+            kernels.set_threads(want)
         if torch.get_num_threads() != want:
             torch.set_num_threads(want)
 

@@ -75,7 +75,7 @@ class NativeDecoder:
         sin = m.sin[positions].contiguous()
         tables = self._block_tables(meta)
         shape = self._layer_shape(kv_caches[0])
-        nthreads = torch.get_num_threads()
+        nthreads = kernels.threads()
         for weights, pool in zip(self.layers, kv_caches, strict=True):
             rc = self.lib.decode_layer(
                 ctypes.byref(shape), ctypes.byref(weights), x.data_ptr(), rows,

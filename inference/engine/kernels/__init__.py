@@ -52,6 +52,21 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+_threads: int | None = None
+
+
+def set_threads(n: int | None) -> None:
+    """How many threads the kernels' own pool uses (None: torch's count). The engine gives
+    small steps their count here and keeps torch's at one meanwhile: torch's OpenMP threads
+    spin for a while after each op, on the cores this pool wants next."""
+    global _threads
+    _threads = n
+
+
+def threads() -> int:
+    return _threads if _threads is not None else torch.get_num_threads()
+
+
 def cpu_has_native_bf16() -> bool:
     """AVX512-BF16 or AMX: only there is bfloat16 faster than float32 on a CPU."""
     return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"})
@@ -172,7 +187,7 @@ def q4_1_gemm(
     y = torch.empty(rows, n, dtype=torch.float32)
     rc = lib.q4_1_gemm(
         qs.data_ptr(), d.data_ptr(), m.data_ptr(), n, k, x.data_ptr(), rows, y.data_ptr(),
-        torch.get_num_threads(),
+        threads(),
     )  # fmt: skip
     if rc:
         raise RuntimeError(f"q4_1_gemm failed ({rc})")
@@ -186,7 +201,7 @@ def q8_0_gemm(lib: ctypes.CDLL, qs: torch.Tensor, d: torch.Tensor, x: torch.Tens
     y = torch.empty(rows, n, dtype=torch.float32)
     rc = lib.q8_0_gemm(
         qs.data_ptr(), d.data_ptr(), n, k, x.data_ptr(), rows, y.data_ptr(),
-        torch.get_num_threads(),
+        threads(),
     )  # fmt: skip
     if rc:
         raise RuntimeError(f"q8_0_gemm failed ({rc})")

@@ -38,8 +38,10 @@ class EngineConfig:
     num_threads: int = 0
 
     # Threads for steps of a few rows (those the 4-bit native path takes, when it is on):
-    # such steps come from few streams, whose web side is light, and are bound by reading
-    # weights, which more cores speed up. 0 means the same as num_threads.
+    # such steps come from few streams, whose web side is light. They run in the kernels'
+    # own pool, whose workers sleep between steps, so they may take every core: 0 means
+    # all of them (measured on 2 cores: one user's time per token 0.72x of one thread's
+    # against llama-server; 16 and 64 users level, docs/performance.md).
     small_step_threads: int = 0
 
     def cpu_threads(self) -> int:
@@ -48,7 +50,9 @@ class EngineConfig:
         return max(1, (os.cpu_count() or 1) - 1)
 
     def small_step_cpu_threads(self) -> int:
-        return self.small_step_threads if self.small_step_threads > 0 else self.cpu_threads()
+        if self.small_step_threads > 0:
+            return self.small_step_threads
+        return max(1, os.cpu_count() or 1)
 
     seed: int = 0
     # How linear weights are stored on CPU (fbgemm kernels; compute stays float32):

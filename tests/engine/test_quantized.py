@@ -112,6 +112,34 @@ def test_native_steps_on_several_threads_give_the_same_tokens(make_engine):
     assert _generate(make_engine, True, prompts, num_threads=2, small_step_threads=2) == one
 
 
+def _product_in_child(out: object) -> None:
+    q = Q4_1.quantize(_weight(256, 128)).for_kernel()
+    out.put(q.matmul_t(torch.ones(2, 128)).sum().item())  # type: ignore[attr-defined]
+
+
+@needs_kernels
+def test_a_forked_child_gets_a_thread_pool_of_its_own():
+    """fork() copies only the calling thread: a child of a process whose kernel pool had
+    started must not wait for the parent's workers (it would hang forever)."""
+    import multiprocessing
+
+    kernels.set_threads(2)
+    try:
+        q = Q4_1.quantize(_weight(256, 128)).for_kernel()
+        want = q.matmul_t(torch.ones(2, 128)).sum().item()  # the parent's pool is running
+        ctx = multiprocessing.get_context("fork")
+        out = ctx.Queue()
+        child = ctx.Process(target=_product_in_child, args=(out,))
+        child.start()
+        child.join(timeout=60)
+        if child.is_alive():
+            child.kill()
+            pytest.fail("the forked child hung in the kernels' thread pool")
+        assert child.exitcode == 0 and out.get(timeout=5) == pytest.approx(want)
+    finally:
+        kernels.set_threads(None)
+
+
 @needs_kernels
 def test_native_path_prefills_short_prompts_causally(make_engine):
     """Prompts of 2-4 tokens go through the native path whole: each row attends only to

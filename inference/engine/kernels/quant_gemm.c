@@ -252,6 +252,21 @@ static void *pool_worker(void *p) {
     return NULL;
 }
 
+/* A forked child has none of the parent's workers (fork copies only the calling thread):
+ * it starts its own pool, rather than wait for threads that do not exist there. */
+static void pool_after_fork(void) {
+    pthread_mutex_init(&pool.run_lock, NULL);
+    pthread_mutex_init(&pool.sleep_lock, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    atomic_store(&pool.sleepers, 0);
+    atomic_store(&pool.done, 0);
+    pool.workers = 0;
+}
+
+static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+
+static void pool_init(void) { pthread_atfork(NULL, NULL, pool_after_fork); }
+
 /* fn(arg, i, nth) for i in 0..nth-1, i = 0 on the calling thread; returns when all are done. */
 static void pool_run(task_fn fn, void *arg, int nth) {
     if (nth > MAX_THREADS) nth = MAX_THREADS;
@@ -259,6 +274,7 @@ static void pool_run(task_fn fn, void *arg, int nth) {
         fn(arg, 0, 1);
         return;
     }
+    pthread_once(&pool_once, pool_init);
     pthread_mutex_lock(&pool.run_lock);
     while (pool.workers < nth - 1) {
         pthread_t t;

@@ -352,31 +352,14 @@ def configure(engine: Any, base: Any, setting: dict[str, Any]) -> None:
 
     These settings live only in the scheduler and the speculator (the model and the KV
     pool do not depend on them), so one loaded model serves the whole sweep."""
-    from inference.engine.scheduler import Scheduler
-    from inference.engine.speculative import Speculator
-
-    if engine.has_work():
-        raise RuntimeError("the engine must be idle between trials")
-    config = dataclasses.replace(
-        base,
-        max_num_batched_tokens=int(setting["MAX_NUM_BATCHED_TOKENS"]),
-        max_num_seqs=int(setting["MAX_NUM_SEQS"]),
-        speculative_mode=setting["SPECULATIVE_MODE"],
-    )
-    engine.config = config
-    engine.scheduler = Scheduler(config, engine.kv)
-    native = getattr(engine.runner.model, "native", None)
-    engine.speculator = (
-        Speculator(
-            config,
-            engine.max_model_len,
-            engine.runner.model.vocab_size,
-            row_budget=native.max_rows if native is not None else None,
+    engine.reconfigure(
+        dataclasses.replace(
+            base,
+            max_num_batched_tokens=int(setting["MAX_NUM_BATCHED_TOKENS"]),
+            max_num_seqs=int(setting["MAX_NUM_SEQS"]),
+            speculative_mode=setting["SPECULATIVE_MODE"],
         )
-        if config.speculative_mode
-        else None
     )
-    engine.kv.reset_prefix_cache()
 
 
 def _spread(values: list[float | None]) -> dict[str, float | None]:

@@ -70,6 +70,29 @@ class DjangoProcess:
         """Run Django ORM code against this server's database; returns what it prints."""
         return self.manage("shell", "--no-imports", "-c", code).strip()
 
+    def celery_worker(
+        self, log_path: Path, hostname: str, queue: str | None = None, timeout: float = 120
+    ) -> subprocess.Popen[bytes]:
+        """A real Celery worker (solo pool) with these settings, on `queue` (default: the
+        settings' default queue), started and ready."""
+        queues = [f"--queues={queue}"] if queue else []
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "chatapp", "worker", "--pool=solo",
+                 "--loglevel=INFO", "--without-gossip", "--without-mingle", *queues,
+                 "--hostname", f"{hostname}@%h"],
+                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker exited:\n{log_path.read_text()}")
+            if b"ready." in log_path.read_bytes():
+                return proc
+            time.sleep(0.3)
+        proc.kill()
+        raise RuntimeError(f"worker did not come up:\n{log_path.read_text()}")
+
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()

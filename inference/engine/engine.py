@@ -97,17 +97,7 @@ class LLMEngine:
         self.sampler = Sampler()
         self.step_tokens_counts = [0] * len(STEP_TOKEN_BUCKETS)
         self.step_tokens_sum = 0
-        native = getattr(self.runner.model, "native", None)
-        self.speculator = (
-            Speculator(
-                config,
-                self.max_model_len,
-                self.runner.model.vocab_size,
-                row_budget=native.max_rows if native is not None else None,
-            )
-            if config.speculative_mode
-            else None
-        )
+        self.speculator = self._speculator(config)
         self.seqs: dict[str, Sequence] = {}  # live requests, by id
         self._lock = threading.Lock()
         self._inbox: list[Sequence] = []
@@ -126,6 +116,28 @@ class LLMEngine:
         }
 
     # -- requests in ------------------------------------------------------------------
+
+    def _speculator(self, config: EngineConfig) -> Speculator | None:
+        if not config.speculative_mode:
+            return None
+        native = getattr(self.runner.model, "native", None)
+        return Speculator(
+            config,
+            self.max_model_len,
+            self.runner.model.vocab_size,
+            row_budget=native.max_rows if native is not None else None,
+        )
+
+    def reconfigure(self, config: EngineConfig) -> None:
+        """Take another config's batching limits and speculation, starting cold (a fresh
+        scheduler and speculator, an empty memory prefix cache): what an idle engine can
+        change without reloading its model or KV pool (the tuning job's trials)."""
+        if self.has_work():
+            raise RuntimeError("the engine must be idle to change its configuration")
+        self.config = config
+        self.scheduler = Scheduler(config, self.kv)
+        self.speculator = self._speculator(config)
+        self.kv.reset_prefix_cache()
 
     def add_request(
         self,

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,3 +41,29 @@ def engine_stats(server: LiveServer) -> dict[str, Any]:
         return c.get("/api/engine/").json()["stats"]
     finally:
         c.close()
+
+
+def chat_through_the_socket(front: LiveServer, max_tokens: int) -> dict[str, Any]:
+    """One chat-UI turn over the WebSocket ("Hi there", greedy): checks that it streamed,
+    completed and was saved as streamed; returns the `done` frame."""
+    session = logged_in(front)
+    frames = []
+    with front.chat_socket("apiuser", PASSWORD) as sock:
+        settings = {"max_tokens": max_tokens, "temperature": 0}
+        sock.send(json.dumps({"type": "send", "conversation_id": None, "text": "Hi there",
+                              "settings": settings}))  # fmt: skip
+        while True:
+            frame = json.loads(sock.recv(timeout=60))
+            frames.append(frame)
+            if frame["type"] in ("done", "error"):
+                break
+    done = frames[-1]
+    assert done["type"] == "done" and done["status"] == "complete", frames
+    assert [f["type"] for f in frames[:2]] == ["conversation", "start"]
+    text = "".join(f["text"] for f in frames if f["type"] == "delta")
+    assert text and done["message"]["text"] == text
+    conv_id = frames[0]["conversation"]["id"]
+    saved = session.get(f"/api/conversations/{conv_id}/").json()["messages"]
+    assert [m["role"] for m in saved] == ["user", "assistant"] and saved[1]["text"] == text
+    session.close()
+    return done

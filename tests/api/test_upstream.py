@@ -3,7 +3,6 @@ here a second instance of this app, started by the test on another port."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.api.conftest import PASSWORD, logged_in
+from tests.api.conftest import PASSWORD, chat_through_the_socket
 from tests.live_server import LiveServer
 
 
@@ -54,35 +53,9 @@ def test_the_front_serves_the_upstream_model_over_its_own_api(
 def test_the_chat_ui_socket_streams_through_the_upstream(
     front: LiveServer, server: LiveServer
 ) -> None:
-    session = logged_in(front)
-    frames = []
-    with front.chat_socket("apiuser", PASSWORD) as sock:
-        sock.send(
-            json.dumps(
-                {
-                    "type": "send",
-                    "conversation_id": None,
-                    "text": "Hi there",
-                    "settings": {"max_tokens": 12, "temperature": 0},
-                }
-            )
-        )
-        while True:
-            frame = json.loads(sock.recv(timeout=60))
-            frames.append(frame)
-            if frame["type"] in ("done", "error"):
-                break
-    done = frames[-1]
-    assert done["type"] == "done" and done["status"] == "complete", frames
-    assert [f["type"] for f in frames[:2]] == ["conversation", "start"]
-    text = "".join(f["text"] for f in frames if f["type"] == "delta")
-    assert text and done["message"]["text"] == text
+    done = chat_through_the_socket(front, max_tokens=12)
     # Figures are measured at the app side.
     assert done["stats"]["ttft_ms"] > 0 and done["stats"]["output_tokens"] >= 1
-    conv_id = frames[0]["conversation"]["id"]
-    saved = session.get(f"/api/conversations/{conv_id}/").json()["messages"]
-    assert [m["role"] for m in saved] == ["user", "assistant"] and saved[1]["text"] == text
-    session.close()
 
 
 def test_upstream_refusals_become_clear_errors(front: LiveServer, model_id: str) -> None:

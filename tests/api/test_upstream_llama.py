@@ -9,7 +9,6 @@ so; any other failure to build or start it is a failure.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 import httpx
@@ -23,7 +22,7 @@ from inference.bench.llama_server import (
     missing_build_tools,
 )
 from inference.model_files import bundled_gguf
-from tests.api.conftest import PASSWORD, logged_in
+from tests.api.conftest import PASSWORD, chat_through_the_socket
 from tests.live_server import LiveServer
 
 # A cold build takes minutes on a small machine: only then may the first test's setup
@@ -155,32 +154,6 @@ def test_text_completions_pass_and_token_id_prompts_are_refused_by_the_front(
 
 
 def test_the_chat_ui_socket_streams_through_llama_server(front: LiveServer) -> None:
-    session = logged_in(front)
-    frames = []
-    with front.chat_socket("apiuser", PASSWORD) as sock:
-        sock.send(
-            json.dumps(
-                {
-                    "type": "send",
-                    "conversation_id": None,
-                    "text": "Hi there",
-                    "settings": {"max_tokens": 8, "temperature": 0},
-                }
-            )
-        )
-        while True:
-            frame = json.loads(sock.recv(timeout=60))
-            frames.append(frame)
-            if frame["type"] in ("done", "error"):
-                break
-    done = frames[-1]
-    assert done["type"] == "done" and done["status"] == "complete", frames
-    assert [f["type"] for f in frames[:2]] == ["conversation", "start"]
-    text = "".join(f["text"] for f in frames if f["type"] == "delta")
-    assert text and done["message"]["text"] == text
+    done = chat_through_the_socket(front, max_tokens=8)
     # Measured at the app side; the token count is llama-server's usage figure.
     assert done["stats"]["ttft_ms"] > 0 and 1 <= done["stats"]["output_tokens"] <= 8
-    conv_id = frames[0]["conversation"]["id"]
-    saved = session.get(f"/api/conversations/{conv_id}/").json()["messages"]
-    assert [m["role"] for m in saved] == ["user", "assistant"] and saved[1]["text"] == text
-    session.close()

@@ -11,9 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import subprocess
-import sys
-import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,21 +48,8 @@ class Worker(DjangoProcess):
 
     def start(self) -> Worker:
         self.manage("migrate", "--noinput", "-v", "0")
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "chatapp", "worker", "--pool=solo",
-                 "--loglevel=INFO", "--without-gossip", "--without-mingle",
-                 "--hostname", f"obs-test-{os.getpid()}@%h"],
-                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited:\n{self.log.read_text()}")
-            if b"ready." in self.log.read_bytes():
-                return self
-            time.sleep(0.3)
-        raise RuntimeError(f"worker did not come up:\n{self.log.read_text()}")
+        self.proc = self.celery_worker(self.log, f"obs-test-{os.getpid()}", timeout=90)
+        return self
 
     def run(self, task: str, *args: object, timeout: float = 120) -> object:
         return self.client.send_task(task, args=list(args)).get(timeout=timeout)

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,7 +23,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.live_server import ROOT, LiveServer
+from tests.live_server import LiveServer
 from tests.observability.test_celery_worker import BROKER, KV_TIER, Worker
 from tests.workers.conftest import REDIS_URL as WORKERS_REDIS
 from tests.workers.conftest import Worker as EngineWorker
@@ -51,21 +49,8 @@ class QueueWorker(Worker):
 
     def start(self) -> QueueWorker:
         self.manage("migrate", "--noinput", "-v", "0")
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "chatapp", "worker", "--pool=solo",
-                 "--loglevel=INFO", "--without-gossip", "--without-mingle", "-Q", self.queue,
-                 "--hostname", f"{self.queue}@%h"],
-                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited:\n{self.log.read_text()}")
-            if b"ready." in self.log.read_bytes():
-                return self
-            time.sleep(0.3)
-        raise RuntimeError(f"worker did not come up:\n{self.log.read_text()}")
+        self.proc = self.celery_worker(self.log, self.queue, queue=self.queue)
+        return self
 
     def run(self, task: str, *args: object, timeout: float = 120) -> object:
         sent = self.client.send_task(task, args=list(args), queue=self.queue)

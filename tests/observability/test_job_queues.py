@@ -13,7 +13,6 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,23 +55,7 @@ class Site(DjangoProcess):
         self.workers: list[subprocess.Popen[bytes]] = []
 
     def start_worker(self, queue: str) -> None:
-        log_path = self.workdir / f"{queue}.log"
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "chatapp", "worker", "--pool=solo",
-                 "--loglevel=INFO", "--without-gossip", "--without-mingle",
-                 f"--queues={queue}", "--hostname", f"{queue}@%h"],
-                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        self.workers.append(proc)
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"worker exited:\n{log_path.read_text()}")
-            if b"ready." in log_path.read_bytes():
-                return
-            time.sleep(0.3)
-        raise RuntimeError(f"worker did not come up:\n{log_path.read_text()}")
+        self.workers.append(self.celery_worker(self.workdir / f"{queue}.log", queue, queue=queue))
 
     def stop(self) -> None:
         for proc in self.workers:

@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -164,9 +165,15 @@ def test_a_full_queue_is_503_busy_and_a_prompt_too_long_is_400(
                 assert time.monotonic() < deadline, "the second request never waited"
                 time.sleep(0.02)
 
-            # Answered at once, while the first request still runs (the tiny model is quick).
-            for path, body in requests(model):
-                answer = httpx.post(web.url + path, json=body, headers=headers, timeout=30)
+            # All four at once, while the first request still runs: the tiny model writes
+            # its 1,900 tokens in about a second here, which four requests in a row outlasted
+            # (the queue then had room again).
+            with ThreadPoolExecutor(max_workers=4) as pool:
+                answers = list(pool.map(
+                    lambda pb: httpx.post(web.url + pb[0], json=pb[1], headers=headers,
+                                          timeout=30),
+                    requests(model)))  # fmt: skip
+            for answer in answers:
                 assert_error(answer, 503, "busy", "1")
         # The first request is gone (its client left): the waiting one runs.
         second.join(timeout=30)

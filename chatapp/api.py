@@ -164,3 +164,11 @@ def engine_info(request: HttpRequest) -> HttpResponse:
             "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
         }
     )
+
+
+@api_view("GET")
+def chat_limits(request: HttpRequest) -> HttpResponse:
+    """Limits and defaults of the per-conversation settings and of a message, taken from
+    the same constants and settings the server validates with."""
+    context_tokens = get_engine_client().max_model_len if engine_ready() else None
+    return JsonResponse(conv_logic.settings_limits(context_tokens))

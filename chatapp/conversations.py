@@ -15,6 +15,12 @@ from inference.chat_template import Turn
 TITLE_WORDS = 8
 TITLE_MAX_CHARS = 200  # Conversation.title's max_length
 
+# Ranges clean_settings enforces; settings_limits() reports the same values to the browser
+# (GET /api/chat/limits/), so the settings dialog can never offer what a send then refuses.
+TEMPERATURE_RANGE = (0.0, 2.0)
+TOP_P_RANGE = (0.0, 1.0)  # the lower bound itself is refused: top_p must be > 0
+MAX_TOKENS_MIN = 1
+
 
 class NotFound(Exception):
     """No such object for this user (other users' ids are reported the same way)."""
@@ -98,21 +104,55 @@ def clean_settings(raw: Any) -> dict[str, Any]:
             raw["system_prompt"], "The system prompt", settings.CHAT_MAX_MESSAGE_CHARS
         )
     if "temperature" in raw:
-        out["temperature"] = _number(raw["temperature"], "temperature", 0.0, 2.0)
+        out["temperature"] = _number(raw["temperature"], "temperature", *TEMPERATURE_RANGE)
     if "top_p" in raw:
-        out["top_p"] = _number(raw["top_p"], "top_p", 0.0, 1.0)
+        out["top_p"] = _number(raw["top_p"], "top_p", *TOP_P_RANGE)
         if out["top_p"] <= 0:
             raise InvalidSettings("top_p must be greater than 0")
     if "max_tokens" in raw:
         mt = raw["max_tokens"]
         if isinstance(mt, bool) or not isinstance(mt, int):
             raise InvalidSettings("max_tokens must be an integer")
-        if not 1 <= mt <= settings.CHAT_MAX_NEW_TOKENS:
+        if not MAX_TOKENS_MIN <= mt <= settings.CHAT_MAX_NEW_TOKENS:
             raise InvalidSettings(
-                f"max_tokens must be between 1 and {settings.CHAT_MAX_NEW_TOKENS}"
+                f"max_tokens must be between {MAX_TOKENS_MIN} and {settings.CHAT_MAX_NEW_TOKENS}"
             )
         out["max_tokens"] = mt
     return out
+
+
+def settings_limits(context_tokens: int | None = None) -> dict[str, Any]:
+    """The limits clean_settings and the chat socket enforce, with the server's defaults,
+    for clients to validate against (docs/http.md, GET /api/chat/limits/).
+    `context_tokens` is the served model's context window when the engine is up."""
+    defaults = settings.CHAT_DEFAULTS
+    return {
+        "max_tokens": {
+            "min": MAX_TOKENS_MIN,
+            "max": settings.CHAT_MAX_NEW_TOKENS,
+            "default": defaults["max_tokens"],
+        },
+        "temperature": {
+            "min": TEMPERATURE_RANGE[0],
+            "max": TEMPERATURE_RANGE[1],
+            "default": defaults["temperature"],
+        },
+        "top_p": {
+            "min": TOP_P_RANGE[0],
+            "min_exclusive": True,
+            "max": TOP_P_RANGE[1],
+            "default": defaults["top_p"],
+        },
+        "system_prompt": {
+            "max_chars": settings.CHAT_MAX_MESSAGE_CHARS,
+            "default": defaults["system_prompt"],
+        },
+        "message": {
+            "max_chars": settings.CHAT_MAX_MESSAGE_CHARS,
+            "max_frame_bytes": settings.CHAT_MAX_FRAME_BYTES,
+        },
+        "context_tokens": context_tokens,
+    }
 
 
 def _number(value: Any, name: str, lo: float, hi: float) -> float:

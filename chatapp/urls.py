@@ -1,6 +1,8 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import include, path, re_path
+from django.views.generic.base import RedirectView
 
 from chatapp import api, api_keys, openai_api, views
 from chatapp.login_throttle import ThrottledAuthenticationForm
@@ -8,6 +10,8 @@ from chatapp.login_throttle import ThrottledAuthenticationForm
 urlpatterns = [
     path("", views.index, name="index"),
     path("healthz", views.healthz, name="healthz"),
+    # Pages that link no icon (the admin, the latency dashboard) make browsers ask here.
+    path("favicon.ico", RedirectView.as_view(url=static("chatapp/favicon.svg"), permanent=True)),
     path(
         "accounts/login/",
         auth_views.LoginView.as_view(authentication_form=ThrottledAuthenticationForm),
@@ -17,6 +21,7 @@ urlpatterns = [
     path("accounts/signup/", views.signup, name="signup"),
     path("api/me/", api.me),
     path("api/engine/", api.engine_info),
+    path("api/chat/limits/", api.chat_limits),
     path("api/conversations/", api.conversations),
     path("api/conversations/<int:pk>/", api.conversation),
     re_path(r"^api/conversations/(?P<pk>[0-9]+)/export\.(?P<fmt>md|json)$", api.export),

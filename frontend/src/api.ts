@@ -1,3 +1,4 @@
+import type { ChatLimits } from './limits';
 import type { Conversation, EngineInfo, Message, Settings } from './types';
 
 export function getCookie(name: string, cookie = typeof document !== 'undefined' ? document.cookie : ''): string {
@@ -56,6 +57,7 @@ export const api = {
     request<Conversation | { conversation: Conversation; messages: Message[] }>('PATCH', `/api/conversations/${id}/`, body),
   remove: (id: number) => request<void>('DELETE', `/api/conversations/${id}/`),
   engine: () => request<EngineInfo>('GET', '/api/engine/'),
+  limits: () => request<ChatLimits>('GET', '/api/chat/limits/'),
 };
 
 export const exportUrl = (id: number, kind: 'md' | 'json') => `/api/conversations/${id}/export.${kind}`;

@@ -32,6 +32,7 @@ export function boot(root: HTMLElement): { store: Store; socket: ChatSocket } {
   socket.start();
   store.refreshList().catch((e) => store.notify(null, e.message || 'Could not load your conversations.'));
   store.loadEngine();
+  store.loadLimits();
   const start = parseHash();
   if (start != null) store.selectConversation(start);
 

@@ -1,5 +1,6 @@
 import type { ApiError } from './api';
 import { errorWords } from './errors';
+import { FALLBACK_LIMITS, withinLimits, type ChatLimits } from './limits';
 import type { ConnState } from './ws';
 import type { ClientFrame, Conversation, EngineInfo, Message, ServerFrame, Settings } from './types';
 
@@ -19,6 +20,8 @@ export interface ApiPort {
   patch(id: number, body: { title?: string; settings?: Settings; active_message?: number }): Promise<unknown>;
   remove(id: number): Promise<void>;
   engine(): Promise<EngineInfo>;
+  /** GET /api/chat/limits/; optional so a port without it falls back to FALLBACK_LIMITS. */
+  limits?(): Promise<ChatLimits>;
 }
 
 export interface Notice {
@@ -91,6 +94,8 @@ export class Store {
   notices = new Map<ThreadKey, Notice[]>();
   toasts: Notice[] = [];
   engine: EngineInfo | null = null;
+  /** The server's settings limits (null until loaded; FALLBACK_LIMITS meanwhile). */
+  limits: ChatLimits | null = null;
   draftSettings: Settings = {};
   /** Bumped when the composer text of a thread is set from outside (restored after a failure). */
   draftVersion = 0;
@@ -193,6 +198,19 @@ export class Store {
     this.emit();
   }
 
+  /** Drop every notice with this code, in all threads. */
+  clearNotices(code: string): void {
+    let changed = false;
+    for (const [k, list] of this.notices) {
+      const next = list.filter((t) => t.code !== code);
+      if (next.length !== list.length) {
+        this.notices.set(k, next);
+        changed = true;
+      }
+    }
+    if (changed) this.emit();
+  }
+
   noticesFor(key: ThreadKey = this.currentKey): Notice[] {
     return this.notices.get(key) || EMPTY_NOTICES;
   }
@@ -213,6 +231,8 @@ export class Store {
   onOpen(reconnected: boolean): void {
     this.live.clear();
     this.resumed.clear();
+    // "You are offline" is no longer true once the socket is open again.
+    this.clearNotices('offline');
     if (reconnected) {
       // Sends written before the drop that never got a `start` may or may not have arrived.
       const unconfirmed = [...this.pendingSends.entries()];
@@ -494,7 +514,7 @@ export class Store {
       this.notify(key, error, 'offline');
       return { ok: false, error };
     }
-    const limit = this.engine?.max_message_chars;
+    const limit = this.limits?.message.max_chars ?? this.engine?.max_message_chars;
     if (limit && body.length > limit) {
       const n = (x: number) => x.toLocaleString('en-US');
       const error = `This message is too long to send: ${n(body.length)} characters, and the limit is ${n(limit)}. Please shorten it or send it in parts.`;
@@ -509,7 +529,8 @@ export class Store {
     const clientId = 'c' + Date.now().toString(36) + Math.random().toString(36).slice(2, 8);
     const frame: ClientFrame = { type: 'send', conversation_id: this.currentId, text: body, client_id: clientId };
     if (this.currentId == null) {
-      const s = cleanSettings(this.draftSettings);
+      // Never send a value the server would refuse (it then uses its default for it).
+      const s = withinLimits(cleanSettings(this.draftSettings), this.limits ?? FALLBACK_LIMITS);
       if (s) frame.settings = s;
     }
     if (!this.socket.send(frame)) {
@@ -742,6 +763,16 @@ export class Store {
       this.emit();
     } catch {
       /* the settings dialog falls back to built-in defaults */
+    }
+  }
+
+  async loadLimits(): Promise<void> {
+    if (!this.api.limits) return;
+    try {
+      this.limits = await this.api.limits();
+      this.emit();
+    } catch {
+      /* FALLBACK_LIMITS stay in use; the server still checks every value */
     }
   }
 }

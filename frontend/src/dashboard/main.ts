@@ -1,6 +1,7 @@
 // The staff latency dashboard: charts (uPlot) over /admin/latency/data, refreshed live.
 import uPlot from 'uplot';
 import 'uplot/dist/uPlot.min.css';
+import { xAxis } from './axis';
 import './dashboard.css';
 
 type Num = number | null;
@@ -280,7 +281,7 @@ class Dashboard {
         height: 190,
         legend: { show: true },
         scales: { x: { time: true }, y: { range: (_u, min, max) => [Math.min(0, min ?? 0), Math.max(max ?? 1, 1e-9) * 1.1] } },
-        axes: [{ stroke: '#64748b' }, { stroke: '#64748b', size: 56 }],
+        axes: [xAxis('#64748b') as uPlot.Axis, { stroke: '#64748b', size: 56 }],
         series: [
           {},
           ...spec.lines.map((l) => ({

@@ -32,6 +32,9 @@ export function Composer() {
   };
 
   const online = conn === 'open';
+  // Why Send is off while the socket is down; the same words as the line above the box.
+  const offlineReason =
+    conn === 'unauthorized' ? 'You are signed out.' : conn === 'connecting' ? 'Connecting…' : 'You are offline: messages can be sent again once the connection is back.';
   return (
     <form
       class="composer"
@@ -42,7 +45,7 @@ export function Composer() {
       }}
     >
       {!online ? (
-        <div class="composer-offline" data-testid="composer-offline" role="status">
+        <div class="composer-offline" id="composer-offline" data-testid="composer-offline" role="status">
           {conn === 'unauthorized' ? (
             <span>You are signed out. <a href="/accounts/login/">Sign in again</a>.</span>
           ) : conn === 'connecting' ? (
@@ -83,7 +86,9 @@ export function Composer() {
             data-testid="send-button"
             aria-label="Send message"
             data-online={online ? 'true' : 'false'}
-            disabled={!text.trim() || busy}
+            title={online ? undefined : offlineReason}
+            aria-describedby={online ? undefined : 'composer-offline'}
+            disabled={!online || !text.trim() || busy}
           >
             Send
           </button>

@@ -1,8 +1,7 @@
 import { useEffect, useRef, useState } from 'preact/hooks';
+import { FALLBACK_LIMITS, num, rangeText, validateSettings, type DialogValues, type Field } from '../limits';
 import type { Settings } from '../types';
 import { useStore, useStoreInstance } from './hooks';
-
-const FALLBACK = { temperature: 0.7, top_p: 0.95, max_tokens: 512 };
 
 export function SettingsDialog({ onClose }: { onClose(): void }) {
   const store = useStoreInstance();
@@ -10,36 +9,51 @@ export function SettingsDialog({ onClose }: { onClose(): void }) {
   const engine = useStore((s) => s.engine);
   const conv = useStore((s) => s.conversation(s.currentId));
   const draft = useStore((s) => s.draftSettings);
-  const defaults = { ...FALLBACK, ...(engine?.defaults || {}) };
+  // The server's limits (GET /api/chat/limits/); the built-in copy only until they arrive.
+  const limits = useStore((s) => s.limits) ?? FALLBACK_LIMITS;
   const initial: Settings = (currentId != null ? conv?.settings : draft) || {};
-  const [system, setSystem] = useState(initial.system_prompt ?? '');
-  const [temperature, setTemperature] = useState(String(initial.temperature ?? defaults.temperature));
-  const [topP, setTopP] = useState(String(initial.top_p ?? defaults.top_p));
-  const [maxTokens, setMaxTokens] = useState(String(initial.max_tokens ?? defaults.max_tokens));
+  const [values, setValues] = useState<DialogValues>(() => ({
+    system_prompt: initial.system_prompt ?? limits.system_prompt.default,
+    temperature: String(initial.temperature ?? limits.temperature.default),
+    top_p: String(initial.top_p ?? limits.top_p.default),
+    max_tokens: String(initial.max_tokens ?? limits.max_tokens.default),
+  }));
   const [error, setError] = useState('');
   const [saving, setSaving] = useState(false);
   const first = useRef<HTMLTextAreaElement>(null);
 
   useEffect(() => {
     if (!engine) store.loadEngine();
+    if (!store.limits) store.loadLimits();
     first.current?.focus();
   }, []);
 
-  const maxLimit = engine?.max_model_len || 32768;
+  const { errors, settings } = validateSettings(values, limits);
+  const set = (field: keyof DialogValues) => (e: Event) => {
+    const v = (e.target as HTMLInputElement | HTMLTextAreaElement).value;
+    setValues((old) => ({ ...old, [field]: v }));
+    setError('');
+  };
+
   const save = async (e: Event) => {
     e.preventDefault();
-    const t = Number(temperature);
-    const p = Number(topP);
-    const m = Number(maxTokens);
-    if (!(t >= 0 && t <= 2)) return setError('Temperature must be between 0 and 2.');
-    if (!(p > 0 && p <= 1)) return setError('Top-p must be more than 0 and at most 1.');
-    if (!(Number.isInteger(m) && m >= 1 && m <= maxLimit)) return setError(`Max tokens must be a whole number from 1 to ${maxLimit}.`);
+    // Out of range: nothing is saved; the fields say what to fix, and so does the summary.
+    if (!settings) return setError(Object.values(errors).join(' '));
     setSaving(true);
-    const r = await store.saveSettings(currentId, { system_prompt: system, temperature: t, top_p: p, max_tokens: m });
+    const r = await store.saveSettings(currentId, settings);
     setSaving(false);
     if (r.ok) onClose();
     else setError(r.error || 'Could not save the settings.');
   };
+
+  const fieldError = (field: Field) =>
+    errors[field] ? (
+      <span class="field-error" id={`settings-${field}-error`} data-testid={`settings-${field.replace('_', '-')}-error`}>
+        {errors[field]}
+      </span>
+    ) : null;
+  const invalid = (field: Field) =>
+    errors[field] ? { 'aria-invalid': 'true' as const, 'aria-describedby': `settings-${field}-error` } : {};
 
   return (
     <div class="overlay" onMouseDown={(e) => e.target === e.currentTarget && onClose()}>
@@ -48,23 +62,32 @@ export function SettingsDialog({ onClose }: { onClose(): void }) {
         {currentId == null ? <p class="muted small">These apply to the new chat you are about to start.</p> : null}
         <label>
           System prompt
-          <textarea ref={first} rows={4} data-testid="settings-system-prompt" value={system} placeholder="You are a helpful assistant." onInput={(e) => setSystem((e.target as HTMLTextAreaElement).value)} />
+          <textarea ref={first} rows={4} data-testid="settings-system-prompt" value={values.system_prompt} placeholder="You are a helpful assistant." onInput={set('system_prompt')} {...invalid('system_prompt')} />
+          {fieldError('system_prompt')}
         </label>
         <div class="row">
           <label>
-            <span>Temperature <span class="muted">(0–2)</span></span>
-            <input type="number" step="0.05" min="0" max="2" data-testid="settings-temperature" value={temperature} onInput={(e) => setTemperature((e.target as HTMLInputElement).value)} />
+            <span>Temperature <span class="muted">({rangeText(limits.temperature)})</span></span>
+            <input type="number" step="0.05" min={limits.temperature.min} max={limits.temperature.max} data-testid="settings-temperature" value={values.temperature} onInput={set('temperature')} {...invalid('temperature')} />
+            {fieldError('temperature')}
           </label>
           <label>
-            <span>Top-p <span class="muted">(0–1)</span></span>
-            <input type="number" step="0.01" min="0.01" max="1" data-testid="settings-top-p" value={topP} onInput={(e) => setTopP((e.target as HTMLInputElement).value)} />
+            <span>Top-p <span class="muted">({rangeText(limits.top_p)})</span></span>
+            <input type="number" step="0.01" min="0.01" max={limits.top_p.max} data-testid="settings-top-p" value={values.top_p} onInput={set('top_p')} {...invalid('top_p')} />
+            {fieldError('top_p')}
           </label>
           <label>
-            <span>Max tokens <span class="muted">(1–{maxLimit})</span></span>
-            <input type="number" step="1" min="1" max={maxLimit} data-testid="settings-max-tokens" value={maxTokens} onInput={(e) => setMaxTokens((e.target as HTMLInputElement).value)} />
+            <span>Max tokens <span class="muted" data-testid="settings-max-tokens-range">({rangeText(limits.max_tokens)})</span></span>
+            <input type="number" step="1" min={limits.max_tokens.min} max={limits.max_tokens.max} data-testid="settings-max-tokens" value={values.max_tokens} onInput={set('max_tokens')} {...invalid('max_tokens')} />
+            {fieldError('max_tokens')}
           </label>
         </div>
-        {engine ? <p class="muted small" data-testid="settings-model">Model: {engine.model} · context {engine.max_model_len} tokens</p> : null}
+        {engine ? (
+          <p class="muted small" data-testid="settings-model">
+            Model: {engine.model}
+            {limits.context_tokens ?? engine.max_model_len ? ` · context ${num((limits.context_tokens ?? engine.max_model_len) as number)} tokens` : ''}
+          </p>
+        ) : null}
         {error ? <p class="form-error" role="alert" data-testid="settings-error">{error}</p> : null}
         <div class="dialog-actions">
           <button
@@ -72,10 +95,13 @@ export function SettingsDialog({ onClose }: { onClose(): void }) {
             class="btn"
             data-testid="settings-reset"
             onClick={() => {
-              setSystem('');
-              setTemperature(String(defaults.temperature));
-              setTopP(String(defaults.top_p));
-              setMaxTokens(String(defaults.max_tokens));
+              setValues({
+                system_prompt: limits.system_prompt.default,
+                temperature: String(limits.temperature.default),
+                top_p: String(limits.top_p.default),
+                max_tokens: String(limits.max_tokens.default),
+              });
+              setError('');
             }}
           >
             Defaults

@@ -1,6 +1,7 @@
 # The two commands: `make run` sets everything up and serves the app on :8000;
-# `make test` runs the whole test suite. Both are safe to repeat.
-.PHONY: run test test-fast lint bench bench-baseline
+# `make test` runs the static checks and the whole test suite. Both are safe to repeat.
+# `make check` runs the static checks alone (ruff, mypy, tsc: scripts/check.sh).
+.PHONY: run test test-fast check lint bench bench-baseline
 
 run:
 	scripts/run.sh
@@ -10,6 +11,9 @@ test:
 
 test-fast:
 	scripts/test.sh -m "not slow"
+
+check:
+	scripts/check.sh
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .

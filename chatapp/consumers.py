@@ -477,7 +477,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                         await asyncio.sleep(wait)
                     # Everything queued meanwhile goes out in this one frame; a delta is
                     # never followed by another event but the reply's error and done.
-                    held = []
+                    held: list[dict[str, Any]] = []
                     while not sub.queue.empty():
                         nxt = sub.queue.get_nowait()
                         if nxt["type"] == "delta" and not held:

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -481,7 +481,7 @@ def build_prompt(client: Any, req: ApiRequest, cache_salt: str) -> Prompt:
 
 async def start_stream(
     request: HttpRequest, req: ApiRequest, key: ApiKey
-) -> tuple[Any, Prompt, AsyncIterator[Delta], Delta, Any, bool]:
+) -> tuple[Any, Prompt, AsyncGenerator[Delta, None], Delta, Any, bool]:
     """Check limits, build the prompt and pull the first delta before any header goes out,
     so that busy / too long / unavailable become proper statuses (and a reply replayed
     from the response cache can say so in a header: the last item)."""
@@ -624,7 +624,7 @@ async def sse_events(
     created: int,
     chat: bool,
     prompt_len: int | None,
-    stream: AsyncIterator[Delta],
+    stream: AsyncGenerator[Delta, None],
     first: Delta,
     release: Any,
 ) -> AsyncIterator[bytes]:

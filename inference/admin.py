@@ -1,4 +1,5 @@
 from django.contrib import admin
+from django.http import HttpRequest
 
 from inference.models import Job, MinuteRollup, RequestRecord
 
@@ -18,7 +19,7 @@ class RequestRecordAdmin(admin.ModelAdmin):
     date_hierarchy = "finished_at"
     raw_id_fields = ("user", "conversation")
 
-    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
 
@@ -26,7 +27,7 @@ class RequestRecordAdmin(admin.ModelAdmin):
 class MinuteRollupAdmin(admin.ModelAdmin):
     list_display = ("minute", "requests", "output_tokens", "samples")
 
-    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
 

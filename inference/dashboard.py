@@ -7,6 +7,7 @@ adding their histograms (never by averaging percentiles).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -113,7 +114,7 @@ def series(buckets: dict[datetime, dict], start: datetime, end: datetime, bucket
         t += bucket
     out: dict[str, list] = {"t": [int(t.timestamp()) for t in ts]}
 
-    def add(name: str, fn) -> None:  # type: ignore[no-untyped-def]
+    def add(name: str, fn: Callable[..., Any]) -> None:
         out[name] = [fn(buckets[t]) if t in buckets else None for t in ts]
 
     for name, key in (("ttft", "ttft"), ("itl", "itl"), ("tpot", "tpot"), ("e2e", "e2e")):

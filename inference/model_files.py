@@ -84,7 +84,7 @@ def ensure_default_model(folder: Path | None = None) -> Path:
     # The weights are de-quantized now; drop the GGUF marker so the folder saves and
     # loads as an ordinary float checkpoint (float32 keeps Q4_1 values exact).
     del model.config.quantization_config
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # typed via nn.Module.__getattr__
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     write_blocks(tmp, gguf)

@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -141,7 +141,7 @@ async def recorded_stream(
     user_id: int | None = None,
     prompt_tokens: int | None = None,
     request_id: str = "",
-) -> AsyncIterator[Delta]:
+) -> AsyncGenerator[Delta, None]:
     """Pass an engine stream through, recording the request when the stream is closed
     (finished, aborted, or refused before its first delta).
 

@@ -30,11 +30,11 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -170,7 +170,7 @@ class ResponseCache:
         if not self.available():
             return None
         try:
-            raw = self.redis.get(key)
+            raw = cast("bytes | None", self.redis.get(key))  # decode_responses is off
         except redis.RedisError as exc:
             self._failed(exc)
             return None
@@ -285,7 +285,7 @@ class ResponseStream:
         key = self._key()  # None while the model's fingerprint is not known yet
         return key, (self.cache.get(key) if key is not None else None)
 
-    async def _run(self) -> AsyncIterator[Delta]:
+    async def _run(self) -> AsyncGenerator[Delta, None]:
         arrival = time.time()
         key, reply = (None, None)
         if self.cache.available():

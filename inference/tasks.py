@@ -94,7 +94,7 @@ def serving_engine_busy() -> bool:
             return False
     else:
         return False
-    return bool(stats) and int(stats.get("waiting") or 0) > 0
+    return bool(stats and int(stats.get("waiting") or 0) > 0)
 
 
 @shared_task(name="inference.rollup")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the whole test suite: Python (pytest, the slow real-model
-# and browser tests included) and the frontend unit tests. Extra arguments go to
-# pytest, e.g. `make test ARGS="-m 'not slow'"` for the fast set alone.
+# Set up (if needed), run the static checks (scripts/check.sh: ruff, mypy, tsc), then the
+# whole test suite: Python (pytest, the slow real-model and browser tests included) and
+# the frontend unit tests. A failed check fails the run, but the tests still run so that
+# one failure never hides another. Extra arguments go to pytest, e.g. `make test ARGS="-m 'not slow'"` for the fast set alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -15,6 +16,8 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 status=0
+# The static checks first: they take seconds, the tests minutes.
+scripts/check.sh || status=$?
 # llama.cpp's llama-server, the upstream engine of tests/api/test_upstream_llama.py: built
 # once into the cache folder (minutes on a new machine; afterwards this only finds it).
 # Without the tools to build it, those tests skip and say why.

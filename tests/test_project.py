@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,41 @@ def test_ci_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()
     assert "make test" in ci and "make test" in readme and "make run" in readme
+
+
+def test_make_test_runs_every_static_check_before_the_tests() -> None:
+    test_sh = (ROOT / "scripts" / "test.sh").read_text()
+    # A failed check fails the run without stopping it (the tests still run).
+    assert "scripts/check.sh || status=$?" in test_sh
+    assert test_sh.index("scripts/check.sh") < test_sh.index("-m pytest")
+    check_sh = (ROOT / "scripts" / "check.sh").read_text()
+    for command in ("ruff check .", "ruff format --check .", ".venv/bin/mypy", "tsc --noEmit"):
+        assert command in check_sh, command
+    hooks = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())["repos"][0]["hooks"]
+    assert {h["id"] for h in hooks} == {"ruff-check", "ruff-format", "mypy", "tsc"}
+
+
+def test_the_check_script_fails_and_names_every_failing_check(tmp_path: Path) -> None:
+    """scripts/check.sh on a tiny project with a lint, a format and a type error."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "check.sh", tmp_path / "scripts" / "check.sh")
+    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
+    (tmp_path / "pyproject.toml").write_text('[tool.mypy]\nfiles = ["pkg"]\n')
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("import os\nx: int = 'text'\ny=1\n")
+    run = subprocess.run(
+        ["bash", "scripts/check.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "checks failed: ruff check, ruff format, mypy" in run.stderr
+    assert 'Incompatible types in assignment (expression has type "str"' in run.stdout
+    # Fixed, the same tree passes.
+    (tmp_path / "pkg" / "__init__.py").write_text("x: int = 1\n")
+    run = subprocess.run(
+        ["bash", "scripts/check.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "checks passed" in run.stdout
 
 
 def test_production_settings_pass_the_deploy_check() -> None:

@@ -10,6 +10,7 @@ import json
 import platform
 import time
 import traceback
+from collections.abc import Callable
 
 import torch
 
@@ -68,9 +69,9 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     q = args.quick
+    stream_counts = [4, 16, 64]
     sizes = {
         "single_tokens": 32 if q else 128,
-        "stream_counts": [4, 16, 64],
         "stream_tokens": 16 if q else 64,
         "hf_sequential_sample": 2 if q else 4,
         "turns": 8,
@@ -85,13 +86,13 @@ def main() -> None:
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
         "torch": torch.__version__,
-        "sizes": sizes,
+        "sizes": {**sizes, "stream_counts": stream_counts},
     }
     rss_start = rss_mb()
     engine = LLMEngine(
         EngineConfig(model=args.model, quantization=args.quantization, num_threads=args.threads)
     )
-    results["engine"] = {
+    results["engine"] = engine_figures = {
         "dtype": str(engine.runner.dtype),
         "quantization": engine.runner.quantization,
         "kv_blocks": engine.kv.num_blocks,
@@ -101,7 +102,7 @@ def main() -> None:
     exact = LLMEngine(EngineConfig(model=args.model, quantization="none", kv_cache_memory_mb=64))
     hf = None if args.skip_hf else HFBaselines(args.model)
 
-    def section(name: str, fn) -> None:  # type: ignore[no-untyped-def]
+    def section(name: str, fn: Callable[..., object]) -> None:
         start = time.perf_counter()
         try:
             results[name] = fn()
@@ -113,12 +114,12 @@ def main() -> None:
     single_prompt = w.make_prompts(engine, [60])[0]
     n = sizes["single_tokens"]
     section("single_ours", lambda: w.single_stream(engine, single_prompt, n))
-    section("single_ours_exact", lambda: w.single_stream(exact, single_prompt, n))  # type: ignore[arg-type]
+    section("single_ours_exact", lambda: w.single_stream(exact, single_prompt, n))
     exact = None  # free its memory before the baselines load
     if hf:
         section("single_hf", lambda: hf.decode_rate(single_prompt, n))
 
-    for count in sizes["stream_counts"]:
+    for count in stream_counts:
         lengths = [30 + (i * 37) % (100 if q else 200) for i in range(count)]
         prompts = w.make_prompts(engine, lengths)
         t = sizes["stream_tokens"]
@@ -167,7 +168,7 @@ def main() -> None:
         from inference.bench import workers
 
         section("workers", lambda: workers.run(args.model, args.threads))
-    results["flood_rss_after_load_mb"] = results["engine"]["rss_after_load_mb"]  # type: ignore[index]
+    results["flood_rss_after_load_mb"] = engine_figures["rss_after_load_mb"]
     results["targets"] = targets(results)
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
 

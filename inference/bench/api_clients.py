@@ -18,7 +18,7 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -88,7 +88,10 @@ async def run_level(
     # A new connection per request: llama-server's HTTP library closes a kept-alive
     # connection after a few requests, and a client reusing it then fails the request.
     http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0), timeout=600)
-    client = AsyncOpenAI(base_url=url, api_key=key, max_retries=0, timeout=600, http_client=http)
+    # openai 3 still takes an httpx client (its legacy path); its types name httpx2 only.
+    client = AsyncOpenAI(
+        base_url=url, api_key=key, max_retries=0, timeout=600, http_client=cast(Any, http)
+    )
     started = time.perf_counter()
     results = await asyncio.gather(
         *(

@@ -77,6 +77,7 @@ def drive(
         for d in engine.step():
             tokens[d.request_id].extend(d.token_ids)
             if d.finished:
+                assert d.metrics is not None  # a finished delta carries its figures
                 done = Finished(
                     d.metrics, tokens.pop(d.request_id), d.finish_reason, arrived_at[d.request_id]
                 )

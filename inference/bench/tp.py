@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "load_before": os.getloadavg()[0],
         "sizes": [],
     }
-    reference: dict[str, Any] | None = None
+    reference: tuple[Any, Any] | None = None
     for size in sizes:
         row = run_size(args, size)
         key = f"streams{args.streams}"

@@ -158,7 +158,10 @@ def run(
                     for server, key in ((ours, ours.key), (llama, "none")):  # warm-up
                         asyncio.run(run_level(f"{server.url}/v1", key, model, 1, 1, 8, sampling))
                     for rep in range(repeat):
-                        order = [("ours", ours), ("llama-server", llama)]
+                        order: list[tuple[str, OurServer | LlamaServer]] = [
+                            ("ours", ours),
+                            ("llama-server", llama),
+                        ]
                         for name, server in order if rep % 2 == 0 else order[::-1]:
                             key = ours.key if name == "ours" else "none"
                             one = asyncio.run(

@@ -8,10 +8,15 @@ Public surface::
         print(delta.text, end="")
 """
 
+from typing import TYPE_CHECKING
+
 from inference.engine.config import EngineConfig
 from inference.engine.errors import EngineBusyError, EngineError, PromptTooLongError
 from inference.engine.outputs import Delta, RequestMetrics
 from inference.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # imported lazily at run time (__getattr__ below)
+    from inference.engine.async_engine import AsyncEngine
 
 __all__ = [
     "AsyncEngine",

@@ -31,7 +31,8 @@ class IncrementalDetokenizer:
         self.stopped = False
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        text: str = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return text
 
     def add_token(self, token_id: int) -> str:
         """Feed one generated token; return the text that is now safe to show.

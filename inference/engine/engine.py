@@ -261,9 +261,9 @@ class LLMEngine:
             self.scheduler.add(seq)
         deltas = []
         for request_id in aborts:
-            seq = self.seqs.get(request_id)
-            if seq is not None and not seq.is_finished:
-                deltas.append(self._finish(seq, "abort"))
+            aborted = self.seqs.get(request_id)
+            if aborted is not None and not aborted.is_finished:
+                deltas.append(self._finish(aborted, "abort"))
         return deltas
 
     def _run(self, batch: ScheduledBatch, deltas: list[Delta]) -> None:
@@ -294,10 +294,12 @@ class LLMEngine:
         for seq, token in zip(plain, tokens, strict=True):
             deltas.append(self._on_token(seq, token, now))
         if checks:
-            self.speculator.steps += 1  # type: ignore[union-attr]
-        for seq, seq_logits in checks:
-            emitted = self.speculator.verify(seq, seq_logits)  # type: ignore[union-attr]
-            deltas.append(self._on_tokens(seq, emitted, now))
+            speculator = self.speculator
+            assert speculator is not None  # only a speculator puts guesses into a batch
+            speculator.steps += 1
+            for seq, seq_logits in checks:
+                emitted = speculator.verify(seq, seq_logits)
+                deltas.append(self._on_tokens(seq, emitted, now))
 
     def _on_tokens(self, seq: Sequence, tokens: list[int], now: float) -> Delta:
         """Emit a checked sequence's tokens one by one (a stop or max_tokens ends it there;
@@ -328,7 +330,8 @@ class LLMEngine:
             m.first_token_time = now
         m.token_times.append(now)
         m.output_tokens = seq.num_output_tokens
-        detok: IncrementalDetokenizer = seq.detokenizer  # type: ignore[assignment]
+        detok = seq.detokenizer
+        assert detok is not None  # set when the request was added
         reason = None
         text = ""
         if token in seq.stop_token_ids:

@@ -36,7 +36,7 @@ import urllib.parse
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import redis
@@ -241,7 +241,8 @@ class _Keys:
 def upkeep(client: redis.Redis, namespace: str, max_bytes: int) -> dict[str, int]:
     """Drop bookkeeping of entries whose TTL ran out, enforce the cap, report the size."""
     keys = _Keys(client, namespace)
-    members = [m.decode() for m in client.zrange(keys.lru, 0, -1)]
+    # connect() keeps responses as bytes (decode_responses is off).
+    members = [m.decode() for m in cast("list[bytes]", client.zrange(keys.lru, 0, -1))]
     expired = 0
     for i in range(0, len(members), 500):
         removed, _ = keys.forget(keys=keys.meta + members[i : i + 500], args=["gone"])
@@ -408,7 +409,7 @@ class KVTier:
         chain = scope.digest_chain(token_ids, bs, len(blocks))
         wanted = range(first_block, len(blocks))
         keys = [self.keys.entry(chain[i][1]) for i in wanted]
-        values: list[bytes | None] = self.redis.mget(keys)
+        values = cast("list[bytes | None]", self.redis.mget(keys))
         self.count(lookups=1)
         found: list[memoryview] = []
         for i, key, value in zip(wanted, keys, values, strict=True):

@@ -71,7 +71,9 @@ class AttentionMetadata:
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
-_LINEAR_FP16 = torch.ops.quantized.linear_dynamic_fp16.default
+_LINEAR_FP16: Callable[[torch.Tensor, object], torch.Tensor] = (
+    torch.ops.quantized.linear_dynamic_fp16.default
+)
 
 # Weight formats (EngineConfig.quantization): each names how a step of many rows multiplies
 # ("large") and whether steps of few rows use 4-bit blocks instead.
@@ -141,12 +143,14 @@ class Linear:
                 return _LINEAR_FP16(x, self.packed)
             return _LINEAR_FP16(x.float(), self.packed).to(x.dtype)
         if self.kind == "bf16":
+            assert self.weight is not None  # only a blocks-only Linear has none
             return F.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
         if self.kind == "int8":
             # fbgemm quantizes activations to 7 bits (reduce_range) so its int16
             # accumulation cannot overflow on AVX2.
-            y = torch.ops.quantized.linear_dynamic(x.float(), self.packed, True)
+            y: torch.Tensor = torch.ops.quantized.linear_dynamic(x.float(), self.packed, True)
             return y.to(x.dtype)
+        assert self.weight is not None
         return F.linear(x, self.weight)
 
 
@@ -379,7 +383,7 @@ class LlamaModel:
         if tp_rank == 0:
             lm_head = w.get("lm_head.weight")
             tied = lm_head is None or getattr(config, "tie_word_embeddings", False)
-            head = self.embed if tied else put(lm_head)
+            head = put(lm_head) if lm_head is not None and not tied else self.embed
             if formats.blocks is None:
                 self.lm_head = Linear(head, quantization)
             else:
@@ -536,4 +540,5 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 def load_config(folder: str) -> PretrainedConfig:
-    return AutoConfig.from_pretrained(folder)
+    config: PretrainedConfig = AutoConfig.from_pretrained(folder)
+    return config

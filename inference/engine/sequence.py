@@ -13,6 +13,7 @@ from inference.engine.outputs import RequestMetrics
 from inference.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from inference.engine.detokenizer import IncrementalDetokenizer
     from inference.engine.kv_store import RestoredPrefix
 
 
@@ -71,7 +72,7 @@ class Sequence:
         if sampling.seed is not None:
             self.generator = torch.Generator().manual_seed(sampling.seed)
         # Filled by the engine: the detokenizer state for this request.
-        self.detokenizer: object | None = None
+        self.detokenizer: IncrementalDetokenizer | None = None
         # Speculative decoding: this step's guesses for the tokens after the last one (not
         # in token_ids; the step computes [last token, *draft_tokens] and keeps what the
         # model agrees with), and the proposer's distributions over them (None: one-hot).

@@ -68,7 +68,8 @@ class NgramProposer:
             start = int(hits[-1]) + n  # the most recent match's continuation
             proposal = arr[start : start + k]
             if proposal.size:
-                return proposal.tolist()
+                tokens: list[int] = proposal.tolist()
+                return tokens
         return []
 
 

@@ -367,7 +367,8 @@ def _control_group() -> Any:
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _wait_until_loaded(workers: list[Any], pipes: list[Any]) -> None:

@@ -6,13 +6,13 @@ The password is random and printed once; change it with `manage.py changepasswor
 import secrets
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 
 
 class Command(BaseCommand):
     help = "Create the first admin account (password printed once) if none exists."
 
-    def add_arguments(self, parser) -> None:  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--username", default="admin")
 
     def handle(self, *args: object, **options: object) -> None:

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from inference.client import engine_config_from_settings
 from inference.engine import SamplingParams
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 class Command(BaseCommand):
     help = "Run an engine worker in this process (or --check that the engine can start)."
 
-    def add_arguments(self, parser) -> None:  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--check", action="store_true", help="load, generate one token, exit")
         parser.add_argument(
             "--alive", action="store_true", help="exit 0 if a worker on this host is registered"

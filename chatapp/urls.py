@@ -1,8 +1,6 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.templatetags.static import static
 from django.urls import include, path, re_path
-from django.views.generic.base import RedirectView
 
 from chatapp import api, api_keys, openai_api, views
 from chatapp.login_throttle import ThrottledAuthenticationForm
@@ -11,7 +9,7 @@ urlpatterns = [
     path("", views.index, name="index"),
     path("healthz", views.healthz, name="healthz"),
     # Pages that link no icon (the admin, the latency dashboard) make browsers ask here.
-    path("favicon.ico", RedirectView.as_view(url=static("chatapp/favicon.svg"), permanent=True)),
+    path("favicon.ico", views.favicon, name="favicon"),
     path(
         "accounts/login/",
         auth_views.LoginView.as_view(authentication_form=ThrottledAuthenticationForm),

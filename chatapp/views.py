@@ -7,8 +7,9 @@ from django.conf import settings
 from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import UserCreationForm
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponsePermanentRedirect
 from django.shortcuts import redirect, render
+from django.templatetags.static import static
 from django.views.decorators.csrf import ensure_csrf_cookie
 
 
@@ -44,3 +45,10 @@ def healthz(request: HttpRequest) -> HttpResponse:
         if not engine_ready():
             return HttpResponse("engine loading", status=503, content_type="text/plain")
     return HttpResponse("ok", content_type="text/plain")
+
+
+def favicon(request: HttpRequest) -> HttpResponse:
+    """/favicon.ico, which browsers ask for on pages that link no icon (the admin, the
+    dashboard): a permanent redirect to the static icon. Resolved per request, not at
+    import: with the manifest storage the static name exists only after collectstatic."""
+    return HttpResponsePermanentRedirect(static("chatapp/favicon.svg"))

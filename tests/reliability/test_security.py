@@ -14,7 +14,7 @@ from chatapp.models import ApiKey
 
 pytestmark = pytest.mark.django_db
 
-PUBLIC = {"/accounts/login/", "/accounts/signup/", "/healthz", "/accounts/logout/"}
+PUBLIC = {"/accounts/login/", "/accounts/signup/", "/healthz", "/accounts/logout/", "/favicon.ico"}
 
 
 def every_path(resolver: URLResolver | None = None, prefix: str = "") -> list[str]:

@@ -202,11 +202,15 @@ class ModelRunner:
             hidden = hidden[torch.tensor(rows, device=self.device)]
         return sampling, self.model.compute_logits(hidden)
 
+    def _native_step(self, rows: int) -> bool:
+        """Whether a step of this many rows takes the native path (native_decode.py)."""
+        native = getattr(self.model, "native", None)
+        return native is not None and bool(native.handles(rows))
+
     def _set_threads(self, rows: int) -> None:
         if self.device.type != "cpu":
             return
-        native = getattr(self.model, "native", None)
-        if native is not None and native.handles(rows):
+        if self._native_step(rows):
             # The step runs in the kernels' own pool (layers and, for a row or two, the
             # head); torch's few ops around it stay on this thread, so no torch OpenMP
             # thread spins on a core the pool needs.
@@ -256,8 +260,7 @@ class ModelRunner:
             prefills=prefills,
         )
         # The native path reads only the block tables and positions: no masks to build.
-        native = getattr(self.model, "native", None)
-        masks = native is None or not native.handles(len(ids))
+        masks = not self._native_step(len(ids))
         start = 0
         for group in _group_by_length(decode_lens):
             tables = [decode_tables[i] for i in group]

@@ -41,15 +41,16 @@ _AVX512_FLAGS = {
 }
 
 
-def _cpu_flags() -> set[str]:
+@cache
+def _cpu_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 _threads: int | None = None
@@ -104,7 +105,7 @@ def _build(target: Path, flags: list[str]) -> None:
         raise
 
 
-def build_flags(cpu_flags: set[str]) -> list[str]:
+def build_flags(cpu_flags: frozenset[str]) -> list[str]:
     """The compiler flags for this CPU: AVX2 always, the AVX512 set only when all of it is
     there (ENGINE_KERNELS_AVX512=0 keeps the AVX2 build, for comparisons)."""
     wanted = os.environ.get("ENGINE_KERNELS_AVX512", "1") not in ("0", "false", "no")

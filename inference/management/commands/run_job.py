@@ -178,10 +178,10 @@ class Command(BaseCommand):
             args = (opts["conversation"],)
         from inference import tasks
 
-        embedded = settings.ENGINE["MODE"] == "embedded"
-        if not now and embedded and task.name in tasks.GENERATION_TASKS:
-            # A Celery worker builds no engine in this mode (docs/titles.md): queued, the job
-            # would only be skipped there.
+        if not now and tasks.runs_in_process(task):
+            # With a broker, only a generation job in the embedded mode stays in process:
+            # a Celery worker builds no engine there (docs/titles.md), so queued it would
+            # only be skipped.
             raise CommandError(
                 f"{task.name} generates text, and in ENGINE_MODE=embedded only the web process "
                 "has the engine (it runs this job itself); --now runs it here, loading the "

@@ -10,6 +10,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,6 +97,19 @@ def colored_pixels(page, chart: str) -> int:  # type: ignore[no-untyped-def]
     )
 
 
+def signed_in_page(browser: Any, server: LiveServer, next_path: str) -> tuple[Any, list[str]]:
+    """A page signed in as the operator through the admin log-in, landed on `next_path`
+    (URL-quoted), and the list its page errors are collected into."""
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(server.url + "/admin/login/?next=" + next_path)
+    page.fill("#id_username", "operator")
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    return page, errors
+
+
 def test_dashboard_draws_charts_from_stored_figures_and_live_load(server: LiveServer) -> None:
     from playwright.sync_api import expect, sync_playwright
 
@@ -104,13 +118,7 @@ def test_dashboard_draws_charts_from_stored_figures_and_live_load(server: LiveSe
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(server.url + "/admin/login/?next=/admin/latency/%3Fwindow%3D1h")
-            page.fill("#id_username", "operator")
-            page.fill("#id_password", PASSWORD)
-            page.click("input[type=submit]")
+            page, errors = signed_in_page(browser, server, "/admin/latency/%3Fwindow%3D1h")
             expect(page.locator("#latency-dashboard[data-ready='1']")).to_be_attached(timeout=20000)
             assert page.locator(".ld-plot canvas").count() >= len(CHART_IDS)
             for chart in ("ttft", "itl", "e2e", "queue", "tps", "load", "kv", "prefix"):
@@ -164,13 +172,7 @@ def test_dashboard_shows_the_tuning_verdict_and_offers_only_a_winner(server: Liv
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(server.url + "/admin/login/?next=/admin/latency/")
-            page.fill("#id_username", "operator")
-            page.fill("#id_password", PASSWORD)
-            page.click("input[type=submit]")
+            page, errors = signed_in_page(browser, server, "/admin/latency/")
             server.python(SEED_TUNING % ("2.0, 2.2, 2.1", "3.0, 2.9, 3.1"))
             page.reload()
             verdict = page.locator("#ld-tune-verdict")

@@ -124,6 +124,13 @@ def distributed_client(model_dir: Path, namespace: str, url: str = REDIS_URL) ->
             set_engine_client(None)
 
 
+@pytest.fixture(scope="module")
+def client(workers: list[Any], tiny_model_dir: Path, namespace: str) -> Iterator[Any]:
+    """The web side's distributed client, for a module whose `workers` fixture runs them."""
+    with distributed_client(tiny_model_dir, namespace) as c:
+        yield c
+
+
 def cleanup(redis: Redis, namespace: str) -> None:
     keys = list(redis.scan_iter(f"{namespace}:*"))
     if keys:

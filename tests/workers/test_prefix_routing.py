@@ -21,7 +21,7 @@ from inference.workers.remote import (
     choose_worker,
     prefix_keys,
 )
-from tests.workers.conftest import Worker, cleanup, distributed_client, workers_running
+from tests.workers.conftest import Worker, cleanup, workers_running
 
 
 def test_prefix_keys_are_a_chain_over_the_first_blocks_salted_by_the_owner() -> None:
@@ -64,12 +64,6 @@ def workers(
     ) as running:
         yield running
     cleanup(redis, namespace)
-
-
-@pytest.fixture(scope="module")
-def client(workers: list[Worker], tiny_model_dir: Path, namespace: str) -> Iterator[Any]:
-    with distributed_client(tiny_model_dir, namespace) as c:
-        yield c
 
 
 async def run(client: Any, ids: list[int], **kw: Any) -> tuple[list[int], Any]:

@@ -14,7 +14,7 @@ from redis import Redis
 
 from inference.engine import PromptTooLongError, SamplingParams
 from inference.engine.errors import InvalidRequestError
-from tests.workers.conftest import Worker, cleanup, distributed_client, workers_running
+from tests.workers.conftest import Worker, cleanup, workers_running
 
 pytestmark = pytest.mark.slow  # two worker processes load for the module (~10 s)
 
@@ -34,12 +34,6 @@ def workers(
     ) as running:
         yield running
     cleanup(redis, namespace)
-
-
-@pytest.fixture(scope="module")
-def client(workers: list[Worker], tiny_model_dir: Path, namespace: str) -> Iterator[Any]:
-    with distributed_client(tiny_model_dir, namespace) as c:
-        yield c
 
 
 async def run(client: Any, ids: list[int], sampling: SamplingParams = GREEDY, **kw: Any) -> Any:

@@ -1,16 +1,16 @@
 import { useEffect, useRef, useState } from 'preact/hooks';
 import { FALLBACK_LIMITS, num, rangeText, validateSettings, type DialogValues, type Field } from '../limits';
 import type { Settings } from '../types';
-import { useStore, useStoreInstance } from './hooks';
+import { useChat } from './hooks';
 
 export function SettingsDialog({ onClose }: { onClose(): void }) {
-  const store = useStoreInstance();
-  const currentId = useStore((s) => s.currentId);
-  const engine = useStore((s) => s.engine);
-  const conv = useStore((s) => s.conversation(s.currentId));
-  const draft = useStore((s) => s.draftSettings);
+  const { conversations, server } = useChat();
+  const currentId = conversations.currentId.value;
+  const engine = server.engine.value;
+  const conv = conversations.conversation(currentId);
+  const draft = conversations.draftSettings.value;
   // The server's limits (GET /api/chat/limits/); the built-in copy only until they arrive.
-  const limits = useStore((s) => s.limits) ?? FALLBACK_LIMITS;
+  const limits = server.limits.value ?? FALLBACK_LIMITS;
   const initial: Settings = (currentId != null ? conv?.settings : draft) || {};
   const [values, setValues] = useState<DialogValues>(() => ({
     system_prompt: initial.system_prompt ?? limits.system_prompt.default,
@@ -23,8 +23,8 @@ export function SettingsDialog({ onClose }: { onClose(): void }) {
   const first = useRef<HTMLTextAreaElement>(null);
 
   useEffect(() => {
-    if (!engine) store.loadEngine();
-    if (!store.limits) store.loadLimits();
+    if (!engine) server.loadEngine();
+    if (!server.limits.value) server.loadLimits();
     first.current?.focus();
   }, []);
 
@@ -40,7 +40,7 @@ export function SettingsDialog({ onClose }: { onClose(): void }) {
     // Out of range: nothing is saved; the fields say what to fix, and so does the summary.
     if (!settings) return setError(Object.values(errors).join(' '));
     setSaving(true);
-    const r = await store.saveSettings(currentId, settings);
+    const r = await conversations.saveSettings(currentId, settings);
     setSaving(false);
     if (r.ok) onClose();
     else setError(r.error || 'Could not save the settings.');

@@ -2,7 +2,7 @@ import { useEffect, useRef, useState } from 'preact/hooks';
 import { getCookie } from '../api';
 import { dayBucket } from '../format';
 import type { Conversation } from '../types';
-import { useStore, useStoreInstance } from './hooks';
+import { useChat } from './hooks';
 import { PencilIcon, TrashIcon } from './icons';
 
 interface Props {
@@ -15,7 +15,7 @@ interface Props {
 }
 
 function Item({ c, active, onNavigate }: { c: Conversation; active: boolean; onNavigate(): void }) {
-  const store = useStoreInstance();
+  const { conversations } = useChat();
   const [renaming, setRenaming] = useState(false);
   const [confirming, setConfirming] = useState(false);
   const [title, setTitle] = useState(c.title);
@@ -36,7 +36,7 @@ function Item({ c, active, onNavigate }: { c: Conversation; active: boolean; onN
     if (!live.current) return;
     live.current = false;
     setRenaming(false);
-    if (title.trim() && title.trim() !== c.title) await store.rename(c.id, title);
+    if (title.trim() && title.trim() !== c.title) await conversations.rename(c.id, title);
   };
 
   return (
@@ -63,7 +63,7 @@ function Item({ c, active, onNavigate }: { c: Conversation; active: boolean; onN
       ) : confirming ? (
         <div class="conv-confirm" data-testid="conversation-delete-prompt">
           <span>Delete “{c.title || 'New chat'}”?</span>
-          <button type="button" class="btn danger small" data-testid="conversation-delete-confirm" onClick={() => { setConfirming(false); store.deleteConversation(c.id); }}>Delete</button>
+          <button type="button" class="btn danger small" data-testid="conversation-delete-confirm" onClick={() => { setConfirming(false); conversations.remove(c.id); }}>Delete</button>
           <button type="button" class="btn small" data-testid="conversation-delete-cancel" onClick={() => setConfirming(false)}>Cancel</button>
         </div>
       ) : (
@@ -75,7 +75,7 @@ function Item({ c, active, onNavigate }: { c: Conversation; active: boolean; onN
             title={c.title}
             aria-current={active ? 'page' : undefined}
             onClick={() => {
-              store.selectConversation(c.id);
+              conversations.select(c.id);
               onNavigate();
             }}
             onDblClick={startRename}
@@ -93,21 +93,21 @@ function Item({ c, active, onNavigate }: { c: Conversation; active: boolean; onN
 }
 
 export function Sidebar(props: Props) {
-  const store = useStoreInstance();
-  const conversations = useStore((s) => s.conversations);
-  const results = useStore((s) => s.searchResults);
-  const currentId = useStore((s) => s.currentId);
-  const listLoaded = useStore((s) => s.listLoaded);
+  const { conversations } = useChat();
+  const all = conversations.list.value;
+  const results = conversations.searchResults.value;
+  const currentId = conversations.currentId.value;
+  const listLoaded = conversations.listLoaded.value;
   const [q, setQ] = useState('');
   const timer = useRef<ReturnType<typeof setTimeout>>();
 
   const onSearch = (v: string) => {
     setQ(v);
     clearTimeout(timer.current);
-    timer.current = setTimeout(() => store.search(v), 200);
+    timer.current = setTimeout(() => conversations.search(v), 200);
   };
 
-  const list = results ?? conversations;
+  const list = results ?? all;
   const groups: [string, Conversation[]][] = [];
   for (const c of list) {
     const b = results ? 'Results' : dayBucket(c.updated_at || c.created_at);
@@ -125,7 +125,7 @@ export function Sidebar(props: Props) {
           data-testid="new-chat"
           title="New chat (Ctrl+Shift+O)"
           onClick={() => {
-            store.newChat();
+            conversations.newChat();
             props.onNavigate();
           }}
         >

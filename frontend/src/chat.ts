@@ -1,0 +1,24 @@
+import type { ConversationsPort } from './conversations';
+import { Conversations } from './conversations';
+import { ChatProtocol, type SocketPort } from './protocol';
+import { ServerInfo, type ServerInfoPort } from './server-info';
+import { UiState } from './ui-state';
+
+/** The page's state, by concern; the views get this object (ui/hooks.ts). */
+export interface Chat {
+  readonly ui: UiState;
+  readonly server: ServerInfo;
+  readonly conversations: Conversations;
+  readonly protocol: ChatProtocol;
+}
+
+export type ApiPort = ConversationsPort & ServerInfoPort;
+
+export function createChat(socket: SocketPort, api: ApiPort): Chat {
+  const ui = new UiState();
+  const server = new ServerInfo(api);
+  // A conversation loaded from the server may hold a reply still being written: resume it.
+  const conversations = new Conversations(api, ui, () => protocol.resumeStreaming());
+  const protocol: ChatProtocol = new ChatProtocol(socket, conversations, ui, server);
+  return { ui, server, conversations, protocol };
+}

@@ -14,8 +14,9 @@ export interface Chat {
 
 export type ApiPort = ConversationsPort & ServerInfoPort;
 
-export function createChat(socket: SocketPort, api: ApiPort): Chat {
-  const ui = new UiState();
+/** `staff`: the signed-in user is staff (the page says so: `#app[data-is-staff]`). */
+export function createChat(socket: SocketPort, api: ApiPort, opts: { staff?: boolean } = {}): Chat {
+  const ui = new UiState({ staff: opts.staff });
   const server = new ServerInfo(api);
   // A conversation loaded from the server may hold a reply still being written: resume it.
   const conversations = new Conversations(api, ui, () => protocol.resumeStreaming());

@@ -17,12 +17,13 @@ export function boot(root: HTMLElement): Chat & { socket: ChatSocket } {
     onState: (s) => chat.protocol.setConn(s),
     onOpen: (reconnected) => chat.protocol.onOpen(reconnected),
   });
-  const chat = createChat(socket, api);
+  const isStaff = ds.isStaff === 'true';
+  const chat = createChat(socket, api, { staff: isStaff });
   const { conversations, server, ui } = chat;
 
   render(
     <ChatContext.Provider value={chat}>
-      <App username={ds.username || ''} isStaff={ds.isStaff === 'true'} logoutUrl={ds.logoutUrl || '/accounts/logout/'} />
+      <App username={ds.username || ''} isStaff={isStaff} logoutUrl={ds.logoutUrl || '/accounts/logout/'} />
     </ChatContext.Provider>,
     root,
   );

@@ -1,6 +1,7 @@
 import { batch } from '@preact/signals';
 import type { Conversations, Result } from './conversations';
 import { errorWords } from './errors';
+import { announcementOf } from './format';
 import { FALLBACK_LIMITS, withinLimits } from './limits';
 import type { ServerInfo } from './server-info';
 import type { ClientFrame, Message, ServerFrame, Settings } from './types';
@@ -272,6 +273,8 @@ export class ChatProtocol {
     };
     if (f.status === 'error' && !this.ui.noticesFor(m.conversation_id ?? 'new').length) m.error = errorWords('engine_error');
     c.putMessage(m);
+    // A reply this page watched being written, in the conversation on screen: say it once.
+    if (old?.status === 'streaming' && m.status !== 'streaming' && m.conversation_id === c.currentId.value) this.ui.announce(announcementOf(m));
     // Pull the server's view of the branch (ids of alternatives) when something branched.
     const convId = m.conversation_id;
     if (convId != null && (m.alternatives?.length ?? 0) > 1) c.load(convId, true).catch(() => undefined);

@@ -1,4 +1,4 @@
-import { signal, type ReadonlySignal } from '@preact/signals';
+import { signal, type ReadonlySignal, type Signal } from '@preact/signals';
 import type { ConnState } from './ws';
 
 /** A conversation id, or 'new' for a chat that has no server conversation yet. */
@@ -10,13 +10,25 @@ export interface Notice {
   code?: string;
 }
 
+const FIGURES_KEY = 'chat.figures';
+
+/** The person's choice about reply figures in this browser, if they made one. */
+function storedFigures(): boolean | null {
+  try {
+    const v = localStorage.getItem(FIGURES_KEY);
+    return v === 'on' ? true : v === 'off' ? false : null;
+  } catch {
+    return null;
+  }
+}
+
 let lastNoticeId = 0;
 const NO_NOTICES: readonly Notice[] = [];
 
 /**
  * What the page shows around the conversations: the connection state, the notices of each
- * thread and the toasts of none, and the composer's drafts. Views read the signals; only
- * the methods write them.
+ * thread and the toasts of none, the composer's drafts, and whether replies show their
+ * figures. Views read the signals; only the methods write them.
  */
 export class UiState {
   private readonly _conn = signal<ConnState>('connecting');
@@ -25,14 +37,40 @@ export class UiState {
   private readonly _draftRestored = signal(0);
   /** Not reactive: the composer owns its text while the person types. */
   private readonly drafts = new Map<ThreadKey, string>();
+  private readonly _showFigures: Signal<boolean>;
+  private readonly _announcement = signal<{ id: number; text: string } | null>(null);
 
   readonly conn: ReadonlySignal<ConnState> = this._conn;
   readonly toasts: ReadonlySignal<readonly Notice[]> = this._toasts;
   /** Bumped when a thread's draft is set from outside the composer (a failed send put back). */
   readonly draftRestored: ReadonlySignal<number> = this._draftRestored;
+  /** The developer figures under each reply (TTFT, speed, tokens, cached): remembered in this
+   * browser once chosen, on by default for staff and off for everyone else. */
+  readonly showFigures: ReadonlySignal<boolean>;
+  /** What the polite live region says now: a reply that finished, once (never each token). */
+  readonly announcement: ReadonlySignal<{ id: number; text: string } | null> = this._announcement;
+
+  constructor(opts: { staff?: boolean } = {}) {
+    this._showFigures = signal<boolean>(storedFigures() ?? !!opts.staff);
+    this.showFigures = this._showFigures;
+  }
+
+  setShowFigures(on: boolean): void {
+    this._showFigures.value = on;
+    try {
+      localStorage.setItem(FIGURES_KEY, on ? 'on' : 'off');
+    } catch {
+      /* private mode: the choice lasts for this page */
+    }
+  }
 
   setConn(state: ConnState): void {
     this._conn.value = state;
+  }
+
+  /** Say this to a screen reader once, politely (the live region reads each new text). */
+  announce(text: string): void {
+    this._announcement.value = { id: (this._announcement.value?.id ?? 0) + 1, text };
   }
 
   // ------------------------------------------------------------------ notices

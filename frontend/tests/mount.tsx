@@ -14,7 +14,12 @@ export interface Mounted extends Chat {
 }
 
 /** The whole app over a FakeSocket and `api`, rendered into a fresh element, its socket started. */
-export async function mountApp(api: FakeApi, opts: { hash?: boolean; props?: Partial<AppProps> } = {}): Promise<Mounted> {
+export async function mountApp(
+  api: FakeApi,
+  /** `staff` (default true: reply figures on, as for staff) */
+  opts: { hash?: boolean; staff?: boolean; props?: Partial<AppProps> } = {},
+): Promise<Mounted> {
+  const staff = opts.staff ?? true;
   FakeSocket.all = [];
   const socket: ChatSocket = new ChatSocket({
     url: 'ws://test/ws/chat/',
@@ -24,14 +29,14 @@ export async function mountApp(api: FakeApi, opts: { hash?: boolean; props?: Par
     onOpen: (r) => chat.protocol.onOpen(r),
     pingIntervalMs: 0,
   });
-  const chat = createChat(socket, api);
+  const chat = createChat(socket, api, { staff });
   const unfollow = opts.hash ? followInHash(chat.conversations) : () => undefined;
   const root = document.createElement('div');
   document.body.appendChild(root);
   await act(() => {
     render(
       <ChatContext.Provider value={chat}>
-        <App username="alice" isStaff={false} logoutUrl="/accounts/logout/" {...opts.props} />
+        <App username="alice" isStaff={staff} logoutUrl="/accounts/logout/" {...opts.props} />
       </ChatContext.Provider>,
       root,
     );

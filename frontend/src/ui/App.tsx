@@ -27,6 +27,7 @@ export function App(props: AppProps) {
   const title = conversations.conversation(currentId)?.title;
   const conn = ui.conn.value;
   const toasts = ui.toasts.value;
+  const announcement = ui.announcement.value;
   const [theme, setThemeState] = useState<Theme>(() => effectiveTheme());
   const [settingsOpen, setSettingsOpen] = useState(false);
   const [drawer, setDrawer] = useState(false);
@@ -63,6 +64,18 @@ export function App(props: AppProps) {
 
   return (
     <div class={'app' + (drawer ? ' drawer-open' : '')} data-testid="app">
+      <a
+        class="skip-link"
+        href="#composer-input"
+        data-testid="skip-to-composer"
+        onClick={(e) => {
+          // Focus only: following the href would replace the #/c/<id> that names the conversation.
+          e.preventDefault();
+          document.getElementById('composer-input')?.focus();
+        }}
+      >
+        Skip to the message box
+      </a>
       <Sidebar
         username={props.username}
         isStaff={props.isStaff}
@@ -92,6 +105,11 @@ export function App(props: AppProps) {
         <Composer />
       </main>
       {settingsOpen ? <SettingsDialog key={String(currentId)} onClose={() => setSettingsOpen(false)} /> : null}
+      {/* Always in the page (a live region added with its text is not read); the same words
+          twice differ by a trailing space, so a second identical reply is read too. */}
+      <div class="sr-only" role="status" aria-live="polite" aria-atomic="true" data-testid="reply-announcer">
+        {announcement ? announcement.text + (announcement.id % 2 ? '' : '\u00a0') : ''}
+      </div>
       <div class="toasts" aria-live="polite">
         {toasts.map((t) => (
           <div class="toast" role="alert" data-testid="toast" key={t.id}>

@@ -58,6 +58,7 @@ export function Composer() {
       <div class="composer-box">
         <textarea
           ref={ta}
+          id="composer-input"
           data-testid="composer-input"
           aria-label="Message"
           placeholder="Message"

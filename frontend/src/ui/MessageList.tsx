@@ -15,6 +15,7 @@ export function MessageList() {
   const loading = currentId != null && conversations.isLoading(currentId) && !conversations.isLoaded(currentId);
   const notices = ui.noticesFor(key);
   const busy = conversations.isBusy(key);
+  const figures = ui.showFigures.value;
   const scroller = useRef<HTMLDivElement>(null);
   const inner = useRef<HTMLDivElement>(null);
   const stick = useRef(true);
@@ -118,7 +119,7 @@ export function MessageList() {
           {loading ? <div class="loading" data-testid="loading">Loading…</div> : null}
           {thread.map((id) => {
             const m = messages.get(id);
-            return m ? <MessageView key={id} m={m} busy={busy} actions={actions} /> : null;
+            return m ? <MessageView key={id} m={m} busy={busy} actions={actions} figures={figures} /> : null;
           })}
           {notices.map((n) => (
             <div class="notice" role="alert" data-testid="chat-error" data-code={n.code || ''} key={n.id}>

@@ -14,6 +14,10 @@ export default defineConfig({
     cssCodeSplit: false,
     sourcemap: false,
     modulePreload: false,
+    // One bundle on purpose (KaTeX is a good part of it): replies typeset at once, offline too.
+    chunkSizeWarningLimit: 600,
+    // Fonts as files, never inlined as data: URLs (the page's CSP takes fonts from 'self' only).
+    assetsInlineLimit: 0,
     rolldownOptions: {
       input: 'src/main.tsx',
       output: {

@@ -15,7 +15,9 @@ export class ApiError extends Error {
   }
 }
 
-async function request<T>(method: string, path: string, body?: unknown): Promise<T> {
+/** One JSON request with the session cookie and, for a write, the CSRF header. A failure
+ * is an ApiError whose message a person can read (the server's own words when it sent some). */
+export async function request<T>(method: string, path: string, body?: unknown): Promise<T> {
   const headers: Record<string, string> = { Accept: 'application/json' };
   if (body !== undefined) headers['Content-Type'] = 'application/json';
   if (method !== 'GET' && method !== 'HEAD') headers['X-CSRFToken'] = getCookie('csrftoken');
@@ -38,11 +40,14 @@ async function request<T>(method: string, path: string, body?: unknown): Promise
     /* not JSON */
   }
   if (!res.ok) {
+    // {"error": {"code", "message"}} (docs/http.md), or {"error": "words"} from the dashboard's views.
     const e = data && data.error;
+    const code: string | undefined = typeof e === 'object' && e ? e.code : undefined;
+    const words: string | undefined = typeof e === 'string' ? e : e?.message;
     if (res.status === 401 || res.status === 403) {
-      throw new ApiError(res.status, e?.code || 'unauthorized', e?.message || 'You are signed out. Please sign in again.');
+      throw new ApiError(res.status, code || 'unauthorized', words || 'You are signed out. Please sign in again.');
     }
-    throw new ApiError(res.status, e?.code || 'http_' + res.status, e?.message || `The server answered ${res.status}.`);
+    throw new ApiError(res.status, code || 'http_' + res.status, words || `The server answered ${res.status}.`);
   }
   return data as T;
 }

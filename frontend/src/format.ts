@@ -1,4 +1,4 @@
-import type { Stats } from './types';
+import type { Message, Stats } from './types';
 
 const isNum = (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v);
 
@@ -75,4 +75,20 @@ export function dayBucket(iso: string, now = new Date()): string {
   if (t >= startOfToday - 86400000) return 'Yesterday';
   if (t >= startOfToday - 7 * 86400000) return 'Previous 7 days';
   return 'Older';
+}
+
+const SAID_CHARS = 400;
+
+/** What the live region says when a reply ends: its text in brief, without markdown's marks. */
+export function announcementOf(m: Message): string {
+  const plain = m.text
+    .replace(/```[^\n]*\n?/g, ' ')
+    .replace(/[*_`#>|~]+/g, ' ')
+    .replace(/\[([^\]]*)\]\([^)]*\)/g, '$1')
+    .replace(/\s+/g, ' ')
+    .trim();
+  const brief = plain.length > SAID_CHARS ? plain.slice(0, SAID_CHARS).replace(/\s+\S*$/, '') + '…' : plain;
+  if (m.status === 'error') return `The reply failed. ${m.error || ''} ${brief}`.trim();
+  if (m.status === 'stopped') return brief ? `Reply stopped: ${brief}` : 'Reply stopped.';
+  return brief ? `Reply: ${brief}` : 'The reply is empty.';
 }

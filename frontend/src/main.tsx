@@ -1,52 +1,52 @@
 import { render } from 'preact';
 import { api } from './api';
-import { parseHash, syncHash } from './nav';
-import { Store } from './store';
+import { createChat, type Chat } from './chat';
+import { followInHash, parseHash } from './nav';
 import { applyTheme } from './theme';
 import { ChatSocket, wsUrl } from './ws';
 import { App } from './ui/App';
-import { StoreContext } from './ui/hooks';
+import { ChatContext } from './ui/hooks';
 import './styles.css';
 
-
-export function boot(root: HTMLElement): { store: Store; socket: ChatSocket } {
+export function boot(root: HTMLElement): Chat & { socket: ChatSocket } {
   applyTheme();
   const ds = root.dataset;
-  let store!: Store;
   const socket = new ChatSocket({
     url: wsUrl(),
-    onFrame: (f) => store.handleFrame(f),
-    onState: (s) => store.setConn(s),
-    onOpen: (reconnected) => store.onOpen(reconnected),
+    onFrame: (f) => chat.protocol.handleFrame(f),
+    onState: (s) => chat.protocol.setConn(s),
+    onOpen: (reconnected) => chat.protocol.onOpen(reconnected),
   });
-  store = new Store(socket, api);
-  store.onNavigate = syncHash;
+  const isStaff = ds.isStaff === 'true';
+  const chat = createChat(socket, api, { staff: isStaff });
+  const { conversations, server, ui } = chat;
 
   render(
-    <StoreContext.Provider value={store}>
-      <App username={ds.username || ''} isStaff={ds.isStaff === 'true'} logoutUrl={ds.logoutUrl || '/accounts/logout/'} />
-    </StoreContext.Provider>,
+    <ChatContext.Provider value={chat}>
+      <App username={ds.username || ''} isStaff={isStaff} logoutUrl={ds.logoutUrl || '/accounts/logout/'} />
+    </ChatContext.Provider>,
     root,
   );
 
   socket.start();
-  store.refreshList().catch((e) => store.notify(null, e.message || 'Could not load your conversations.'));
-  store.loadEngine();
-  store.loadLimits();
+  conversations.refreshList().catch((e) => ui.notify(null, e.message || 'Could not load your conversations.'));
+  server.loadEngine();
+  server.loadLimits();
   const start = parseHash();
-  if (start != null) store.selectConversation(start);
+  if (start != null) conversations.select(start);
+  followInHash(conversations);
 
   window.addEventListener('hashchange', () => {
     const id = parseHash();
-    if (id != null && id !== store.currentId) store.selectConversation(id);
+    if (id != null && id !== conversations.currentId.value) conversations.select(id);
   });
   window.addEventListener('online', () => socket.reconnectNow());
   window.addEventListener('offline', () => socket.goneOffline());
   document.addEventListener('visibilitychange', () => {
     if (document.visibilityState === 'visible') socket.reconnectNow();
   });
-  return { store, socket };
+  return { ...chat, socket };
 }
 
 const root = document.getElementById('app');
-if (root) (window as any).__chat = boot(root);
+if (root) (window as unknown as { __chat: Chat }).__chat = boot(root);

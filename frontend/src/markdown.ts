@@ -19,6 +19,7 @@ import sql from 'highlight.js/lib/languages/sql';
 import typescript from 'highlight.js/lib/languages/typescript';
 import xml from 'highlight.js/lib/languages/xml';
 import yaml from 'highlight.js/lib/languages/yaml';
+import { fillMath, mathExtension } from './math';
 
 const langs: Record<string, any> = {
   bash, c, cpp, css, diff, go, java, javascript, json, markdown, plaintext, python, rust, shell, sql, typescript, xml, yaml,
@@ -48,7 +49,10 @@ export function highlight(code: string, lang: string | undefined): string {
   return escapeHtml(code);
 }
 
+/** The formulas of the reply being rendered (renderMarkdown is synchronous: one at a time). */
+const mathSlots: { tex: string; display: boolean }[] = [];
 const md = new Marked({ gfm: true, breaks: false });
+md.use(mathExtension(mathSlots));
 md.use({
   renderer: {
     code({ text, lang }: Tokens.Code): string {
@@ -82,7 +86,8 @@ const PURIFY_CONFIG = {
   // HTML only: no SVG or MathML (an SVG <image> loads a URL of its own).
   USE_PROFILES: { html: true },
   // Media and their sources load URLs on sight; none is useful in a chat reply.
-  FORBID_TAGS: ['style', 'form', 'input', 'textarea', 'select', 'iframe', 'object', 'embed', 'video', 'audio', 'source', 'picture', 'track'],
+  // (An <input> stays only as a task list's checkbox: see taskCheckboxes.)
+  FORBID_TAGS: ['style', 'form', 'textarea', 'select', 'iframe', 'object', 'embed', 'video', 'audio', 'source', 'picture', 'track'],
   FORBID_ATTR: ['style', 'srcset', 'poster', 'background', 'ping'],
   ALLOWED_URI_REGEXP: /^(?:(?:https?|mailto):|[^a-z]|[a-z+.-]+(?:[^a-z+.\-:]|$))/i,
 };
@@ -119,6 +124,39 @@ function linkRemoteImages(root: DocumentFragment): void {
   }
 }
 
+/** GFM task lists ("- [x] done") keep their checkboxes, shown and never editable; any
+ * other input is dropped. Each is named by its item's text (what a label would give). */
+function taskCheckboxes(root: DocumentFragment): void {
+  for (const input of Array.from(root.querySelectorAll('input'))) {
+    const item = input.closest('li');
+    if ((input.getAttribute('type') || '').toLowerCase() !== 'checkbox' || !item) {
+      input.remove();
+      continue;
+    }
+    const checked = input.hasAttribute('checked');
+    for (const a of Array.from(input.attributes)) input.removeAttribute(a.name);
+    input.setAttribute('type', 'checkbox');
+    input.setAttribute('disabled', '');
+    if (checked) input.setAttribute('checked', '');
+    input.className = 'task-check';
+    input.setAttribute('aria-label', (item.textContent || '').trim().slice(0, 200) || (checked ? 'Done' : 'Not done'));
+    item.classList.add('task-item');
+  }
+}
+
+/** A link whose address the sanitizer removed (javascript:, data:, …) or that has none is
+ * plain text: it must neither look nor act like a link. */
+function unlinkDeadLinks(root: DocumentFragment): void {
+  for (const a of Array.from(root.querySelectorAll('a'))) {
+    if (a.getAttribute('href')) continue;
+    const span = document.createElement('span');
+    span.className = 'link-removed';
+    span.title = 'Link removed: its address was not safe to open';
+    span.append(...Array.from(a.childNodes));
+    a.replaceWith(span);
+  }
+}
+
 /**
  * Markdown → sanitised HTML. Works on partial text while a reply streams: an unclosed code
  * fence renders as a code block up to the end (CommonMark), so nothing jumps when it closes.
@@ -132,9 +170,13 @@ export function renderMarkdown(text: string, streaming = false): string {
   if (streaming && /^\s{0,3}(`{1,2}|`{3,}[^`\n]*|~{1,2}|~{3,}[^\n]*)$/.test(lastLine)) {
     src = src.slice(0, lastNl + 1);
   }
+  mathSlots.length = 0;
   const html = md.parse(src, { async: false }) as string;
   const fragment = purifier().sanitize(html, { ...PURIFY_CONFIG, RETURN_DOM_FRAGMENT: true }) as unknown as DocumentFragment;
   linkRemoteImages(fragment);
+  unlinkDeadLinks(fragment);
+  taskCheckboxes(fragment);
+  fillMath(fragment, mathSlots);
   const out = document.createElement('div');
   out.appendChild(fragment);
   return out.innerHTML;

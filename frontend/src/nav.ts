@@ -1,3 +1,6 @@
+import { effect } from '@preact/signals';
+import type { Conversations } from './conversations';
+
 /** The current conversation lives in the URL hash (#/c/7) so a refresh returns to it. */
 export function parseHash(hash = location.hash): number | null {
   const m = /^#\/c\/(\d+)$/.exec(hash);
@@ -7,4 +10,9 @@ export function parseHash(hash = location.hash): number | null {
 export function syncHash(id: number | null): void {
   const h = id == null ? '' : `#/c/${id}`;
   if (location.hash !== h) history.replaceState(null, '', h || location.pathname + location.search);
+}
+
+/** Keep the hash on the current conversation from now on; returns the way to stop. */
+export function followInHash(conversations: Conversations): () => void {
+  return effect(() => syncHash(conversations.currentId.value));
 }

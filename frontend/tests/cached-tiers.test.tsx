@@ -1,13 +1,14 @@
 import { act } from 'preact/test-utils';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { formatStats } from '../src/format';
-import { Store } from '../src/store';
+import type { Conversations } from '../src/conversations';
 import { ChatSocket } from '../src/ws';
-import { mountApp, unmountApp } from './mount';
+import { mountApp, type Mounted } from './mount';
 import { conv, FakeApi, FakeSocket, msg } from './fakes';
 
 let root: HTMLElement;
-let store: Store;
+let m: Mounted;
+let conversations: Conversations;
 let socket: ChatSocket;
 
 const cachedFigure = (id: number) =>
@@ -15,11 +16,12 @@ const cachedFigure = (id: number) =>
 const base = { ttft_ms: 120, output_tokens: 9, tokens_per_s: 30, prompt_tokens: 1850 };
 
 beforeEach(async () => {
-  ({ root, store, socket } = await mountApp(new FakeApi()));
+  m = await mountApp(new FakeApi());
+  ({ root, socket, conversations } = m);
   await act(() => FakeSocket.last().open());
 });
 
-afterEach(() => unmountApp({ root, store, socket }));
+afterEach(() => m.stop());
 
 describe('the cached figure counts both KV tiers', () => {
   it('formats memory only, Redis only, and both', () => {
@@ -37,12 +39,11 @@ describe('the cached figure counts both KV tiers', () => {
   });
 
   it('shows a turn restored from Redis as cached when its done frame arrives', async () => {
-    store.conversations = [conv(7)];
-    store.applyConversation(conv(7), [
+    conversations.apply(conv(7), [
       msg({ id: 1, role: 'user', conversation_id: 7, text: 'q' }),
       msg({ id: 2, role: 'assistant', conversation_id: 7, status: 'streaming', parent_id: 1 }),
     ]);
-    await act(() => store.selectConversation(7));
+    await act(() => conversations.select(7));
     await act(() => FakeSocket.last().receive({ type: 'delta', message_id: 2, text: 'Yes.', seq: 1 }));
     await act(() =>
       FakeSocket.last().receive({
@@ -58,12 +59,11 @@ describe('the cached figure counts both KV tiers', () => {
   });
 
   it('shows both tiers on a reloaded conversation', async () => {
-    store.conversations = [conv(8)];
-    store.applyConversation(conv(8), [
+    conversations.apply(conv(8), [
       msg({ id: 1, role: 'user', conversation_id: 8, text: 'q' }),
       msg({ id: 2, role: 'assistant', conversation_id: 8, text: 'a', parent_id: 1, stats: { ...base, cached_tokens: 1760, cached_tokens_redis: 1248 } }),
     ]);
-    await act(() => store.selectConversation(8));
+    await act(() => conversations.select(8));
     expect(cachedFigure(2).textContent).toContain('512 + 1,248 from Redis (95%)');
   });
 });

@@ -1,5 +1,6 @@
 import type { SocketLike } from '../src/ws';
-import type { ApiPort, SocketPort } from '../src/store';
+import type { ApiPort } from '../src/chat';
+import type { SocketPort } from '../src/protocol';
 import type { ClientFrame, Conversation, Message } from '../src/types';
 
 /** A stand-in for the browser WebSocket, driven by the test. */

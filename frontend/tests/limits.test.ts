@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { FALLBACK_LIMITS, fieldError, rangeText, validateSettings, withinLimits, type ChatLimits } from '../src/limits';
-import { Store } from '../src/store';
+import { createChat } from '../src/chat';
 import { FakeApi, FakePort } from './fakes';
 
 /** What GET /api/chat/limits/ answers with CHAT_MAX_NEW_TOKENS=2048 (docs/http.md). */
@@ -86,30 +86,30 @@ class LimitsApi extends FakeApi {
   }
 }
 
-describe('the store and the limits', () => {
+describe('the limits and a new chat\'s send', () => {
   it('loads the limits and never sends a max_tokens over them in a new chat', async () => {
     const port = new FakePort();
     const api = new LimitsApi();
     api.answer = { ...SERVER, max_tokens: { min: 1, max: 1000, default: 200 } };
-    const store = new Store(port, api, (fn) => fn());
-    store.setConn('open');
-    await store.loadLimits();
-    expect(store.limits?.max_tokens.max).toBe(1000);
+    const { conversations, protocol, server } = createChat(port, api);
+    protocol.setConn('open');
+    await server.loadLimits();
+    expect(server.limits.value?.max_tokens.max).toBe(1000);
     // A draft saved before (or around) the limits: 4000 is refused by the server, so left out.
-    store.draftSettings = { max_tokens: 4000, temperature: 0.1 };
-    expect(store.sendMessage('hi').ok).toBe(true);
+    await conversations.saveSettings(null, { max_tokens: 4000, temperature: 0.1 });
+    expect(protocol.sendMessage('hi').ok).toBe(true);
     expect(port.sent[0]).toMatchObject({ type: 'send', settings: { temperature: 0.1 } });
     expect((port.sent[0] as any).settings.max_tokens).toBeUndefined();
   });
 
   it('uses the built-in limits when the server has no answer', async () => {
     const port = new FakePort();
-    const store = new Store(port, new FakeApi(), (fn) => fn());
-    store.setConn('open');
-    await store.loadLimits();
-    expect(store.limits).toBeNull();
-    store.draftSettings = { max_tokens: 4000 };
-    expect(store.sendMessage('hi').ok).toBe(true);
+    const { conversations, protocol, server } = createChat(port, new FakeApi());
+    protocol.setConn('open');
+    await server.loadLimits();
+    expect(server.limits.value).toBeNull();
+    await conversations.saveSettings(null, { max_tokens: 4000 });
+    expect(protocol.sendMessage('hi').ok).toBe(true);
     expect((port.sent[0] as any).settings).toBeUndefined();
   });
 });
@@ -117,15 +117,15 @@ describe('the store and the limits', () => {
 describe('offline notices', () => {
   it('clears "You are offline" when the socket opens again, and keeps other notices', () => {
     const port = new FakePort();
-    const store = new Store(port, new FakeApi(), (fn) => fn());
+    const { protocol, ui } = createChat(port, new FakeApi());
     port.isOpen = false;
-    store.setConn('reconnecting');
-    expect(store.sendMessage('hello').ok).toBe(false);
-    store.notify('new', 'The server is busy right now.', 'busy');
-    expect(store.noticesFor('new').map((n) => n.code)).toEqual(['offline', 'busy']);
+    protocol.setConn('reconnecting');
+    expect(protocol.sendMessage('hello').ok).toBe(false);
+    ui.notify('new', 'The server is busy right now.', 'busy');
+    expect(ui.noticesFor('new').map((n) => n.code)).toEqual(['offline', 'busy']);
     port.isOpen = true;
-    store.setConn('open');
-    store.onOpen(true);
-    expect(store.noticesFor('new').map((n) => n.code)).toEqual(['busy']);
+    protocol.setConn('open');
+    protocol.onOpen(true);
+    expect(ui.noticesFor('new').map((n) => n.code)).toEqual(['busy']);
   });
 });

@@ -1,9 +1,10 @@
 import { act } from 'preact/test-utils';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import type { Store } from '../src/store';
+import type { Conversations } from '../src/conversations';
+import type { ServerInfo } from '../src/server-info';
 import type { ChatSocket } from '../src/ws';
 import { FakeApi, FakeSocket, flush } from './fakes';
-import { mountApp, unmountApp } from './mount';
+import { mountApp, type Mounted } from './mount';
 
 class LimitsApi extends FakeApi {
   async limits() {
@@ -19,7 +20,9 @@ class LimitsApi extends FakeApi {
 }
 
 let root: HTMLElement;
-let store: Store;
+let m: Mounted;
+let conversations: Conversations;
+let server: ServerInfo;
 let socket: ChatSocket;
 
 const $ = (id: string) => root.querySelector(`[data-testid="${id}"]`) as HTMLElement;
@@ -33,10 +36,11 @@ async function input(el: HTMLElement, value: string) {
 
 beforeEach(async () => {
   localStorage.clear();
-  ({ root, store, socket } = await mountApp(new LimitsApi()));
-  await act(() => store.loadLimits());
+  m = await mountApp(new LimitsApi());
+  ({ root, socket, conversations, server } = m);
+  await act(() => server.loadLimits());
 });
-afterEach(() => unmountApp({ root, store, socket }));
+afterEach(() => m.stop());
 
 describe('settings dialog limits', () => {
   it('shows the server range, says what is wrong inline, and does not save out of range', async () => {
@@ -51,7 +55,7 @@ describe('settings dialog limits', () => {
       await flush();
     });
     expect($('settings-dialog')).not.toBeNull();
-    expect(store.draftSettings.max_tokens).toBeUndefined();
+    expect(conversations.draftSettings.value.max_tokens).toBeUndefined();
     await input($('settings-max-tokens'), '2048');
     expect($('settings-max-tokens-error')).toBeNull();
     await act(async () => {
@@ -59,7 +63,7 @@ describe('settings dialog limits', () => {
       await flush();
     });
     expect($('settings-dialog')).toBeNull();
-    expect(store.draftSettings.max_tokens).toBe(2048);
+    expect(conversations.draftSettings.value.max_tokens).toBe(2048);
   });
 });
 

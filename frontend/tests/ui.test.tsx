@@ -1,13 +1,13 @@
 import { act } from 'preact/test-utils';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { Store } from '../src/store';
+import type { Conversations } from '../src/conversations';
 import { ChatSocket } from '../src/ws';
-import { syncHash } from '../src/nav';
-import { mountApp, unmountApp } from './mount';
+import { mountApp, type Mounted } from './mount';
 import { conv, FakeApi, FakeSocket, flush, msg } from './fakes';
 
 let root: HTMLElement;
-let store: Store;
+let m: Mounted;
+let conversations: Conversations;
 let socket: ChatSocket;
 let api: FakeApi;
 
@@ -16,7 +16,8 @@ const $$ = (id: string) => [...root.querySelectorAll(`[data-testid="${id}"]`)] a
 
 async function mount() {
   api = new FakeApi();
-  ({ root, store, socket } = await mountApp(api, syncHash));
+  m = await mountApp(api, { hash: true });
+  ({ root, socket, conversations } = m);
 }
 
 async function type(text: string) {
@@ -43,7 +44,7 @@ beforeEach(async () => {
   document.cookie = 'csrftoken=tok123';
   await mount();
 });
-afterEach(() => unmountApp({ root, store, socket }));
+afterEach(() => m.stop());
 
 describe('chat page', () => {
   it('shows the main controls with their test ids', () => {
@@ -120,7 +121,7 @@ describe('chat page', () => {
   it('resumes a reply that was streaming when the page loaded', async () => {
     api.convs.set(3, { conversation: conv(3, 'Resume me'), messages: [msg({ id: 1, role: 'user', conversation_id: 3, text: 'q' }), msg({ id: 2, role: 'assistant', conversation_id: 3, status: 'streaming', text: 'So far', parent_id: 1 })] });
     await act(async () => {
-      await store.selectConversation(3);
+      await conversations.select(3);
     });
     await act(() => FakeSocket.last().open());
     expect(FakeSocket.last().sent).toEqual([{ type: 'resume', message_id: 2 }]);
@@ -133,13 +134,12 @@ describe('chat page', () => {
 
   it('Esc stops, Ctrl+Shift+O starts a new chat, theme toggle persists', async () => {
     await act(() => FakeSocket.last().open());
-    store.conversations = [conv(4)];
-    store.applyConversation(conv(4), [msg({ id: 1, role: 'user', conversation_id: 4 }), msg({ id: 2, role: 'assistant', conversation_id: 4, status: 'streaming', parent_id: 1 })]);
-    await act(() => store.selectConversation(4));
+    conversations.apply(conv(4), [msg({ id: 1, role: 'user', conversation_id: 4 }), msg({ id: 2, role: 'assistant', conversation_id: 4, status: 'streaming', parent_id: 1 })]);
+    await act(() => conversations.select(4));
     await press(window as any, 'Escape');
     expect(FakeSocket.last().sent).toContainEqual({ type: 'stop', message_id: 2 });
     await press(window as any, 'O', { ctrlKey: true, shiftKey: true });
-    expect(store.currentId).toBeNull();
+    expect(conversations.currentId.value).toBeNull();
     expect($('conversation-title').textContent).toBe('New chat');
 
     const before = document.documentElement.dataset.theme;
@@ -169,12 +169,12 @@ describe('chat page', () => {
       await flush();
     });
     expect($('settings-dialog')).toBeNull();
-    expect(store.draftSettings.temperature).toBe(0.3);
+    expect(conversations.draftSettings.value.temperature).toBe(0.3);
   });
 
   it('renames and deletes a conversation with confirmation', async () => {
     api.convs.set(5, { conversation: conv(5, 'Five'), messages: [] });
-    await act(() => store.refreshList());
+    await act(() => conversations.refreshList());
     await act(() => $('conversation-rename').click());
     const input = $('conversation-rename-input') as HTMLInputElement;
     await act(() => {
@@ -198,7 +198,7 @@ describe('chat page', () => {
 
   it('Esc cancels a rename even when the input then fires blur (as Chromium does)', async () => {
     api.convs.set(5, { conversation: conv(5, 'Five'), messages: [] });
-    await act(() => store.refreshList());
+    await act(() => conversations.refreshList());
     await act(() => $('conversation-rename').click());
     const input = $('conversation-rename-input') as HTMLInputElement;
     await act(() => {
@@ -219,7 +219,7 @@ describe('chat page', () => {
   it('flips between alternatives', async () => {
     const msgs = [msg({ id: 1, role: 'user', text: 'q' }), msg({ id: 2, role: 'assistant', text: 'first', parent_id: 1, alternatives: [2, 3], alternative_index: 0 })];
     api.convs.set(1, { conversation: conv(1), messages: msgs });
-    await act(() => store.selectConversation(1));
+    await act(() => conversations.select(1));
     expect($('alt-counter').textContent).toBe('1/2');
     api.convs.get(1)!.messages[1] = msg({ id: 3, role: 'assistant', text: 'second', parent_id: 1, alternatives: [2, 3], alternative_index: 1 });
     await act(async () => {
@@ -236,9 +236,8 @@ describe('chat page', () => {
 describe('auto-scroll', () => {
   it('follows new text, lets go when the reader scrolls up, and comes back with the button', async () => {
     await act(() => FakeSocket.last().open());
-    store.conversations = [conv(4)];
-    store.applyConversation(conv(4), [msg({ id: 1, role: 'user', conversation_id: 4 }), msg({ id: 2, role: 'assistant', conversation_id: 4, status: 'streaming', parent_id: 1 })]);
-    await act(() => store.selectConversation(4));
+    conversations.apply(conv(4), [msg({ id: 1, role: 'user', conversation_id: 4 }), msg({ id: 2, role: 'assistant', conversation_id: 4, status: 'streaming', parent_id: 1 })]);
+    await act(() => conversations.select(4));
     const list = $('message-list');
     let height = 1000;
     Object.defineProperty(list, 'scrollHeight', { get: () => height, configurable: true });
@@ -261,9 +260,8 @@ describe('auto-scroll', () => {
 
   it('lets go however little the reader scrolls up, and follows again once they are back at the bottom', async () => {
     await act(() => FakeSocket.last().open());
-    store.conversations = [conv(4)];
-    store.applyConversation(conv(4), [msg({ id: 1, role: 'user', conversation_id: 4 }), msg({ id: 2, role: 'assistant', conversation_id: 4, status: 'streaming', parent_id: 1 })]);
-    await act(() => store.selectConversation(4));
+    conversations.apply(conv(4), [msg({ id: 1, role: 'user', conversation_id: 4 }), msg({ id: 2, role: 'assistant', conversation_id: 4, status: 'streaming', parent_id: 1 })]);
+    await act(() => conversations.select(4));
     const list = $('message-list');
     // A browser's scroller: scrollTop stays within [0, scrollHeight - clientHeight].
     let height = 1000;

@@ -44,7 +44,8 @@ MARKDOWN_REPLY = (
 SETUP_CODE = (
     "from django.contrib.auth import get_user_model as g; "
     "from chatapp.models import Conversation as C, Message as M; "
-    f"g().objects.create_user('alice', password={PASSWORD!r}); "
+    # alice is staff: her replies show their figures by default (tests/e2e/test_chat.py).
+    f"g().objects.create_user('alice', password={PASSWORD!r}, is_staff=True); "
     f"r = g().objects.create_user('reader', password={PASSWORD!r}); "
     "c = C.objects.create(owner=r, title='Markdown demo'); "
     f"u = M.objects.create(conversation=c, role='user', text={XSS_USER!r}); "

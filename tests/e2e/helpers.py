@@ -7,6 +7,8 @@ from typing import Any
 
 from playwright.sync_api import Locator, Page, expect
 
+from tests.live_server import LiveServer
+
 FINISHED = re.compile(r"^(complete|stopped|error)$")
 
 
@@ -91,3 +93,19 @@ def saved_messages(page: Page, conversation_id: int) -> list[dict[str, Any]]:
     r = api(page, "GET", f"/api/conversations/{conversation_id}/")
     assert r["status"] == 200, r
     return r["data"]["messages"]
+
+
+def seed_reply(server: LiveServer, username: str, title: str, question: str, reply: str) -> int:
+    """A conversation of `username` whose reply is `reply`, stored as if the model had
+    written it (a 135M model will not write markdown, math or hostile input on demand)."""
+    out = server.python(
+        "from django.contrib.auth import get_user_model as g; "
+        "from chatapp.models import Conversation as C, Message as M; "
+        f"c = C.objects.create(owner=g().objects.get(username={username!r}), title={title!r}); "
+        f"u = M.objects.create(conversation=c, role='user', text={question!r}); "
+        f"a = M.objects.create(conversation=c, role='assistant', parent=u, text={reply!r}, "
+        "finish_reason='stop', stats={'ttft_ms': 80.0, 'tokens_per_s': 40.0, "
+        "'output_tokens': 60, 'prompt_tokens': 30, 'cached_tokens': 12}); "
+        "c.active_leaf = a; c.save(); print(c.pk)"
+    )
+    return int(out.splitlines()[-1])

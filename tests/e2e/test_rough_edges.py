@@ -39,12 +39,12 @@ def test_the_settings_dialog_takes_the_server_limits_and_sends_nothing_out_of_ra
     # Not saved: the dialog stays, saying why.
     expect(dialog.get_by_test_id("settings-error")).to_contain_text(words)
     expect(dialog).to_be_visible()
-    assert page.evaluate("window.__chat.store.draftSettings.max_tokens") is None
+    assert page.evaluate("window.__chat.conversations.draftSettings.value.max_tokens") is None
     field.fill(str(top))
     expect(dialog.get_by_test_id("settings-max-tokens-error")).to_be_hidden()
     dialog.get_by_test_id("settings-save").click()
     expect(dialog).to_be_hidden()
-    assert page.evaluate("window.__chat.store.draftSettings.max_tokens") == top
+    assert page.evaluate("window.__chat.conversations.draftSettings.value.max_tokens") == top
 
     # A value the dialog would refuse, set behind its back (a draft from before the
     # limits were known), is left out of the send rather than failing it.
@@ -56,7 +56,8 @@ def test_the_settings_dialog_takes_the_server_limits_and_sends_nothing_out_of_ra
     page.reload()
     page.wait_for_selector("[data-testid=connection-status][data-state=open]", state="attached")
     page.evaluate(
-        "window.__chat.store.draftSettings = {max_tokens: 4000, temperature: 0, top_p: 0}"
+        "window.__chat.conversations"
+        ".saveSettings(null, {max_tokens: 4000, temperature: 0, top_p: 0})"
     )
     box = page.get_by_test_id("composer-input")
     box.fill("Say hi.")

@@ -187,6 +187,11 @@ def test_dashboard_shows_the_tuning_verdict_and_offers_only_a_winner(server: Liv
             expect(rows.nth(2)).to_have_class("ld-best")
             expect(rows.nth(2)).to_contain_text("3.00 (2.90\u20133.10)")
             expect(page.locator("#ld-tune-apply")).to_contain_text("ENGINE_MAX_NUM_SEQS=4")
+            # Applying posts through the shared API module (CSRF from the cookie).
+            with page.expect_response(lambda r: r.url.endswith("/apply")) as applied:
+                page.click("#ld-tune-apply")
+            assert applied.value.status == 200, applied.value.text()
+            expect(page.locator("#ld-status")).to_contain_text("updated")
 
             # A newer run inside the noise: the verdict says so and nothing is offered.
             server.python(SEED_TUNING % ("2.0, 2.2, 2.1", "2.1, 2.3, 2.2"))

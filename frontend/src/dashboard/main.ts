@@ -1,6 +1,7 @@
 // The staff latency dashboard: charts (uPlot) over /admin/latency/data, refreshed live.
 import uPlot from 'uplot';
 import 'uplot/dist/uPlot.min.css';
+import { request } from '../api';
 import { xAxis } from './axis';
 import './dashboard.css';
 
@@ -90,14 +91,12 @@ class Dashboard {
   dataUrl: string;
   benchUrl: string;
   tuningUrl: string;
-  csrf: string;
 
   constructor(root: HTMLElement) {
     this.root = root;
     this.dataUrl = root.dataset.dataUrl || '/admin/latency/data';
     this.benchUrl = root.dataset.benchmarkUrl || '/admin/latency/benchmarks';
     this.tuningUrl = root.dataset.tuningUrl || '/admin/latency/tuning';
-    this.csrf = root.dataset.csrf || '';
     const params = new URLSearchParams(location.search);
     this.window = params.get('window') || '5m';
     this.layout((root.dataset.windows || '5m,1h,24h,7d').split(','));
@@ -156,14 +155,12 @@ class Dashboard {
     window.clearTimeout(this.timer);
     const status = this.root.querySelector('#ld-status') as HTMLElement;
     try {
-      const res = await fetch(`${this.dataUrl}?window=${encodeURIComponent(this.window)}`, { credentials: 'same-origin' });
-      if (!res.ok) throw new Error(`HTTP ${res.status}`);
-      const data = (await res.json()) as Data;
+      const data = await request<Data>('GET', `${this.dataUrl}?window=${encodeURIComponent(this.window)}`);
       this.render(data);
       status.textContent = `updated ${new Date().toLocaleTimeString()} · ${data.bucket_s}s buckets`;
       this.root.dataset.ready = '1';
     } catch (err) {
-      status.textContent = `update failed: ${String(err)}`;
+      status.textContent = `update failed: ${(err as Error).message}`;
     }
     this.timer = window.setTimeout(() => void this.refresh(), this.window === '5m' ? 5000 : 30000);
   }
@@ -227,10 +224,13 @@ class Dashboard {
   async post(url: string, button: HTMLButtonElement): Promise<void> {
     button.disabled = true;
     try {
-      await fetch(url, { method: 'POST', credentials: 'same-origin', headers: { 'X-CSRFToken': this.csrf } });
+      await request('POST', url);
+      void this.refresh();
+    } catch (err) {
+      // Said in the status line until the next periodic refresh.
+      (this.root.querySelector('#ld-status') as HTMLElement).textContent = `${button.textContent} failed: ${(err as Error).message}`;
     } finally {
       button.disabled = false;
-      void this.refresh();
     }
   }
 

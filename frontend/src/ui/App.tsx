@@ -2,7 +2,7 @@ import { useEffect, useState } from 'preact/hooks';
 import { exportUrl } from '../api';
 import { applyTheme, effectiveTheme, setTheme, watchSystemTheme, type Theme } from '../theme';
 import { Composer } from './Composer';
-import { useStore, useStoreInstance } from './hooks';
+import { useChat } from './hooks';
 import { MessageList } from './MessageList';
 import { SettingsDialog } from './SettingsDialog';
 import { Sidebar } from './Sidebar';
@@ -22,11 +22,12 @@ const CONN_WORDS: Record<string, string> = {
 };
 
 export function App(props: AppProps) {
-  const store = useStoreInstance();
-  const currentId = useStore((s) => s.currentId);
-  const title = useStore((s) => s.conversation(s.currentId)?.title);
-  const conn = useStore((s) => s.conn);
-  const toasts = useStore((s) => s.toasts);
+  const { conversations, protocol, ui } = useChat();
+  const currentId = conversations.currentId.value;
+  const title = conversations.conversation(currentId)?.title;
+  const conn = ui.conn.value;
+  const toasts = ui.toasts.value;
+  const announcement = ui.announcement.value;
   const [theme, setThemeState] = useState<Theme>(() => effectiveTheme());
   const [settingsOpen, setSettingsOpen] = useState(false);
   const [drawer, setDrawer] = useState(false);
@@ -45,14 +46,14 @@ export function App(props: AppProps) {
       const mod = e.ctrlKey || e.metaKey;
       if (mod && e.shiftKey && (e.key === 'o' || e.key === 'O' || e.code === 'KeyO')) {
         e.preventDefault();
-        store.newChat();
+        conversations.newChat();
         setDrawer(false);
         return;
       }
       if (e.key === 'Escape' && !e.defaultPrevented) {
         if (settingsOpen) setSettingsOpen(false);
         else if (drawer) setDrawer(false);
-        else store.stop();
+        else protocol.stop();
       }
     };
     window.addEventListener('keydown', onKey);
@@ -63,6 +64,18 @@ export function App(props: AppProps) {
 
   return (
     <div class={'app' + (drawer ? ' drawer-open' : '')} data-testid="app">
+      <a
+        class="skip-link"
+        href="#composer-input"
+        data-testid="skip-to-composer"
+        onClick={(e) => {
+          // Focus only: following the href would replace the #/c/<id> that names the conversation.
+          e.preventDefault();
+          document.getElementById('composer-input')?.focus();
+        }}
+      >
+        Skip to the message box
+      </a>
       <Sidebar
         username={props.username}
         isStaff={props.isStaff}
@@ -92,11 +105,16 @@ export function App(props: AppProps) {
         <Composer />
       </main>
       {settingsOpen ? <SettingsDialog key={String(currentId)} onClose={() => setSettingsOpen(false)} /> : null}
+      {/* Always in the page (a live region added with its text is not read); the same words
+          twice differ by a trailing space, so a second identical reply is read too. */}
+      <div class="sr-only" role="status" aria-live="polite" aria-atomic="true" data-testid="reply-announcer">
+        {announcement ? announcement.text + (announcement.id % 2 ? '' : '\u00a0') : ''}
+      </div>
       <div class="toasts" aria-live="polite">
         {toasts.map((t) => (
           <div class="toast" role="alert" data-testid="toast" key={t.id}>
             <span>{t.text}</span>
-            <button type="button" class="icon-btn" aria-label="Dismiss" onClick={() => store.dismiss(t.id)}>×</button>
+            <button type="button" class="icon-btn" aria-label="Dismiss" onClick={() => ui.dismiss(t.id)}>×</button>
           </div>
         ))}
       </div>

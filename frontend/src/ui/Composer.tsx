@@ -1,22 +1,22 @@
 import { useEffect, useLayoutEffect, useRef, useState } from 'preact/hooks';
-import { useStore, useStoreInstance } from './hooks';
+import { useChat } from './hooks';
 
 const MAX_HEIGHT = 220;
 
 export function Composer() {
-  const store = useStoreInstance();
-  const key = useStore((s) => s.currentKey);
-  const draftVersion = useStore((s) => s.draftVersion);
-  const conn = useStore((s) => s.conn);
-  const streaming = useStore((s) => s.streamingIn());
-  const busy = useStore((s) => s.isBusy());
-  const [text, setText] = useState(() => store.getDraft());
+  const { conversations, protocol, ui } = useChat();
+  const key = conversations.currentKey.value;
+  const draftRestored = ui.draftRestored.value;
+  const conn = ui.conn.value;
+  const streaming = conversations.streamingIn(key);
+  const busy = conversations.isBusy(key);
+  const [text, setText] = useState(() => ui.getDraft(key));
   const ta = useRef<HTMLTextAreaElement>(null);
 
   useEffect(() => {
-    setText(store.getDraft(key));
+    setText(ui.getDraft(key));
     ta.current?.focus();
-  }, [key, draftVersion]);
+  }, [key, draftRestored]);
 
   useLayoutEffect(() => {
     const el = ta.current;
@@ -27,7 +27,7 @@ export function Composer() {
 
   const send = () => {
     if (!text.trim()) return;
-    const r = store.sendMessage(text);
+    const r = protocol.sendMessage(text);
     if (r.ok) setText('');
   };
 
@@ -58,6 +58,7 @@ export function Composer() {
       <div class="composer-box">
         <textarea
           ref={ta}
+          id="composer-input"
           data-testid="composer-input"
           aria-label="Message"
           placeholder="Message"
@@ -66,7 +67,7 @@ export function Composer() {
           onInput={(e) => {
             const v = (e.target as HTMLTextAreaElement).value;
             setText(v);
-            store.setDraft(key, v);
+            ui.setDraft(key, v);
           }}
           onKeyDown={(e) => {
             if (e.key === 'Enter' && !e.shiftKey && !e.isComposing && (e as KeyboardEvent).keyCode !== 229) {
@@ -76,7 +77,7 @@ export function Composer() {
           }}
         />
         {streaming ? (
-          <button type="button" class="btn stop" data-testid="stop-button" aria-label="Stop generating" onClick={() => store.stop()}>
+          <button type="button" class="btn stop" data-testid="stop-button" aria-label="Stop generating" onClick={() => protocol.stop()}>
             <span class="stop-square" aria-hidden="true" /> Stop
           </button>
         ) : (

@@ -1,19 +1,21 @@
 import { useCallback, useEffect, useLayoutEffect, useMemo, useRef, useState } from 'preact/hooks';
 import { copyText } from './clipboard';
-import { useStore, useStoreInstance } from './hooks';
+import { useChat } from './hooks';
 import { MessageView, type MessageActions } from './MessageView';
 
 /** Within this many pixels of the bottom counts as "at the bottom". */
 const STICK_PX = 48;
 
 export function MessageList() {
-  const store = useStoreInstance();
-  const key = useStore((s) => s.currentKey);
-  const thread = useStore((s) => s.thread());
-  const version = useStore((s) => s.version);
-  const loading = useStore((s) => s.currentId != null && s.loading.has(s.currentId) && !s.loaded.has(s.currentId));
-  const notices = useStore((s) => s.noticesFor());
-  const busy = useStore((s) => s.isBusy());
+  const { conversations, protocol, ui } = useChat();
+  const key = conversations.currentKey.value;
+  const thread = conversations.thread(key);
+  const messages = conversations.messages.value;
+  const currentId = conversations.currentId.value;
+  const loading = currentId != null && conversations.isLoading(currentId) && !conversations.isLoaded(currentId);
+  const notices = ui.noticesFor(key);
+  const busy = conversations.isBusy(key);
+  const figures = ui.showFigures.value;
   const scroller = useRef<HTMLDivElement>(null);
   const inner = useRef<HTMLDivElement>(null);
   const stick = useRef(true);
@@ -24,15 +26,15 @@ export function MessageList() {
     () => ({
       regenerate: (id) => {
         stick.current = true;
-        store.regenerate(id);
+        protocol.regenerate(id);
       },
       edit: (id, text) => {
         stick.current = true;
-        return store.edit(id, text).ok;
+        return protocol.edit(id, text).ok;
       },
-      alternative: (id, d) => void store.showAlternative(id, d),
+      alternative: (id, d) => void conversations.showAlternative(id, d),
     }),
-    [store],
+    [conversations, protocol],
   );
 
   const toBottom = useCallback(() => {
@@ -50,7 +52,7 @@ export function MessageList() {
     toBottom();
   }, [key]);
   const lastId = thread[thread.length - 1];
-  const lastRole = lastId != null ? store.messages.get(lastId)?.role : undefined;
+  const lastRole = lastId != null ? messages.get(lastId)?.role : undefined;
   useLayoutEffect(() => {
     if (lastRole === 'user') stick.current = true;
   }, [lastId]);
@@ -104,7 +106,6 @@ export function MessageList() {
     }
   };
 
-  void version;
   return (
     <div class="messages-wrap">
       <div class="messages" ref={scroller} onScroll={onScroll} onWheel={onWheel} onClick={onClick} data-testid="message-list">
@@ -117,13 +118,13 @@ export function MessageList() {
           ) : null}
           {loading ? <div class="loading" data-testid="loading">Loading…</div> : null}
           {thread.map((id) => {
-            const m = store.messages.get(id);
-            return m ? <MessageView key={id} m={m} busy={busy} actions={actions} /> : null;
+            const m = messages.get(id);
+            return m ? <MessageView key={id} m={m} busy={busy} actions={actions} figures={figures} /> : null;
           })}
           {notices.map((n) => (
             <div class="notice" role="alert" data-testid="chat-error" data-code={n.code || ''} key={n.id}>
               <span>{n.text}</span>
-              <button type="button" class="icon-btn" aria-label="Dismiss" data-testid="chat-error-dismiss" onClick={() => store.dismiss(n.id)}>×</button>
+              <button type="button" class="icon-btn" aria-label="Dismiss" data-testid="chat-error-dismiss" onClick={() => ui.dismiss(n.id)}>×</button>
             </div>
           ))}
         </div>

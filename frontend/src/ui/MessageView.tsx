@@ -2,6 +2,7 @@ import { memo } from 'preact/compat';
 import { useLayoutEffect, useMemo, useRef, useState } from 'preact/hooks';
 import { formatStats, hasStats } from '../format';
 import { renderMarkdown } from '../markdown';
+import { applyMathStyles } from '../math';
 import type { Message } from '../types';
 import { copyText } from './clipboard';
 
@@ -15,6 +16,8 @@ interface Props {
   m: Message;
   busy: boolean;
   actions: MessageActions;
+  /** Show the reply's figures (a setting, ui-state.ts). */
+  figures: boolean;
 }
 
 const FINISH_WORDS: Record<string, string> = {
@@ -27,7 +30,11 @@ const FINISH_WORDS: Record<string, string> = {
 
 function Markdown({ text, streaming }: { text: string; streaming: boolean }) {
   const html = useMemo(() => renderMarkdown(text, streaming), [text, streaming]);
-  return <div class="md" data-testid="message-content" dangerouslySetInnerHTML={{ __html: html }} />;
+  const box = useRef<HTMLDivElement>(null);
+  useLayoutEffect(() => {
+    if (box.current) applyMathStyles(box.current);
+  }, [html]);
+  return <div class="md" ref={box} data-testid="message-content" dangerouslySetInnerHTML={{ __html: html }} />;
 }
 
 /** A reply the server replayed from its response cache instead of generating it again. */
@@ -62,7 +69,7 @@ function Figures({ m }: { m: Message }) {
   );
 }
 
-function Alternatives({ m, busy, actions }: Props) {
+function Alternatives({ m, busy, actions }: Omit<Props, 'figures'>) {
   const alts = m.alternatives;
   if (!alts || alts.length < 2) return null;
   const idx = m.alternative_index ?? Math.max(0, alts.indexOf(m.id));
@@ -75,7 +82,7 @@ function Alternatives({ m, busy, actions }: Props) {
   );
 }
 
-function MessageViewInner({ m, busy, actions }: Props) {
+function MessageViewInner({ m, busy, actions, figures }: Props) {
   const [editing, setEditing] = useState(false);
   const [draft, setDraft] = useState('');
   const [copied, setCopied] = useState(false);
@@ -180,11 +187,11 @@ function MessageViewInner({ m, busy, actions }: Props) {
               ) : null}
             </span>
           ) : null}
-          <Figures m={m} />
+          {figures ? <Figures m={m} /> : null}
         </div>
       ) : null}
     </article>
   );
 }
 
-export const MessageView = memo(MessageViewInner, (a, b) => a.m === b.m && a.busy === b.busy && a.actions === b.actions);
+export const MessageView = memo(MessageViewInner, (a, b) => a.m === b.m && a.busy === b.busy && a.actions === b.actions && a.figures === b.figures);

@@ -1,30 +1,50 @@
 import { useEffect, useRef, useState } from 'preact/hooks';
 import { FALLBACK_LIMITS, num, rangeText, validateSettings, type DialogValues, type Field } from '../limits';
 import type { Settings } from '../types';
-import { useStore, useStoreInstance } from './hooks';
+import { useChat } from './hooks';
 
 export function SettingsDialog({ onClose }: { onClose(): void }) {
-  const store = useStoreInstance();
-  const currentId = useStore((s) => s.currentId);
-  const engine = useStore((s) => s.engine);
-  const conv = useStore((s) => s.conversation(s.currentId));
-  const draft = useStore((s) => s.draftSettings);
+  const { conversations } = useChat();
+  const currentId = conversations.currentId.value;
+  const conv = conversations.conversation(currentId);
+  // Right after a page load the conversation may not have arrived yet: the form waits for
+  // its settings (showing defaults instead would save them over the real ones).
+  if (currentId != null && !conv) {
+    return (
+      <div class="overlay" onMouseDown={(e) => e.target === e.currentTarget && onClose()}>
+        <div class="dialog" role="dialog" aria-modal="true" aria-labelledby="settings-title" data-testid="settings-dialog">
+          <h2 id="settings-title">Conversation settings</h2>
+          <p class="muted" data-testid="settings-loading">Loading this conversation’s settings…</p>
+          <div class="dialog-actions">
+            <span class="spacer" />
+            <button type="button" class="btn" data-testid="settings-cancel" onClick={onClose}>Cancel</button>
+          </div>
+        </div>
+      </div>
+    );
+  }
+  return <SettingsForm currentId={currentId} initial={(currentId != null ? conv?.settings : conversations.draftSettings.value) || {}} onClose={onClose} />;
+}
+
+function SettingsForm({ currentId, initial, onClose }: { currentId: number | null; initial: Settings; onClose(): void }) {
+  const { conversations, server, ui } = useChat();
+  const engine = server.engine.value;
   // The server's limits (GET /api/chat/limits/); the built-in copy only until they arrive.
-  const limits = useStore((s) => s.limits) ?? FALLBACK_LIMITS;
-  const initial: Settings = (currentId != null ? conv?.settings : draft) || {};
+  const limits = server.limits.value ?? FALLBACK_LIMITS;
   const [values, setValues] = useState<DialogValues>(() => ({
     system_prompt: initial.system_prompt ?? limits.system_prompt.default,
     temperature: String(initial.temperature ?? limits.temperature.default),
     top_p: String(initial.top_p ?? limits.top_p.default),
     max_tokens: String(initial.max_tokens ?? limits.max_tokens.default),
   }));
+  const [figures, setFigures] = useState(() => ui.showFigures.value);
   const [error, setError] = useState('');
   const [saving, setSaving] = useState(false);
   const first = useRef<HTMLTextAreaElement>(null);
 
   useEffect(() => {
-    if (!engine) store.loadEngine();
-    if (!store.limits) store.loadLimits();
+    if (!engine) server.loadEngine();
+    if (!server.limits.value) server.loadLimits();
     first.current?.focus();
   }, []);
 
@@ -39,8 +59,9 @@ export function SettingsDialog({ onClose }: { onClose(): void }) {
     e.preventDefault();
     // Out of range: nothing is saved; the fields say what to fix, and so does the summary.
     if (!settings) return setError(Object.values(errors).join(' '));
+    ui.setShowFigures(figures);
     setSaving(true);
-    const r = await store.saveSettings(currentId, settings);
+    const r = await conversations.saveSettings(currentId, settings);
     setSaving(false);
     if (r.ok) onClose();
     else setError(r.error || 'Could not save the settings.');
@@ -82,6 +103,12 @@ export function SettingsDialog({ onClose }: { onClose(): void }) {
             {fieldError('max_tokens')}
           </label>
         </div>
+        <label class="check">
+          <input type="checkbox" data-testid="settings-show-figures" checked={figures} onChange={(e) => setFigures((e.target as HTMLInputElement).checked)} />
+          <span>
+            Show figures under each reply <span class="muted">(time to first token, speed, tokens, cached tokens; in every conversation, in this browser)</span>
+          </span>
+        </label>
         {engine ? (
           <p class="muted small" data-testid="settings-model">
             Model: {engine.model}

@@ -2,7 +2,7 @@ import { useEffect, useRef, useState } from 'preact/hooks';
 import { getCookie } from '../api';
 import { dayBucket } from '../format';
 import type { Conversation } from '../types';
-import { useStore, useStoreInstance } from './hooks';
+import { useChat } from './hooks';
 import { PencilIcon, TrashIcon } from './icons';
 
 interface Props {
@@ -14,15 +14,32 @@ interface Props {
   onNavigate(): void;
 }
 
-function Item({ c, active, onNavigate }: { c: Conversation; active: boolean; onNavigate(): void }) {
-  const store = useStoreInstance();
+interface ItemProps {
+  c: Conversation;
+  active: boolean;
+  /** The list's one Tab stop (roving tabindex): arrows move it, see Sidebar. */
+  tabStop: boolean;
+  onFocus(id: number): void;
+  onNavigate(): void;
+}
+
+function Item({ c, active, tabStop, onFocus, onNavigate }: ItemProps) {
+  const { conversations } = useChat();
   const [renaming, setRenaming] = useState(false);
   const [confirming, setConfirming] = useState(false);
   const [title, setTitle] = useState(c.title);
   const input = useRef<HTMLInputElement>(null);
+  const openButton = useRef<HTMLButtonElement>(null);
+  const cancelButton = useRef<HTMLButtonElement>(null);
+  // Focus follows the inline rename and the delete prompt, and comes back to the item after
+  const wasBusy = useRef(false);
   useEffect(() => {
     if (renaming) input.current?.select();
-  }, [renaming]);
+    else if (confirming) cancelButton.current?.focus();
+    // (only when the focus went with the input or prompt, never away from where the person clicked)
+    else if (wasBusy.current && (!document.activeElement || document.activeElement === document.body)) openButton.current?.focus();
+    wasBusy.current = renaming || confirming;
+  }, [renaming, confirming]);
 
   // Whether the inline rename is still live: Esc ends it at once, so the blur that the
   // browser fires when the input goes away does not save the cancelled title.
@@ -36,7 +53,7 @@ function Item({ c, active, onNavigate }: { c: Conversation; active: boolean; onN
     if (!live.current) return;
     live.current = false;
     setRenaming(false);
-    if (title.trim() && title.trim() !== c.title) await store.rename(c.id, title);
+    if (title.trim() && title.trim() !== c.title) await conversations.rename(c.id, title);
   };
 
   return (
@@ -63,28 +80,56 @@ function Item({ c, active, onNavigate }: { c: Conversation; active: boolean; onN
       ) : confirming ? (
         <div class="conv-confirm" data-testid="conversation-delete-prompt">
           <span>Delete “{c.title || 'New chat'}”?</span>
-          <button type="button" class="btn danger small" data-testid="conversation-delete-confirm" onClick={() => { setConfirming(false); store.deleteConversation(c.id); }}>Delete</button>
-          <button type="button" class="btn small" data-testid="conversation-delete-cancel" onClick={() => setConfirming(false)}>Cancel</button>
+          <button type="button" class="btn danger small" data-testid="conversation-delete-confirm" onClick={() => { setConfirming(false); conversations.remove(c.id); }}>Delete</button>
+          <button
+            type="button"
+            class="btn small"
+            ref={cancelButton}
+            data-testid="conversation-delete-cancel"
+            onClick={() => setConfirming(false)}
+            onKeyDown={(e) => {
+              if (e.key === 'Escape') {
+                e.stopPropagation();
+                setConfirming(false);
+              }
+            }}
+          >
+            Cancel
+          </button>
         </div>
       ) : (
         <>
           <button
             type="button"
             class="conv-open"
+            ref={openButton}
             data-testid="conversation-open"
             title={c.title}
+            tabIndex={tabStop ? 0 : -1}
             aria-current={active ? 'page' : undefined}
+            aria-describedby="conv-keys"
+            onFocus={() => onFocus(c.id)}
             onClick={() => {
-              store.selectConversation(c.id);
+              conversations.select(c.id);
               onNavigate();
             }}
             onDblClick={startRename}
+            onKeyDown={(e) => {
+              if (e.key === 'F2') {
+                e.preventDefault();
+                startRename();
+              } else if (e.key === 'Delete') {
+                e.preventDefault();
+                setConfirming(true);
+              }
+            }}
           >
             {c.title || 'New chat'}
           </button>
           <span class="conv-tools">
-            <button type="button" class="icon-btn" data-testid="conversation-rename" aria-label="Rename" title="Rename" onClick={startRename}><PencilIcon /></button>
-            <button type="button" class="icon-btn" data-testid="conversation-delete" aria-label="Delete" title="Delete" onClick={() => setConfirming(true)}><TrashIcon /></button>
+            {/* Out of the Tab order (the list is one stop): F2 and Delete do the same from the keyboard. */}
+            <button type="button" class="icon-btn" tabIndex={-1} data-testid="conversation-rename" aria-label="Rename" title="Rename (F2)" onClick={startRename}><PencilIcon /></button>
+            <button type="button" class="icon-btn" tabIndex={-1} data-testid="conversation-delete" aria-label="Delete" title="Delete (Delete key)" onClick={() => setConfirming(true)}><TrashIcon /></button>
           </span>
         </>
       )}
@@ -93,21 +138,36 @@ function Item({ c, active, onNavigate }: { c: Conversation; active: boolean; onN
 }
 
 export function Sidebar(props: Props) {
-  const store = useStoreInstance();
-  const conversations = useStore((s) => s.conversations);
-  const results = useStore((s) => s.searchResults);
-  const currentId = useStore((s) => s.currentId);
-  const listLoaded = useStore((s) => s.listLoaded);
+  const { conversations } = useChat();
+  const all = conversations.list.value;
+  const results = conversations.searchResults.value;
+  const currentId = conversations.currentId.value;
+  const listLoaded = conversations.listLoaded.value;
   const [q, setQ] = useState('');
+  const [focusId, setFocusId] = useState<number | null>(null);
   const timer = useRef<ReturnType<typeof setTimeout>>();
 
   const onSearch = (v: string) => {
     setQ(v);
     clearTimeout(timer.current);
-    timer.current = setTimeout(() => store.search(v), 200);
+    timer.current = setTimeout(() => conversations.search(v), 200);
   };
 
-  const list = results ?? conversations;
+  const list = results ?? all;
+  const has = (id: number | null) => id != null && list.some((c) => c.id === id);
+  const tabStop = has(focusId) ? focusId : has(currentId) ? currentId : (list[0]?.id ?? null);
+
+  // Arrows, Home and End move between conversations; Enter opens (the button's own click).
+  const onListKey = (e: KeyboardEvent) => {
+    const target = e.target as HTMLElement;
+    if (target.dataset.testid !== 'conversation-open') return;
+    const buttons = [...(e.currentTarget as HTMLElement).querySelectorAll<HTMLButtonElement>('[data-testid="conversation-open"]')];
+    const i = buttons.indexOf(target as HTMLButtonElement);
+    const to = { ArrowDown: i + 1, ArrowUp: i - 1, Home: 0, End: buttons.length - 1 }[e.key];
+    if (to === undefined) return;
+    e.preventDefault();
+    buttons[Math.max(0, Math.min(buttons.length - 1, to))]?.focus();
+  };
   const groups: [string, Conversation[]][] = [];
   for (const c of list) {
     const b = results ? 'Results' : dayBucket(c.updated_at || c.created_at);
@@ -125,7 +185,7 @@ export function Sidebar(props: Props) {
           data-testid="new-chat"
           title="New chat (Ctrl+Shift+O)"
           onClick={() => {
-            store.newChat();
+            conversations.newChat();
             props.onNavigate();
           }}
         >
@@ -142,13 +202,14 @@ export function Sidebar(props: Props) {
           onInput={(e) => onSearch((e.target as HTMLInputElement).value)}
         />
       </div>
-      <nav class="conv-list" data-testid="conversation-list">
+      <nav class="conv-list" data-testid="conversation-list" aria-label="Conversation list" onKeyDown={onListKey}>
+        <span id="conv-keys" class="sr-only">Arrow keys move between conversations, Enter opens, F2 renames, Delete deletes.</span>
         {groups.map(([label, items]) => (
           <section key={label}>
             <h3 class="conv-group">{label}</h3>
             <ul>
               {items.map((c) => (
-                <Item key={c.id} c={c} active={c.id === currentId} onNavigate={props.onNavigate} />
+                <Item key={c.id} c={c} active={c.id === currentId} tabStop={c.id === tabStop} onFocus={setFocusId} onNavigate={props.onNavigate} />
               ))}
             </ul>
           </section>

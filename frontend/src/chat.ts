@@ -1,0 +1,25 @@
+import type { ConversationsPort } from './conversations';
+import { Conversations } from './conversations';
+import { ChatProtocol, type SocketPort } from './protocol';
+import { ServerInfo, type ServerInfoPort } from './server-info';
+import { UiState } from './ui-state';
+
+/** The page's state, by concern; the views get this object (ui/hooks.ts). */
+export interface Chat {
+  readonly ui: UiState;
+  readonly server: ServerInfo;
+  readonly conversations: Conversations;
+  readonly protocol: ChatProtocol;
+}
+
+export type ApiPort = ConversationsPort & ServerInfoPort;
+
+/** `staff`: the signed-in user is staff (the page says so: `#app[data-is-staff]`). */
+export function createChat(socket: SocketPort, api: ApiPort, opts: { staff?: boolean } = {}): Chat {
+  const ui = new UiState({ staff: opts.staff });
+  const server = new ServerInfo(api);
+  // A conversation loaded from the server may hold a reply still being written: resume it.
+  const conversations = new Conversations(api, ui, () => protocol.resumeStreaming());
+  const protocol: ChatProtocol = new ChatProtocol(socket, conversations, ui, server);
+  return { ui, server, conversations, protocol };
+}

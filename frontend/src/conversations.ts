@@ -1,0 +1,370 @@
+import { batch, computed, signal, type ReadonlySignal } from '@preact/signals';
+import type { ApiError } from './api';
+import { errorWords } from './errors';
+import type { Conversation, Message, Settings } from './types';
+import type { ThreadKey, UiState } from './ui-state';
+
+export interface ConversationsPort {
+  list(q?: string): Promise<{ conversations: Conversation[] }>;
+  get(id: number): Promise<{ conversation: Conversation; messages: Message[] }>;
+  patch(id: number, body: { title?: string; settings?: Settings; active_message?: number }): Promise<unknown>;
+  remove(id: number): Promise<void>;
+}
+
+export interface Result {
+  ok: boolean;
+  error?: string;
+}
+
+const NO_IDS: readonly number[] = [];
+
+/**
+ * The conversations and their messages as this page knows them, kept up to date over HTTP
+ * (docs/http.md) and by the socket protocol (protocol.ts), which writes through the
+ * methods below. Arrays, maps and message objects are replaced, never changed in place,
+ * so a view can tell what changed by comparing.
+ */
+export class Conversations {
+  private readonly _list = signal<readonly Conversation[]>([]);
+  private readonly _listLoaded = signal(false);
+  private readonly _searchQuery = signal('');
+  private readonly _searchResults = signal<readonly Conversation[] | null>(null);
+  private readonly _currentId = signal<number | null>(null);
+  private readonly _threads = signal<ReadonlyMap<ThreadKey, readonly number[]>>(new Map());
+  private readonly _messages = signal<ReadonlyMap<number, Message>>(new Map());
+  private readonly _loading = signal<ReadonlySet<number>>(new Set());
+  private readonly _loaded = signal<ReadonlySet<number>>(new Set());
+  private readonly _awaiting = signal<ReadonlySet<number>>(new Set());
+  private readonly _draftSettings = signal<Settings>({});
+  /** Replies whose frames arrive on the current connection: a reload does not overwrite their newer text. */
+  private readonly receiving = new Set<number>();
+
+  readonly list: ReadonlySignal<readonly Conversation[]> = this._list;
+  readonly listLoaded: ReadonlySignal<boolean> = this._listLoaded;
+  readonly searchResults: ReadonlySignal<readonly Conversation[] | null> = this._searchResults;
+  readonly currentId: ReadonlySignal<number | null> = this._currentId;
+  readonly currentKey: ReadonlySignal<ThreadKey> = computed(() => this._currentId.value ?? 'new');
+  readonly messages: ReadonlySignal<ReadonlyMap<number, Message>> = this._messages;
+  /** The settings of the chat not started yet; they go with its first send. */
+  readonly draftSettings: ReadonlySignal<Settings> = this._draftSettings;
+
+  constructor(
+    private readonly api: ConversationsPort,
+    private readonly ui: UiState,
+    /** Called after a conversation's messages came from the server (the protocol resumes replies still being written). */
+    private readonly onApplied: () => void = () => undefined,
+  ) {}
+
+  // ------------------------------------------------------------------ reading
+  thread(key: ThreadKey = this.currentKey.value): readonly number[] {
+    return this._threads.value.get(key) || NO_IDS;
+  }
+
+  hasThread(key: ThreadKey): boolean {
+    return this._threads.value.has(key);
+  }
+
+  message(id: number): Message | undefined {
+    return this._messages.value.get(id);
+  }
+
+  conversation(id: number | null): Conversation | undefined {
+    if (id == null) return undefined;
+    return this._list.value.find((c) => c.id === id) || this._searchResults.value?.find((c) => c.id === id);
+  }
+
+  /** The message still being written in a thread, if any (or the pending send awaiting its reply). */
+  streamingIn(key: ThreadKey = this.currentKey.value): Message | undefined {
+    for (const id of this.thread(key)) {
+      const m = this.message(id);
+      if (m && (m.status === 'streaming' || m.status === 'sending')) return m;
+    }
+    return undefined;
+  }
+
+  /** A reply is being written, or a regenerate/edit was sent and its reply has not started. */
+  isBusy(key: ThreadKey = this.currentKey.value): boolean {
+    return !!this.streamingIn(key) || (typeof key === 'number' && this._awaiting.value.has(key));
+  }
+
+  isLoading(id: number): boolean {
+    return this._loading.value.has(id);
+  }
+
+  isLoaded(id: number): boolean {
+    return this._loaded.value.has(id);
+  }
+
+  // ------------------------------------------------------------------ writing (the protocol's side)
+  putMessage(m: Message): void {
+    this.editMessages((all) => all.set(m.id, m));
+  }
+
+  dropMessage(id: number): void {
+    if (this._messages.value.has(id)) this.editMessages((all) => all.delete(id));
+  }
+
+  setThread(key: ThreadKey, ids: readonly number[]): void {
+    const next = new Map(this._threads.value);
+    next.set(key, ids);
+    this._threads.value = next;
+  }
+
+  /** Take a message out of a thread and forget it (an optimistic send that did not go through). */
+  removeFromThread(key: ThreadKey, id: number): void {
+    batch(() => {
+      const t = this._threads.value.get(key);
+      if (t) this.setThread(key, t.filter((x) => x !== id));
+      this.dropMessage(id);
+    });
+  }
+
+  upsert(c: Conversation, toTop = false): void {
+    const list = this._list.value;
+    const i = list.findIndex((x) => x.id === c.id);
+    if (i >= 0) {
+      const merged = { ...list[i], ...c };
+      const rest = list.filter((x) => x.id !== c.id);
+      this._list.value = toTop ? [merged, ...rest] : list.map((x) => (x.id === c.id ? merged : x));
+    } else {
+      this._list.value = [c, ...list];
+    }
+    const found = this._searchResults.value;
+    if (found) this._searchResults.value = found.map((x) => (x.id === c.id ? { ...x, ...c } : x));
+  }
+
+  /** The new chat became conversation `id` on the server: its messages, notices and draft move there. */
+  bindNew(id: number): void {
+    const t = this._threads.value.get('new');
+    if (!t) return;
+    batch(() => {
+      const threads = new Map(this._threads.value);
+      threads.delete('new');
+      threads.set(id, t);
+      this._threads.value = threads;
+      this.editMessages((all) => {
+        for (const mid of t) {
+          const m = all.get(mid);
+          if (m) all.set(mid, { ...m, conversation_id: id });
+        }
+      });
+      this.ui.rekey('new', id);
+      this._loaded.value = new Set(this._loaded.value).add(id);
+      if (this._currentId.value == null) this._currentId.value = id;
+      this._draftSettings.value = {};
+    });
+  }
+
+  receive(id: number): void {
+    this.receiving.add(id);
+  }
+
+  stopReceiving(id: number): void {
+    this.receiving.delete(id);
+  }
+
+  isReceiving(id: number): boolean {
+    return this.receiving.has(id);
+  }
+
+  /** The connection changed: no reply's frames arrive any more until it is resumed. */
+  forgetReceiving(): void {
+    this.receiving.clear();
+  }
+
+  /** A regenerate or edit was sent in `id`: busy until its reply starts (or is refused). */
+  await(id: number): void {
+    this._awaiting.value = new Set(this._awaiting.value).add(id);
+  }
+
+  /** Settle one conversation, or every one (null), waiting for a reply to start. */
+  settle(id: number | null): void {
+    const now = this._awaiting.value;
+    if (id == null ? now.size === 0 : !now.has(id)) return;
+    const next = new Set(id == null ? [] : now);
+    if (id != null) next.delete(id);
+    this._awaiting.value = next;
+  }
+
+  /** One of the conversations awaiting a reply (an error for a refused regenerate/edit names none). */
+  anyAwaiting(): number | undefined {
+    return this._awaiting.value.values().next().value;
+  }
+
+  // ------------------------------------------------------------------ navigation and HTTP
+  newChat(): void {
+    this._currentId.value = null;
+  }
+
+  async select(id: number): Promise<void> {
+    this._currentId.value = id;
+    if (!this.isLoaded(id)) await this.load(id);
+  }
+
+  async load(id: number, quiet = false): Promise<void> {
+    if (this.isLoading(id)) return;
+    this._loading.value = new Set(this._loading.value).add(id);
+    try {
+      const data = await this.api.get(id);
+      this.apply(data.conversation, data.messages);
+    } catch (e) {
+      const err = e as ApiError;
+      if (!quiet) this.ui.notify(id, err.status === 404 ? errorWords('not_found') : err.message || 'Could not load the conversation.');
+    } finally {
+      const loading = new Set(this._loading.value);
+      loading.delete(id);
+      this._loading.value = loading;
+    }
+  }
+
+  /** The server's view of a conversation's active branch. */
+  apply(c: Conversation, messages: Message[]): void {
+    batch(() => {
+      this.upsert(c);
+      const ids: number[] = [];
+      this.editMessages((all) => {
+        for (const m of messages) {
+          const old = all.get(m.id);
+          if (old && this.receiving.has(m.id) && old.status === 'streaming') {
+            // We are receiving this reply live: our text is newer than the database's.
+            all.set(m.id, { ...m, text: old.text.length >= m.text.length ? old.text : m.text, status: 'streaming' });
+          } else if (old && old.status === 'streaming' && m.status === 'streaming' && old.text.length > m.text.length) {
+            all.set(m.id, { ...m, text: old.text });
+          } else if (!old || !sameMessage(old, m)) {
+            all.set(m.id, m);
+          }
+          ids.push(m.id);
+        }
+        // keep optimistic messages not yet confirmed
+        for (const id of this.thread(c.id)) if (id < 0 && all.has(id)) ids.push(id);
+      });
+      this.setThread(c.id, ids);
+      this._loaded.value = new Set(this._loaded.value).add(c.id);
+    });
+    this.onApplied();
+  }
+
+  async refreshList(): Promise<void> {
+    const { conversations } = await this.api.list();
+    batch(() => {
+      this._list.value = conversations;
+      this._listLoaded.value = true;
+    });
+  }
+
+  async search(q: string): Promise<void> {
+    this._searchQuery.value = q;
+    if (!q.trim()) {
+      this._searchResults.value = null;
+      return;
+    }
+    try {
+      const { conversations } = await this.api.list(q.trim());
+      if (this._searchQuery.value === q) this._searchResults.value = conversations;
+    } catch (e) {
+      this.ui.notify(null, (e as Error).message);
+    }
+  }
+
+  async rename(id: number, title: string): Promise<Result> {
+    const t = title.trim();
+    if (!t) return { ok: false };
+    try {
+      const c = unwrapConversation(await this.api.patch(id, { title: t })).conversation;
+      this.upsert({ ...(this.conversation(id) || {}), ...(c || {}), id, title: c?.title ?? t } as Conversation);
+      return { ok: true };
+    } catch (e) {
+      this.ui.notify(null, (e as Error).message);
+      return { ok: false, error: (e as Error).message };
+    }
+  }
+
+  async remove(id: number): Promise<Result> {
+    try {
+      await this.api.remove(id);
+    } catch (e) {
+      const err = e as ApiError;
+      if (err.status !== 404) {
+        this.ui.notify(null, err.message);
+        return { ok: false, error: err.message };
+      }
+    }
+    batch(() => {
+      this._list.value = this._list.value.filter((c) => c.id !== id);
+      const found = this._searchResults.value;
+      if (found) this._searchResults.value = found.filter((c) => c.id !== id);
+      const gone = this.thread(id);
+      this.editMessages((all) => gone.forEach((mid) => all.delete(mid)));
+      const threads = new Map(this._threads.value);
+      threads.delete(id);
+      this._threads.value = threads;
+      const loaded = new Set(this._loaded.value);
+      loaded.delete(id);
+      this._loaded.value = loaded;
+      if (this._currentId.value === id) this.newChat();
+    });
+    return { ok: true };
+  }
+
+  /** A saved conversation's settings are PATCHed; a new chat's are kept for its first send. */
+  async saveSettings(id: number | null, settings: Settings): Promise<Result> {
+    if (id == null) {
+      this._draftSettings.value = { ...settings };
+      return { ok: true };
+    }
+    try {
+      const c = unwrapConversation(await this.api.patch(id, { settings })).conversation;
+      this.upsert({ ...(this.conversation(id) as Conversation), ...(c || {}), id, settings: c?.settings ?? settings });
+      return { ok: true };
+    } catch (e) {
+      return { ok: false, error: (e as Error).message };
+    }
+  }
+
+  /** Show another alternative of a message (‹ 1/2 ›). */
+  async showAlternative(messageId: number, delta: -1 | 1): Promise<Result> {
+    const m = this.message(messageId);
+    if (!m || !m.alternatives || m.conversation_id == null) return { ok: false };
+    const idx = m.alternative_index ?? m.alternatives.indexOf(m.id);
+    const target = m.alternatives[idx + delta];
+    if (target == null) return { ok: false };
+    if (this.isBusy(m.conversation_id)) {
+      this.ui.notify(m.conversation_id, errorWords('already_streaming'), 'already_streaming');
+      return { ok: false };
+    }
+    try {
+      const r = unwrapConversation(await this.api.patch(m.conversation_id, { active_message: target }));
+      if (r.conversation && Array.isArray(r.messages)) this.apply(r.conversation, r.messages);
+      else await this.load(m.conversation_id, true);
+      return { ok: true };
+    } catch (e) {
+      this.ui.notify(m.conversation_id, (e as Error).message);
+      return { ok: false, error: (e as Error).message };
+    }
+  }
+
+  private editMessages(edit: (all: Map<number, Message>) => void): void {
+    const next = new Map(this._messages.value);
+    edit(next);
+    this._messages.value = next;
+  }
+}
+
+function sameMessage(a: Message, b: Message): boolean {
+  return (
+    a.text === b.text &&
+    a.status === b.status &&
+    a.finish_reason === b.finish_reason &&
+    a.parent_id === b.parent_id &&
+    a.alternative_index === b.alternative_index &&
+    (a.error || '') === (b.error || '') &&
+    JSON.stringify(a.alternatives || []) === JSON.stringify(b.alternatives || []) &&
+    JSON.stringify(a.stats || {}) === JSON.stringify(b.stats || {})
+  );
+}
+
+/** PATCH answers the conversation (docs/http.md) or {conversation, messages}; accept both. */
+function unwrapConversation(r: unknown): { conversation?: Conversation; messages?: Message[] } {
+  if (r && typeof r === 'object' && 'conversation' in r) return r as { conversation?: Conversation; messages?: Message[] };
+  return { conversation: r as Conversation };
+}

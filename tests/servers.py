@@ -1,3 +1,7 @@
+"""A real server process (daphne) of this app on the tiny model, with a user and an API
+key, and the helpers the API and backend tests drive it with. The conftests of
+tests/openai_api and tests/backends offer its fixtures."""
+
 from __future__ import annotations
 
 import json
@@ -8,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.live_server import LiveServer
+from tools.live_server import LiveServer
 
 PASSWORD = "a-long-test-password-1"
 

@@ -173,7 +173,7 @@ class LiveServer(DjangoProcess):
         fields = ", ".join(f"{k}={v!r}" for k, v in limits.items())
         return self.python(
             "from django.contrib.auth import get_user_model as g; "
-            "from chatapp.api_keys import create_key; "
+            "from chatapp.openai_api.keys import create_key; "
             f"k, raw = create_key(g().objects.get(username={username!r}), 'test'); "
             + (f"type(k).objects.filter(pk=k.pk).update({fields}); " if fields else "")
             + "print(raw)"

@@ -1,7 +1,7 @@
 """Load generator: N simulated people chatting multi-turn over real WebSockets.
 
-    python -m tests.load --users 64 --duration 600            # starts its own server
-    python -m tests.load --url http://127.0.0.1:8000 --password ... --users 16 --duration 60
+    python -m tools.load --users 64 --duration 600            # starts its own server
+    python -m tools.load --url http://127.0.0.1:8000 --password ... --users 16 --duration 60
 
 Each person logs in, opens the chat socket and keeps a conversation going: send, wait for
 the reply to finish, think for a moment, send the next turn (a new conversation every
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     if base is None:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
         from inference.model_files import ensure_default_model
-        from tests.live_server import LiveServer
+        from tools.live_server import LiveServer
 
         server = LiveServer(
             Path(tempfile.mkdtemp(prefix="load-")),

@@ -5,7 +5,6 @@ ends, with a message that says so. Both the site's log-in page and the admin's u
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
@@ -14,9 +13,8 @@ from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 from django.http import HttpRequest
-from django_ratelimit.core import get_usage
 
-log = logging.getLogger(__name__)
+from chatapp.ratelimit import usage
 
 
 def _counters(username: str) -> list[tuple[str, Any, int]]:
@@ -28,20 +26,15 @@ def _counters(username: str) -> list[tuple[str, Any, int]]:
 
 
 def _usage(request: HttpRequest, username: str, increment: bool) -> list[dict[str, Any]]:
+    """The counters' usage; none while the cache (Redis) is away: people can still log in
+    then, uncounted, and a warning says so (chatapp/ratelimit.py)."""
     window = settings.LOGIN_FAILURE_WINDOW_S
     usages = []
     for group, key, limit in _counters(username):
-        try:
-            usage = get_usage(
-                request, group=group, key=key, rate=f"{limit}/{window}s", increment=increment
-            )
-        except Exception as exc:
-            # As every rate limit here (chatapp/rate_limits.py): with the cache (Redis)
-            # away, people can still log in, uncounted, and a warning says so.
-            log.warning("log-in throttle counters unavailable (%s); not limiting", exc)
+        found = usage(request, group=group, key=key, rate=f"{limit}/{window}s", increment=increment)
+        if found is None:
             return []
-        if usage is not None:
-            usages.append(usage)
+        usages.append(found)
     return usages
 
 

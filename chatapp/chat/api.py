@@ -8,26 +8,30 @@ from functools import wraps
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth.decorators import login_required
 from django.core.exceptions import RequestDataTooBig
 from django.db.models import Q
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views.decorators.http import require_http_methods
+from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404
+from django.views.decorators.http import require_GET, require_http_methods
 
-from chatapp import conversations as conv_logic
-from chatapp.conversations import InvalidSettings, NotFound, clean_text, clean_title
-from chatapp.export import conversation_markdown, conversation_payload
-from chatapp.models import Conversation
+from chatapp.chat import conversations as conv_logic
+from chatapp.chat.conversations import InvalidSettings, NotFound, clean_title
+from chatapp.chat.export import conversation_markdown, conversation_payload
+from chatapp.chat.models import Conversation
+from chatapp.errors import error_response
+from chatapp.jobs import queue
+from chatapp.jobs.files import file_response
+from chatapp.jobs.models import Job
+from chatapp.text import InvalidText, clean_text
 from inference.client import engine_ready, get_engine_client
+from inference.model_files import model_name
 
 MAX_BODY_BYTES = 64 * 1024
 
 
 class BodyTooLarge(Exception):
     pass
-
-
-def api_error(status: int, code: str, message: str) -> JsonResponse:
-    return JsonResponse({"error": {"code": code, "message": message}}, status=status)
 
 
 def api_view(*methods: str) -> Callable:
@@ -38,15 +42,15 @@ def api_view(*methods: str) -> Callable:
         @wraps(view)
         def inner(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             if not request.user.is_authenticated:
-                return api_error(401, "unauthenticated", "Log in first.")
+                return error_response(401, "unauthenticated", "Log in first.")
             try:
                 return view(request, *args, **kwargs)
             except NotFound:
-                return api_error(404, "not_found", "Not found.")
-            except InvalidSettings as exc:
-                return api_error(400, getattr(exc, "code", "invalid"), str(exc))
+                return error_response(404, "not_found", "Not found.")
+            except (InvalidSettings, InvalidText) as exc:
+                return error_response(400, getattr(exc, "code", "invalid"), str(exc))
             except BodyTooLarge:
-                return api_error(
+                return error_response(
                     413, "too_large", f"The request body is larger than {MAX_BODY_BYTES} bytes."
                 )
 
@@ -154,7 +158,7 @@ def engine_info(request: HttpRequest) -> HttpResponse:
         live, max_model_len = client.stats(), client.max_model_len
     return JsonResponse(
         {
-            "model": settings.ENGINE["MODEL"].rstrip("/").rsplit("/", 1)[-1],
+            "model": model_name(settings.ENGINE["MODEL"]),
             "ready": live is not None,
             "max_model_len": max_model_len,
             "stats": live,
@@ -172,3 +176,41 @@ def chat_limits(request: HttpRequest) -> HttpResponse:
     the same constants and settings the server validates with."""
     context_tokens = get_engine_client().max_model_len if engine_ready() else None
     return JsonResponse(conv_logic.settings_limits(context_tokens))
+
+
+# --- exports of all of a user's conversations (a job: chatapp/jobs) -----------------
+
+
+def _job_json(job: Job) -> dict[str, Any]:
+    return {
+        "id": job.pk,
+        "status": job.status,
+        "format": job.params.get("format"),
+        "created_at": job.created_at.isoformat(),
+        "finished_at": job.finished_at.isoformat() if job.finished_at else None,
+        "download": f"/api/exports/{job.pk}/download" if job.status == Job.Status.DONE else None,
+    }
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def exports(request: HttpRequest) -> JsonResponse:
+    if request.method == "POST":
+        try:
+            fmt = json.loads(request.body or b"{}").get("format", "md")
+        except (ValueError, AttributeError):
+            return error_response(400, "invalid", "expected a JSON object")
+        if fmt not in ("md", "json"):
+            return error_response(400, "invalid", "format must be 'md' or 'json'")
+        job = queue.start(Job.Kind.EXPORT, user=request.user, params={"format": fmt})
+        job.refresh_from_db()
+        return JsonResponse(_job_json(job), status=202)
+    done = Job.objects.filter(kind=Job.Kind.EXPORT, user=request.user)[:20]
+    return JsonResponse({"exports": [_job_json(j) for j in done]})
+
+
+@login_required
+@require_GET
+def export_download(request: HttpRequest, pk: int) -> FileResponse:
+    job = get_object_or_404(Job, pk=pk, kind=Job.Kind.EXPORT, user=request.user)
+    return file_response(job, attachment=True)

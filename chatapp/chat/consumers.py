@@ -1,7 +1,7 @@
 """The chat WebSocket (/ws/chat/). Protocol: docs/websocket.md.
 
 Every frame is validated here; anything wrong gets an `error` frame and the socket
-stays open. Generation itself lives in chatapp.generation so a reply survives the
+stays open. Generation itself lives in chatapp.chat.generation so a reply survives the
 socket that asked for it.
 """
 
@@ -16,15 +16,13 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
-from chatapp import conversations as conv_logic
-from chatapp.auth_events import LAYER_TIMEOUT_S, join, leave, notify, session_user_id, user_group
-from chatapp.conversations import InvalidSettings, InvalidText, NotFound, clean_text
-from chatapp.generation import (
+from chatapp.chat import conversations
+from chatapp.chat.conversations import InvalidSettings, NotFound
+from chatapp.chat.generation import (
     ERROR_TEXT,
     AlreadyStreaming,
     Generation,
@@ -35,8 +33,10 @@ from chatapp.generation import (
     message_snapshot,
     registry,
 )
-from chatapp.models import Conversation, Message
-from chatapp.rate_limits import counted_usage
+from chatapp.chat.models import Conversation, Message
+from chatapp.chat.user_sockets import join, leave, remember_loop, session_user_id
+from chatapp.ratelimit import counted_usage
+from chatapp.text import InvalidText, clean_text
 from inference.chat_template import Turn
 from inference.client import (
     EngineUnavailableError,
@@ -47,41 +47,6 @@ from inference.client import (
 from inference.engine import PromptTooLongError, SamplingParams
 
 log = logging.getLogger(__name__)
-
-# Group event telling a user's sockets a conversation got a new title (chat_title below).
-TITLE = "chat.title"
-# The event loop this process's sockets run on, once one has connected.
-_sockets_loop: asyncio.AbstractEventLoop | None = None
-
-
-def send_title(user_id: int, conversation_id: int, title: str) -> None:
-    """Tell the user's open sockets (in any process: through the channel layer) that a
-    conversation got a new title; they send a `title` frame. Never raises: a frame that
-    does not arrive only means the title shows on the next reload.
-
-    Called from a job's thread. The in-memory layer's queues belong to the loop the
-    sockets run on, so the event is handed to that loop; the Redis layer works from any
-    loop, and a process with no sockets (a Celery worker) sends it on a loop of its own."""
-    event = {"type": TITLE, "conversation_id": conversation_id, "title": title}
-    loop = _sockets_loop
-    if loop is None or not loop.is_running():
-        notify(user_id, event)
-        return
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    coro = asyncio.wait_for(layer.group_send(user_group(user_id), event), LAYER_TIMEOUT_S)
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    try:
-        if running is loop:
-            loop.create_task(coro)
-        else:
-            asyncio.run_coroutine_threadsafe(coro, loop).result(LAYER_TIMEOUT_S + 1)
-    except Exception as exc:
-        log.warning("could not tell user %s's sockets about a new title: %s", user_id, exc)
 
 
 class FrameError(Exception):
@@ -126,8 +91,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.user = user
         self.session_key: str | None = self.scope["session"].session_key
         self.forwarders: dict[int, tuple[Generation, Subscription, asyncio.Task[None]]] = {}
-        global _sockets_loop
-        _sockets_loop = asyncio.get_running_loop()
+        remember_loop(asyncio.get_running_loop())
         # Joined before accepting, so a logout (or a new title) from then on reaches it.
         await join(self.channel_layer, user.pk, self.channel_name)
         self.in_group = True
@@ -142,7 +106,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             self.in_group = False
             await leave(self.channel_layer, self.user.pk, self.channel_name)
 
-    # --- the login this socket was opened with (chatapp/auth_events.py) -------------
+    # --- the login this socket was opened with (chatapp/chat/user_sockets.py) -------------
 
     async def auth_logout(self, event: dict[str, Any]) -> None:
         if event.get("session_key") == self.session_key:
@@ -212,7 +176,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_error(
                 "not_found", "That conversation or message does not exist.", **extra
             )
-        except InvalidSettings as exc:
+        except (InvalidSettings, InvalidText) as exc:
             await self.send_error("invalid", str(exc), **extra)
         except EngineUnavailableError:
             await self.send_error("engine_unavailable", ERROR_TEXT["engine_unavailable"], **extra)
@@ -238,17 +202,17 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def on_send(self, content: dict[str, Any]) -> None:
         text = _text_field(content)
         conv_id = _id_field(content, "conversation_id", allow_null=True)
-        new_settings = conv_logic.clean_settings(content.get("settings"))
+        new_settings = conversations.clean_settings(content.get("settings"))
         if conv_id is not None:
-            conv = await database_sync_to_async(conv_logic.get_conversation)(self.user, conv_id)
+            conv = await database_sync_to_async(conversations.get_conversation)(self.user, conv_id)
         else:
             # Not saved yet: it is written together with the first exchange, in one
             # transaction, so a refused or failed first message leaves nothing behind.
-            conv = conv_logic.new_conversation(self.user, "", new_settings)
+            conv = conversations.new_conversation(self.user, "", new_settings)
         await self._generate(conv, None, text, content)
 
     async def on_regenerate(self, content: dict[str, Any]) -> None:
-        message = await database_sync_to_async(conv_logic.get_message)(
+        message = await database_sync_to_async(conversations.get_message)(
             self.user, _id_field(content, "message_id")
         )
         if message.role != Message.Role.ASSISTANT:
@@ -258,7 +222,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def on_edit(self, content: dict[str, Any]) -> None:
         text = _text_field(content)
-        message = await database_sync_to_async(conv_logic.get_message)(
+        message = await database_sync_to_async(conversations.get_message)(
             self.user, _id_field(content, "message_id")
         )
         if message.role != Message.Role.USER:
@@ -268,18 +232,18 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def on_stop(self, content: dict[str, Any]) -> None:
         message_id = _id_field(content, "message_id")
-        message = await database_sync_to_async(conv_logic.get_message)(self.user, message_id)
+        message = await database_sync_to_async(conversations.get_message)(self.user, message_id)
         gen = registry.get(message.pk)
         if gen is not None:
             gen.stop("abort")
 
     async def on_resume(self, content: dict[str, Any]) -> None:
-        message = await database_sync_to_async(conv_logic.get_message)(
+        message = await database_sync_to_async(conversations.get_message)(
             self.user, _id_field(content, "message_id")
         )
         gen = registry.get(message.pk)
         if gen is not None and not gen.finished:
-            as_json = await database_sync_to_async(conv_logic.message_json)(message, True)
+            as_json = await database_sync_to_async(conversations.message_json)(message, True)
             # Subscribe and snapshot with no await in between: no delta can slip past.
             sub = gen.subscribe()
             snapshot = message_snapshot(gen, as_json)
@@ -314,7 +278,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             if fresh is None:
                 raise NotFound("message")
             message = fresh
-        return conv_logic.message_json(message, with_alternatives=True)
+        return conversations.message_json(message, with_alternatives=True)
 
     HANDLERS = {
         "ping": on_ping,
@@ -402,8 +366,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         def prepare() -> tuple[Prompt, Message | None]:
             # The branch the reply continues: for a plain send, the active branch; for
             # regenerate and edit, the path down to `parent`.
-            branch = conv_logic.path_to(parent) if branch_from else conv_logic.active_branch(conv)
-            turns = conv_logic.turns_for(conv, branch)
+            branch = (
+                conversations.path_to(parent) if branch_from else conversations.active_branch(conv)
+            )
+            turns = conversations.turns_for(conv, branch)
             if user_text is not None:
                 turns.append(Turn("user", user_text))
             # Scoped to the conversation's owner (docs/kv-tier.md, "Whose blocks").
@@ -415,7 +381,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             client.check_fits(prompt)
         except PromptTooLongError as exc:
             raise FrameError("too_long", ERROR_TEXT["too_long"]) from exc
-        user_msg, reply = await database_sync_to_async(conv_logic.add_exchange)(
+        user_msg, reply = await database_sync_to_async(conversations.add_exchange)(
             conv, anchor, user_text, prompt.user_token_ids
         )
         sampling = SamplingParams(
@@ -436,14 +402,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         """Tell this socket the reply started."""
         client_id = content.get("client_id")
         if new_conversation:
-            conv_json = await database_sync_to_async(conv_logic.conversation_json)(conv)
+            conv_json = await database_sync_to_async(conversations.conversation_json)(conv)
             await self.send_json({"type": "conversation", "conversation": conv_json})
         user_json = (
-            await database_sync_to_async(conv_logic.message_json)(user_msg, True)
+            await database_sync_to_async(conversations.message_json)(user_msg, True)
             if user_msg
             else None
         )
-        reply_json = await database_sync_to_async(conv_logic.message_json)(reply, True)
+        reply_json = await database_sync_to_async(conversations.message_json)(reply, True)
         start: dict[str, Any] = {
             "type": "start",
             "conversation_id": conv.pk,

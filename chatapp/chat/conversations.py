@@ -9,7 +9,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from chatapp.models import Conversation, Message
+from chatapp.chat.models import Conversation, Message
+from chatapp.text import clean_text
 from inference.chat_template import Turn
 
 TITLE_WORDS = 8
@@ -27,38 +28,8 @@ class NotFound(Exception):
 
 
 class InvalidSettings(ValueError):
-    pass
-
-
-class InvalidText(InvalidSettings):
-    """User text that cannot be stored or used; `code` is the error code a client sees
-    (`invalid`, or `too_long` for text over its limit)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def clean_text(value: Any, label: str, max_chars: int, *, allow_empty: bool = True) -> str:
-    """The one check for text a person sends (a message, a title, a system prompt, a key
-    name, a search): a string, within `max_chars`, and storable on every database the app
-    runs on. A lone surrogate cannot be encoded as UTF-8 at all, and PostgreSQL refuses NUL
-    in text columns; both are refused here, before anything is written, rather than
-    surfacing later as a 500 or a misleading "database unavailable"."""
-    if not isinstance(value, str):
-        raise InvalidText("invalid", f"{label} must be a string.")
-    if not allow_empty and not value.strip():
-        raise InvalidText("invalid", f"{label} is empty.")
-    if len(value) > max_chars:
-        raise InvalidText("too_long", f"{label} is longer than {max_chars} characters.")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidText("invalid", f"{label} contains invalid Unicode.") from exc
-    if "\x00" in value:
-        raise InvalidText("invalid", f"{label} contains a NUL character.")
-    return value
+    """Conversation settings out of their ranges (user text that cannot be stored is
+    chatapp.text.InvalidText)."""
 
 
 def clean_title(value: Any) -> str:

@@ -21,8 +21,10 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
-from chatapp.conversations import message_json
-from chatapp.models import Message
+from chatapp.chat import titles
+from chatapp.chat.conversations import message_json
+from chatapp.chat.models import Message
+from chatapp.events import send_request_ended
 from inference.client import Prompt, get_engine_client, prefix_cache_salt
 from inference.engine import (
     EngineBusyError,
@@ -31,7 +33,6 @@ from inference.engine import (
     RequestMetrics,
     SamplingParams,
 )
-from inference.recording import record_request
 from inference.workers.protocol import is_worker_lost
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,8 @@ class Generation:
         self.request_id = f"chat-{message.pk}-{uuid.uuid4().hex[:8]}"
         self.text = ""
         self.token_ids: list[int] = []
-        self.seq = 0
+        # Delta frames published so far: each frame's `seq` (docs/websocket.md).
+        self.deltas_sent = 0
         self.finished = False
         self.stop_reason: str | None = None
         self.subscribers: set[Subscription] = set()
@@ -190,13 +192,13 @@ class Generation:
                 text = delta.text.replace("\x00", "")
                 if text:
                     self.text += text
-                    self.seq += 1
+                    self.deltas_sent += 1
                     self._publish(
                         {
                             "type": "delta",
                             "message_id": self.message_id,
                             "text": text,
-                            "seq": self.seq,
+                            "seq": self.deltas_sent,
                         }
                     )
                 if delta.finished:
@@ -267,15 +269,18 @@ class Generation:
             )
         self._publish(done_event(self.message_id, status, finish_reason, stats, message))
         self.registry.forget(self)
-        # Observability: store this request's figures (inference/recording.py).
-        await record_request(
+        await send_request_ended(
             "chat",
             self.request_id,
             metrics,
             finish_reason,
             error_code,
             conversation_id=self.conversation_id,
+            user_id=self.owner_id,
         )
+        if status == Message.Status.COMPLETE:
+            # The conversation's first complete reply asks for its title (titles.py).
+            await database_sync_to_async(titles.maybe_start)(self.conversation_id)
 
     @database_sync_to_async
     def _save_final(
@@ -396,4 +401,4 @@ registry = GenerationRegistry()
 
 
 def message_snapshot(gen: Generation, message: dict[str, Any]) -> dict[str, Any]:
-    return {**message, "text": gen.text, "status": Message.Status.STREAMING, "seq": gen.seq}
+    return {**message, "text": gen.text, "status": Message.Status.STREAMING, "seq": gen.deltas_sent}

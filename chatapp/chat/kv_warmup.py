@@ -1,8 +1,8 @@
-"""Upkeep of the Redis KV tier, run as a periodic offline job (inference.tasks).
+"""Upkeep of the Redis KV tier, run as a periodic offline job (chatapp.observability.tasks).
 
 1. Report the tier's size (entries, bytes) and keep its books straight: entries whose TTL
    ran out leave their last-use and size records behind; those are dropped, and the size
-   cap is enforced again (inference.engine.kv_store.upkeep).
+   cap is enforced again (inference.engine.kv_tier.upkeep).
 2. Warm the tier with the system prompts conversations use most: each is prefilled once by
    the serving engine (one greedy token; never an engine of this job's own: in embedded
    mode the web process runs this job, in distributed mode it goes through the engine
@@ -24,11 +24,12 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count
 
-from chatapp.models import Conversation
-from inference.chat_template import Turn
-from inference.client import prefix_cache_salt
+from chatapp.chat.models import Conversation
+from chatapp.jobs.models import Job
+from inference.client import get_engine_client, prefix_cache_salt
 from inference.engine import SamplingParams
-from inference.engine.kv_store import redacted, upkeep_url
+from inference.engine.kv_tier.redaction import redacted
+from inference.engine.kv_tier.upkeep import upkeep_url
 
 log = logging.getLogger(__name__)
 
@@ -58,23 +59,23 @@ def most_used_system_prompts(limit: int) -> list[tuple[str, int, int | None]]:
 def warm(prompts: list[tuple[str, int | None]]) -> list[dict[str, Any]]:
     """Prefill each (prompt, owner)'s system turn on the engine, in the owner's cache scope
     (None: shared); what each cost."""
-    from inference.client import get_engine_client
-
     client = get_engine_client()
     sampling = SamplingParams(max_tokens=1, temperature=0.0)
 
     async def one(text: str, owner: int | None) -> dict[str, Any]:
         # The system turn alone, as every conversation with this prompt starts.
-        ids = client.prompts.build([Turn("system", text)], add_generation_prompt=False)
+        prompt = client.system_prompt(text)
         salt = None if owner is None else prefix_cache_salt(owner)
         started = time.perf_counter()
         last = None
         rid = f"warm-{uuid.uuid4().hex}"
-        async for delta in client.generate(ids, sampling, request_id=rid, cache_salt=salt):
+        # replay=False: a reply from the response cache would warm nothing.
+        stream = client.stream(prompt, sampling, request_id=rid, cache_salt=salt, replay=False)
+        async for delta in stream:
             last = delta
         m = last.metrics if last is not None else None
         return {
-            "prompt_tokens": len(ids),
+            "prompt_tokens": prompt.length or 0,
             "cached_memory": m.cached_tokens if m else 0,
             "cached_redis": int(getattr(m, "cached_tokens_redis", 0) or 0) if m else 0,
             "seconds": round(time.perf_counter() - started, 3),
@@ -89,16 +90,16 @@ def warm(prompts: list[tuple[str, int | None]]) -> list[dict[str, Any]]:
 def run() -> dict[str, Any]:
     """One upkeep pass; the result is stored with the job and shown on the dashboard."""
     cfg = settings.ENGINE
-    url = str(cfg.get("KV_TIER_URL") or "")
-    if not url:
+    url = str(cfg["KV_TIER_URL"] or "")
+    if not url or cfg["MODE"] == "upstream":  # an upstream server keeps its own cache
         return {"enabled": False}
     report: dict[str, Any] = {"enabled": True, "url": redacted(url)}
     try:
         report.update(
             upkeep_url(
                 url,
-                namespace=str(cfg.get("KV_TIER_NAMESPACE", "kvtier")),
-                max_mb=int(cfg.get("KV_TIER_MAX_MB", 2048)),
+                namespace=str(cfg["KV_TIER_NAMESPACE"]),
+                max_mb=int(cfg["KV_TIER_MAX_MB"]),
             )
         )
     except Exception as exc:  # Redis away: say so in the job's result, do not crash beat
@@ -111,4 +112,13 @@ def run() -> dict[str, Any]:
         {"conversations": n, "chars": len(text), "shared": owner is None, **cost}
         for (text, n, owner), cost in zip(prompts, figures, strict=True)
     ]
+    return report
+
+
+def upkeep_job(job: Job) -> dict[str, Any]:
+    """One pass as a Job (kind kv_tier): its report is the Job's result."""
+    report = run()
+    Job.objects.filter(pk=job.pk).update(result=report)
+    if report.get("error"):
+        raise RuntimeError(report["error"])
     return report

@@ -1,6 +1,6 @@
 """Conversation titles written after a conversation's first reply (docs/titles.md).
 
-Until then a conversation shows its first words (chatapp.conversations.default_title);
+Until then a conversation shows its first words (chatapp.chat.conversations.default_title);
 a title the user typed is never replaced. The title is made from the user's first message
 only: the serving engine is asked (greedy, a few tokens) for a short noun phrase, and its
 answer is checked (`clean`); when it is unusable, a title is built from the message's first
@@ -17,9 +17,12 @@ import uuid
 
 from django.conf import settings
 
-from chatapp.conversations import default_title
-from chatapp.models import Conversation, Message
+from chatapp.chat.conversations import default_title
+from chatapp.chat.models import Conversation, Message
+from chatapp.chat.user_sockets import send_title
+from chatapp.jobs import queue
 from inference.chat_template import Turn
+from inference.client import get_engine_client, prefix_cache_salt
 from inference.engine import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -108,9 +111,7 @@ def maybe_start(conversation_id: int) -> None:
     conv = Conversation.objects.filter(pk=conversation_id).first()
     if conv is None or not needs_title(conv):
         return
-    from inference import tasks
-
-    tasks.submit(tasks.generate_title, conversation_id)
+    queue.submit(queue.task_named("inference.generate_title"), conversation_id)
 
 
 # --- what makes a title ---------------------------------------------------------------
@@ -254,18 +255,13 @@ def fallback_title(user_text: str) -> str:
 def model_title(user_text: str, owner_id: int | None = None) -> str | None:
     """The serving engine's title for a first message (greedy, MAX_TOKENS tokens), in the
     owner's cache scope; None when its answer is unusable (`clean`)."""
-    from inference.client import get_engine_client, prefix_cache_salt
-
     client = get_engine_client()
     salt = prefix_cache_salt(owner_id) if owner_id is not None else None
     message = " ".join(user_text[:PROMPT_CHARS].split())
     prompt = client.chat_prompt([Turn("user", INSTRUCTION + message)], cache_salt=salt)
-    prefix = ""
-    if prompt.token_ids is not None:
-        prefix = ANSWER_PREFIX
-        prompt.token_ids = prompt.token_ids + list(
-            client.tokenizer.encode(prefix, add_special_tokens=False)
-        )
+    started = client.with_reply_started(prompt, ANSWER_PREFIX)
+    prefix = ANSWER_PREFIX if started is not prompt else ""
+    prompt = started
     sampling = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
 
     async def run() -> tuple[str, str | None]:
@@ -307,7 +303,5 @@ def generate(conversation_id: int) -> str | None:
     updated = Conversation.objects.filter(pk=conv.pk, title=conv.title).update(title=title)
     if not updated:
         return None
-    from chatapp.consumers import send_title
-
     send_title(conv.owner_id, conv.pk, title)
     return title

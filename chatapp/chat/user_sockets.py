@@ -1,5 +1,7 @@
-"""A chat socket lives only as long as the login it was opened with (docs/websocket.md,
-close code 4401).
+"""A user's open chat sockets, in any process: the channel-layer group each one joins, and
+what is sent to it. A socket lives only as long as the login it was opened with
+(docs/websocket.md, close code 4401); a conversation's new title reaches its owner's
+sockets as a `title` frame.
 
 Every socket joins its user's channel-layer group. Logging out tells the group which
 session ended; changing the password, deactivating or deleting the user tells it to
@@ -115,3 +117,44 @@ def connect_signals() -> None:
     post_init.connect(_remember_credentials, sender=user_model, dispatch_uid="chat-sockets-init")
     post_save.connect(_on_user_saved, sender=user_model, dispatch_uid="chat-sockets-saved")
     post_delete.connect(_on_user_deleted, sender=user_model, dispatch_uid="chat-sockets-deleted")
+
+
+# Group event telling a user's sockets a conversation got a new title (ChatConsumer.chat_title).
+TITLE = "chat.title"
+# The event loop this process's sockets run on, once one has connected.
+_sockets_loop: asyncio.AbstractEventLoop | None = None
+
+
+def remember_loop(loop: asyncio.AbstractEventLoop) -> None:
+    global _sockets_loop
+    _sockets_loop = loop
+
+
+def send_title(user_id: int, conversation_id: int, title: str) -> None:
+    """Tell the user's open sockets (in any process: through the channel layer) that a
+    conversation got a new title; they send a `title` frame. Never raises: a frame that
+    does not arrive only means the title shows on the next reload.
+
+    Called from a job's thread. The in-memory layer's queues belong to the loop the
+    sockets run on, so the event is handed to that loop; the Redis layer works from any
+    loop, and a process with no sockets (a Celery worker) sends it on a loop of its own."""
+    event = {"type": TITLE, "conversation_id": conversation_id, "title": title}
+    loop = _sockets_loop
+    if loop is None or not loop.is_running():
+        notify(user_id, event)
+        return
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    coro = asyncio.wait_for(layer.group_send(user_group(user_id), event), LAYER_TIMEOUT_S)
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    try:
+        if running is loop:
+            loop.create_task(coro)
+        else:
+            asyncio.run_coroutine_threadsafe(coro, loop).result(LAYER_TIMEOUT_S + 1)
+    except Exception as exc:
+        log.warning("could not tell user %s's sockets about a new title: %s", user_id, exc)

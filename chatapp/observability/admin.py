@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.http import HttpRequest
 
-from inference.models import Job, MinuteRollup, RequestRecord
+from chatapp.observability.models import MinuteRollup, RequestRecord
 
 
 @admin.register(RequestRecord)
@@ -31,12 +31,5 @@ class MinuteRollupAdmin(admin.ModelAdmin):
         return False
 
 
-@admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
-    list_display = ("id", "kind", "status", "user", "created_at", "finished_at")
-    list_filter = ("kind", "status")
-    raw_id_fields = ("user",)
-
-
-# The admin's front page links to the latency dashboard (inference/urls.py).
-admin.site.index_template = "inference/admin_index.html"
+# The admin's front page links to the latency dashboard (urls.py).
+admin.site.index_template = "observability/admin_index.html"

@@ -13,9 +13,10 @@ from typing import Any
 
 from django.utils import timezone
 
-from inference import jobs, stats
-from inference.models import EngineSample, Job, MinuteRollup, RequestRecord
-from inference.rollups import (
+from chatapp.jobs.models import Job
+from chatapp.observability import benchmark, percentiles
+from chatapp.observability.models import EngineSample, MinuteRollup, RequestRecord
+from chatapp.observability.rollups import (
     LATENCIES,
     PERCENTILES,
     TOKEN_SUMS,
@@ -74,10 +75,11 @@ def merge_rollups(group: list[MinuteRollup]) -> dict:
         vals = [(getattr(r, k), r.samples) for r in group if getattr(r, k) is not None]
         merged[k] = sum(v * w for v, w in vals) / n if n else None
     hists = {
-        name: stats.merge(r.hists.get(name, {}) for r in group) for name in (*LATENCIES, "itl")
+        name: percentiles.merge(r.hists.get(name, {}) for r in group)
+        for name in (*LATENCIES, "itl")
     }
     merged["stats"] = {
-        f"{name}_p{q}": stats.hist_percentile(h, q)
+        f"{name}_p{q}": percentiles.hist_percentile(h, q)
         for name, h in hists.items()
         for q in PERCENTILES
     }
@@ -138,7 +140,7 @@ def series(buckets: dict[datetime, dict], start: datetime, end: datetime, bucket
 
 def summary(buckets: dict[datetime, dict]) -> dict[str, Any]:
     hists = {
-        name: stats.merge(b["hists"].get(name, {}) for b in buckets.values())
+        name: percentiles.merge(b["hists"].get(name, {}) for b in buckets.values())
         for name in ("ttft", "itl", "tpot", "e2e", "queue_time")
     }
     total = {k: sum(b.get(k) or 0 for b in buckets.values()) for k in SUMS}
@@ -147,7 +149,11 @@ def summary(buckets: dict[datetime, dict]) -> dict[str, Any]:
         for code, c in b["errors"].items():
             errors[code] = errors.get(code, 0) + c
     return {
-        **{f"{n}_p{q}": stats.hist_percentile(h, q) for n, h in hists.items() for q in (50, 99)},
+        **{
+            f"{n}_p{q}": percentiles.hist_percentile(h, q)
+            for n, h in hists.items()
+            for q in (50, 99)
+        },
         **total,
         "errors": errors,
         "error_count": sum(errors.values()),
@@ -167,8 +173,8 @@ def replays(start: datetime, end: datetime) -> dict[str, Any]:
     measured = [t for t in ttfts if t is not None]
     return {
         "replays": len(ttfts),
-        "replay_ttft_p50": stats.percentile(measured, 50),
-        "replay_ttft_p99": stats.percentile(measured, 99),
+        "replay_ttft_p50": percentiles.percentile(measured, 50),
+        "replay_ttft_p99": percentiles.percentile(measured, 99),
     }
 
 
@@ -224,7 +230,7 @@ def benchmark_runs(limit: int = 10) -> list[dict[str, Any]]:
         {
             **job_fields(j),
             "finished_at": j.finished_at.isoformat() if j.finished_at else None,
-            "summary": jobs.benchmark_summary(j.result) if j.result else {},
+            "summary": benchmark.summary(j.result) if j.result else {},
             "targets": j.result.get("targets", []) if j.result else [],
             "machine": j.result.get("machine", "") if j.result else "",
             "plot_url": f"/admin/latency/jobs/{j.pk}/file" if j.file else None,

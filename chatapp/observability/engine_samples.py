@@ -1,28 +1,23 @@
-"""Engine snapshots over time. The engine's stats() is a snapshot of now (queues, KV
-blocks, its last step, running totals); a thread in the process that holds the engine
-stores one every OBS_SAMPLE_INTERVAL_S and refreshes the Prometheus gauges from it.
-
-With no Celery broker (the embedded default) the same thread runs the rollup each
-minute and the pruning each hour, in place of Celery beat.
+"""Engine samples over time. The engine's stats() is a snapshot of now (queues, KV
+blocks, its last step, running totals); the process that holds the engine client stores
+one every OBS_SAMPLE_INTERVAL_S (the `inference.sample_engine` task, on the schedule of
+chatapp/jobs/scheduler.py) and refreshes the Prometheus gauges from it.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
-import time
 from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections
 
+from chatapp.observability.models import EngineSample
+from chatapp.observability.recording import WORKER
 from inference import metrics
-from inference.recording import WORKER, _model_name
+from inference.client import engine_ready, get_engine_client, loaded_engine_stats
+from inference.model_files import model_name
 
-log = logging.getLogger(__name__)
-
-_thread: threading.Thread | None = None
 _lock = threading.Lock()
 # The engine totals last fed to the Prometheus counters (counters only go up), by
 # (worker, total's name).
@@ -63,8 +58,6 @@ def engines_of(s: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
     if s.get("mode") == "distributed":
         if "error" in s:
             return None
-        from inference.client import engine_ready, get_engine_client
-
         engine = getattr(get_engine_client(), "engine", None) if engine_ready() else None
         per_worker = getattr(engine, "last_worker_stats", None)
         if per_worker is not None:
@@ -80,7 +73,7 @@ def update_prometheus(
     """Refresh the engine gauges and counters, one series per engine (`worker` label);
     `by_worker` defaults to engines_of(s)."""
     global _engines_seen
-    model = _model_name()
+    model = model_name(settings.ENGINE["MODEL"])
     engines = engines_of(s) if by_worker is None else by_worker
     if engines is None:
         return  # nothing known: the series keep their last values until the next sample
@@ -124,62 +117,9 @@ def _growth(worker: str, key: str, s: dict[str, Any]) -> int:
     return now - before if now >= before else now
 
 
-def live_stats() -> dict[str, Any] | None:
-    """The engine's stats if it runs in this process and is loaded, else None."""
-    from inference.client import engine_ready, get_engine_client
-
-    if not engine_ready():
-        return None
-    try:
-        return get_engine_client().stats()
-    except Exception:
-        log.exception("engine stats failed")
-        return None
-
-
-def take_sample() -> Any:
-    from inference.models import EngineSample
-
-    s = live_stats()
+def take_sample() -> EngineSample | None:
+    s = loaded_engine_stats()
     if s is None:
         return None
     update_prometheus(s)
     return EngineSample.objects.create(at=datetime.now(UTC), worker=WORKER, **sample_fields(s))
-
-
-def _loop() -> None:
-    interval = float(settings.OBS_SAMPLE_INTERVAL_S)
-    last_rollup = last_prune = last_kv_upkeep = time.monotonic()
-    while True:
-        time.sleep(interval)
-        try:
-            take_sample()
-            from inference import tasks
-
-            if settings.CELERY_TASK_ALWAYS_EAGER:
-                if time.monotonic() - last_rollup >= 60:
-                    last_rollup = time.monotonic()
-                    tasks.rollup.apply()
-                if time.monotonic() - last_prune >= 3600:
-                    last_prune = time.monotonic()
-                    tasks.prune.apply()
-            # Broker or not: in embedded mode the warming needs this process's engine.
-            due = time.monotonic() - last_kv_upkeep >= settings.KV_TIER_UPKEEP_S
-            if due and tasks.runs_in_process(tasks.kv_tier_upkeep):
-                last_kv_upkeep = time.monotonic()
-                tasks.kv_tier_upkeep.apply()
-        except Exception:
-            log.exception("engine sampling failed")
-        finally:
-            close_old_connections()
-
-
-def ensure_started() -> None:
-    """Start the sampling thread once per process (no-op when OBS_BACKGROUND is off)."""
-    global _thread
-    if _thread is not None or not settings.OBS_BACKGROUND:
-        return
-    with _lock:
-        if _thread is None:
-            _thread = threading.Thread(target=_loop, name="engine-sampler", daemon=True)
-            _thread.start()

@@ -1,5 +1,6 @@
 """What the observability side stores: every request's figures, periodic engine
-snapshots, per-minute rollups of both, and the offline jobs' results."""
+snapshots and per-minute rollups of both. The tables keep the names they had in the app
+`inference`, before the split."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ class RequestRecord(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     conversation = models.ForeignKey(
-        "chatapp.Conversation",
+        "chat.Conversation",
         null=True,
         blank=True,
         on_delete=models.SET_NULL,
@@ -29,8 +30,8 @@ class RequestRecord(models.Model):
     itl_p50 = models.FloatField(null=True)
     itl_p90 = models.FloatField(null=True)
     itl_p99 = models.FloatField(null=True)
-    # Inter-token gaps as a sparse histogram {bucket index: count} (inference.stats), so
-    # that per-minute ITL percentiles can be merged over all gaps, not over medians.
+    # Inter-token gaps as a sparse histogram {bucket index: count} (percentiles.py), so that
+    # per-minute ITL percentiles can be merged over all gaps, not over medians.
     itl_hist = models.JSONField(default=dict, blank=True)
     queue_time = models.FloatField(null=True)
     prefill_time = models.FloatField(null=True)  # scheduled -> first token
@@ -52,6 +53,7 @@ class RequestRecord(models.Model):
     replayed = models.BooleanField(default=False)
 
     class Meta:
+        db_table = "inference_requestrecord"
         ordering = ["-finished_at"]
 
     def __str__(self) -> str:
@@ -76,6 +78,7 @@ class EngineSample(models.Model):
     steps = models.BigIntegerField(default=0)
 
     class Meta:
+        db_table = "inference_enginesample"
         ordering = ["-at"]
 
 
@@ -109,40 +112,5 @@ class MinuteRollup(models.Model):
     refused = models.BigIntegerField(default=0)
 
     class Meta:
+        db_table = "inference_minuterollup"
         ordering = ["-minute"]
-
-
-class Job(models.Model):
-    """An offline job started from the dashboard or the API, and what it produced."""
-
-    class Kind(models.TextChoices):
-        BENCHMARK = "benchmark"
-        EXPORT = "export"
-        TUNING = "tuning"
-        KV_TIER = "kv_tier"  # Redis KV tier upkeep (inference.kv_upkeep)
-
-    class Status(models.TextChoices):
-        QUEUED = "queued"
-        RUNNING = "running"
-        DONE = "done"
-        FAILED = "failed"
-
-    kind = models.CharField(max_length=16, choices=Kind.choices)
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
-    user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
-    )
-    params = models.JSONField(default=dict, blank=True)
-    result = models.JSONField(default=dict, blank=True)
-    log = models.TextField(blank=True, default="")
-    # A produced file (benchmark plot, export archive) under VAR_DIR/jobs/.
-    file = models.CharField(max_length=255, blank=True, default="")
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-created_at", "-id"]
-
-    def __str__(self) -> str:
-        return f"{self.kind} #{self.pk} ({self.status})"

@@ -1,9 +1,9 @@
 """Where a request's figures go when it ends: the Prometheus histograms at once, and a
 RequestRecord row (the dashboard's raw material).
 
-The chat path calls `record_request` from Generation._finish; the OpenAI API wraps its
-engine stream in `recorded_stream`, which records when the stream is closed. Neither
-can fail the request: a recording error is logged and dropped.
+The chat (Generation._finish) and the OpenAI API (openai_api/streams.py) announce each
+request's end (chatapp.events.request_ended); `on_request_ended`, connected in apps.py,
+records it. Recording never fails the request: an error is logged and dropped.
 """
 
 from __future__ import annotations
@@ -13,16 +13,17 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from inference import metrics, stats
-from inference.engine import Delta, EngineError, RequestMetrics
-from inference.workers.protocol import is_worker_lost
+from chatapp.observability import percentiles
+from chatapp.observability.models import RequestRecord
+from inference import metrics
+from inference.engine import RequestMetrics
+from inference.model_files import model_name
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,10 @@ def figures(
     fig.update(
         ttft=m.ttft,
         tpot=m.tpot,
-        itl_p50=stats.percentile(itl, 50),
-        itl_p90=stats.percentile(itl, 90),
-        itl_p99=stats.percentile(itl, 99),
-        itl_hist=stats.histogram(itl),
+        itl_p50=percentiles.percentile(itl, 50),
+        itl_p90=percentiles.percentile(itl, 90),
+        itl_p99=percentiles.percentile(itl, 99),
+        itl_hist=percentiles.histogram(itl),
         queue_time=m.queue_time,
         prefill_time=first - sched if first is not None and sched is not None else None,
         decode_time=fin - first if fin is not None and first is not None else None,
@@ -69,37 +70,21 @@ def figures(
     return fig
 
 
-def _model_name() -> str:
-    return os.path.basename(str(settings.ENGINE["MODEL"]).rstrip("/")) or "model"
-
-
-def save(fig: dict[str, Any], **who: Any) -> Any:
-    """Store one request's figures (sync); start a title job after a first reply."""
-    from chatapp.models import Conversation
-    from inference.models import RequestRecord
-
+def save(fig: dict[str, Any], **who: Any) -> RequestRecord:
+    """Store one request's figures (sync)."""
     conversation_id = who.get("conversation_id")
-    user_id = who.get("user_id")
-    if conversation_id is not None and user_id is None:
-        user_id = (
-            Conversation.objects.filter(pk=conversation_id)
-            .values_list("owner_id", flat=True)
-            .first()
-        )
-        if user_id is None:
+    if conversation_id is not None:
+        # Read through the foreign key: observability imports nothing of the chat.
+        conversations = RequestRecord.conversation.field.related_model.objects
+        if not conversations.filter(pk=conversation_id).exists():
             conversation_id = None  # deleted while the reply streamed
-    record = RequestRecord.objects.create(
+    return RequestRecord.objects.create(
         source=who.get("source", "chat"),
         request_id=who.get("request_id", "")[:80],
-        user_id=user_id,
+        user_id=who.get("user_id"),
         conversation_id=conversation_id,
         **fig,
     )
-    if conversation_id is not None and not fig["error_code"] and fig["finish_reason"] != "error":
-        from inference import titles
-
-        titles.maybe_start(conversation_id)
-    return record
 
 
 async def record_request(
@@ -116,10 +101,7 @@ async def record_request(
     ended = time.time()
     try:
         fig = figures(m, finish_reason, error_code, ended)
-        metrics.observe_request(_model_name(), fig, m.itl if m else [])
-        from inference import sampler
-
-        sampler.ensure_started()
+        metrics.observe_request(model_name(settings.ENGINE["MODEL"]), fig, m.itl if m else [])
         await asyncio.shield(
             database_sync_to_async(save)(
                 fig,
@@ -135,57 +117,23 @@ async def record_request(
         log.exception("could not record request %s", request_id)
 
 
-async def recorded_stream(
-    stream: AsyncIterator[Delta],
-    source: str,
-    user_id: int | None = None,
-    prompt_tokens: int | None = None,
-    request_id: str = "",
-) -> AsyncGenerator[Delta, None]:
-    """Pass an engine stream through, recording the request when the stream is closed
-    (finished, aborted, or refused before its first delta).
-
-    A request that ends without the engine's figures (refused, or its worker lost) is
-    still recorded with its worker, its `prompt_tokens` (the prompt's length, when this
-    side knows it) and the tokens that came."""
-    arrival = time.time()
-    last: Delta | None = None
-    output_tokens = 0
-    error: EngineError | None = None
-    try:
-        async for delta in stream:
-            last = delta
-            output_tokens += len(delta.token_ids)
-            yield delta
-    except EngineError as exc:
-        error = exc
-        raise
-    finally:
-        closer = getattr(stream, "aclose", None)
-        if closer is not None:
-            await closer()
-        finished = last is not None and last.finished
-        reason = (last.finish_reason or "stop") if finished and last else "abort"
-        error_code: str | None = None
-        if error is not None:
-            error_code, reason = error.code, "error"
-        elif reason == "error":
-            assert last is not None
-            error_code = "worker_lost" if is_worker_lost(last) else "engine_error"
-        m = last.metrics if finished and last else None
-        if m is None and (error is not None or output_tokens or prompt_tokens):
-            m = RequestMetrics(
-                arrival_time=arrival,
-                prompt_tokens=prompt_tokens or 0,
-                output_tokens=output_tokens,
-            )
-            if error is not None and error.worker is not None:
-                m.worker = error.worker  # type: ignore[attr-defined]
-        await record_request(
-            source,
-            last.request_id if last else request_id,
-            m,
-            reason,
-            error_code,
-            user_id=user_id,
-        )
+async def on_request_ended(
+    sender: str,
+    request_id: str,
+    metrics: RequestMetrics | None,
+    finish_reason: str,
+    error_code: str | None,
+    conversation_id: int | None,
+    user_id: int | None,
+    **_: Any,
+) -> None:
+    """The receiver of chatapp.events.request_ended (connected in apps.py)."""
+    await record_request(
+        sender,
+        request_id,
+        metrics,
+        finish_reason,
+        error_code,
+        conversation_id=conversation_id,
+        user_id=user_id,
+    )

@@ -11,8 +11,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from inference import stats
-from inference.models import EngineSample, Job, MinuteRollup, RequestRecord
+from chatapp.jobs.models import Job
+from chatapp.observability import percentiles
+from chatapp.observability.models import EngineSample, MinuteRollup, RequestRecord
 
 # Token counts summed per minute (and again over a dashboard window).
 TOKEN_SUMS = (
@@ -37,14 +38,14 @@ def request_aggregates(rows: list[RequestRecord]) -> dict:
     out: dict = {"stats": {}, "hists": {}}
     for name in LATENCIES:
         values = [getattr(r, name) for r in rows if getattr(r, name) is not None]
-        out["hists"][name] = stats.histogram(values)
+        out["hists"][name] = percentiles.histogram(values)
         for q in PERCENTILES:
-            out["stats"][f"{name}_p{q}"] = stats.percentile(values, q)
+            out["stats"][f"{name}_p{q}"] = percentiles.percentile(values, q)
     # ITL over every gap of the minute's requests, merged from their histograms.
-    itl = stats.merge(r.itl_hist for r in rows)
+    itl = percentiles.merge(r.itl_hist for r in rows)
     out["hists"]["itl"] = itl
     for q in PERCENTILES:
-        out["stats"][f"itl_p{q}"] = stats.hist_percentile(itl, q)
+        out["stats"][f"itl_p{q}"] = percentiles.hist_percentile(itl, q)
     out["requests"] = len(rows)
     out["errors"] = dict(Counter(r.error_code for r in rows if r.error_code))
     out["finish_reasons"] = dict(Counter(r.finish_reason for r in rows))
@@ -175,7 +176,7 @@ def prune_jobs(raw_hours: float, job_days: float, now: datetime | None = None) -
     doomed = list(old.values_list("pk", "kind"))
     jobs_root = Path(settings.VAR_DIR) / "jobs"
     for pk, kind in doomed:
-        # The folder inference.jobs.job_dir made for it: plots, archives, results.
+        # The folder chatapp.jobs.files.job_dir made for it: plots, archives, results.
         shutil.rmtree(jobs_root / f"{kind}-{pk}", ignore_errors=True)
     deleted, _ = Job.objects.filter(pk__in=[pk for pk, _ in doomed]).delete()
     return deleted

@@ -39,8 +39,14 @@ from typing import Any
 
 from django.conf import settings
 
-from inference import stats
-from inference.models import RequestRecord
+from chatapp.observability import percentiles
+from chatapp.observability.models import RequestRecord
+from inference.backends.embedded import EmbeddedClient
+from inference.client import engine_config_from_settings, set_engine_client
+from inference.engine import EngineBusyError, SamplingParams
+
+# The dashboard's tuning form takes these; `manage.py run_job tune --params` takes any.
+PARAMS = ("requests", "rate", "synthetic", "ttft_target_s", "tpot_target_s", "repeats", "axes")
 
 # The swept settings: ENGINE keys, except the chat flush interval (a settings name).
 ENGINE_AXES = ("MAX_NUM_BATCHED_TOKENS", "MAX_NUM_SEQS", "SPECULATIVE_MODE")
@@ -204,7 +210,7 @@ class Seen:
 
 
 class ChatSocket:
-    """The chat consumer's coalescing (chatapp/consumers.py `_pump`) in front of a real
+    """The chat consumer's coalescing (chatapp/chat/consumers.py `_pump`) in front of a real
     local socket: a reply's first text goes out at once, later text at most once per
     interval, everything held meanwhile in one frame; the done frame follows its last
     text at once. The time a frame is written is the time the client sees it."""
@@ -284,8 +290,6 @@ class ChatSocket:
 def replay(engine: Any, workload: list[Request], vocab: int, flush_ms: int = 0) -> list[Any]:
     """Submit each request at its time, step the engine until all are done and the chat
     socket has sent every frame; what the client saw of each request (None: refused)."""
-    from inference.engine import EngineBusyError, SamplingParams
-
     rng = random.Random(1)  # the same prompt ids in every trial
     pending = list(workload)
     refused: list[Any] = []
@@ -337,10 +341,10 @@ def score(finished: list[Any], wall: float, ttft_target: float, tpot_target: flo
         "met_targets": len(ok),
         "goodput_rps": len(ok) / wall if wall else 0.0,
         "throughput_tok_s": sum(m.output_tokens for m in finished if m) / wall if wall else 0.0,
-        "ttft_p50": stats.percentile(ttfts, 50),
-        "ttft_p99": stats.percentile(ttfts, 99),
-        "tpot_p50": stats.percentile(tpots, 50),
-        "tpot_p99": stats.percentile(tpots, 99),
+        "ttft_p50": percentiles.percentile(ttfts, 50),
+        "ttft_p99": percentiles.percentile(ttfts, 99),
+        "tpot_p50": percentiles.percentile(tpots, 50),
+        "tpot_p99": percentiles.percentile(tpots, 99),
         "cached_tokens": sum(getattr(m, "cached_tokens", 0) for m in finished if m),
         "wall_s": wall,
     }
@@ -401,9 +405,7 @@ def _params(params: dict[str, Any]) -> tuple[int, int, float, dict[str, list[Any
 
 
 def run(params: dict[str, Any]) -> dict[str, Any]:
-    from inference.client import engine_config_from_settings
-    from inference.engine import SamplingParams
-    from inference.engine.engine import LLMEngine
+    from inference.engine.engine import LLMEngine  # torch: only when a tuning job runs
 
     n, repeats, margin, axes = _params(params)
     current = current_settings()
@@ -506,15 +508,14 @@ def apply(best: dict[str, Any] | None) -> None:
     """Restart this process's embedded engine with the chosen settings (requests running
     on the old engine end as aborted) and use its chat flush interval from now on. To keep
     them across restarts, set the env lines."""
-    from inference.client import EngineClient, engine_config_from_settings, set_engine_client
-    from inference.engine import AsyncEngine
+    from inference.engine.async_engine import AsyncEngine  # torch: only when applied
 
     if not best:
         raise RuntimeError("this tuning run named no winner: the current settings stay")
     if settings.ENGINE["MODE"] != "embedded":
         raise RuntimeError("only an embedded engine can be retuned from the dashboard")
     engine_keys = {k: v for k, v in best.items() if k != FLUSH_AXIS}
-    set_engine_client(EngineClient(AsyncEngine(engine_config_from_settings(engine_keys))))
+    set_engine_client(EmbeddedClient(AsyncEngine(engine_config_from_settings(engine_keys))))
     # The next tuning run compares against what now runs.
     settings.ENGINE = {**settings.ENGINE, **engine_keys}
     if FLUSH_AXIS in best:

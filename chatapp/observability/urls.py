@@ -1,6 +1,6 @@
 from django.urls import path
 
-from inference import views
+from chatapp.observability import views
 
 urlpatterns = [
     path("metrics", views.metrics_view, name="metrics"),
@@ -10,6 +10,4 @@ urlpatterns = [
     path("admin/latency/jobs/<int:pk>/file", views.job_file, name="latency-job-file"),
     path("admin/latency/tuning", views.start_tuning, name="latency-tuning"),
     path("admin/latency/tuning/<int:pk>/apply", views.apply_tuning, name="latency-tuning-apply"),
-    path("api/exports/", views.exports, name="exports"),
-    path("api/exports/<int:pk>/download", views.export_download, name="export-download"),
 ]

@@ -13,8 +13,8 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 
-from chatapp.conversations import InvalidText, clean_text
-from chatapp.models import ApiKey
+from chatapp.openai_api.models import ApiKey
+from chatapp.text import InvalidText, clean_text
 
 KEY_PREFIX = "sk-chat-"
 NAME_MAX_CHARS = 100  # ApiKey.name's max_length
@@ -64,7 +64,7 @@ def keys_page(request: HttpRequest) -> HttpResponse:
             _, new_key = create_key(request.user, name)
     keys = ApiKey.objects.filter(owner=request.user, revoked_at__isnull=True)
     context = {"keys": keys, "new_key": new_key, "error": error}
-    return render(request, "chatapp/keys.html", context, status=status)
+    return render(request, "openai_api/keys.html", context, status=status)
 
 
 @login_required

@@ -10,10 +10,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest
-from django_ratelimit.core import get_usage
+
+from chatapp.ratelimit import counted_usage
 
 log = logging.getLogger(__name__)
 
@@ -73,16 +73,6 @@ class KeyLimiter:
                 f"Rate limit reached: {per_minute} requests per minute for this key.", retry
             )
         return release
-
-
-async def counted_usage(request: Any, **kwargs: Any) -> dict[str, Any] | None:
-    """django-ratelimit's counter, failing open: when the cache (Redis) is away, requests
-    are served uncounted and a warning is logged, rather than refused."""
-    try:
-        return await sync_to_async(get_usage)(request, **kwargs)
-    except Exception as exc:
-        log.warning("rate-limit counters unavailable (%s); not limiting", exc)
-        return None
 
 
 limiter = KeyLimiter()

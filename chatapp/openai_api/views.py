@@ -24,10 +24,12 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from chatapp.api_keys import key_for_token
-from chatapp.conversations import InvalidText, clean_text
-from chatapp.models import ApiKey
-from chatapp.rate_limits import RateLimited, limiter
+from chatapp.errors import openai_error_body
+from chatapp.openai_api.keys import key_for_token
+from chatapp.openai_api.limits import RateLimited, limiter
+from chatapp.openai_api.models import ApiKey
+from chatapp.openai_api.streams import recorded_stream
+from chatapp.text import InvalidText, clean_text
 from inference.chat_template import Turn
 from inference.client import (
     EngineUnavailableError,
@@ -43,7 +45,6 @@ from inference.engine import (
     SamplingParams,
 )
 from inference.engine.errors import InvalidRequestError
-from inference.recording import recorded_stream
 from inference.workers.protocol import is_worker_lost
 
 log = logging.getLogger(__name__)
@@ -92,14 +93,7 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        return openai_error_body(self.message, self.type, self.code, self.param)
 
     def response(self) -> JsonResponse:
         resp = JsonResponse(self.body(), status=self.status)
@@ -512,7 +506,7 @@ async def start_stream(
             client.check_fits(prompt)
         except EngineError as exc:
             raise engine_failure(exc, param) from exc
-        # Observability: the request is recorded when this stream closes (inference/recording.py).
+        # Its end is announced when this stream closes (streams.py): observability records it.
         request_id = f"api-{uuid.uuid4().hex}"
         engine_stream = client.stream(
             prompt,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import random
@@ -37,6 +38,7 @@ from redis import asyncio as aioredis
 from inference.engine.errors import EngineBusyError, EngineError, InvalidRequestError
 from inference.engine.outputs import Delta, RequestMetrics
 from inference.engine.sampling_params import SamplingParams
+from inference.engine.streaming import until_finished
 from inference.workers.protocol import (
     LOST_CONTACT,
     REDIS_ERRORS,
@@ -200,7 +202,6 @@ class RemoteEngine:
         worker = await self._route(link, session_id, prefix)
         pending = _Pending(worker.id, worker.channel, worker.incarnation)
         link.requests[rid] = pending
-        finished = False
         arrival, output_tokens = time.time(), 0
         try:
             message = generate_message(
@@ -215,32 +216,27 @@ class RemoteEngine:
             try:
                 await send(link.layer, worker.channel, message, REDIS_TIMEOUT_S)
             except ChannelFull as exc:
-                finished = True
                 raise EngineBusyError(
                     f"engine worker {worker.id} has too many requests queued"
                 ) from exc
-            except REDIS_ERRORS as exc:  # it may have gone out: the finally aborts it
+            except REDIS_ERRORS as exc:  # it may have gone out: stop it, should it arrive
+                self._send_abort(link, worker.channel, rid)
                 raise_if_cancelled(exc)
                 raise self._unreachable(exc) from exc
-            while True:
-                item = await pending.queue.get()
-                if isinstance(item, EngineError):
-                    finished = True
-                    raise item
-                if prefix:  # the worker took it: it holds this prefix's KV from now on
-                    self._note_prefix(link, prefix[-1], worker.id)
-                    prefix = []
-                finished = item.finished
-                output_tokens += len(item.token_ids)
-                if finished and item.metrics is None:
-                    # An error delta (the worker died, stopped or went out of reach) brings
-                    # no figures; the request's record still names its worker and counts.
-                    item.metrics = lost_metrics(
-                        worker.id, arrival, len(prompt_token_ids), output_tokens
-                    )
-                yield item
-                if finished:
-                    return
+            abandon = functools.partial(self._send_abort, link, worker.channel, rid)
+            async with contextlib.aclosing(until_finished(pending.queue, abandon)) as deltas:
+                async for item in deltas:
+                    if prefix:  # the worker took it: it holds this prefix's KV from now on
+                        self._note_prefix(link, prefix[-1], worker.id)
+                        prefix = []
+                    output_tokens += len(item.token_ids)
+                    if item.finished and item.metrics is None:
+                        # An error delta (the worker died, stopped or went out of reach)
+                        # brings no figures; the request's record still names its worker.
+                        item.metrics = lost_metrics(
+                            worker.id, arrival, len(prompt_token_ids), output_tokens
+                        )
+                    yield item
         except EngineError as exc:
             # Refused by (or on the way to) this worker: its record names the worker.
             if exc.worker is None:
@@ -248,8 +244,6 @@ class RemoteEngine:
             raise
         finally:
             link.requests.pop(rid, None)
-            if not finished:
-                self._send_abort(link, worker.channel, rid)
 
     def abort(self, request_id: str) -> None:
         """Ask the request's worker to stop it; the stream then ends with an "abort" delta."""

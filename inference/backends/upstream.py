@@ -21,8 +21,7 @@ from typing import Any
 import httpx
 from django.conf import settings
 
-from inference.chat_template import Turn
-from inference.client import EngineUnavailableError, Prompt
+from inference.chat_template import Prompt, Turn
 from inference.engine import (
     Delta,
     EngineBusyError,
@@ -32,11 +31,13 @@ from inference.engine import (
     SamplingParams,
 )
 from inference.engine.errors import InvalidRequestError
+from inference.engine.streaming import until_finished
+from inference.workers.protocol import EngineUnavailableError
 
 log = logging.getLogger(__name__)
 
 
-class UpstreamEngineClient:
+class UpstreamClient:
     kind = "upstream"
     max_model_len: int | None = None
 
@@ -57,7 +58,7 @@ class UpstreamEngineClient:
         self.requests_total = 0
 
     @classmethod
-    def from_settings(cls) -> UpstreamEngineClient:
+    def from_settings(cls) -> UpstreamClient:
         cfg = settings.ENGINE
         if not cfg.get("UPSTREAM_URL"):
             raise EngineUnavailableError("ENGINE_MODE=upstream needs ENGINE_UPSTREAM_URL")
@@ -78,10 +79,17 @@ class UpstreamEngineClient:
                 f"the upstream at {self.base_url} did not list a model: {exc}"
             ) from exc
 
-    # --- the same surface as EngineClient -------------------------------------------
+    # --- the EngineClient protocol (inference/client.py) ------------------------------
 
     def chat_prompt(self, turns: list[Turn], cache_salt: str | None = None) -> Prompt:
         return Prompt(messages=[{"role": t.role, "content": t.text} for t in turns])
+
+    def system_prompt(self, text: str) -> Prompt:
+        return Prompt(messages=[{"role": "system", "content": text}])
+
+    def with_reply_started(self, prompt: Prompt, text: str) -> Prompt:
+        """Chat messages cannot begin the reply: the prompt as it is."""
+        return prompt
 
     def completion_prompt(self, prompt: str | list[int]) -> Prompt:
         if not isinstance(prompt, str):
@@ -121,7 +129,9 @@ class UpstreamEngineClient:
         session_id: str | None = None,
         request_id: str | None = None,
         cache_salt: str | None = None,
+        replay: bool = True,
     ) -> AsyncIterator[Delta]:
+        """The upstream's stream (`replay` has no meaning here: no response cache)."""
         rid = request_id or f"up-{time.monotonic_ns()}"
         body: dict[str, Any] = {
             "model": self.model_name,
@@ -150,19 +160,11 @@ class UpstreamEngineClient:
         task = asyncio.get_running_loop().create_task(self._pump(path, body, rid, metrics, queue))
         self._streams[rid] = task
         self.requests_total += 1
-        finished = False
         try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
+            async with contextlib.aclosing(until_finished(queue, task.cancel)) as deltas:
+                async for item in deltas:
+                    yield item
         finally:
-            if not finished:
-                task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
             self._streams.pop(rid, None)

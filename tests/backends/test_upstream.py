@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from tests.api.conftest import PASSWORD, chat_through_the_socket
-from tests.live_server import LiveServer
+from tests.servers import PASSWORD, chat_through_the_socket
+from tools.live_server import LiveServer
 
 
 @pytest.fixture(scope="module")

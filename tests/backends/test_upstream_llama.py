@@ -22,8 +22,8 @@ from inference.bench.llama_server import (
     missing_build_tools,
 )
 from inference.model_files import bundled_gguf
-from tests.api.conftest import PASSWORD, chat_through_the_socket
-from tests.live_server import LiveServer
+from tests.servers import PASSWORD, chat_through_the_socket
+from tools.live_server import LiveServer
 
 # A cold build takes minutes on a small machine: only then may the first test's setup
 # (which builds) take longer than the suite's usual limit.

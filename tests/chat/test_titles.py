@@ -14,15 +14,21 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 
-from chatapp.conversations import default_title
-from chatapp.models import Conversation, Message
+from chatapp.chat import tasks, titles
+from chatapp.chat.conversations import default_title
+from chatapp.chat.models import Conversation, Message
+from chatapp.jobs import queue
+from chatapp.jobs.models import Job
+from chatapp.observability import recording
+from chatapp.observability import tasks as observability_tasks
+from chatapp.observability.models import RequestRecord
 from inference import client as engine_client
-from inference import recording, tasks, titles
+from inference.backends.embedded import EmbeddedClient
 from inference.chat_template import Turn
 from inference.client import EngineUnavailableError, engine_ready, get_engine_client
 from inference.engine import SamplingParams
-from inference.models import Job, RequestRecord
-from tests.chat.conftest import installed_engine, open_socket
+from tests.chat.conftest import open_socket
+from tests.engines import installed_engine
 
 QUESTION = "How do I bake a simple loaf of bread at home without a machine?"
 FALLBACK = "Bake a simple loaf of bread"  # QUESTION's fallback title
@@ -220,16 +226,14 @@ async def test_first_reply_gets_a_title_once_and_the_owners_sockets_hear_of_it(
     other, ok2, _ = await open_socket(staff_user)
     assert ok and ok2
     try:
-        await recording.record_request("chat", "c1", None, "stop", conversation_id=conv.pk)
+        await sync_to_async(titles.maybe_start)(conv.pk)
         await conv.arefresh_from_db()
         # The tiny random model answers with blanks: the title is the question's first words.
         assert conv.title == titles.fallback_title(QUESTION) == FALLBACK
         frame = await mine.recv(timeout=10)
         assert frame == {"type": "title", "conversation_id": conv.pk, "title": conv.title}
         assert await other.c.receive_nothing(timeout=0.3)
-        rec = await RequestRecord.objects.aget(request_id="c1")
-        assert rec.user_id == plain_user.pk and rec.conversation_id == conv.pk
-        await recording.record_request("chat", "c2", None, "stop", conversation_id=conv.pk)
+        await sync_to_async(titles.maybe_start)(conv.pk)
         assert await mine.c.receive_nothing(timeout=0.3)
     finally:
         await mine.close()
@@ -237,21 +241,54 @@ async def test_first_reply_gets_a_title_once_and_the_owners_sockets_hear_of_it(
 
 
 @db
+async def test_a_reply_through_the_socket_asks_for_the_title_when_it_completes(
+    auto_titles, plain_user
+) -> None:
+    """The reply's life asks for the title itself (Generation._finish), once complete."""
+    sock, ok, _ = await open_socket(plain_user)
+    assert ok
+    try:
+        frame = {"type": "send", "conversation_id": None, "text": QUESTION}
+        await sock.send({**frame, "settings": {"max_tokens": 4}})
+        frames = await sock.recv_until("done")
+        start = next(f for f in frames if f["type"] == "start")
+        conv = await Conversation.objects.aget(pk=start["conversation_id"])
+        title = (await sock.recv_until("title", timeout=10))[-1]
+        assert title == {"type": "title", "conversation_id": conv.pk, "title": FALLBACK}
+        await conv.arefresh_from_db()
+        assert conv.title == FALLBACK
+    finally:
+        await sock.close()
+
+
+@db
+async def test_recording_a_request_starts_no_title(auto_titles, plain_user) -> None:
+    """Storing a request's figures is only that: no title job hides behind it."""
+    conv = await sync_to_async(conversation)(plain_user)
+    await recording.record_request("chat", "c1", None, "stop", conversation_id=conv.pk)
+    await conv.arefresh_from_db()
+    assert conv.title == default_title(QUESTION)
+    rec = await RequestRecord.objects.aget(request_id="c1")
+    assert rec.conversation_id == conv.pk
+
+
+@db
 async def test_a_typed_title_is_kept(auto_titles, plain_user) -> None:
     conv = await sync_to_async(conversation)(plain_user, title="My bread notes")
-    await recording.record_request("chat", "c3", None, "stop", conversation_id=conv.pk)
+    await sync_to_async(titles.maybe_start)(conv.pk)
     await conv.arefresh_from_db()
     assert conv.title == "My bread notes"
 
 
 @db
-async def test_an_error_reply_asks_for_no_title(auto_titles, plain_user) -> None:
+async def test_a_reply_that_ended_in_an_error_asks_for_no_title(auto_titles, plain_user) -> None:
     conv = await sync_to_async(conversation)(plain_user)
-    await recording.record_request("chat", "c4", None, "error", "busy", conversation_id=conv.pk)
+    await Message.objects.filter(conversation=conv, role="assistant").aupdate(
+        status=Message.Status.ERROR
+    )
+    await sync_to_async(titles.maybe_start)(conv.pk)
     await conv.arefresh_from_db()
     assert conv.title == default_title(QUESTION)
-    rec = await RequestRecord.objects.aget(request_id="c4")
-    assert rec.error_code == "busy" and rec.ttft is None
 
 
 @db
@@ -268,15 +305,19 @@ def test_a_title_job_with_no_socket_open_still_stores_the_title(auto_titles, pla
 def test_generation_jobs_stay_in_the_serving_process_in_embedded_mode(settings) -> None:
     settings.CELERY_TASK_ALWAYS_EAGER = False  # a broker is configured
     settings.ENGINE = {**settings.ENGINE, "MODE": "embedded"}
-    assert tasks.runs_in_process(tasks.generate_title)
-    assert tasks.runs_in_process(tasks.kv_tier_upkeep)
-    assert not tasks.runs_in_process(tasks.rollup) and not tasks.runs_in_process(tasks.tune)
+    assert queue.runs_in_process(tasks.generate_title)
+    assert queue.runs_in_process(tasks.kv_tier_upkeep)
+    assert not queue.runs_in_process(observability_tasks.rollup) and not queue.runs_in_process(
+        observability_tasks.tune
+    )
     # Distributed: the engine is the workers', reachable from a Celery worker too.
     settings.ENGINE = {**settings.ENGINE, "MODE": "distributed"}
-    assert not tasks.runs_in_process(tasks.generate_title)
-    assert not tasks.runs_in_process(tasks.kv_tier_upkeep)
+    assert not queue.runs_in_process(tasks.generate_title)
+    assert not queue.runs_in_process(tasks.kv_tier_upkeep)
     settings.CELERY_TASK_ALWAYS_EAGER = True  # no broker: everything runs here
-    assert tasks.runs_in_process(tasks.rollup) and tasks.runs_in_process(tasks.generate_title)
+    assert queue.runs_in_process(observability_tasks.rollup) and queue.runs_in_process(
+        tasks.generate_title
+    )
 
 
 @pytest.fixture
@@ -286,7 +327,7 @@ def worker_like(monkeypatch, settings) -> None:  # type: ignore[no-untyped-def]
     settings.CHAT_AUTO_TITLES = True
     engine_client.set_engine_client(None)
     monkeypatch.setattr(engine_client, "_embedded_refused", None)
-    tasks._no_engine_in_a_worker(sender=None)  # what the worker_init signal does
+    queue._no_engine_in_a_worker(sender=None)  # what the worker_init signal does
 
 
 @db
@@ -328,10 +369,10 @@ def test_a_title_waits_while_the_serving_engine_has_requests_queued(tiny_model_d
     config = EngineConfig(
         model=str(tiny_model_dir), dtype="float32", max_num_seqs=1, kv_cache_memory_mb=64
     )
-    client = engine_client.EngineClient(AsyncEngine(config))
+    client = EmbeddedClient(AsyncEngine(config))
     engine_client.set_engine_client(client)
     try:
-        assert not tasks.serving_engine_busy()
+        assert not engine_client.serving_engine_busy()
         ids = client.prompts.build([Turn("user", "hello")])
         long = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
 
@@ -343,14 +384,14 @@ def test_a_title_waits_while_the_serving_engine_has_requests_queued(tiny_model_d
             runs = [asyncio.create_task(one(i)) for i in range(3)]
             seen = False
             while not all(r.done() for r in runs):
-                seen = seen or await asyncio.to_thread(tasks.serving_engine_busy)
+                seen = seen or await asyncio.to_thread(engine_client.serving_engine_busy)
                 await asyncio.sleep(0.005)
             await asyncio.gather(*runs)
             return seen
 
         # One sequence at a time: two of the three wait, and the title job sees it.
         assert asyncio.run(three_at_once())
-        assert not tasks.serving_engine_busy()
+        assert not engine_client.serving_engine_busy()
     finally:
         engine_client.set_engine_client(None)
 

@@ -19,7 +19,7 @@ import pytest
 import redis
 from celery import Celery
 
-from tests.live_server import DjangoProcess
+from tools.live_server import DjangoProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKER = os.environ.get("OBS_TEST_BROKER", "redis://127.0.0.1:6379/5")
@@ -89,7 +89,7 @@ def test_rollup_task_aggregates_the_stored_figures(worker: Worker) -> None:
 def test_prune_task_drops_old_raw_rows(worker: Worker) -> None:
     worker.python(
         "from datetime import timedelta; from django.utils import timezone; "
-        "from inference import rollups; from tests.observability.conftest import seed; "
+        "from chatapp.observability import rollups; from tests.observability.conftest import seed; "
         "now = timezone.now(); seed(now - timedelta(days=3), minutes=1, seed=3); "
         "rollups.rollup_since(since=now - timedelta(days=4))"
     )
@@ -103,7 +103,8 @@ def test_conversation_export_is_produced_in_the_background(worker: Worker) -> No
     ids = json.loads(
         worker.python(
             "import json; from django.contrib.auth import get_user_model as g; "
-            "from chatapp.models import Conversation, Message; from inference.models import Job; "
+            "from chatapp.chat.models import Conversation, Message; "
+            "from chatapp.jobs.models import Job; "
             "u = g().objects.create_user('exporter'); "
             "cs = [Conversation.objects.create(owner=u, title=f'Chat {i}') for i in range(3)]; "
             "ms = [Message.objects.create(conversation=c, role='user', text=f'question {i}') "
@@ -133,7 +134,7 @@ def test_conversation_export_is_produced_in_the_background(worker: Worker) -> No
 def test_tuning_job_reports_goodput_per_setting(worker: Worker) -> None:
     job_id = int(
         worker.python(
-            "from inference.models import Job; print(Job.objects.create(kind='tuning', params={"
+            "from chatapp.jobs.models import Job; print(Job.objects.create(kind='tuning', params={"
             "'requests': 6, 'rate': 30, 'synthetic': True, 'repeats': 3, "
             "'axes': {'MAX_NUM_BATCHED_TOKENS': [64]}}).pk)"
         )
@@ -151,7 +152,7 @@ def test_tuning_job_reports_goodput_per_setting(worker: Worker) -> None:
 def test_benchmark_run_is_stored_beside_earlier_runs(worker: Worker) -> None:
     job_id = int(
         worker.python(
-            "from inference.models import Job; "
+            "from chatapp.jobs.models import Job; "
             "Job.objects.create(kind='benchmark', status='done', "
             "result={'single_ours': {'decode_tok_s': 1.0}, 'targets': []}); "
             "print(Job.objects.create(kind='benchmark').pk)"
@@ -167,7 +168,7 @@ def test_benchmark_run_is_stored_beside_earlier_runs(worker: Worker) -> None:
     assert results["single_ours"]["decode_tok_s"] > 0 and results["targets"]
     runs = json.loads(
         worker.python(
-            "import json; from inference.dashboard import benchmark_runs; "
+            "import json; from chatapp.observability.dashboard import benchmark_runs; "
             "print(json.dumps(benchmark_runs()))"
         )
     )

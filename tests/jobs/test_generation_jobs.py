@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.live_server import LiveServer
-from tests.observability.test_celery_worker import BROKER, KV_TIER, Worker
+from tests.jobs.test_celery_worker import BROKER, KV_TIER, Worker
 from tests.workers.conftest import REDIS_URL as WORKERS_REDIS
 from tests.workers.conftest import Worker as EngineWorker
 from tests.workers.conftest import cleanup, worker_env
+from tools.live_server import LiveServer
 
 QUESTION = "How do I bake a simple loaf of bread at home without a machine?"
 # The tiny random-weight model answers with blanks: the title is the question's first words.
@@ -68,8 +68,8 @@ def first_exchange(process: Worker | LiveServer, username: str) -> int:
     return int(
         process.python(
             "from django.contrib.auth import get_user_model as g; "
-            "from chatapp.models import Conversation, Message; "
-            "from chatapp.conversations import default_title; "
+            "from chatapp.chat.models import Conversation, Message; "
+            "from chatapp.chat.conversations import default_title; "
             f"u, _ = g().objects.get_or_create(username={username!r}); "
             f"q = {QUESTION!r}; "
             "c = Conversation.objects.create(owner=u, title=default_title(q)); "
@@ -215,7 +215,7 @@ def test_in_distributed_mode_kv_tier_upkeep_warms_through_the_engine_workers(
     prompt = "You are a patient tutor. " * 12  # several full KV blocks
     celery.python(
         "from django.contrib.auth import get_user_model as g; "
-        "from chatapp.models import Conversation; "
+        "from chatapp.chat.models import Conversation; "
         "u, _ = g().objects.get_or_create(username='tutored'); "
         f"[Conversation.objects.create(owner=u, system_prompt={prompt!r}) for _ in range(2)]; "
         "Conversation.objects.create(owner=u, system_prompt='rarely used')"

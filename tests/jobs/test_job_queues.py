@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.live_server import ROOT, DjangoProcess
+from tools.live_server import ROOT, DjangoProcess
 
 # A Redis database of its own and queue names of their own: never another test's queue.
 BROKER = os.environ.get("OBS_QUEUE_TEST_BROKER", "redis://127.0.0.1:6379/6")
@@ -120,7 +120,8 @@ def site(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iter
 def test_short_jobs_finish_while_a_long_job_holds_the_long_queue(site: Site) -> None:
     site.python(
         "from django.utils import timezone; from django.contrib.auth import get_user_model; "
-        "from chatapp.models import Conversation; from tests.observability.conftest import seed; "
+        "from chatapp.chat.models import Conversation; "
+        "from tests.observability.conftest import seed; "
         "seed(timezone.now(), minutes=2); u = get_user_model().objects.create_user('exporter'); "
         "Conversation.objects.create(owner=u, title='Kept')"
     )
@@ -167,8 +168,9 @@ def test_compose_runs_one_worker_per_queue_and_the_routes_match() -> None:
     import yaml
     from django.conf import settings
 
-    import inference.tasks  # noqa: F401  (registers the tasks with the app)
     from chatapp.celery import app
+
+    app.loader.import_default_modules()  # autodiscovery: every app's tasks.py
 
     services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     consumes = {

@@ -17,10 +17,11 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from chatapp.models import Conversation, Message
-from inference import rollups
+from chatapp.chat.models import Conversation, Message
+from chatapp.jobs.models import Job
+from chatapp.observability import rollups
+from chatapp.observability.models import MinuteRollup, RequestRecord
 from inference.bench import kv_tier
-from inference.models import Job, MinuteRollup, RequestRecord
 from tests.observability.conftest import seed
 
 pytestmark = pytest.mark.django_db
@@ -156,7 +157,7 @@ def finished_job(kind: str, age: timedelta, status: str = "done") -> Job:
 
 
 def test_prune_drops_finished_jobs_and_their_files_keeps_unfinished(settings) -> None:  # type: ignore[no-untyped-def]
-    from inference.jobs import job_dir
+    from chatapp.jobs.files import job_dir
 
     day = timedelta(days=1)
     upkeep_old, upkeep_new = finished_job("kv_tier", 3 * day), finished_job("kv_tier", day / 2)
@@ -206,7 +207,7 @@ def test_bench_kv_tier_url_follows_the_setting() -> None:
 
 
 def test_the_benchmark_job_hands_the_server_tier_to_the_bench(settings) -> None:  # type: ignore[no-untyped-def]
-    from inference.jobs import benchmark_env
+    from chatapp.observability.benchmark import benchmark_env
 
     settings.ENGINE = {**settings.ENGINE, "KV_TIER_URL": "redis://kv.internal:6379/0"}
     assert benchmark_env()["ENGINE_KV_TIER_URL"] == "redis://kv.internal:6379/0"
@@ -246,17 +247,17 @@ def test_with_no_broker_a_long_job_has_its_own_thread(settings, tmp_path, monkey
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from inference import jobs, tasks
+    from chatapp.jobs import queue
 
     # Fresh threads: the process-wide ones may still be busy with an earlier test's job.
     short = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offline-job")
     long = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offline-long-job")
-    monkeypatch.setattr(tasks, "_in_process", short)
-    monkeypatch.setattr(tasks, "_in_process_long", long)
+    monkeypatch.setattr(queue, "_in_process", short)
+    monkeypatch.setattr(queue, "_in_process_long", long)
     gate = tmp_path / "gate"
     settings.OBS_BACKGROUND = True
     settings.BENCH_COMMAND = f"{{python}} {FAKE_BENCH} --gate {gate}"
-    job = jobs.start(Job.Kind.BENCHMARK)
+    job = queue.start(Job.Kind.BENCHMARK)
     try:
         deadline = time.monotonic() + 60
         while Job.objects.get(pk=job.pk).status != "running":

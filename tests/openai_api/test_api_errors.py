@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from chatapp.openai_api import engine_failure, failed_reply, sse
-from inference import recording
+from chatapp.observability.models import RequestRecord
+from chatapp.openai_api import streams
+from chatapp.openai_api.views import engine_failure, failed_reply, sse
+from inference.backends.upstream import _error_for
 from inference.engine import Delta, EngineBusyError, EngineError, PromptTooLongError
 from inference.engine.errors import InvalidRequestError
-from inference.models import RequestRecord
-from inference.upstream import _error_for
 from inference.workers.protocol import (
     LOST_CONTACT,
     STOPPED,
@@ -91,7 +91,7 @@ async def lost_after(tokens: int) -> AsyncIterator[Delta]:
 
 @pytest.mark.django_db(transaction=True)
 async def test_a_refused_request_is_recorded_with_its_worker_and_prompt_length() -> None:
-    stream = recording.recorded_stream(
+    stream = streams.recorded_stream(
         refused("w7"), "api", prompt_tokens=37, request_id="api-refused"
     )
     with pytest.raises(EngineBusyError):
@@ -103,7 +103,7 @@ async def test_a_refused_request_is_recorded_with_its_worker_and_prompt_length()
 
 @pytest.mark.django_db(transaction=True)
 async def test_a_reply_cut_short_is_recorded_as_worker_lost_with_its_counts() -> None:
-    stream = recording.recorded_stream(lost_after(5), "api", prompt_tokens=12)
+    stream = streams.recorded_stream(lost_after(5), "api", prompt_tokens=12)
     deltas = [d async for d in stream]
     assert deltas[-1].finish_reason == "error"
     rec = await RequestRecord.objects.aget(request_id="api-lost")

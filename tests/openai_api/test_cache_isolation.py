@@ -18,8 +18,8 @@ from typing import Any
 import openai
 import pytest
 
-from tests.api.conftest import PASSWORD
-from tests.live_server import LiveServer
+from tests.servers import PASSWORD
+from tools.live_server import LiveServer
 
 NOTE = (
     "Private note for my own records, please keep it safe: the code for the blue locker "

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from tests.api.conftest import engine_stats
-from tests.live_server import LiveServer
+from tests.servers import engine_stats
+from tools.live_server import LiveServer
 
 
 @pytest.fixture
@@ -167,7 +167,7 @@ def test_revoked_key_stops_working(server: LiveServer, model_id: str) -> None:
     api = openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
     api.models.list()
     server.python(
-        "from chatapp.models import ApiKey; from django.utils import timezone; "
+        "from chatapp.openai_api.models import ApiKey; from django.utils import timezone; "
         f"ApiKey.objects.filter(prefix={key[:14]!r}).update(revoked_at=timezone.now())"
     )
     with pytest.raises(openai.AuthenticationError):

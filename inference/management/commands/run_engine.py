@@ -24,6 +24,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from inference.client import engine_config_from_settings
 from inference.engine import SamplingParams
+from inference.model_files import model_name
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class Command(BaseCommand):
             url=cfg["WORKERS_REDIS_URL"],
             namespace=cfg["WORKERS_NAMESPACE"],
             worker_id=cfg["WORKER_ID"] or None,
-            model=str(cfg["MODEL"]).rstrip("/").rsplit("/", 1)[-1],
+            model=model_name(cfg["MODEL"]),
             flush_s=cfg["WORKER_FLUSH_MS"] / 1000,
             dead_after_s=float(cfg["WORKER_DEAD_AFTER_S"]),
         )

@@ -18,22 +18,24 @@ import json
 import time
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from chatapp.celery import app
-from inference import jobs, tasks
-from inference.models import Job
+from chatapp.jobs import queue
+from chatapp.jobs.models import Job
 
-# Kinds that are one Celery task with no Job row of their own to start from.
+# Kinds that are one Celery task with no Job row of their own to start from, by task name
+# (the apps' tasks.py define them; this command imports none of the apps).
 TASK_KINDS = {
-    "rollup": tasks.rollup,
-    "prune": tasks.prune,
-    "title": tasks.generate_title,
-    "kv-upkeep": tasks.kv_tier_upkeep,  # makes its own Job row (kind kv_tier) on each pass
+    "rollup": "inference.rollup",
+    "prune": "inference.prune",
+    "title": "inference.generate_title",
+    "kv-upkeep": "inference.kv_tier_upkeep",  # makes its own Job row (kind kv_tier) each pass
 }
-# Kinds started as a Job row, like the dashboard starts them (inference.jobs.start).
+# Kinds started as a Job row, like the dashboard starts them (chatapp/jobs/queue.py: start).
 JOB_KINDS = {"benchmark": Job.Kind.BENCHMARK, "export": Job.Kind.EXPORT, "tune": Job.Kind.TUNING}
 FINISHED = (Job.Status.DONE, Job.Status.FAILED)
 # The options that only some kinds take; given to another kind they are refused, not ignored.
@@ -137,10 +139,10 @@ class Command(BaseCommand):
     ) -> None:
         user, params = user_params
         try:
-            job = jobs.create(kind, user, params)
+            job = queue.create(kind, user, params)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        task = jobs.task_for(kind)
+        task = queue.task_for(kind)
         if now:
             self.stdout.write(f"job {job.pk} ({kind}) running in this process")
             task.apply((job.pk,))
@@ -168,17 +170,14 @@ class Command(BaseCommand):
     # --- plain tasks (rollup, prune, title, kv-upkeep) --------------------------------------
 
     def run_task(self, kind: str, opts: dict[str, Any], now: bool) -> None:
-        task = TASK_KINDS[kind]
+        task = queue.task_named(TASK_KINDS[kind])
         args: tuple[Any, ...] = ()
         if kind == "title":
-            from chatapp.models import Conversation
-
-            if not Conversation.objects.filter(pk=opts["conversation"]).exists():
+            conversations = apps.get_model("chat", "Conversation").objects
+            if not conversations.filter(pk=opts["conversation"]).exists():
                 raise CommandError(f"no conversation {opts['conversation']}")
             args = (opts["conversation"],)
-        from inference import tasks
-
-        if not now and tasks.runs_in_process(task):
+        if not now and queue.runs_in_process(task):
             # With a broker, only a generation job in the embedded mode stays in process:
             # a Celery worker builds no engine there (docs/titles.md), so queued it would
             # only be skipped.

@@ -102,11 +102,11 @@ def manage(root: Path, db: Path, *args: str, code: str | None = None) -> str:
         "DJANGO_SETTINGS_MODULE": "chatapp.settings.dev",
         "CHATAPP_VAR_DIR": str(db.parent / f"var-{root.name}"),
         "ENGINE_PRELOAD": "false",
-        "OLD_ROOT": "",
     }
     env.pop("PYTHONPATH", None)
     if code is not None:
-        prefix = f"OLD_ROOT = {str(root)!r}\nNEW_ROOT = {str(root)!r}\n"
+        # The checkout each script asserts its code comes from.
+        prefix = f"OLD_ROOT = NEW_ROOT = {str(root)!r}\n"
         args = (*args, "-c", prefix + code)
     done = subprocess.run(
         [sys.executable, "manage.py", *args], cwd=root, env=env, capture_output=True, text=True

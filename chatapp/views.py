@@ -1,49 +1,17 @@
-"""Server-rendered pages: the chat shell (the UI itself is the frontend bundle) and
-sign-up. Login and logout are Django's own views."""
+"""Site-wide routes outside the apps: liveness (and engine readiness), the favicon."""
 
 from __future__ import annotations
 
-from django.conf import settings
-from django.contrib.auth import login
-from django.contrib.auth.decorators import login_required
-from django.contrib.auth.forms import UserCreationForm
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponsePermanentRedirect
-from django.shortcuts import redirect, render
+from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect
 from django.templatetags.static import static
-from django.views.decorators.csrf import ensure_csrf_cookie
 
-
-@login_required
-@ensure_csrf_cookie
-def index(request: HttpRequest) -> HttpResponse:
-    return render(
-        request,
-        "chatapp/index.html",
-        {"allow_signup": settings.CHAT_ALLOW_SIGNUP},
-    )
-
-
-def signup(request: HttpRequest) -> HttpResponse:
-    if not settings.CHAT_ALLOW_SIGNUP:
-        raise Http404("sign-up is turned off")
-    if request.method == "POST":
-        form = UserCreationForm(request.POST)
-        if form.is_valid():
-            user = form.save()
-            login(request, user)
-            return redirect("/")
-    else:
-        form = UserCreationForm()
-    return render(request, "registration/signup.html", {"form": form})
+from inference.client import engine_ready
 
 
 def healthz(request: HttpRequest) -> HttpResponse:
     """Liveness; with ?engine=1, readiness too: 503 until the model is loaded."""
-    if request.GET.get("engine"):
-        from inference.client import engine_ready
-
-        if not engine_ready():
-            return HttpResponse("engine loading", status=503, content_type="text/plain")
+    if request.GET.get("engine") and not engine_ready():
+        return HttpResponse("engine loading", status=503, content_type="text/plain")
     return HttpResponse("ok", content_type="text/plain")
 
 

@@ -34,6 +34,21 @@ class Turn:
 
 
 @dataclass
+class Prompt:
+    """A request's prompt in whatever form the engine behind the client takes."""
+
+    token_ids: list[int] | None = None  # our engine: exact ids
+    messages: list[dict[str, str]] | None = None  # an upstream chat endpoint
+    text: str | None = None  # an upstream completions endpoint
+    # The ids of the newest user turn (stored with the message), when known.
+    user_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def length(self) -> int | None:
+        return None if self.token_ids is None else len(self.token_ids)
+
+
+@dataclass
 class _Affixes:
     head: dict[str, str] = field(default_factory=dict)
     tail: dict[str, str] = field(default_factory=dict)

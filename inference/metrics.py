@@ -4,10 +4,11 @@ Grafana dashboards written for vLLM work against /metrics unchanged. When severa
 processes serve (PROMETHEUS_MULTIPROC_DIR set, as prometheus_client requires), every
 process writes its figures to that folder and /metrics merges them.
 
-Request histograms are observed when a request ends (inference.recording); the engine
-gauges and counters are refreshed from the engine's stats by inference.sampler, one series
-per engine: labelled `worker` with the engine worker's id in distributed mode, and
-`embedded` (or `upstream`) for the one engine of the other modes.
+Request histograms are observed when a request ends (chatapp/observability/recording.py);
+the engine gauges and counters are refreshed from the engine's stats by
+chatapp/observability/engine_samples.py, one series per engine: labelled `worker` with
+the engine worker's id in distributed mode, and `embedded` (or `upstream`) for the one
+engine of the other modes.
 """
 
 from __future__ import annotations
@@ -113,9 +114,9 @@ response_cache_ttft = _hist(
     TTFT_BUCKETS,
 )
 
-# Refreshed from the engine's stats (inference.sampler), per engine (`worker`). In
-# multiprocess mode a gauge is summed over live processes: each engine process reports its
-# own queue.
+# Refreshed from the engine's stats (chatapp/observability/engine_samples.py), per engine
+# (`worker`). In multiprocess mode a gauge is summed over live processes: each engine
+# process reports its own queue.
 num_requests_running = Gauge(
     "vllm:num_requests_running",
     "Number of requests in model execution batches.",

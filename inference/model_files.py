@@ -32,6 +32,12 @@ def default_model_path() -> Path:
     return cache_root() / "models" / MODEL_NAME
 
 
+def model_name(path: str | os.PathLike[str]) -> str:
+    """The name a model folder is served under (the API's model id, the metrics'
+    `model_name` label, a worker's model): the folder's own name."""
+    return os.path.basename(str(path).rstrip("/")) or "model"
+
+
 def bundled_gguf() -> Path:
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:

@@ -18,7 +18,7 @@ Only replies that ended normally ("stop" or "length") are stored. Redis is spoke
 the synchronous client from worker threads, so the event loop never waits on it; when Redis
 does not answer, the cache steps aside for a while (one warning in the log) and requests
 go to the engine as usual. Off by default: settings.RESPONSE_CACHE_* and
-inference.client.response_cache_from_settings(). docs/response-cache.md has the details.
+inference.response_cache.from_settings(). docs/response-cache.md has the details.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
 import redis
+from django.conf import settings
 
 from inference.engine import Delta, RequestMetrics, SamplingParams
 
@@ -332,3 +333,18 @@ class ResponseStream:
             yield delta
             if i != last:
                 await asyncio.sleep(0)  # a long reply does not hold the loop
+
+
+_response_caches: dict[tuple[str, float], ResponseCache] = {}
+_response_caches_lock = threading.Lock()  # not _lock: that one is held while a model loads
+
+
+def from_settings() -> ResponseCache | None:
+    """The response cache settings.RESPONSE_CACHE_* describe; None while it is off."""
+    if not getattr(settings, "RESPONSE_CACHE_ENABLED", False):
+        return None
+    spec = (str(settings.RESPONSE_CACHE_URL), float(settings.RESPONSE_CACHE_TTL_S))
+    with _response_caches_lock:
+        if spec not in _response_caches:
+            _response_caches[spec] = ResponseCache(*spec)
+        return _response_caches[spec]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build llama.cpp's `llama-server` once into the cache folder: the benchmark's side-by-side
 # baseline (`make bench-baseline`) and the upstream engine the tests put this app in front
-# of (tests/api/test_upstream_llama.py; scripts/test.sh runs this first). Never needed by
+# of (tests/backends/test_upstream_llama.py; scripts/test.sh runs this first). Never needed by
 # `make run`. Later runs only print the cached binary's path.
 #
 # The sources come from the llama-cpp-python source distribution on PyPI (it vendors

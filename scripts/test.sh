@@ -18,7 +18,7 @@ fi
 status=0
 # The static checks first: they take seconds, the tests minutes.
 scripts/check.sh || status=$?
-# llama.cpp's llama-server, the upstream engine of tests/api/test_upstream_llama.py: built
+# llama.cpp's llama-server, the upstream engine of tests/backends/test_upstream_llama.py: built
 # once into the cache folder (minutes on a new machine; afterwards this only finds it).
 # Without the tools to build it, those tests skip and say why.
 missing=$(.venv/bin/python -c 'from inference.bench.llama_server import missing_build_tools as m; print(" ".join(m()))')
@@ -39,7 +39,7 @@ fi
 PG_URL="${TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 if .venv/bin/python -c 'import sys, psycopg; psycopg.connect(sys.argv[1], connect_timeout=5).close()' "$PG_URL" 2>/dev/null; then
   printf '\033[1m==> the database tests again, on PostgreSQL (%s)\033[0m\n' "$PG_URL"
-  TEST_DATABASE_URL="$PG_URL" .venv/bin/python -m pytest tests/chat tests/api tests/reliability -m "not slow" || status=$?
+  TEST_DATABASE_URL="$PG_URL" .venv/bin/python -m pytest tests/chat tests/openai_api tests/reliability -m "not slow" || status=$?
 else
   echo "PostgreSQL does not answer at $PG_URL: the PostgreSQL pass of the tests cannot run." >&2
   echo "Start PostgreSQL there (trust auth, user postgres), or point TEST_POSTGRES_URL at one." >&2

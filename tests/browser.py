@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.live_server import ROOT
+from tools.live_server import ROOT
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 # Headless, no sandbox (root in CI), and no background traffic: this machine has no

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from inference.model_files import default_model_path, ensure_default_model
+from tests.engines import installed_engine
 from tests.tiny_model import build_tiny_llama
 
 
@@ -32,8 +33,6 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, real_model_dir: Pat
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_model_dir: Path) -> Iterator[Any]:
     """The real engine on the tiny model, installed as the web app's engine."""
-    from tests.chat.conftest import installed_engine
-
     with installed_engine(tiny_model_dir) as client:
         yield client
 
@@ -58,6 +57,30 @@ def make_user(db: None) -> Any:
     return make
 
 
+@pytest.fixture
+def job_files_in_tmp(settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Job outputs (plots, archives) land in the test's folder, not in var/."""
+    settings.VAR_DIR = tmp_path
+
+
+@pytest.fixture
+def staff_user(db: None):  # type: ignore[no-untyped-def]
+    return _user_model().objects.create_user(
+        "operator", password="a-long-test-password-1", is_staff=True
+    )
+
+
+@pytest.fixture
+def plain_user(db: None):  # type: ignore[no-untyped-def]
+    return _user_model().objects.create_user("alice", password="a-long-test-password-1")
+
+
+def _user_model() -> Any:
+    from django.contrib.auth import get_user_model
+
+    return get_user_model()
+
+
 def _uses_the_test_database(item: pytest.Item) -> bool:
     """Whether a test reads or writes the in-process test database, and no server process
     of its own (a LiveServer keeps its own SQLite file whatever the test database is)."""
@@ -72,9 +95,14 @@ def _uses_the_test_database(item: pytest.Item) -> bool:
     return True
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The PostgreSQL pass of scripts/test.sh (TEST_DATABASE_URL set) runs only the tests
+    """Every test that drives a real browser is `slow`, as the marker says, marked or not.
+    The PostgreSQL pass of scripts/test.sh (TEST_DATABASE_URL set) runs only the tests
     that use the test database: the others would repeat the first pass unchanged."""
+    for item in items:
+        if "playwright_instance" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
     if not os.environ.get("TEST_DATABASE_URL"):
         return
     keep = [item for item in items if _uses_the_test_database(item)]
@@ -86,8 +114,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Empty this run's Redis KV tier namespace (chatapp/settings/test.py names it)."""
-    import os
-
     import redis
     from django.conf import settings
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -57,28 +59,43 @@ def test_make_test_runs_every_static_check_before_the_tests() -> None:
     assert "scripts/check.sh || status=$?" in test_sh
     assert test_sh.index("scripts/check.sh") < test_sh.index("-m pytest")
     check_sh = (ROOT / "scripts" / "check.sh").read_text()
-    for command in ("ruff check .", "ruff format --check .", ".venv/bin/mypy", "tsc --noEmit"):
+    for command in (
+        "ruff check .",
+        "ruff format --check .",
+        ".venv/bin/mypy",
+        "lint-imports",
+        "tsc --noEmit",
+    ):
         assert command in check_sh, command
     hooks = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())["repos"][0]["hooks"]
-    assert {h["id"] for h in hooks} == {"ruff-check", "ruff-format", "mypy", "tsc"}
+    assert {h["id"] for h in hooks} == {"ruff-check", "ruff-format", "mypy", "lint-imports", "tsc"}
 
 
 def test_the_check_script_fails_and_names_every_failing_check(tmp_path: Path) -> None:
-    """scripts/check.sh on a tiny project with a lint, a format and a type error."""
+    """scripts/check.sh on a tiny project with a lint, a format, a type error and an import
+    that breaks its layering contract."""
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "check.sh", tmp_path / "scripts" / "check.sh")
     (tmp_path / ".venv").symlink_to(ROOT / ".venv")
-    (tmp_path / "pyproject.toml").write_text('[tool.mypy]\nfiles = ["pkg"]\n')
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.mypy]\nfiles = ["pkg"]\n\n[tool.importlinter]\nroot_packages = ["pkg"]\n\n'
+        '[[tool.importlinter.contracts]]\nname = "low never imports high"\n'
+        'type = "forbidden"\nsource_modules = ["pkg.low"]\nforbidden_modules = ["pkg.high"]\n'
+    )
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("import os\nx: int = 'text'\ny=1\n")
+    (tmp_path / "pkg" / "high.py").write_text("")
+    (tmp_path / "pkg" / "low.py").write_text("import pkg.high\n\nz = pkg.high\n")
     run = subprocess.run(
         ["bash", "scripts/check.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert run.returncode == 1, run.stdout + run.stderr
-    assert "checks failed: ruff check, ruff format, mypy" in run.stderr
+    assert "checks failed: ruff check, ruff format, mypy, lint-imports" in run.stderr
     assert 'Incompatible types in assignment (expression has type "str"' in run.stdout
+    assert "low never imports high BROKEN" in run.stdout
     # Fixed, the same tree passes.
     (tmp_path / "pkg" / "__init__.py").write_text("x: int = 1\n")
+    (tmp_path / "pkg" / "low.py").write_text("")
     run = subprocess.run(
         ["bash", "scripts/check.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
@@ -113,7 +130,7 @@ def test_the_engine_library_imports_nothing_from_django() -> None:
 def test_every_server_launcher_lifts_daphnes_websocket_cap_above_the_apps_frame_limit() -> None:
     """Past daphne's own cap a frame drops the connection (1006) instead of getting the
     app's `frame_too_large`: every launcher sets the cap to 16 MiB."""
-    from tests.live_server import WEBSOCKET_LIMITS
+    from tools.live_server import WEBSOCKET_LIMITS
 
     launchers = {
         "compose": " ".join(compose()["services"]["web"]["command"]),
@@ -125,3 +142,84 @@ def test_every_server_launcher_lifts_daphnes_websocket_cap_above_the_apps_frame_
         for flag in ("--websocket-max-message-size", "--websocket-max-frame-size"):
             assert flag in text, (name, flag)
         assert "16777216" in text, name
+
+
+# --- the README's layout -------------------------------------------------------------
+
+# Django's own folders inside an app, named by the convention rather than the layout.
+CONVENTIONAL = {"migrations", "management", "commands", "templates", "static", "__pycache__"}
+
+
+def readme_layout() -> list[Path]:
+    """Every path the README's layout names: an entry is the text of a line before its
+    description (two spaces or more), one or several names separated by commas, nested by
+    indentation (two spaces a level); lines indented as far as descriptions continue one."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Layout\n", 1)[1].split("```\n", 2)[1]
+    parents: list[tuple[int, Path]] = []
+    named = []
+    for line in block.splitlines():
+        indent = len(line) - len(line.lstrip(" "))
+        if not line.strip() or indent >= 20:
+            continue
+        entry = re.split(r"\s{2,}", line.strip(), maxsplit=1)[0]
+        while parents and parents[-1][0] >= indent:
+            parents.pop()
+        base = parents[-1][1] if parents else ROOT
+        for name in (n.strip() for n in entry.split(",")):
+            if name:
+                named.append(base / name.rstrip("/"))
+                if name.endswith("/"):
+                    parents.append((indent, base / name.rstrip("/")))
+    return named
+
+
+def test_the_readme_layout_names_only_what_exists() -> None:
+    missing = [str(p.relative_to(ROOT)) for p in readme_layout() if not p.exists()]
+    assert not missing, f"README.md's layout names what is not there: {missing}"
+
+
+def test_the_readme_layout_names_every_package_folder() -> None:
+    named = set(readme_layout())
+    packages = [
+        init.parent
+        for top in ("chatapp", "inference")
+        for init in (ROOT / top).rglob("__init__.py")
+        if not CONVENTIONAL & set(init.parent.relative_to(ROOT).parts)
+    ]
+    unnamed = sorted(str(p.relative_to(ROOT)) for p in packages if p not in named)
+    assert not unnamed, f"README.md's layout leaves out these packages: {unnamed}"
+
+
+def test_every_engine_setting_is_read_from_its_variable() -> None:
+    """settings.ENGINE has one entry per EngineConfig field, read from ENGINE_<FIELD> (the
+    model from CHATAPP_MODEL), and engine_config_from_settings passes each one on."""
+    code = (
+        "import dataclasses, django, json; django.setup(); "
+        "from inference.client import engine_config_from_settings; "
+        "print(json.dumps(dataclasses.asdict(engine_config_from_settings())))"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "chatapp.settings.dev",
+        "CHATAPP_MODEL": "/models/other",
+        "ENGINE_BLOCK_SIZE": "32",
+        "ENGINE_KV_TIER_TTL_S": "5",
+        "ENGINE_ENABLE_PREFIX_CACHING": "false",
+        "ENGINE_SPECULATIVE_MIN_ACCEPTANCE": "0.5",
+        "ENGINE_SPECULATIVE_MODE": "ngram",
+    }
+    env.pop("ENGINE_KV_TIER_NAMESPACE", None)  # the test run's own (chatapp/settings/test.py)
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    config = json.loads(run.stdout.splitlines()[-1])
+    assert config["model"] == "/models/other"
+    assert config["block_size"] == 32 and config["kv_tier_ttl_s"] == 5
+    assert config["enable_prefix_caching"] is False
+    assert config["speculative_min_acceptance"] == 0.5
+    assert config["speculative_mode"] == "ngram"
+    # The app's own defaults where they differ from the library's; the rest are its.
+    assert config["kv_tier_url"] == "redis://127.0.0.1:6379/4"
+    assert config["kv_tier_namespace"] == "kvtier" and config["kv_tier_max_mb"] == 2048

@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 import dj_database_url
 from csp.constants import NONE, SELF
 
+from chatapp.settings.engine import engine_settings
 from chatapp.settings.env import env_bool, env_float, env_int, env_list, env_str
-from inference.model_files import default_model_path
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = Path(env_str("CHATAPP_VAR_DIR", str(BASE_DIR / "var")))
@@ -30,7 +30,13 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
-    "chatapp",
+    # The web apps (each one job; docs: README "Layout"), the shared offline jobs, and
+    # serving (no models: it brings `manage.py run_engine`).
+    "chatapp.accounts",
+    "chatapp.chat",
+    "chatapp.openai_api",
+    "chatapp.observability",
+    "chatapp.jobs",
     "inference",
 ]
 
@@ -75,14 +81,15 @@ ASGI_APPLICATION = "chatapp.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        # Site-wide templates (chatapp/base.html); each app keeps its own.
+        "DIRS": [BASE_DIR / "chatapp" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "chatapp.context_processors.flags",
+                "chatapp.accounts.context_processors.flags",
             ],
         },
     },
@@ -112,7 +119,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "/accounts/login/"
-# Log-in throttling (chatapp/login_throttle.py): failed log-ins allowed per account and per
+# Log-in throttling (chatapp/accounts/login_throttle.py): failed log-ins allowed per account and per
 # address within the window; past either, no password is checked until it ends.
 LOGIN_FAILURES_PER_ACCOUNT = env_int("LOGIN_FAILURES_PER_ACCOUNT", 10)
 LOGIN_FAILURES_PER_ADDRESS = env_int("LOGIN_FAILURES_PER_ADDRESS", 30)
@@ -127,7 +134,8 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 # The frontend build (npm run build) lands in frontend/dist/ and is served as-is.
-STATICFILES_DIRS = [BASE_DIR / "frontend" / "dist"]
+# chatapp/static/: the site's own (the favicon).
+STATICFILES_DIRS = [BASE_DIR / "frontend" / "dist", BASE_DIR / "chatapp" / "static"]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
@@ -173,36 +181,12 @@ CELERY_LONG_QUEUE = env_str("CELERY_LONG_QUEUE", "long")
 LONG_TASKS = ("inference.tune", "inference.run_benchmark", "inference.export_conversations")
 CELERY_TASK_ROUTES = {name: {"queue": CELERY_LONG_QUEUE} for name in LONG_TASKS}
 
-# The engine. "embedded" runs it in-process, beside the asyncio loop.
+# The engine. "embedded" runs it in-process, beside the asyncio loop. One entry per
+# EngineConfig field (ENGINE_<FIELD>, chatapp/settings/engine.py), then the serving
+# settings that are not the engine's own.
 ENGINE = {
+    **engine_settings(),
     "MODE": env_str("ENGINE_MODE", "embedded"),
-    "MODEL": env_str("CHATAPP_MODEL", str(default_model_path())),
-    "DTYPE": env_str("ENGINE_DTYPE", "auto"),
-    "DEVICE": env_str("ENGINE_DEVICE", "auto"),
-    "MAX_NUM_SEQS": env_int("ENGINE_MAX_NUM_SEQS", 64),
-    "MAX_NUM_BATCHED_TOKENS": env_int("ENGINE_MAX_NUM_BATCHED_TOKENS", 512),
-    "KV_CACHE_MEMORY_MB": env_int("ENGINE_KV_CACHE_MEMORY_MB", 512),
-    "MAX_MODEL_LEN": env_int("ENGINE_MAX_MODEL_LEN", 0),
-    "MAX_WAITING_REQUESTS": env_int("ENGINE_MAX_WAITING_REQUESTS", 256),
-    "NUM_THREADS": env_int("ENGINE_NUM_THREADS", 0),
-    "SMALL_STEP_THREADS": env_int("ENGINE_SMALL_STEP_THREADS", 0),
-    # "auto": float16-stored linear weights on CPUs without bfloat16, else none (exact).
-    "QUANTIZATION": env_str("ENGINE_QUANTIZATION", "auto"),
-    # Redis tier of the KV cache (docs/kv-tier.md): memory-only while nobody answers there.
-    "KV_TIER_URL": env_str("ENGINE_KV_TIER_URL", "redis://127.0.0.1:6379/4"),
-    "KV_TIER_TTL_S": env_int("ENGINE_KV_TIER_TTL_S", 86400),
-    "KV_TIER_MAX_MB": env_int("ENGINE_KV_TIER_MAX_MB", 2048),
-    "KV_TIER_COMPRESSION": env_str("ENGINE_KV_TIER_COMPRESSION", "none"),
-    "KV_TIER_NAMESPACE": env_str("ENGINE_KV_TIER_NAMESPACE", "kvtier"),
-    # Split the model over N ranks (docs/tensor-parallel.md); the KV tier is off then.
-    "TENSOR_PARALLEL_SIZE": env_int("ENGINE_TENSOR_PARALLEL_SIZE", 1),
-    # Speculative decoding (docs/speculative.md): "" off, "ngram" (prompt lookup: pays on
-    # edits, rewrites, code, quoting), "draft" (a smaller model, same tokenizer). Lossless.
-    "SPECULATIVE_MODE": env_str("ENGINE_SPECULATIVE_MODE", ""),
-    "NUM_SPECULATIVE_TOKENS": env_int("ENGINE_NUM_SPECULATIVE_TOKENS", 4),
-    "NGRAM_MIN": env_int("ENGINE_NGRAM_MIN", 1),
-    "NGRAM_MAX": env_int("ENGINE_NGRAM_MAX", 4),
-    "SPECULATIVE_DRAFT_MODEL": env_str("ENGINE_SPECULATIVE_DRAFT_MODEL", ""),
     # Load the model when the server starts rather than on the first message.
     "PRELOAD": env_bool("ENGINE_PRELOAD", True),
     # ENGINE_MODE=upstream: any OpenAI-compatible server is the engine instead.
@@ -257,10 +241,10 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = max(2621440, OPENAI_MAX_BODY_BYTES)
 OPENAI_RATE_LIMIT_PER_MINUTE = env_int("OPENAI_RATE_LIMIT_PER_MINUTE", 120)
 OPENAI_MAX_CONCURRENT = env_int("OPENAI_MAX_CONCURRENT", 8)
 
-# --- Observability and offline jobs (inference/: metrics, dashboard, Celery tasks) ---
+# --- Observability and offline jobs (chatapp/observability, chatapp/jobs) ---
 # /metrics is readable by staff, or with "Authorization: Bearer <METRICS_BEARER_TOKEN>".
 METRICS_BEARER_TOKEN = env_str("METRICS_BEARER_TOKEN", "")
-# Background threads of the web process: the engine sampler, in-process offline jobs.
+# Background threads of the web process: its scheduler (PERIODIC_TASKS), in-process jobs.
 OBS_BACKGROUND = env_bool("OBS_BACKGROUND", True)
 OBS_SAMPLE_INTERVAL_S = env_float("OBS_SAMPLE_INTERVAL_S", 5.0)
 OBS_RAW_RETENTION_HOURS = env_float("OBS_RAW_RETENTION_HOURS", 48.0)
@@ -279,17 +263,28 @@ OBS_TUNING_TPOT_S = env_float("OBS_TUNING_TPOT_S", 0.1)
 # Redis KV tier upkeep: how often, and how many of the most-used system prompts to warm.
 KV_TIER_UPKEEP_S = env_float("KV_TIER_UPKEEP_S", 600.0)
 KV_TIER_WARM_PROMPTS = env_int("KV_TIER_WARM_PROMPTS", 5)
-CELERY_BEAT_SCHEDULE = {
+# Jobs that generate text on the engine serving users: in embedded mode only the web
+# process has it, so they run there, broker or not (chatapp/jobs/queue.py).
+GENERATION_TASKS = ("inference.generate_title", "inference.kv_tier_upkeep")
+# Tasks that read this process's engine client: always run in the process that serves.
+SERVING_PROCESS_TASKS = ("inference.sample_engine",)
+# The periodic work, the one schedule (docs/jobs.md). Celery beat runs the entries a
+# worker can run (CELERY_BEAT_SCHEDULE below); the web process's scheduler
+# (chatapp/jobs/scheduler.py) runs the others, and every entry when there is no broker.
+# Task names keep the `inference.` prefix they had before the apps were split: queued
+# tasks and existing beat schedules name them so.
+PERIODIC_TASKS = {
+    "engine-sample": {"task": "inference.sample_engine", "schedule": OBS_SAMPLE_INTERVAL_S},
     "rollup-every-minute": {"task": "inference.rollup", "schedule": 60.0},
     "prune-every-hour": {"task": "inference.prune", "schedule": 3600.0},
+    "kv-tier-upkeep": {"task": "inference.kv_tier_upkeep", "schedule": KV_TIER_UPKEEP_S},
 }
-# The tier upkeep warms blocks through an engine: in the embedded mode only the web process
-# has one (its sampler thread runs the upkeep there), so beat schedules it only for workers.
-if ENGINE["MODE"] == "distributed":
-    CELERY_BEAT_SCHEDULE["kv-tier-upkeep"] = {
-        "task": "inference.kv_tier_upkeep",
-        "schedule": KV_TIER_UPKEEP_S,
-    }
+_web_process_only = set(SERVING_PROCESS_TASKS) | (
+    set(GENERATION_TASKS) if ENGINE["MODE"] == "embedded" else set()
+)
+CELERY_BEAT_SCHEDULE = {
+    name: entry for name, entry in PERIODIC_TASKS.items() if entry["task"] not in _web_process_only
+}
 CELERY_RESULT_EXPIRES = 3600
 # --- end observability ---
 

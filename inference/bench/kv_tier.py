@@ -21,7 +21,7 @@ import redis
 import torch
 
 from inference.bench.driver import Arrival, drive
-from inference.bench.report import Target, checked, print_targets
+from inference.bench.targets import Target, checked, print_targets
 from inference.bench.workloads import greedy, make_prompts
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine

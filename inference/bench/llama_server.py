@@ -1,7 +1,7 @@
 """llama.cpp's `llama-server` on the bundled GGUF: build it (once, cached), start it, stop it.
 
 Shared by the benchmark against it (vs_llama.py, quality.py) and by the tests that put
-this app in front of it (tests/api/test_upstream_llama.py). The binary comes from
+this app in front of it (tests/backends/test_upstream_llama.py). The binary comes from
 scripts/build-llama-server.sh, which builds it into the cache folder the first time and
 afterwards only prints its path.
 """

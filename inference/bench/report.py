@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from inference.bench.kv_tier import print_section
+from inference.bench.kv_tier import targets as kv_tier_targets
+from inference.bench.speculative import print_section as print_speculative
+from inference.bench.speculative import targets as speculative_targets
+from inference.bench.targets import checked, fmt, print_targets
+
 
 def _get(results: dict[str, Any], section: str, key: str) -> float | None:
     value = results.get(section)
@@ -37,13 +43,9 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         ("TTFT p99 while 16 decode / alone", "<=", 3.0, _get(r, "busy", "ttft_ratio_p99")),
         ("stream ITL p99 during 2k prefill / median", "<=", 3.0, _get(r, "busy", "itl_ratio")),
     ]  # fmt: skip
-    from inference.bench.kv_tier import targets as kv_tier_targets
-
     if isinstance(r.get("kv_tier"), dict) and "restore" in r["kv_tier"]:
         rows += kv_tier_targets(r["kv_tier"])
     if isinstance(r.get("speculative"), dict) and "grounded" in r["speculative"]:
-        from inference.bench.speculative import targets as speculative_targets
-
         rows += speculative_targets(r["speculative"])
     out = checked(rows)
     flood = r.get("flood", {})
@@ -57,35 +59,6 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-Target = tuple[str, str, float, float | None]  # name, "<" / "<=" / ">=", bar, measured
-
-
-def checked(rows: list[Target]) -> list[dict[str, Any]]:
-    """Each target row with its verdict: met, missed, or None when nothing was measured."""
-    out = []
-    for name, op, bar, value in rows:
-        met = None
-        if value is not None:
-            met = value >= bar if op == ">=" else value < bar if op == "<" else value <= bar
-        out.append({"target": name, "measured": value, "bar": f"{op} {bar}", "met": met})
-    return out
-
-
-def print_targets(rows: list[dict[str, Any]]) -> None:
-    print("\ntargets:")
-    for t in rows:
-        mark = {True: "MET", False: "MISSED", None: "n/a"}[t["met"]]
-        print(f"  {t['target']:<48}{_fmt(t['measured']):>10}  {t['bar']:<8} {mark}")
-
-
-def _fmt(v: Any, digits: int = 2) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v)
-
-
 def print_table(r: dict[str, Any]) -> None:
     print(f"\nengine: {r.get('engine')}   machine: {r.get('machine')}\n")
     print(
@@ -93,22 +66,20 @@ def print_table(r: dict[str, Any]) -> None:
     )
     print("-" * 82)
     print(
-        f"{'single stream decode tok/s':<28}{_fmt(_get(r, 'single_ours', 'decode_tok_s')):>12}"
-        f"{_fmt(_get(r, 'single_hf', 'decode_tok_s')):>15}{'':>15}{'':>12}"
+        f"{'single stream decode tok/s':<28}{fmt(_get(r, 'single_ours', 'decode_tok_s')):>12}"
+        f"{fmt(_get(r, 'single_hf', 'decode_tok_s')):>15}{'':>15}{'':>12}"
     )
+    print(f"{'  exact fp32 path tok/s':<28}{fmt(_get(r, 'single_ours_exact', 'decode_tok_s')):>12}")
     print(
-        f"{'  exact fp32 path tok/s':<28}{_fmt(_get(r, 'single_ours_exact', 'decode_tok_s')):>12}"
-    )
-    print(
-        f"{'single stream TTFT s':<28}{_fmt(_get(r, 'single_ours', 'ttft'), 3):>12}"
-        f"{_fmt(_get(r, 'single_hf', 'ttft'), 3):>15}"
+        f"{'single stream TTFT s':<28}{fmt(_get(r, 'single_ours', 'ttft'), 3):>12}"
+        f"{fmt(_get(r, 'single_hf', 'ttft'), 3):>15}"
     )
     for n in (4, 16, 64):
         print(
-            f"{f'{n} streams output tok/s':<28}{_fmt(_get(r, f'streams{n}_ours', 'tok_s')):>12}"
-            f"{_fmt(_get(r, f'streams{n}_hf_sequential', 'tok_s')):>15}"
-            f"{_fmt(_get(r, f'streams{n}_hf_static', 'tok_s')):>15}"
-            f"{_fmt(_get(r, f'streams{n}_hf_cb', 'tok_s')):>12}"
+            f"{f'{n} streams output tok/s':<28}{fmt(_get(r, f'streams{n}_ours', 'tok_s')):>12}"
+            f"{fmt(_get(r, f'streams{n}_hf_sequential', 'tok_s')):>15}"
+            f"{fmt(_get(r, f'streams{n}_hf_static', 'tok_s')):>15}"
+            f"{fmt(_get(r, f'streams{n}_hf_cb', 'tok_s')):>12}"
         )
     on = r.get("multi_turn_cache", {})
     off = r.get("multi_turn_nocache", {})
@@ -116,24 +87,20 @@ def print_table(r: dict[str, Any]) -> None:
         print("\nmulti-turn TTFT p50 (s) by turn, prefix cache on / off, cached prompt tokens:")
         for t, v in on["ttft_p50_by_turn"].items():
             print(
-                f"  turn {t}: {v:.3f} / {_fmt(off.get('ttft_p50_by_turn', {}).get(t), 3)}"
+                f"  turn {t}: {v:.3f} / {fmt(off.get('ttft_p50_by_turn', {}).get(t), 3)}"
                 f"   cached {on['cached_tokens_by_turn'][t]:.0f}"
             )
     busy = r.get("busy", {})
     if "ttft_alone" in busy:
         print("\nwhile 16 streams decode:")
         for k, v in busy.items():
-            print(f"  {k:<30}{_fmt(v, 3)}")
+            print(f"  {k:<30}{fmt(v, 3)}")
     flood = r.get("flood", {})
     if flood:
-        print("\nflood:", {k: _fmt(v, 1) for k, v in flood.items()})
+        print("\nflood:", {k: fmt(v, 1) for k, v in flood.items()})
     if "kv_tier" in r:
-        from inference.bench.kv_tier import print_section
-
         print_section(r["kv_tier"])
     if "speculative" in r:
-        from inference.bench.speculative import print_section as print_speculative
-
         print_speculative(r["speculative"])
     print_targets(r.get("targets", []))
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from inference.bench.driver import Arrival, drive
-from inference.bench.report import Target, checked, print_targets
+from inference.bench.targets import Target, checked, print_targets
 from inference.bench.workloads import make_prompts
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine

@@ -75,7 +75,7 @@ class OurServer:
         self.key = self.manage(
             "shell", "--no-imports", "-c",
             "from django.contrib.auth import get_user_model as g; "
-            "from chatapp.api_keys import create_key; "
+            "from chatapp.openai_api.keys import create_key; "
             "u = g().objects.create_user('bench', password='bench-password-1'); "
             "k, raw = create_key(u, 'bench'); "
             "type(k).objects.filter(pk=k.pk).update(max_concurrent=1024, "

@@ -148,7 +148,7 @@ async def bench(args: argparse.Namespace) -> dict:
     from redis import Redis
     from transformers import AutoTokenizer
 
-    from inference.workers.remote import RemoteEngine
+    from inference.backends.remote import RemoteEngine
 
     namespace = f"bench-{uuid.uuid4().hex[:8]}"
     redis = Redis.from_url(args.redis)

@@ -22,6 +22,7 @@ from inference.engine.engine import LLMEngine
 from inference.engine.errors import InvalidRequestError
 from inference.engine.outputs import Delta
 from inference.engine.sampling_params import SamplingParams
+from inference.engine.streaming import until_finished
 
 log = logging.getLogger(__name__)
 
@@ -76,19 +77,12 @@ class AsyncEngine:
             self._streams.pop(rid, None)
             raise
         self._wakeup.set()
-        finished = False
         try:
-            while True:
-                delta = await queue.get()
-                if delta.finished:
-                    finished = True
-                yield delta
-                if finished:
-                    return
+            async with contextlib.aclosing(until_finished(queue, lambda: self.abort(rid))) as s:
+                async for delta in s:
+                    yield delta
         finally:
             self._streams.pop(rid, None)
-            if not finished:
-                self.abort(rid)
 
     def abort(self, request_id: str) -> None:
         """Drop a request; its blocks are freed at the next step (thread-safe)."""

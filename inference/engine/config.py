@@ -64,7 +64,7 @@ class EngineConfig:
     #           model; "none" on a GPU, and "none" whenever `dtype` is set explicitly (not
     #           "auto"): an explicit dtype is the dtype the weights are held in.
     quantization: str = "auto"
-    # The Redis tier of the KV cache (kv_store.py): full prefix blocks written back when a
+    # The Redis tier of the KV cache (kv_tier/): full prefix blocks written back when a
     # request finishes and restored on a memory miss, across restarts and workers.
     # "" turns it off; a URL nobody answers runs memory-only and keeps retrying.
     kv_tier_url: str = ""

@@ -3,7 +3,7 @@
 Not thread-safe by itself except for `add_request` and `abort_request`, which only touch an
 inbox under a lock; `step()` is meant to be called from one thread (see async_engine.py).
 
-With the Redis tier on (kv_store.py), the step thread also starts a lookup for each new
+With the Redis tier on (kv_tier/), the step thread also starts a lookup for each new
 prompt whose prefix memory does not hold, copies found blocks into the pool at admission,
 and hands finished requests' new blocks (and blocks about to be evicted) to the tier's
 writer as snapshots; the network work happens on the tier's threads.
@@ -22,6 +22,7 @@ import threading
 import time
 import traceback
 import uuid
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoTokenizer, GenerationConfig
@@ -31,13 +32,13 @@ from inference.engine.detokenizer import IncrementalDetokenizer
 from inference.engine.errors import EngineBusyError, InvalidRequestError, PromptTooLongError
 from inference.engine.fingerprint import model_fingerprint
 from inference.engine.kv_cache import Block, CacheScope, KVCacheManager
-from inference.engine.kv_store import (
+from inference.engine.kv_tier import (
     DISABLED_STATS,
     LAYOUT_VERSION,
     BlockEntry,
     BlockLayout,
-    KVTier,
     RestoredPrefix,
+    start_tier,
 )
 from inference.engine.model_runner import ModelRunner
 from inference.engine.outputs import Delta
@@ -47,6 +48,9 @@ from inference.engine.scheduler import ScheduledBatch, Scheduler
 from inference.engine.sequence import Sequence
 from inference.engine.speculative import DISABLED_STATS as SPEC_DISABLED_STATS
 from inference.engine.speculative import Speculator
+
+if TYPE_CHECKING:  # redis: loaded by start_tier when the tier is on
+    from inference.engine.kv_tier.tier import KVTier
 
 log = logging.getLogger(__name__)
 
@@ -397,7 +401,7 @@ class LLMEngine:
             layout=LAYOUT_VERSION,
         )
         self.kv.on_evict = self._on_evict
-        return KVTier(
+        return start_tier(
             c.kv_tier_url,
             fingerprint=fingerprint,
             layout=layout,
@@ -506,7 +510,7 @@ class LLMEngine:
             "max_model_len": self.max_model_len,
             **(self.kv_tier.stats() if self.kv_tier is not None else DISABLED_STATS),
             **{f"total_{k}": v for k, v in self.totals.items()},
-            # Flat numbers, so that the workers' stats add up (inference/workers/remote.py).
+            # Flat numbers, so that the workers' stats add up (inference/backends/remote.py).
             **{
                 f"step_tokens_le_{bound}": n
                 for bound, n in zip(STEP_TOKEN_BUCKETS[:-1], self.step_tokens_counts, strict=False)

@@ -15,31 +15,36 @@ A block whose reference count drops to zero stays in the index (its KV is still 
 joins an LRU list; it is only reused, and dropped from the index, when the free list is empty.
 
 Each full block also gets a stable digest, a blake2b chain over the exact token ids
-(Python's hash() differs between processes): the Redis tier (kv_store.py) keys blocks by it.
+(Python's hash() differs between processes): the Redis tier (kv_tier/) keys blocks by it.
 A block records whether the tier holds it (`persisted`); `on_evict` is told before an
 indexed block the tier does not hold is reused, while its KV is still in the pool.
 
-Prefix reuse is scoped by a request's `CacheScope` (vLLM's `cache_salt`): the link into its
-first salted block mixes the salt into both chains, so every later hash and digest differs
-from another salt's (or no salt's) and another owner's blocks, in memory or in Redis, are
+Prefix reuse is scoped by a request's `CacheScope` (cache_scope.py, vLLM's `cache_salt`):
+the link into its first salted block mixes the salt into both chains, so every later hash
+and digest differs from another salt's (or no salt's) and another owner's blocks, in
+memory or in Redis, are
 never found. The leading `shared_blocks` blocks stay unsalted: public text every user's
 prompt starts with (a server-wide system prompt) may be shared.
 """
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from inference.engine.cache_scope import (
+    ROOT_DIGEST,
+    UNSALTED,
+    CacheScope,
+    chain_digest,
+    chain_hash,
+)
 
 if TYPE_CHECKING:
     from inference.engine.sequence import Sequence
 
-# The parent digest of a sequence's first block.
-ROOT_DIGEST = bytes(16)
+__all__ = ["ROOT_DIGEST", "UNSALTED", "Block", "CacheScope", "KVCacheManager"]
 
 
 class Block:
@@ -71,68 +76,6 @@ class Block:
         self.digest = None
         self.parent_digest = ROOT_DIGEST
         self.persisted = False
-
-
-def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
-    return hash((parent, token_ids))
-
-
-def chain_digest(parent: bytes, token_ids: tuple[int, ...] | list[int]) -> bytes:
-    """The stable (cross-process) digest of a block: blake2b(parent digest, token ids)."""
-    data = struct.pack(f"<{len(token_ids)}I", *token_ids)
-    return hashlib.blake2b(parent + data, digest_size=16).digest()
-
-
-def salted_hash(parent: int | None, salt: str) -> int:
-    return hash(("cache_salt", salt, parent))
-
-
-def salted_digest(parent: bytes, salt: str) -> bytes:
-    # The salt's length goes first, so no (salt, parent) pair reads as another.
-    data = struct.pack("<I", len(salt)) + salt.encode() + parent
-    return hashlib.blake2b(b"cache_salt\0" + data, digest_size=16).digest()
-
-
-@dataclass(frozen=True)
-class CacheScope:
-    """Whose prefix chain a request's full blocks join.
-
-    No salt: the one chain every unsalted request shares. With a salt, blocks from
-    `shared_blocks` on hang off a link salted with it, so only requests with the same salt
-    (and the same unsalted lead) find them.
-    """
-
-    salt: str | None = None
-    shared_blocks: int = 0
-
-    def link_hash(self, index: int, previous: int | None) -> int | None:
-        """The parent hash of block `index`, given the hash of the block before (None for
-        the first)."""
-        if self.salt is not None and index == self.shared_blocks:
-            return salted_hash(previous, self.salt)
-        return previous
-
-    def link_digest(self, index: int, previous: bytes) -> bytes:
-        """The parent digest of block `index`, given the digest of the block before
-        (ROOT_DIGEST for the first): what the Redis tier stores as the block's parent."""
-        if self.salt is not None and index == self.shared_blocks:
-            return salted_digest(previous, self.salt)
-        return previous
-
-    def digest_chain(
-        self, token_ids: list[int], block_size: int, num_blocks: int
-    ) -> list[tuple[bytes, bytes]]:
-        """(parent digest, digest) of each of the first `num_blocks` full blocks."""
-        out = []
-        previous = ROOT_DIGEST
-        for i in range(num_blocks):
-            parent = self.link_digest(i, previous)
-            previous = chain_digest(parent, token_ids[i * block_size : (i + 1) * block_size])
-            out.append((parent, previous))
-        return out
-
-
-UNSALTED = CacheScope()
 
 
 class KVCacheManager:

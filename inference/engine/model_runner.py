@@ -12,6 +12,7 @@ import torch
 
 from inference.engine import kernels
 from inference.engine.config import EngineConfig
+from inference.engine.kv_tier.redaction import redacted
 from inference.engine.model import AttentionMetadata, DecodeGroup, PrefillChunk, load_config
 from inference.engine.scheduler import ScheduledBatch
 from inference.engine.sequence import Sequence
@@ -75,8 +76,6 @@ def describe_engine(
 ) -> str:
     """The resolved configuration, as the one line an engine logs when it starts: what
     `auto` chose, and why, is visible without reading the code."""
-    from inference.engine.kv_store import redacted
-
     dtype_name = str(dtype).removeprefix("torch.")
     dtype_src = "auto" if config.dtype == "auto" else "set"
     if config.quantization != "auto":

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from inference.engine.kv_cache import UNSALTED, CacheScope
+from inference.engine.cache_scope import UNSALTED, CacheScope
+from inference.engine.kv_tier.blocks import RestoredPrefix
 from inference.engine.outputs import RequestMetrics
 from inference.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from inference.engine.detokenizer import IncrementalDetokenizer
-    from inference.engine.kv_store import RestoredPrefix
 
 
 class SequenceStatus(enum.Enum):

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -14,33 +12,7 @@ from django.conf import settings
 from django.test import Client
 
 from chatapp.asgi import application
-from inference.client import EngineClient, set_engine_client
-from inference.engine import EngineConfig
-
-
-@contextmanager
-def installed_engine(model_dir: Path) -> Iterator[EngineClient]:
-    """The real engine on `model_dir`, installed as the web app's engine meanwhile."""
-    client = make_engine_client(model_dir)
-    set_engine_client(client)
-    try:
-        yield client
-    finally:
-        set_engine_client(None)
-
-
-def make_engine_client(model_dir: Path, **overrides: Any) -> EngineClient:
-    config = EngineConfig(
-        model=str(model_dir),
-        dtype="float32",
-        max_num_seqs=8,
-        max_num_batched_tokens=256,
-        kv_cache_memory_mb=64,
-        **overrides,
-    )
-    from inference.engine import AsyncEngine
-
-    return EngineClient(AsyncEngine(config))
+from inference.backends.embedded import EmbeddedClient
 
 
 def session_cookie(user: Any) -> bytes:
@@ -87,7 +59,7 @@ async def open_socket(
 
 
 @pytest.fixture
-async def alice_socket(make_user: Any, tiny_engine: EngineClient) -> AsyncIterator[ChatSocket]:
+async def alice_socket(make_user: Any, tiny_engine: EmbeddedClient) -> AsyncIterator[ChatSocket]:
     user = await database_sync_to_async(make_user)("alice")
     sock, connected, _ = await open_socket(user)
     assert connected

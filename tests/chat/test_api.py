@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from chatapp.conversations import add_exchange, create_conversation
-from chatapp.models import Conversation, Message
+from chatapp.chat.conversations import add_exchange, create_conversation
+from chatapp.chat.models import Conversation, Message
 
 pytestmark = pytest.mark.django_db
 

@@ -8,15 +8,16 @@ from typing import Any
 
 from django.test import override_settings
 
+from inference.backends.embedded import EmbeddedClient
 from inference.chat_template import Turn
-from inference.client import EngineClient, prefix_cache_salt
+from inference.client import prefix_cache_salt
 from inference.engine import SamplingParams
 
 DEFAULT_PROMPT = "You are the helpful assistant of this server. Answer briefly and kindly. " * 3
 SECRET = "My bank PIN is 4931 and my mother's maiden name is Grabowska; keep it to yourself."
 
 
-async def cached(client: EngineClient, turns: list[Turn], owner: int) -> int:
+async def cached(client: EmbeddedClient, turns: list[Turn], owner: int) -> int:
     """Prompt tokens the KV cache held for this request of `owner`'s."""
     salt = prefix_cache_salt(owner)
     prompt = client.chat_prompt(turns, cache_salt=salt)
@@ -36,7 +37,7 @@ def test_the_salt_is_per_user_keyed_by_the_secret_key_and_a_client_salt_only_spl
 
 
 async def test_the_default_system_prompt_is_shared_and_what_follows_is_not(
-    tiny_engine: EngineClient, settings: Any
+    tiny_engine: EmbeddedClient, settings: Any
 ) -> None:
     settings.CHAT_DEFAULTS = {**settings.CHAT_DEFAULTS, "system_prompt": DEFAULT_PROMPT}
     system = Turn("system", DEFAULT_PROMPT)
@@ -57,7 +58,7 @@ async def test_the_default_system_prompt_is_shared_and_what_follows_is_not(
 
 
 async def test_a_system_prompt_of_a_users_own_is_not_shared(
-    tiny_engine: EngineClient, settings: Any
+    tiny_engine: EmbeddedClient, settings: Any
 ) -> None:
     settings.CHAT_DEFAULTS = {**settings.CHAT_DEFAULTS, "system_prompt": DEFAULT_PROMPT}
     own = [Turn("system", "Only I know this prompt: " + SECRET), Turn("user", "Hi")]
@@ -69,8 +70,8 @@ async def test_a_system_prompt_of_a_users_own_is_not_shared(
 def test_upkeep_warms_the_default_prompt_for_everyone_and_a_users_own_prompt_for_them(
     make_user: Any, settings: Any
 ) -> None:
-    from chatapp.models import Conversation
-    from inference.kv_upkeep import most_used_system_prompts
+    from chatapp.chat.kv_warmup import most_used_system_prompts
+    from chatapp.chat.models import Conversation
 
     settings.CHAT_DEFAULTS = {**settings.CHAT_DEFAULTS, "system_prompt": DEFAULT_PROMPT}
     alice, bob = make_user("alice"), make_user("bob")

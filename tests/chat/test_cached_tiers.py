@@ -13,12 +13,13 @@ import pytest
 import redis
 from channels.db import database_sync_to_async
 
-from chatapp.generation import stats_from_metrics
-from chatapp.models import Message
-from chatapp.openai_api import usage
+from chatapp.chat.generation import stats_from_metrics
+from chatapp.chat.models import Message
+from chatapp.openai_api.views import usage
 from inference.client import set_engine_client
 from inference.engine import Delta, RequestMetrics
-from tests.chat.conftest import make_engine_client, open_socket
+from tests.chat.conftest import open_socket
+from tests.engines import make_engine_client
 
 REDIS_URL = "redis://127.0.0.1:6379/4"
 

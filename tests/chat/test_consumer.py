@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 
-from chatapp.models import Conversation, Message
+from chatapp.chat.models import Conversation, Message
 from tests.chat.conftest import ChatSocket, open_socket
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -312,7 +312,7 @@ async def test_resume_of_a_finished_reply_sends_snapshot_and_done(alice_socket: 
 def test_protocol_doc_lists_every_frame_type() -> None:
     from pathlib import Path
 
-    from chatapp.consumers import ChatConsumer
+    from chatapp.chat.consumers import ChatConsumer
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "websocket.md").read_text()
     for kind in ChatConsumer.HANDLERS:

@@ -11,7 +11,7 @@ import pytest
 from django.contrib.staticfiles import finders
 from django.test import Client
 
-from chatapp.conversations import InvalidSettings, clean_settings
+from chatapp.chat.conversations import InvalidSettings, clean_settings
 
 pytestmark = pytest.mark.django_db
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 
-from chatapp.generation import registry
-from chatapp.models import Message
+from chatapp.chat.generation import registry
+from chatapp.chat.models import Message
 from tests.chat.conftest import ChatSocket, open_socket
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -9,20 +9,21 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 
-from inference.client import EngineClient
-from tests.chat.conftest import installed_engine, open_socket
+from inference.backends.embedded import EmbeddedClient
+from tests.chat.conftest import open_socket
+from tests.engines import installed_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(scope="module")
-def real_engine(real_model_dir: Path) -> Iterator[EngineClient]:
+def real_engine(real_model_dir: Path) -> Iterator[EmbeddedClient]:
     with installed_engine(real_model_dir) as client:
         yield client
 
 
 async def test_capital_of_france_streams_back_paris(
-    real_engine: EngineClient, make_user: Any, settings: Any
+    real_engine: EmbeddedClient, make_user: Any, settings: Any
 ) -> None:
     settings.CHAT_FLUSH_INTERVAL_MS = 0
     user = await database_sync_to_async(make_user)("erin")

@@ -20,16 +20,12 @@ import pytest
 import redis
 from channels.db import database_sync_to_async
 
-from chatapp.models import Message
-from inference import metrics
-from inference.client import (
-    EngineClient,
-    Prompt,
-    prefix_cache_salt,
-    response_cache_from_settings,
-)
+from chatapp.chat.models import Message
+from chatapp.observability.models import RequestRecord
+from inference import metrics, response_cache
+from inference.backends.embedded import EmbeddedClient
+from inference.client import Prompt, prefix_cache_salt
 from inference.engine import Delta, SamplingParams
-from inference.models import RequestRecord
 from inference.response_cache import CachedReply, ResponseCache
 from tests.chat.conftest import ChatSocket
 
@@ -48,7 +44,7 @@ needs_redis = pytest.mark.skipif(not redis_answers(), reason="no Redis at 127.0.
 
 
 @pytest.fixture
-def cache(tiny_engine: EngineClient) -> Iterator[ResponseCache]:
+def cache(tiny_engine: EmbeddedClient) -> Iterator[ResponseCache]:
     """A response cache in a namespace of its own, installed on the tiny engine's client."""
     rc = ResponseCache(REDIS_URL, ttl_s=60, namespace=f"test-respcache-{uuid.uuid4().hex[:12]}")
     tiny_engine.fingerprint()  # hashed once, up front (a server does it in the background)
@@ -63,12 +59,12 @@ def cache(tiny_engine: EngineClient) -> Iterator[ResponseCache]:
 
 
 async def run(
-    client: EngineClient,
+    client: EmbeddedClient,
     sampling: SamplingParams,
     ids: list[int] = PROMPT,
     cache_salt: str | None = None,
 ) -> dict:
-    """One request through EngineClient.stream: its deltas, and whether the engine ran it."""
+    """One request through EmbeddedClient.stream: its deltas, and whether the engine ran it."""
     before = client.stats()["total_requests"]
     stream = client.stream(Prompt(token_ids=list(ids)), sampling, cache_salt=cache_salt)
     deltas: list[Delta] = [d async for d in stream]
@@ -89,12 +85,12 @@ def greedy(**kw: Any) -> SamplingParams:
     return SamplingParams(**{"max_tokens": 12, "temperature": 0.0, "ignore_eos": True, **kw})
 
 
-# --- the cache through EngineClient.stream --------------------------------------------------
+# --- the cache through EmbeddedClient.stream --------------------------------------------------
 
 
 @needs_redis
 async def test_a_greedy_request_answered_before_is_replayed_without_the_engine(
-    tiny_engine: EngineClient, cache: ResponseCache
+    tiny_engine: EmbeddedClient, cache: ResponseCache
 ) -> None:
     first = await run(tiny_engine, greedy())
     second = await run(tiny_engine, greedy())
@@ -115,7 +111,7 @@ async def test_a_greedy_request_answered_before_is_replayed_without_the_engine(
 
 @needs_redis
 async def test_a_stored_reply_is_replayed_to_its_owner_only(
-    tiny_engine: EngineClient, cache: ResponseCache
+    tiny_engine: EmbeddedClient, cache: ResponseCache
 ) -> None:
     alice, bob = prefix_cache_salt(1), prefix_cache_salt(2)
     first = await run(tiny_engine, greedy(), cache_salt=alice)
@@ -130,7 +126,7 @@ async def test_a_stored_reply_is_replayed_to_its_owner_only(
 
 @needs_redis
 async def test_a_seeded_sampled_request_is_replayed(
-    tiny_engine: EngineClient, cache: ResponseCache
+    tiny_engine: EmbeddedClient, cache: ResponseCache
 ) -> None:
     seeded = greedy(temperature=1.0, top_p=0.9, seed=1234)
     first = await run(tiny_engine, seeded)
@@ -144,7 +140,7 @@ async def test_a_seeded_sampled_request_is_replayed(
 
 @needs_redis
 async def test_a_sampled_request_without_a_seed_is_never_cached(
-    tiny_engine: EngineClient, cache: ResponseCache
+    tiny_engine: EmbeddedClient, cache: ResponseCache
 ) -> None:
     sampled = greedy(temperature=0.8)
     runs = [await run(tiny_engine, sampled) for _ in range(2)]
@@ -156,7 +152,7 @@ async def test_a_sampled_request_without_a_seed_is_never_cached(
 
 @needs_redis
 async def test_another_prompt_or_other_settings_is_a_miss(
-    tiny_engine: EngineClient, cache: ResponseCache
+    tiny_engine: EmbeddedClient, cache: ResponseCache
 ) -> None:
     await run(tiny_engine, greedy())
     for sampling, ids in (
@@ -173,7 +169,7 @@ async def test_another_prompt_or_other_settings_is_a_miss(
 
 @needs_redis
 async def test_another_model_fingerprint_is_a_miss(
-    tiny_engine: EngineClient, cache: ResponseCache
+    tiny_engine: EmbeddedClient, cache: ResponseCache
 ) -> None:
     await run(tiny_engine, greedy())
     real = tiny_engine.fingerprint()
@@ -187,7 +183,7 @@ async def test_another_model_fingerprint_is_a_miss(
 
 @needs_redis
 async def test_requests_go_to_the_engine_while_the_model_is_being_fingerprinted(
-    tiny_engine: EngineClient, cache: ResponseCache, monkeypatch: pytest.MonkeyPatch
+    tiny_engine: EmbeddedClient, cache: ResponseCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real = tiny_engine.fingerprint()
     hashed = threading.Event()
@@ -211,7 +207,7 @@ async def test_requests_go_to_the_engine_while_the_model_is_being_fingerprinted(
 
 
 @needs_redis
-async def test_an_entry_expires_with_its_ttl(tiny_engine: EngineClient) -> None:
+async def test_an_entry_expires_with_its_ttl(tiny_engine: EmbeddedClient) -> None:
     short = ResponseCache(REDIS_URL, ttl_s=0.3, namespace=f"test-respcache-{uuid.uuid4().hex}")
     tiny_engine.fingerprint()
     tiny_engine.response_cache = short
@@ -230,7 +226,7 @@ async def test_an_entry_expires_with_its_ttl(tiny_engine: EngineClient) -> None:
 
 @needs_redis
 async def test_a_reply_cut_short_is_not_stored(
-    tiny_engine: EngineClient, cache: ResponseCache
+    tiny_engine: EmbeddedClient, cache: ResponseCache
 ) -> None:
     stream = tiny_engine.stream(Prompt(token_ids=PROMPT), greedy(max_tokens=200))
     async for _ in stream:
@@ -243,7 +239,7 @@ async def test_a_reply_cut_short_is_not_stored(
 
 @needs_redis
 async def test_an_unreadable_entry_is_a_miss_and_is_deleted(
-    tiny_engine: EngineClient, cache: ResponseCache
+    tiny_engine: EmbeddedClient, cache: ResponseCache
 ) -> None:
     key = cache.key(tiny_engine.fingerprint(), PROMPT, greedy())
     cache.redis.set(key, b'{"v": 1, "pieces": [["a", "not ids"]], "finish_reason": "stop"}')
@@ -255,7 +251,7 @@ async def test_an_unreadable_entry_is_a_miss_and_is_deleted(
 
 
 async def test_when_redis_does_not_answer_requests_are_served_normally(
-    tiny_engine: EngineClient, caplog: pytest.LogCaptureFixture
+    tiny_engine: EmbeddedClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     down = ResponseCache("redis://127.0.0.1:1/4", ttl_s=60, timeout_s=0.2)
     tiny_engine.response_cache = down
@@ -273,18 +269,18 @@ async def test_when_redis_does_not_answer_requests_are_served_normally(
 
 def test_the_response_cache_is_off_by_default_and_follows_the_settings(settings: Any) -> None:
     assert settings.RESPONSE_CACHE_ENABLED is False
-    assert response_cache_from_settings() is None
+    assert response_cache.from_settings() is None
     settings.RESPONSE_CACHE_ENABLED = True
     settings.RESPONSE_CACHE_TTL_S = 12.5
-    rc = response_cache_from_settings()
+    rc = response_cache.from_settings()
     assert rc is not None and rc.url == settings.RESPONSE_CACHE_URL and rc.ttl_ms == 12500
-    assert response_cache_from_settings() is rc
+    assert response_cache.from_settings() is rc
 
 
 async def test_with_the_cache_off_a_repeated_greedy_request_runs_again(
-    tiny_engine: EngineClient,
+    tiny_engine: EmbeddedClient,
 ) -> None:
-    assert tiny_engine.response_cache is None and response_cache_from_settings() is None
+    assert tiny_engine.response_cache is None and response_cache.from_settings() is None
     runs = [await run(tiny_engine, greedy()) for _ in range(2)]
     assert [r["engine_ran"] for r in runs] == [1, 1]
     assert not any(r["replayed"] for r in runs)
@@ -309,7 +305,7 @@ async def chat(sock: ChatSocket, settings: dict[str, Any]) -> dict:
 @needs_redis
 @pytest.mark.django_db(transaction=True)
 async def test_a_repeated_greedy_conversation_is_replayed_and_marked_in_the_chat(
-    alice_socket: ChatSocket, tiny_engine: EngineClient, cache: ResponseCache
+    alice_socket: ChatSocket, tiny_engine: EmbeddedClient, cache: ResponseCache
 ) -> None:
     greedy_chat = {"max_tokens": 10, "temperature": 0}
     first = await chat(alice_socket, greedy_chat)
@@ -349,10 +345,10 @@ def metric_value(name: str, model: str) -> float:
 @needs_redis
 @pytest.mark.django_db(transaction=True)
 async def test_the_api_replays_a_greedy_request_and_says_so_in_a_header(
-    make_user: Any, tiny_engine: EngineClient, cache: ResponseCache
+    make_user: Any, tiny_engine: EmbeddedClient, cache: ResponseCache
 ) -> None:
-    from chatapp.api_keys import create_key
     from chatapp.asgi import application
+    from chatapp.openai_api.keys import create_key
 
     user = await database_sync_to_async(make_user)("apiuser")
     _, raw = await database_sync_to_async(create_key)(user, "test")
@@ -416,7 +412,7 @@ def test_a_stored_reply_round_trips_and_junk_is_refused() -> None:
 def test_the_dashboard_summary_counts_replays_and_their_ttft() -> None:
     from django.utils import timezone
 
-    from inference import dashboard
+    from chatapp.observability import dashboard
 
     now = timezone.now()
     for ttft, replayed in ((0.002, True), (0.004, True), (0.300, False)):

@@ -16,7 +16,7 @@ from django.test import Client
 
 from chatapp.asgi import application
 from tests.chat.conftest import open_socket
-from tests.live_server import free_port
+from tools.live_server import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,17 +14,17 @@ import pytest
 from channels.db import database_sync_to_async
 from django.test import Client
 
-from chatapp import conversations as conv_logic
-from chatapp.conversations import NotFound
-from chatapp.models import Conversation, Message
+from chatapp.chat import conversations
+from chatapp.chat.conversations import NotFound
+from chatapp.chat.models import Conversation, Message
 from tests.chat.conftest import ChatSocket
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def conversation_with_exchange(user: Any) -> tuple[Conversation, Message]:
-    conv = conv_logic.create_conversation(user, "Plans", {"system_prompt": "Be brief."})
-    _, reply = conv_logic.add_exchange(conv, None, "Hello", [])
+    conv = conversations.create_conversation(user, "Plans", {"system_prompt": "Be brief."})
+    _, reply = conversations.add_exchange(conv, None, "Hello", [])
     return conv, reply
 
 
@@ -45,12 +45,12 @@ def test_a_send_into_a_conversation_deleted_meanwhile_does_not_bring_it_back(
 ) -> None:
     alice = make_user("alice")
     conv, _ = conversation_with_exchange(alice)
-    stale = conv_logic.get_conversation(alice, conv.pk)  # the send loads it...
+    stale = conversations.get_conversation(alice, conv.pk)  # the send loads it...
     assert client_for(alice).delete(f"/api/conversations/{conv.pk}/").status_code == 204
     # ...reads its (now empty) branch and adds its exchange after the DELETE answered.
-    assert conv_logic.active_branch(stale) == []
+    assert conversations.active_branch(stale) == []
     with pytest.raises(NotFound):
-        conv_logic.add_exchange(stale, None, "Still there?", [])
+        conversations.add_exchange(stale, None, "Still there?", [])
     assert not Conversation.objects.filter(pk=conv.pk).exists()
     assert not Message.objects.exists()
 
@@ -58,14 +58,14 @@ def test_a_send_into_a_conversation_deleted_meanwhile_does_not_bring_it_back(
 def test_a_send_after_a_rename_keeps_the_new_title_and_system_prompt(make_user: Any) -> None:
     alice = make_user("alice")
     conv, reply = conversation_with_exchange(alice)
-    stale = conv_logic.get_conversation(alice, conv.pk)
+    stale = conversations.get_conversation(alice, conv.pk)
     answer = patch(
         client_for(alice),
         conv.pk,
         {"title": "Renamed", "settings": {"system_prompt": "Answer in French."}},
     )
     assert answer.status_code == 200
-    _, new_reply = conv_logic.add_exchange(stale, reply, "And then?", [])
+    _, new_reply = conversations.add_exchange(stale, reply, "And then?", [])
     conv.refresh_from_db()
     assert (conv.title, conv.system_prompt) == ("Renamed", "Answer in French.")
     assert conv.active_leaf_id == new_reply.pk
@@ -75,16 +75,16 @@ def test_the_first_message_names_an_untitled_conversation_unless_it_was_renamed(
     make_user: Any,
 ) -> None:
     alice = make_user("alice")
-    untitled = conv_logic.create_conversation(alice)
-    stale = conv_logic.get_conversation(alice, untitled.pk)
-    conv_logic.add_exchange(stale, None, "Plan a trip to Lisbon", [])
+    untitled = conversations.create_conversation(alice)
+    stale = conversations.get_conversation(alice, untitled.pk)
+    conversations.add_exchange(stale, None, "Plan a trip to Lisbon", [])
     untitled.refresh_from_db()
     assert untitled.title == "Plan a trip to Lisbon"
 
-    renamed = conv_logic.create_conversation(alice)
-    stale = conv_logic.get_conversation(alice, renamed.pk)
+    renamed = conversations.create_conversation(alice)
+    stale = conversations.get_conversation(alice, renamed.pk)
     assert patch(client_for(alice), renamed.pk, {"title": "Mine"}).status_code == 200
-    conv_logic.add_exchange(stale, None, "Plan a trip to Porto", [])
+    conversations.add_exchange(stale, None, "Plan a trip to Porto", [])
     renamed.refresh_from_db()
     assert renamed.title == "Mine"
 
@@ -92,11 +92,11 @@ def test_the_first_message_names_an_untitled_conversation_unless_it_was_renamed(
 def test_a_rename_after_a_send_keeps_the_new_reply_on_screen(make_user: Any) -> None:
     alice = make_user("alice")
     conv, reply = conversation_with_exchange(alice)
-    stale = conv_logic.get_conversation(alice, conv.pk)  # the PATCH loads it...
-    _, new_reply = conv_logic.add_exchange(
-        conv_logic.get_conversation(alice, conv.pk), reply, "More", []
+    stale = conversations.get_conversation(alice, conv.pk)  # the PATCH loads it...
+    _, new_reply = conversations.add_exchange(
+        conversations.get_conversation(alice, conv.pk), reply, "More", []
     )
-    conv_logic.update_conversation(stale, {"title": "Renamed"})  # ...and saves after the send
+    conversations.update_conversation(stale, {"title": "Renamed"})  # ...and saves after the send
     conv.refresh_from_db()
     assert conv.title == "Renamed"
     assert conv.active_leaf_id == new_reply.pk
@@ -105,10 +105,10 @@ def test_a_rename_after_a_send_keeps_the_new_reply_on_screen(make_user: Any) -> 
 def test_a_rename_of_a_conversation_deleted_meanwhile_is_not_found(make_user: Any) -> None:
     alice = make_user("alice")
     conv, _ = conversation_with_exchange(alice)
-    stale = conv_logic.get_conversation(alice, conv.pk)
+    stale = conversations.get_conversation(alice, conv.pk)
     Conversation.objects.filter(pk=conv.pk).delete()
     with pytest.raises(NotFound):
-        conv_logic.update_conversation(stale, {"title": "Back?", "settings": {"top_p": 0.5}})
+        conversations.update_conversation(stale, {"title": "Back?", "settings": {"top_p": 0.5}})
     assert not Conversation.objects.filter(pk=conv.pk).exists()
 
 

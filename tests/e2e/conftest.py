@@ -19,7 +19,7 @@ import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
 
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, require_browser_and_bundle
-from tests.live_server import LiveServer
+from tools.live_server import LiveServer
 
 PASSWORD = "correct-horse-battery-9"
 DESKTOP = {"width": 1280, "height": 800}
@@ -43,7 +43,7 @@ MARKDOWN_REPLY = (
 # One manage.py call (each costs seconds): the users, and the reader's stored conversation.
 SETUP_CODE = (
     "from django.contrib.auth import get_user_model as g; "
-    "from chatapp.models import Conversation as C, Message as M; "
+    "from chatapp.chat.models import Conversation as C, Message as M; "
     # alice is staff: her replies show their figures by default (tests/e2e/test_chat.py).
     f"g().objects.create_user('alice', password={PASSWORD!r}, is_staff=True); "
     f"r = g().objects.create_user('reader', password={PASSWORD!r}); "
@@ -72,7 +72,7 @@ def server(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 def seeded(server: LiveServer) -> dict:
     """The reader's stored conversation whose reply is MARKDOWN_REPLY (see SETUP_CODE)."""
     cid = server.python(
-        "from chatapp.models import Conversation as C; "
+        "from chatapp.chat.models import Conversation as C; "
         "print(C.objects.get(owner__username='reader', title='Markdown demo').pk)"
     )
     return {"username": "reader", "conversation": int(cid.splitlines()[-1])}

@@ -100,7 +100,7 @@ def seed_reply(server: LiveServer, username: str, title: str, question: str, rep
     written it (a 135M model will not write markdown, math or hostile input on demand)."""
     out = server.python(
         "from django.contrib.auth import get_user_model as g; "
-        "from chatapp.models import Conversation as C, Message as M; "
+        "from chatapp.chat.models import Conversation as C, Message as M; "
         f"c = C.objects.create(owner=g().objects.get(username={username!r}), title={title!r}); "
         f"u = M.objects.create(conversation=c, role='user', text={question!r}); "
         f"a = M.objects.create(conversation=c, role='assistant', parent=u, text={reply!r}, "

@@ -9,7 +9,7 @@ import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Request, expect
 
 from tests.e2e.conftest import DESKTOP, PASSWORD, _watch, log_in
-from tests.live_server import LiveServer, free_port
+from tools.live_server import LiveServer, free_port
 
 pytestmark = pytest.mark.slow  # a real browser and the real default model
 
@@ -55,7 +55,7 @@ def test_remote_images_in_a_reply_become_links_and_nothing_loads_from_elsewhere(
 ) -> None:
     cid = server.python(
         "from django.contrib.auth import get_user_model as g; "
-        "from chatapp.models import Conversation as C, Message as M; "
+        "from chatapp.chat.models import Conversation as C, Message as M; "
         f"r = g().objects.create_user('imagereader', password={PASSWORD!r}); "
         "c = C.objects.create(owner=r, title='Leaky'); "
         "u = M.objects.create(conversation=c, role='user', text='Show me a chart'); "

@@ -8,11 +8,14 @@ import json
 import re
 from typing import Any
 
+import pytest
 from playwright.sync_api import Browser, Page, Response, expect
 
 from tests.e2e.conftest import DESKTOP, PASSWORD, _watch, shot
 from tests.e2e.helpers import api, replies, wait_finished
-from tests.live_server import LiveServer
+from tools.live_server import LiveServer
+
+pytestmark = pytest.mark.slow  # a real browser and the real default model
 
 
 def test_the_settings_dialog_takes_the_server_limits_and_sends_nothing_out_of_range(

@@ -19,10 +19,10 @@ import torch
 
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
-from inference.engine.kv_store import upkeep
-from tests.live_server import free_port
+from inference.engine.kv_tier.upkeep import upkeep
 from tests.reliability.test_faults import redis_server
 from tests.tiny_model import build_tiny_llama
+from tools.live_server import free_port
 
 from .conftest import greedy, run_to_completion, token_ids_of
 
@@ -217,7 +217,7 @@ def test_an_unreachable_redis_means_memory_only_with_a_warning(
     make_engine, caplog: pytest.LogCaptureFixture
 ):
     url = f"redis://127.0.0.1:{free_port()}/0"  # nobody listens there
-    with caplog.at_level(logging.WARNING, logger="inference.engine.kv_store"):
+    with caplog.at_level(logging.WARNING, logger="inference.engine.kv_tier.tier"):
         engine = make_engine(kv_tier_url=url, block_size=8)
     try:
         prompt = _prompt(40, seed=5)
@@ -243,7 +243,7 @@ def test_redis_stopping_and_coming_back_mid_run_keeps_serving_and_the_tier_recov
         assert engine.stats()["kv_tier_blocks_written"] > 0
         server.terminate()
         server.wait(timeout=10)
-        with caplog.at_level(logging.INFO, logger="inference.engine.kv_store"):
+        with caplog.at_level(logging.INFO, logger="inference.engine.kv_tier.tier"):
             for seed in (11, 12):  # lookups and writes fail; requests complete anyway
                 tokens, _ = _generate(engine, _prompt(40, seed=seed))
                 assert len(tokens) == 12

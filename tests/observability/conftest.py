@@ -6,28 +6,14 @@ import random
 from datetime import datetime, timedelta
 
 import pytest
-from django.contrib.auth import get_user_model
 
-from inference import stats
-from inference.models import EngineSample, RequestRecord
+from chatapp.observability import percentiles
+from chatapp.observability.models import EngineSample, RequestRecord
 
 
 @pytest.fixture(autouse=True)
-def job_files_in_tmp(settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Job outputs (plots, archives) land in the test's folder, not in var/."""
-    settings.VAR_DIR = tmp_path
-
-
-@pytest.fixture
-def staff_user(db: None):  # type: ignore[no-untyped-def]
-    return get_user_model().objects.create_user(
-        "operator", password="a-long-test-password-1", is_staff=True
-    )
-
-
-@pytest.fixture
-def plain_user(db: None):  # type: ignore[no-untyped-def]
-    return get_user_model().objects.create_user("alice", password="a-long-test-password-1")
+def _job_files(job_files_in_tmp: None) -> None:
+    """Benchmark plots and the like land in the test's folder (tests/conftest.py)."""
 
 
 def seed(now: datetime, minutes: int = 3, per_minute: int = 40, seed: int = 7) -> list:
@@ -50,9 +36,9 @@ def seed(now: datetime, minutes: int = 3, per_minute: int = 40, seed: int = 7) -
                     request_id=f"r{m}-{i}",
                     ttft=queue + prefill,
                     tpot=sum(gaps) / len(gaps),
-                    itl_p50=stats.percentile(gaps, 50),
-                    itl_p99=stats.percentile(gaps, 99),
-                    itl_hist=stats.histogram(gaps),
+                    itl_p50=percentiles.percentile(gaps, 50),
+                    itl_p99=percentiles.percentile(gaps, 99),
+                    itl_hist=percentiles.histogram(gaps),
                     queue_time=queue,
                     prefill_time=prefill,
                     decode_time=sum(gaps),

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, require_browser_and_bundle
-from tests.live_server import LiveServer
+from tools.live_server import LiveServer
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,8 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         # An hour of history: seeded request figures and engine samples, rolled up.
         srv.python(
             "from datetime import timedelta; from django.utils import timezone; "
-            "from inference import rollups; from tests.observability.conftest import seed; "
+            "from chatapp.observability import rollups; "
+            "from tests.observability.conftest import seed; "
             "now = timezone.now(); "
             "[seed(now - timedelta(minutes=m), minutes=2, per_minute=12, seed=m) "
             "for m in range(4, 60, 5)]; "
@@ -152,8 +153,8 @@ def test_dashboard_draws_charts_from_stored_figures_and_live_load(server: LiveSe
 
 
 SEED_TUNING = """
-from inference import tuning
-from inference.models import Job
+from chatapp.observability import tuning
+from chatapp.jobs.models import Job
 current = tuning.current_settings()
 other = {**current, "MAX_NUM_SEQS": 4}
 def runs(*goodputs):

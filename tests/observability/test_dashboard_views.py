@@ -8,8 +8,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from inference import rollups
-from inference.models import Job
+from chatapp.jobs.models import Job
+from chatapp.observability import rollups
 from tests.observability.conftest import seed
 
 pytestmark = pytest.mark.django_db
@@ -90,7 +90,7 @@ def test_benchmark_started_from_the_dashboard_records_a_failed_run(staff_user, s
 
 
 def test_export_api_runs_the_job_and_serves_only_the_owner(plain_user, staff_user) -> None:
-    from chatapp.models import Conversation
+    from chatapp.chat.models import Conversation
 
     Conversation.objects.create(owner=plain_user, title="Mine")
     c = logged_in(plain_user)

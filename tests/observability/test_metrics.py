@@ -11,10 +11,13 @@ from pathlib import Path
 import pytest
 from django.test import Client
 
-from inference import metrics, recording, sampler
+from chatapp.observability import engine_samples, recording
+from chatapp.observability.models import RequestRecord
+from chatapp.openai_api import streams
+from inference import metrics
 from inference.engine import RequestMetrics, SamplingParams
-from inference.models import RequestRecord
-from tests.chat.conftest import make_engine_client
+from inference.model_files import model_name
+from tests.engines import make_engine_client
 
 pytestmark = pytest.mark.django_db
 
@@ -89,7 +92,7 @@ def test_no_token_configured_means_no_bearer_access(settings) -> None:
 async def test_a_recorded_request_shows_in_the_histograms_and_is_stored(settings) -> None:
     settings.METRICS_BEARER_TOKEN = "t"
     before = metrics.exposition()[0].decode()
-    model = recording._model_name()
+    model = model_name(settings.ENGINE["MODEL"])
     ttft_count = "vllm:time_to_first_token_seconds_count"
     await recording.record_request("chat", "req-1", fake_metrics(0.25, 5), "stop")
     after = metrics.exposition()[0].decode()
@@ -113,7 +116,7 @@ async def test_a_real_engine_request_fills_every_vllm_metric(tiny_model_dir, set
     client = make_engine_client(tiny_model_dir)
     try:
         ids = list(range(100, 140))
-        stream = recording.recorded_stream(
+        stream = streams.recorded_stream(
             client.generate(
                 ids,
                 SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
@@ -128,7 +131,7 @@ async def test_a_real_engine_request_fills_every_vllm_metric(tiny_model_dir, set
         assert rec.ttft is not None and rec.ttft > 0 and rec.itl_p99 is not None
         assert rec.finish_reason == "length"
         engine_stats = client.stats()
-        sampler.update_prometheus(engine_stats)
+        engine_samples.update_prometheus(engine_stats)
         text = metrics.exposition()[0].decode()
         for name in VLLM_NAMES:
             assert name in text, name

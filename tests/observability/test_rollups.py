@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from django.utils import timezone
 
-from inference import dashboard, rollups, stats
-from inference.models import EngineSample, MinuteRollup, RequestRecord
+from chatapp.observability import dashboard, percentiles, rollups
+from chatapp.observability.models import EngineSample, MinuteRollup, RequestRecord
 from tests.observability.conftest import seed
 
 pytestmark = pytest.mark.django_db
@@ -31,17 +31,19 @@ def test_rollup_percentiles_and_sums_match_the_raw_rows() -> None:
             for q in (50, 90, 99):
                 assert r.stats[f"{name}_p{q}"] == pytest.approx(np.percentile(values, q))
         # ITL over all the minute's gaps: from merged histograms, within a bucket's width.
-        gaps_hist = stats.merge(x.itl_hist for x in raw)
+        gaps_hist = percentiles.merge(x.itl_hist for x in raw)
         assert sum(gaps_hist.values()) == sum(x.output_tokens - 1 for x in raw)
-        assert r.stats["itl_p50"] == pytest.approx(stats.hist_percentile(gaps_hist, 50))
+        assert r.stats["itl_p50"] == pytest.approx(percentiles.hist_percentile(gaps_hist, 50))
 
 
 def test_itl_from_histograms_is_within_a_bucket_of_the_exact_percentile() -> None:
     rng = np.random.default_rng(1)
     gaps = list(rng.lognormal(-3.5, 0.6, 5000))
-    hist = stats.histogram(gaps)
+    hist = percentiles.histogram(gaps)
     for q in (50, 90, 99):
-        assert stats.hist_percentile(hist, q) == pytest.approx(np.percentile(gaps, q), rel=0.15)
+        assert percentiles.hist_percentile(hist, q) == pytest.approx(
+            np.percentile(gaps, q), rel=0.15
+        )
 
 
 def test_engine_samples_roll_up_to_averages_and_counter_increases() -> None:

@@ -13,10 +13,10 @@ import pytest
 import redis
 from django.test import Client
 
-from inference import tuning
+from chatapp.jobs.models import Job
+from chatapp.observability import tuning
 from inference.client import engine_config_from_settings, get_engine_client, set_engine_client
 from inference.engine import RequestMetrics
-from inference.models import Job
 
 pytestmark = pytest.mark.django_db
 
@@ -61,7 +61,7 @@ def tiny_settings(settings: Any, tiny_model_dir: Path) -> Any:
 
 
 def run_job(params: dict[str, Any]) -> dict[str, Any]:
-    from inference import tasks
+    from chatapp.observability import tasks
 
     job = Job.objects.create(kind=Job.Kind.TUNING, params=params)
     outcome = tasks.tune.apply((job.pk,)).get()
@@ -270,7 +270,7 @@ def test_apply_restarts_the_engine_with_the_winner(tiny_settings: Any, staff_use
     c.force_login(staff_user)
     try:
         r = c.post(f"/admin/latency/tuning/{kept.pk}/apply")
-        assert r.status_code == 409 and "no winner" in r.json()["error"]
+        assert r.status_code == 409 and "no winner" in r.json()["error"]["message"]
         r = c.post(f"/admin/latency/tuning/{won.pk}/apply")
         assert r.status_code == 200 and r.json()["env"].startswith("ENGINE_MAX_NUM_BATCHED")
         engine = get_engine_client().engine

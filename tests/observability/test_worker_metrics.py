@@ -8,13 +8,16 @@ import uuid
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from redis import Redis
 from redis import asyncio as aioredis
 
-from inference import metrics, recording, sampler
+from chatapp.observability import engine_samples
+from inference import metrics
 from inference.engine import SamplingParams
+from inference.model_files import model_name
 from inference.workers.registry import Registry, WorkerInfo
-from tests.chat.conftest import make_engine_client
+from tests.engines import make_engine_client
 from tests.observability.test_metrics import sample_value
 from tests.workers.conftest import REDIS_URL, cleanup, distributed_client
 
@@ -51,10 +54,10 @@ def test_each_worker_gets_its_own_series_and_a_gone_one_s_queue_drops(
     try:
         beat(namespace, info(a, running=2, hits=30, steps=7), info(b, running=5, hits=4, steps=3))
         with distributed_client(tiny_model_dir, namespace) as client:
-            model = recording._model_name()
+            model = model_name(settings.ENGINE["MODEL"])
             stats = client.stats()
             assert stats["running"] == 7  # the summed figure is still what stats() says
-            sampler.update_prometheus(stats)
+            engine_samples.update_prometheus(stats)
             text = metrics.exposition()[0].decode()
             running = "vllm:num_requests_running"
             assert sample_value(text, running, model_name=model, worker=a) == 2
@@ -69,7 +72,7 @@ def test_each_worker_gets_its_own_series_and_a_gone_one_s_queue_drops(
 
             # b goes away; a works on: its counters grow by what it did since.
             beat(namespace, info(a, running=1, hits=50, steps=9), remove=b)
-            sampler.update_prometheus(client.stats())
+            engine_samples.update_prometheus(client.stats())
             text = metrics.exposition()[0].decode()
             assert sample_value(text, running, model_name=model, worker=a) == 1
             assert f'worker="{b}"' not in "\n".join(
@@ -80,8 +83,8 @@ def test_each_worker_gets_its_own_series_and_a_gone_one_s_queue_drops(
             # Redis away: nothing is known, so no series moves (none becomes `embedded`).
             away = {"running": 0, "waiting": 0, "workers": [], "mode": "distributed",
                     "error": "cannot reach the engine workers"}  # fmt: skip
-            assert sampler.engines_of(away) is None
-            sampler.update_prometheus(away)
+            assert engine_samples.engines_of(away) is None
+            engine_samples.update_prometheus(away)
             after = metrics.exposition()[0].decode()
             assert sample_value(after, running, model_name=model, worker=a) == 1
     finally:
@@ -96,9 +99,9 @@ async def test_the_embedded_engine_has_one_stable_worker_label(tiny_model_dir: P
         async for _ in client.generate(list(range(100, 140)), sampling):
             pass
         stats = client.stats()
-        sampler.update_prometheus(stats)
+        engine_samples.update_prometheus(stats)
         text = metrics.exposition()[0].decode()
-        model = recording._model_name()
+        model = model_name(settings.ENGINE["MODEL"])
         queries = "vllm:prefix_cache_queries_total"
         assert stats["prefix_cache_queries"] > 0
         queried = sample_value(text, queries, model_name=model, worker="embedded")
@@ -106,6 +109,6 @@ async def test_the_embedded_engine_has_one_stable_worker_label(tiny_model_dir: P
         assert sample_value(text, "vllm:num_requests_running", worker="embedded") == 0
         assert 'vllm:num_requests_running{model_name="' + model + '",worker="embedded"}' in text
         upstream = {"upstream": "http://127.0.0.1:9/v1", "running": 1, "waiting": 0}
-        assert list(sampler.engines_of(upstream) or {}) == ["upstream"]
+        assert list(engine_samples.engines_of(upstream) or {}) == ["upstream"]
     finally:
         client.shutdown()

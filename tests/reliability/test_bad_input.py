@@ -14,11 +14,11 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import Client
 
-from chatapp.api_keys import create_key
-from chatapp.conversations import create_conversation
-from chatapp.models import Conversation, Message
+from chatapp.chat.conversations import create_conversation
+from chatapp.chat.models import Conversation, Message
+from chatapp.openai_api.keys import create_key
 from tests.chat.conftest import open_socket
-from tests.live_server import LiveServer
+from tools.live_server import LiveServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.conftest import PASSWORD
-from tests.live_server import LiveServer, free_port
+from tests.servers import PASSWORD
+from tools.live_server import LiveServer, free_port
 
 
 def connect(server: LiveServer) -> Any:

@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from chatapp.api_keys import create_key
-from chatapp.conversations import create_conversation
-from chatapp.models import Conversation, Message
-from chatapp.openai_api import (
+from chatapp.chat.conversations import create_conversation
+from chatapp.chat.models import Conversation, Message
+from chatapp.openai_api.keys import create_key
+from chatapp.openai_api.views import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
     ApiError,

@@ -1,4 +1,4 @@
-"""The 60-second version of the soak (`python -m tests.load --users 64 --duration 600`):
+"""The 60-second version of the soak (`python -m tools.load --users 64 --duration 600`):
 simulated people chatting multi-turn over real sockets against a real server with the
 real model. Nothing they saw may be lost, and no error other than a polite refusal."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import load
+from tools import load
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import websockets.sync.client as ws_client
 
-from tests.live_server import LiveServer
+from tools.live_server import LiveServer
 
 PASSWORD = "a-long-test-password-1"
 LONG = {"max_tokens": 1500, "temperature": 0}
@@ -136,7 +136,7 @@ def test_api_requests_at_once_get_no_more_streams_than_the_key_allows(
 ) -> None:
     key = server.python(
         "from django.contrib.auth import get_user_model as g; "
-        "from chatapp.api_keys import create_key; "
+        "from chatapp.openai_api.keys import create_key; "
         "k, raw = create_key(g().objects.get(username='carol'), 'race'); "
         "type(k).objects.filter(pk=k.pk).update(max_concurrent=2); print(raw)"
     )

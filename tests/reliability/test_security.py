@@ -9,8 +9,8 @@ import pytest
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from chatapp.api_keys import create_key
-from chatapp.models import ApiKey
+from chatapp.openai_api.keys import create_key
+from chatapp.openai_api.models import ApiKey
 
 pytestmark = pytest.mark.django_db
 
@@ -90,7 +90,7 @@ def test_a_new_key_is_shown_once_and_stored_hashed(make_user: Any) -> None:
 
 
 def test_thousands_of_messages_in_one_conversation_still_load(make_user: Any) -> None:
-    from chatapp.conversations import add_exchange, create_conversation
+    from chatapp.chat.conversations import add_exchange, create_conversation
 
     user = make_user("long")
     conv = create_conversation(user, "Long")

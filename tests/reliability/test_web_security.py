@@ -11,8 +11,8 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
-from chatapp.api_keys import create_key
 from chatapp.asgi import application
+from chatapp.openai_api.keys import create_key
 from tests.chat.conftest import session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -62,13 +62,13 @@ def test_api_keys_are_listed_and_their_limits_editable_in_the_admin(make_user: A
     key, raw = create_key(make_user("owner"), "script")
     client = Client()
     client.force_login(admin)
-    listing = client.get("/admin/chatapp/apikey/")
+    listing = client.get("/admin/openai_api/apikey/")
     assert listing.status_code == 200 and key.prefix in listing.content.decode()
     assert raw not in listing.content.decode()
-    page = client.get(f"/admin/chatapp/apikey/{key.pk}/change/")
+    page = client.get(f"/admin/openai_api/apikey/{key.pk}/change/")
     assert page.status_code == 200
     saved = client.post(
-        f"/admin/chatapp/apikey/{key.pk}/change/",
+        f"/admin/openai_api/apikey/{key.pk}/change/",
         {"name": "script", "rate_limit_per_minute": 7, "max_concurrent": 2,
          "revoked_at_0": "", "revoked_at_1": ""},
     )  # fmt: skip

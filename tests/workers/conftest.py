@@ -20,7 +20,7 @@ from django.test import override_settings
 from redis import Redis
 
 from inference.client import get_engine_client, set_engine_client
-from tests.live_server import ROOT, DjangoProcess
+from tools.live_server import ROOT, DjangoProcess
 
 REDIS_URL = "redis://127.0.0.1:6379/3"
 

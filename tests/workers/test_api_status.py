@@ -19,9 +19,9 @@ import httpx
 import pytest
 from redis import Redis
 
-from tests.api.conftest import PASSWORD
-from tests.live_server import LiveServer, free_port
+from tests.servers import PASSWORD
 from tests.workers.conftest import Worker, cleanup, worker_env, workers_running
+from tools.live_server import LiveServer, free_port
 
 pytestmark = pytest.mark.slow  # a web process and real workers (~5 s each to load)
 
@@ -72,7 +72,7 @@ def assert_error(answer: httpx.Response, status: int, code: str, retry_after: st
 def last_record(web: LiveServer) -> dict[str, Any] | None:
     """The newest API request record (a streamed one is saved as its stream closes)."""
     code = (
-        "import json; from inference.models import RequestRecord as R; "
+        "import json; from chatapp.observability.models import RequestRecord as R; "
         "r = R.objects.filter(source='api').order_by('-id').values("
         "'id', 'request_id', 'worker', 'prompt_tokens', 'output_tokens', 'finish_reason', "
         "'error_code').first(); print(json.dumps(r))"
@@ -180,7 +180,7 @@ def test_a_full_queue_is_503_busy_and_a_prompt_too_long_is_400(
         assert waiting and waiting[0].status_code == 200, waiting
     # Each refusal's record names the worker that refused it and the prompt's length.
     refused = web.python(
-        "import json; from inference.models import RequestRecord as R; "
+        "import json; from chatapp.observability.models import RequestRecord as R; "
         "print(json.dumps(list(R.objects.filter(error_code='busy').values_list("
         "'worker', 'prompt_tokens', 'finish_reason', 'request_id'))))"
     )

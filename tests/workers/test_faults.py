@@ -17,9 +17,8 @@ from redis import Redis
 
 from inference.engine import SamplingParams
 from inference.workers.protocol import EngineUnavailableError
-from tests.api.conftest import PASSWORD
-from tests.live_server import LiveServer, free_port
 from tests.reliability.test_faults import redis_server
+from tests.servers import PASSWORD
 from tests.workers.conftest import (
     Worker,
     cleanup,
@@ -27,6 +26,7 @@ from tests.workers.conftest import (
     worker_env,
     workers_running,
 )
+from tools.live_server import LiveServer, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +99,7 @@ def test_a_worker_killed_mid_reply_gives_a_clear_error_and_the_next_turn_works(
                 streamed = "".join(f["text"] for f in frames if f["type"] == "delta")
                 assert streamed and done["message"]["text"] == streamed, "partial reply kept"
                 saved = web.python(
-                    "from chatapp.models import Message as M; "
+                    "from chatapp.chat.models import Message as M; "
                     f"m = M.objects.get(pk={done['message_id']}); print(m.status, repr(m.text))"
                 )
                 assert saved == f"error {streamed!r}"
@@ -113,7 +113,7 @@ def test_a_worker_killed_mid_reply_gives_a_clear_error_and_the_next_turn_works(
                 assert frames[-1]["status"] == "complete", frames[-1]
                 survivor = next(w for w in workers if w is not victim)
                 worker, from_redis = web.python(
-                    "from inference.models import RequestRecord as R; "
+                    "from chatapp.observability.models import RequestRecord as R; "
                     "r = R.objects.order_by('-id')[0]; print(r.worker, r.cached_tokens_redis)"
                 ).split()
                 assert worker == survivor.id and int(from_redis) > 0

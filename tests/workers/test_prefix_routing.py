@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from inference.engine import SamplingParams
-from inference.workers.registry import WorkerInfo
-from inference.workers.remote import (
+from inference.backends.remote import (
     PREFIX_AFFINITY_SLACK,
     PREFIX_BLOCK_TOKENS,
     PREFIX_BLOCKS,
     choose_worker,
     prefix_keys,
 )
+from inference.engine import SamplingParams
+from inference.workers.registry import WorkerInfo
 from tests.workers.conftest import Worker, cleanup, workers_running
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from inference.backends.remote import combine
 from inference.engine import (
     Delta,
     EngineBusyError,
@@ -18,9 +19,8 @@ from inference.engine import (
 )
 from inference.workers import protocol
 from inference.workers.protocol import EngineUnavailableError
-from inference.workers.remote import combine
-from tests.live_server import free_port
 from tests.workers.conftest import distributed_client
+from tools.live_server import free_port
 
 
 def through_the_layer(message: dict) -> dict:

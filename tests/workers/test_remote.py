@@ -54,7 +54,7 @@ def prompt(client: Any, text: str) -> list[int]:
 async def test_a_reply_over_a_worker_is_the_embedded_engine_s_reply(
     client: Any, tiny_model_dir: Path
 ) -> None:
-    from tests.chat.conftest import make_engine_client
+    from tests.engines import make_engine_client
 
     assert client.kind == "distributed"
     ids = prompt(client, "The worker writes exactly what the engine writes")

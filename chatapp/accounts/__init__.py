@@ -1,0 +1,1 @@
+"""Accounts: sign-up, the throttled log-in (site and admin), the first admin account."""

@@ -1,0 +1,471 @@
+"""The chat WebSocket (/ws/chat/). Protocol: docs/websocket.md.
+
+Every frame is validated here; anything wrong gets an `error` frame and the socket
+stays open. Generation itself lives in chatapp.chat.generation so a reply survives the
+socket that asked for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.db import DatabaseError
+from django.utils import timezone
+
+from chatapp.chat import conversations
+from chatapp.chat.conversations import InvalidSettings, NotFound
+from chatapp.chat.generation import (
+    ERROR_TEXT,
+    AlreadyStreaming,
+    Generation,
+    Reservation,
+    Subscription,
+    TooManyStreams,
+    done_event,
+    message_snapshot,
+    registry,
+)
+from chatapp.chat.models import Conversation, Message
+from chatapp.chat.user_sockets import join, leave, remember_loop, session_user_id
+from chatapp.ratelimit import counted_usage
+from chatapp.text import InvalidText, clean_text
+from inference.chat_template import Turn
+from inference.client import (
+    EngineUnavailableError,
+    Prompt,
+    get_engine_client,
+    prefix_cache_salt,
+)
+from inference.engine import PromptTooLongError, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class FrameError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _text_field(content: dict[str, Any], name: str = "text") -> str:
+    text = content.get(name)
+    if not isinstance(text, str):
+        raise FrameError("bad_frame", f"'{name}' must be a string")
+    try:
+        return clean_text(text, "The message", settings.CHAT_MAX_MESSAGE_CHARS, allow_empty=False)
+    except InvalidText as exc:
+        raise FrameError(exc.code, exc.message) from exc
+
+
+def _id_field(content: dict[str, Any], name: str, allow_null: bool = False) -> int | None:
+    value = content.get(name)
+    if value is None and allow_null:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FrameError("bad_frame", f"'{name}' must be an integer")
+    return value
+
+
+class ChatConsumer(AsyncJsonWebsocketConsumer):
+    in_group = False
+    signed_out = False
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            # Accept, then close: a socket refused during the handshake reaches the page
+            # as a bare 1006 (which it retries); 4401 tells it that it is signed out.
+            self.signed_out = True
+            await self.accept()
+            await self.close(code=4401)
+            return
+        self.user = user
+        self.session_key: str | None = self.scope["session"].session_key
+        self.forwarders: dict[int, tuple[Generation, Subscription, asyncio.Task[None]]] = {}
+        remember_loop(asyncio.get_running_loop())
+        # Joined before accepting, so a logout (or a new title) from then on reaches it.
+        await join(self.channel_layer, user.pk, self.channel_name)
+        self.in_group = True
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        for gen, sub, task in list(getattr(self, "forwarders", {}).values()):
+            task.cancel()
+            gen.unsubscribe(sub)
+        self.forwarders = {}
+        if self.in_group:
+            self.in_group = False
+            await leave(self.channel_layer, self.user.pk, self.channel_name)
+
+    # --- the login this socket was opened with (chatapp/chat/user_sockets.py) -------------
+
+    async def auth_logout(self, event: dict[str, Any]) -> None:
+        if event.get("session_key") == self.session_key:
+            await self._sign_out()
+
+    async def auth_changed(self, event: dict[str, Any]) -> None:
+        if await session_user_id(self.session_key) != self.user.pk:
+            await self._sign_out()
+
+    async def chat_title(self, event: dict[str, Any]) -> None:
+        """A title job stored a new title for one of this user's conversations."""
+        if not self.signed_out:
+            await self.send_json(
+                {
+                    "type": "title",
+                    "conversation_id": event["conversation_id"],
+                    "title": event["title"],
+                }
+            )
+
+    async def _sign_out(self) -> None:
+        self.signed_out = True
+        await self.close(code=4401)
+
+    # --- framing --------------------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.signed_out:
+            return  # sent before the close reached the client: not answered
+        if text_data is None:
+            await self.send_error("bad_frame", "Binary frames are not supported; send JSON text.")
+            return
+        if len(text_data.encode("utf-8", "surrogatepass")) > settings.CHAT_MAX_FRAME_BYTES:
+            await self.send_error("frame_too_large", "That message is too large to send.")
+            return
+        try:
+            content = json.loads(text_data)
+        except (ValueError, RecursionError):
+            await self.send_error("bad_frame", "The frame is not valid JSON.")
+            return
+        await self.receive_json(content)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        if not isinstance(content, dict):
+            await self.send_error("bad_frame", "A frame must be a JSON object.")
+            return
+        kind = content.get("type")
+        handler = self.HANDLERS.get(kind) if isinstance(kind, str) else None
+        if handler is None:
+            await self.send_error("bad_frame", f"Unknown frame type: {str(kind)[:40]!r}.")
+            return
+        client_id = content.get("client_id")
+        if client_id is not None and (not isinstance(client_id, str) or len(client_id) > 64):
+            await self.send_error("bad_frame", "'client_id' must be a string of at most 64 chars.")
+            return
+        # Echo the ids the frame named, so the UI can tie the error to what it asked for.
+        extra: dict[str, Any] = {"client_id": client_id} if client_id else {}
+        for name in ("conversation_id", "message_id"):
+            value = content.get(name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                extra[name] = value
+        try:
+            await handler(self, content)
+        except FrameError as exc:
+            await self.send_error(exc.code, exc.message, **extra)
+        except NotFound:
+            await self.send_error(
+                "not_found", "That conversation or message does not exist.", **extra
+            )
+        except (InvalidSettings, InvalidText) as exc:
+            await self.send_error("invalid", str(exc), **extra)
+        except EngineUnavailableError:
+            await self.send_error("engine_unavailable", ERROR_TEXT["engine_unavailable"], **extra)
+        except DatabaseError:
+            log.exception("database error on chat frame %r", kind)
+            await self.send_error(
+                "unavailable",
+                "Your message could not be saved just now, so it was not sent. Please try again.",
+                **extra,
+            )
+        except Exception:
+            log.exception("chat frame %r failed", kind)
+            await self.send_error("server_error", "Something went wrong on the server.", **extra)
+
+    async def send_error(self, code: str, message: str, **fields: Any) -> None:
+        await self.send_json({"type": "error", "code": code, "message": message, **fields})
+
+    # --- handlers -------------------------------------------------------------------
+
+    async def on_ping(self, content: dict[str, Any]) -> None:
+        await self.send_json({"type": "pong", "time": time.time()})
+
+    async def on_send(self, content: dict[str, Any]) -> None:
+        text = _text_field(content)
+        conv_id = _id_field(content, "conversation_id", allow_null=True)
+        new_settings = conversations.clean_settings(content.get("settings"))
+        if conv_id is not None:
+            conv = await database_sync_to_async(conversations.get_conversation)(self.user, conv_id)
+        else:
+            # Not saved yet: it is written together with the first exchange, in one
+            # transaction, so a refused or failed first message leaves nothing behind.
+            conv = conversations.new_conversation(self.user, "", new_settings)
+        await self._generate(conv, None, text, content)
+
+    async def on_regenerate(self, content: dict[str, Any]) -> None:
+        message = await database_sync_to_async(conversations.get_message)(
+            self.user, _id_field(content, "message_id")
+        )
+        if message.role != Message.Role.ASSISTANT:
+            raise FrameError("invalid", "Only a reply can be regenerated.")
+        parent = await database_sync_to_async(lambda: message.parent)()
+        await self._generate(message.conversation, parent, None, content, branch_from=True)
+
+    async def on_edit(self, content: dict[str, Any]) -> None:
+        text = _text_field(content)
+        message = await database_sync_to_async(conversations.get_message)(
+            self.user, _id_field(content, "message_id")
+        )
+        if message.role != Message.Role.USER:
+            raise FrameError("invalid", "Only your own messages can be edited.")
+        parent = await database_sync_to_async(lambda: message.parent)()
+        await self._generate(message.conversation, parent, text, content, branch_from=True)
+
+    async def on_stop(self, content: dict[str, Any]) -> None:
+        message_id = _id_field(content, "message_id")
+        message = await database_sync_to_async(conversations.get_message)(self.user, message_id)
+        gen = registry.get(message.pk)
+        if gen is not None:
+            gen.stop("abort")
+
+    async def on_resume(self, content: dict[str, Any]) -> None:
+        message = await database_sync_to_async(conversations.get_message)(
+            self.user, _id_field(content, "message_id")
+        )
+        gen = registry.get(message.pk)
+        if gen is not None and not gen.finished:
+            as_json = await database_sync_to_async(conversations.message_json)(message, True)
+            # Subscribe and snapshot with no await in between: no delta can slip past.
+            sub = gen.subscribe()
+            snapshot = message_snapshot(gen, as_json)
+            await self.send_json({"type": "snapshot", "message": snapshot})
+            self._forward(gen, sub)
+            return
+        as_json = await database_sync_to_async(self._settle_orphan)(message)
+        await self.send_json({"type": "snapshot", "message": as_json})
+        if as_json["role"] == Message.Role.ASSISTANT:
+            await self.send_json(
+                done_event(
+                    message.pk,
+                    as_json["status"],
+                    as_json["finish_reason"],
+                    as_json["stats"],
+                    as_json,
+                )
+            )
+
+    @staticmethod
+    def _settle_orphan(message: Message) -> dict[str, Any]:
+        # Marked streaming but generated by no one here: the server restarted mid-reply.
+        # Keep what was checkpointed and say why it ended.
+        if message.status == Message.Status.STREAMING and registry.get(message.pk) is None:
+            # An UPDATE of these fields only, so a reply deleted meanwhile stays deleted.
+            Message.objects.filter(pk=message.pk, status=Message.Status.STREAMING).update(
+                status=Message.Status.STOPPED,
+                finish_reason="interrupted",
+                updated_at=timezone.now(),
+            )
+            fresh = Message.objects.filter(pk=message.pk).first()
+            if fresh is None:
+                raise NotFound("message")
+            message = fresh
+        return conversations.message_json(message, with_alternatives=True)
+
+    HANDLERS = {
+        "ping": on_ping,
+        "send": on_send,
+        "stop": on_stop,
+        "regenerate": on_regenerate,
+        "edit": on_edit,
+        "resume": on_resume,
+    }
+
+    # --- generation -----------------------------------------------------------------
+
+    def _reserve_stream(self, conversation_id: int | None) -> Reservation:
+        """Claim this user's stream slot (and the conversation's) before anything is
+        awaited, so frames arriving together cannot all pass the check."""
+        try:
+            return registry.reserve(
+                self.user.pk, conversation_id, settings.CHAT_MAX_CONCURRENT_STREAMS
+            )
+        except AlreadyStreaming as exc:
+            raise FrameError("already_streaming", "A reply is already being written here.") from exc
+        except TooManyStreams as exc:
+            raise FrameError(
+                "rate_limited",
+                f"You already have {exc.active} replies being written; wait for one to finish.",
+            ) from exc
+
+    async def _count_message(self) -> None:
+        """Messages per minute, per user (django-ratelimit's counters in the Django cache)."""
+        usage = await counted_usage(
+            SimpleNamespace(user=self.user, method="WS"),
+            group="chat-messages",
+            key=lambda _group, req: str(req.user.pk),
+            rate=f"{settings.CHAT_RATE_LIMIT_PER_MINUTE}/m",
+            increment=True,
+        )
+        if usage and usage["should_limit"]:
+            raise FrameError(
+                "rate_limited",
+                f"You are sending messages too fast (at most {settings.CHAT_RATE_LIMIT_PER_MINUTE} "
+                "a minute). Please wait a moment.",
+            )
+
+    async def _generate(
+        self,
+        conv: Conversation,
+        parent: Message | None,
+        user_text: str | None,
+        content: dict[str, Any],
+        branch_from: bool = False,
+    ) -> None:
+        """Continue `conv` with a reply: after the active branch (a plain send), or after
+        `parent` (`branch_from`: regenerate and edit), with `user_text` first if given."""
+        new_conversation = conv.pk is None
+        reservation = self._reserve_stream(conv.pk)
+        try:
+            gen, user_msg, reply = await self._prepare_reply(
+                conv, parent, user_text, branch_from, reservation
+            )
+        finally:
+            registry.release(reservation)  # a no-op once the reply has started
+        # Launched before anything else is awaited, so a registered reply always runs
+        # (and ends, freeing its slot) even if this socket fails from here on; its events
+        # wait in `sub` until the `start` frame is out.
+        sub = gen.subscribe()
+        registry.launch(gen)
+        try:
+            await self._announce(conv, user_msg, reply, new_conversation, content)
+        except BaseException:
+            gen.unsubscribe(sub)
+            raise
+        self._forward(gen, sub)
+
+    async def _prepare_reply(
+        self,
+        conv: Conversation,
+        parent: Message | None,
+        user_text: str | None,
+        branch_from: bool,
+        reservation: Reservation,
+    ) -> tuple[Generation, Message | None, Message]:
+        await self._count_message()
+        client = await asyncio.to_thread(get_engine_client)
+
+        def prepare() -> tuple[Prompt, Message | None]:
+            # The branch the reply continues: for a plain send, the active branch; for
+            # regenerate and edit, the path down to `parent`.
+            branch = (
+                conversations.path_to(parent) if branch_from else conversations.active_branch(conv)
+            )
+            turns = conversations.turns_for(conv, branch)
+            if user_text is not None:
+                turns.append(Turn("user", user_text))
+            # Scoped to the conversation's owner (docs/kv-tier.md, "Whose blocks").
+            salt = prefix_cache_salt(conv.owner_id)
+            return client.chat_prompt(turns, cache_salt=salt), (branch[-1] if branch else None)
+
+        prompt, anchor = await database_sync_to_async(prepare)()
+        try:
+            client.check_fits(prompt)
+        except PromptTooLongError as exc:
+            raise FrameError("too_long", ERROR_TEXT["too_long"]) from exc
+        user_msg, reply = await database_sync_to_async(conversations.add_exchange)(
+            conv, anchor, user_text, prompt.user_token_ids
+        )
+        sampling = SamplingParams(
+            max_tokens=conv.max_tokens,
+            temperature=conv.temperature,
+            top_p=conv.top_p if conv.top_p > 0 else 1.0,
+        )
+        return registry.start(reply, prompt, sampling, reservation), user_msg, reply
+
+    async def _announce(
+        self,
+        conv: Conversation,
+        user_msg: Message | None,
+        reply: Message,
+        new_conversation: bool,
+        content: dict[str, Any],
+    ) -> None:
+        """Tell this socket the reply started."""
+        client_id = content.get("client_id")
+        if new_conversation:
+            conv_json = await database_sync_to_async(conversations.conversation_json)(conv)
+            await self.send_json({"type": "conversation", "conversation": conv_json})
+        user_json = (
+            await database_sync_to_async(conversations.message_json)(user_msg, True)
+            if user_msg
+            else None
+        )
+        reply_json = await database_sync_to_async(conversations.message_json)(reply, True)
+        start: dict[str, Any] = {
+            "type": "start",
+            "conversation_id": conv.pk,
+            "user_message": user_json,
+            "message": reply_json,
+        }
+        if client_id:
+            start["client_id"] = client_id
+        await self.send_json(start)
+
+    def _forward(self, gen: Generation, sub: Subscription) -> None:
+        old = self.forwarders.pop(gen.message_id, None)
+        if old is not None:
+            old[2].cancel()
+            gen.unsubscribe(old[1])
+        task = asyncio.get_running_loop().create_task(self._pump(gen, sub))
+        self.forwarders[gen.message_id] = (gen, sub, task)
+
+    async def _pump(self, gen: Generation, sub: Subscription) -> None:
+        """Send a reply's events to this socket, coalescing deltas: the first one goes
+        out at once (that is the TTFT a person sees), later ones at most every
+        CHAT_FLUSH_INTERVAL_MS, so a fast engine does not flood the socket."""
+        interval = settings.CHAT_FLUSH_INTERVAL_MS / 1000.0
+        last_sent = 0.0
+        try:
+            while True:
+                event = await sub.queue.get()
+                if event["type"] == "delta":
+                    wait = last_sent + interval - time.monotonic()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                    # Everything queued meanwhile goes out in this one frame; a delta is
+                    # never followed by another event but the reply's error and done.
+                    held: list[dict[str, Any]] = []
+                    while not sub.queue.empty():
+                        nxt = sub.queue.get_nowait()
+                        if nxt["type"] == "delta" and not held:
+                            event = {
+                                **event,
+                                "text": event["text"] + nxt["text"],
+                                "seq": nxt["seq"],
+                            }
+                        else:
+                            held.append(nxt)
+                    await self.send_json(event)
+                    last_sent = time.monotonic()
+                else:
+                    held = [event]
+                for nxt in held:
+                    await self.send_json(nxt)
+                    if nxt["type"] == "done":
+                        return
+        except Exception:
+            log.debug("socket gone while forwarding %s", gen.message_id, exc_info=True)
+        finally:
+            entry = self.forwarders.get(gen.message_id)
+            if entry is not None and entry[1] is sub:
+                self.forwarders.pop(gen.message_id, None)
+                gen.unsubscribe(sub)

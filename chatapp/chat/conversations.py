@@ -1,0 +1,348 @@
+"""Conversation logic shared by the socket consumer and the HTTP views (sync ORM code;
+async callers wrap it in database_sync_to_async)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from chatapp.chat.models import Conversation, Message
+from chatapp.text import clean_text
+from inference.chat_template import Turn
+
+TITLE_WORDS = 8
+TITLE_MAX_CHARS = 200  # Conversation.title's max_length
+
+# Ranges clean_settings enforces; settings_limits() reports the same values to the browser
+# (GET /api/chat/limits/), so the settings dialog can never offer what a send then refuses.
+TEMPERATURE_RANGE = (0.0, 2.0)
+TOP_P_RANGE = (0.0, 1.0)  # the lower bound itself is refused: top_p must be > 0
+MAX_TOKENS_MIN = 1
+
+
+class NotFound(Exception):
+    """No such object for this user (other users' ids are reported the same way)."""
+
+
+class InvalidSettings(ValueError):
+    """Conversation settings out of their ranges (user text that cannot be stored is
+    chatapp.text.InvalidText)."""
+
+
+def clean_title(value: Any) -> str:
+    return clean_text(value, "The title", TITLE_MAX_CHARS).strip()
+
+
+def default_title(text: str) -> str:
+    words = " ".join(text.split()).split(" ")
+    title = " ".join(words[:TITLE_WORDS])
+    if len(words) > TITLE_WORDS:
+        title += "…"
+    return title[:120]
+
+
+def get_conversation(user: Any, conversation_id: Any) -> Conversation:
+    try:
+        return Conversation.objects.get(pk=int(conversation_id), owner=user)
+    except (Conversation.DoesNotExist, TypeError, ValueError) as exc:
+        raise NotFound("conversation") from exc
+
+
+def get_message(user: Any, message_id: Any) -> Message:
+    try:
+        return Message.objects.select_related("conversation").get(
+            pk=int(message_id), conversation__owner=user
+        )
+    except (Message.DoesNotExist, TypeError, ValueError) as exc:
+        raise NotFound("message") from exc
+
+
+def clean_settings(raw: Any) -> dict[str, Any]:
+    """Validate per-conversation settings; raise InvalidSettings with a readable reason."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise InvalidSettings("settings must be an object")
+    unknown = set(raw) - {"system_prompt", "temperature", "top_p", "max_tokens"}
+    if unknown:
+        raise InvalidSettings(f"unknown setting(s): {', '.join(sorted(unknown))}")
+    out: dict[str, Any] = {}
+    if "system_prompt" in raw:
+        out["system_prompt"] = clean_text(
+            raw["system_prompt"], "The system prompt", settings.CHAT_MAX_MESSAGE_CHARS
+        )
+    if "temperature" in raw:
+        out["temperature"] = _number(raw["temperature"], "temperature", *TEMPERATURE_RANGE)
+    if "top_p" in raw:
+        out["top_p"] = _number(raw["top_p"], "top_p", *TOP_P_RANGE)
+        if out["top_p"] <= 0:
+            raise InvalidSettings("top_p must be greater than 0")
+    if "max_tokens" in raw:
+        mt = raw["max_tokens"]
+        if isinstance(mt, bool) or not isinstance(mt, int):
+            raise InvalidSettings("max_tokens must be an integer")
+        if not MAX_TOKENS_MIN <= mt <= settings.CHAT_MAX_NEW_TOKENS:
+            raise InvalidSettings(
+                f"max_tokens must be between {MAX_TOKENS_MIN} and {settings.CHAT_MAX_NEW_TOKENS}"
+            )
+        out["max_tokens"] = mt
+    return out
+
+
+def settings_limits(context_tokens: int | None = None) -> dict[str, Any]:
+    """The limits clean_settings and the chat socket enforce, with the server's defaults,
+    for clients to validate against (docs/http.md, GET /api/chat/limits/).
+    `context_tokens` is the served model's context window when the engine is up."""
+    defaults = settings.CHAT_DEFAULTS
+    return {
+        "max_tokens": {
+            "min": MAX_TOKENS_MIN,
+            "max": settings.CHAT_MAX_NEW_TOKENS,
+            "default": defaults["max_tokens"],
+        },
+        "temperature": {
+            "min": TEMPERATURE_RANGE[0],
+            "max": TEMPERATURE_RANGE[1],
+            "default": defaults["temperature"],
+        },
+        "top_p": {
+            "min": TOP_P_RANGE[0],
+            "min_exclusive": True,
+            "max": TOP_P_RANGE[1],
+            "default": defaults["top_p"],
+        },
+        "system_prompt": {
+            "max_chars": settings.CHAT_MAX_MESSAGE_CHARS,
+            "default": defaults["system_prompt"],
+        },
+        "message": {
+            "max_chars": settings.CHAT_MAX_MESSAGE_CHARS,
+            "max_frame_bytes": settings.CHAT_MAX_FRAME_BYTES,
+        },
+        "context_tokens": context_tokens,
+    }
+
+
+def _number(value: Any, name: str, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidSettings(f"{name} must be a number")
+    if not lo <= float(value) <= hi:
+        raise InvalidSettings(f"{name} must be between {lo:g} and {hi:g}")
+    return float(value)
+
+
+def new_conversation(user: Any, title: str = "", conv_settings: dict | None = None) -> Conversation:
+    """An unsaved conversation with the defaults and the given settings."""
+    values = {**settings.CHAT_DEFAULTS, **(conv_settings or {})}
+    return Conversation(owner=user, title=title[:200], **values)
+
+
+def create_conversation(
+    user: Any, title: str = "", conv_settings: dict | None = None
+) -> Conversation:
+    conv = new_conversation(user, title, conv_settings)
+    conv.save()
+    return conv
+
+
+def update_conversation(conv: Conversation, data: dict[str, Any]) -> Conversation:
+    changed: list[str] = []
+    if "title" in data:
+        conv.title = clean_title(data["title"])
+        changed.append("title")
+    for key, value in clean_settings(data.get("settings")).items():
+        setattr(conv, key, value)
+        changed.append(key)
+    if "active_message" in data:
+        message = Message.objects.filter(pk=_int(data["active_message"]), conversation=conv).first()
+        if message is None:
+            raise NotFound("message")
+        conv.active_leaf = latest_leaf_under(message)
+        changed.append("active_leaf")
+    # Only the fields this request sets: `conv` was loaded earlier, and writing all of it
+    # back would undo a reply added meanwhile (active_leaf) or, were the conversation
+    # deleted meanwhile, insert it again.
+    values = {name: getattr(conv, name) for name in changed}
+    if not Conversation.objects.filter(pk=conv.pk).update(**values, updated_at=timezone.now()):
+        raise NotFound("conversation")
+    try:
+        conv.refresh_from_db()
+    except Conversation.DoesNotExist as exc:
+        raise NotFound("conversation") from exc
+    return conv
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidSettings("ids are integers")
+    return value
+
+
+# --- the message tree --------------------------------------------------------------
+
+
+def _all_messages(conv: Conversation) -> dict[int, Message]:
+    return {m.pk: m for m in Message.objects.filter(conversation=conv).order_by("id")}
+
+
+def path_to(message: Message | None, by_id: dict[int, Message] | None = None) -> list[Message]:
+    """Messages from the root down to `message`, inclusive."""
+    if message is None:
+        return []
+    by_id = by_id or _all_messages(message.conversation)
+    path: list[Message] = []
+    node: Message | None = by_id.get(message.pk, message)
+    while node is not None:
+        path.append(node)
+        node = by_id.get(node.parent_id) if node.parent_id else None
+    path.reverse()
+    return path
+
+
+def active_branch(conv: Conversation) -> list[Message]:
+    if conv.active_leaf_id is None:
+        return []
+    by_id = _all_messages(conv)
+    leaf = by_id.get(conv.active_leaf_id)
+    return path_to(leaf, by_id) if leaf else []
+
+
+def latest_leaf_under(message: Message) -> Message:
+    """Follow the newest child down to a leaf: flipping to an alternative shows the most
+    recent continuation of it."""
+    by_parent: dict[int | None, list[Message]] = {}
+    for m in Message.objects.filter(conversation_id=message.conversation_id).order_by("id"):
+        by_parent.setdefault(m.parent_id, []).append(m)
+    node = message
+    while by_parent.get(node.pk):
+        node = by_parent[node.pk][-1]
+    return node
+
+
+def alternatives(message: Message) -> list[int]:
+    """Ids of the message and its siblings of the same role, oldest first."""
+    return list(
+        Message.objects.filter(
+            conversation_id=message.conversation_id, parent_id=message.parent_id, role=message.role
+        )
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
+
+
+def turns_for(conv: Conversation, branch: list[Message]) -> list[Turn]:
+    """The chat-template turns for a branch: system prompt first, then the messages."""
+    turns: list[Turn] = []
+    if conv.system_prompt.strip():
+        turns.append(Turn("system", conv.system_prompt))
+    for m in branch:
+        if m.role == Message.Role.ASSISTANT:
+            turns.append(Turn("assistant", m.text, list(m.token_ids) if m.token_ids else None))
+        else:
+            turns.append(Turn(m.role, m.text))
+    return turns
+
+
+def delete_conversation(conv: Conversation) -> None:
+    """Delete `conv` and its messages, after any exchange being added to it has landed
+    (add_exchange holds the same row lock), so none of its messages is left behind."""
+    with transaction.atomic():
+        locked = Conversation.objects.select_for_update().filter(pk=conv.pk).first()
+        if locked is None:
+            raise NotFound("conversation")
+        locked.delete()
+
+
+@transaction.atomic
+def add_exchange(
+    conv: Conversation, parent: Message | None, user_text: str | None, user_token_ids: list[int]
+) -> tuple[Message | None, Message]:
+    """Save the user message (if any) and an empty streaming assistant reply under it,
+    and make the reply the conversation's active leaf. A new conversation is saved here
+    too: all of it lands, or none of it.
+
+    `conv` may have been loaded a while ago: only the fields this step owns are written
+    (the active leaf, and a title if it still has none), so a rename made meanwhile
+    stands, and a conversation deleted meanwhile raises NotFound instead of coming back."""
+    if conv.pk is None:
+        conv.save()
+    elif Conversation.objects.select_for_update().filter(pk=conv.pk).first() is None:
+        raise NotFound("conversation")
+    user_msg = None
+    if user_text is not None:
+        user_msg = Message.objects.create(
+            conversation=conv,
+            parent=parent,
+            role=Message.Role.USER,
+            text=user_text,
+            token_ids=user_token_ids,
+        )
+        parent = user_msg
+    reply = Message.objects.create(
+        conversation=conv,
+        parent=parent,
+        role=Message.Role.ASSISTANT,
+        text="",
+        status=Message.Status.STREAMING,
+    )
+    now = timezone.now()
+    Conversation.objects.filter(pk=conv.pk).update(active_leaf=reply, updated_at=now)
+    conv.active_leaf, conv.updated_at = reply, now
+    if user_text and Conversation.objects.filter(pk=conv.pk, title="").update(
+        title=default_title(user_text)
+    ):
+        conv.title = default_title(user_text)
+    return user_msg, reply
+
+
+# --- serialisation ------------------------------------------------------------------
+
+
+def conversation_json(conv: Conversation) -> dict[str, Any]:
+    return {
+        "id": conv.pk,
+        "title": conv.title,
+        "created_at": conv.created_at.isoformat(),
+        "updated_at": conv.updated_at.isoformat(),
+        "settings": conv.settings_dict,
+    }
+
+
+def branch_json(conv: Conversation) -> list[dict[str, Any]]:
+    """The active branch with each message's alternatives, from one query."""
+    by_id = _all_messages(conv)
+    leaf = by_id.get(conv.active_leaf_id) if conv.active_leaf_id else None
+    siblings: dict[tuple[int | None, str], list[int]] = {}
+    for m in by_id.values():  # ordered by id
+        siblings.setdefault((m.parent_id, m.role), []).append(m.pk)
+    out = []
+    for m in path_to(leaf, by_id) if leaf else []:
+        data = message_json(m)
+        alts = siblings[(m.parent_id, m.role)]
+        data["alternatives"], data["alternative_index"] = alts, alts.index(m.pk)
+        out.append(data)
+    return out
+
+
+def message_json(m: Message, with_alternatives: bool = False) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "id": m.pk,
+        "conversation_id": m.conversation_id,
+        "role": m.role,
+        "text": m.text,
+        "status": m.status,
+        "finish_reason": m.finish_reason or None,
+        "parent_id": m.parent_id,
+        "created_at": m.created_at.isoformat(),
+        "stats": m.stats or {},
+    }
+    if m.error:
+        data["error"] = m.error
+    if with_alternatives:
+        alts = alternatives(m)
+        data["alternatives"] = alts
+        data["alternative_index"] = alts.index(m.pk) if m.pk in alts else 0
+    return data

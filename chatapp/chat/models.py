@@ -1,0 +1,92 @@
+"""Conversations and messages.
+
+Messages form a tree: each points at its parent, so regenerating a reply or editing a
+user message adds a sibling branch and keeps the old one. The conversation remembers
+the leaf of the branch on screen (`active_leaf`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+
+
+def default_settings() -> dict[str, Any]:
+    return dict(settings.CHAT_DEFAULTS)
+
+
+class Conversation(models.Model):
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations"
+    )
+    title = models.CharField(max_length=200, blank=True, default="")
+    system_prompt = models.TextField(blank=True, default="")
+    temperature = models.FloatField(default=0.7)
+    top_p = models.FloatField(default=0.95)
+    max_tokens = models.PositiveIntegerField(default=512)
+    active_leaf = models.ForeignKey(
+        "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "chatapp_conversation"  # the app was `chatapp` before the split
+        ordering = ["-updated_at", "-id"]
+        indexes = [models.Index(fields=["owner", "-updated_at"])]
+
+    def __str__(self) -> str:
+        return self.title or f"Conversation {self.pk}"
+
+    @property
+    def settings_dict(self) -> dict[str, Any]:
+        return {
+            "system_prompt": self.system_prompt,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+        }
+
+
+class Message(models.Model):
+    class Role(models.TextChoices):
+        SYSTEM = "system"
+        USER = "user"
+        ASSISTANT = "assistant"
+
+    class Status(models.TextChoices):
+        COMPLETE = "complete"
+        STREAMING = "streaming"
+        STOPPED = "stopped"
+        ERROR = "error"
+
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="messages"
+    )
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices)
+    text = models.TextField(blank=True, default="")
+    # The exact ids the engine saw (a user turn, template markers included) or produced
+    # (an assistant reply, its end token included): the next turn's prompt is built from
+    # them, so it is an exact extension of what the engine already holds in its KV cache.
+    token_ids = models.JSONField(default=list, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.COMPLETE)
+    finish_reason = models.CharField(max_length=32, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    # Latency figures of an assistant reply: ttft_ms, tokens_per_s, output_tokens,
+    # prompt_tokens, cached_tokens, e2e_ms, queue_ms.
+    stats = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "chatapp_message"
+        ordering = ["id"]
+        indexes = [models.Index(fields=["conversation", "id"])]
+
+    def __str__(self) -> str:
+        return f"{self.role}: {self.text[:40]}"

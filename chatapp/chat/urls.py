@@ -1,0 +1,15 @@
+from django.urls import path, re_path
+
+from chatapp.chat import api, views
+
+urlpatterns = [
+    path("", views.index, name="index"),
+    path("api/me/", api.me),
+    path("api/engine/", api.engine_info),
+    path("api/chat/limits/", api.chat_limits),
+    path("api/conversations/", api.conversations),
+    path("api/conversations/<int:pk>/", api.conversation),
+    re_path(r"^api/conversations/(?P<pk>[0-9]+)/export\.(?P<fmt>md|json)$", api.export),
+    path("api/exports/", api.exports, name="exports"),
+    path("api/exports/<int:pk>/download", api.export_download, name="export-download"),
+]

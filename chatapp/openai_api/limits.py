@@ -1,0 +1,80 @@
+"""Per-API-key limits: requests per minute (django-ratelimit's counters in the Django
+cache, shared by every process when the cache is Redis) and concurrent streams (counted
+in this process)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest
+
+from chatapp.ratelimit import counted_usage
+
+log = logging.getLogger(__name__)
+
+
+class RateLimited(Exception):
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class KeyLimiter:
+    def __init__(self) -> None:
+        self.active: dict[int, int] = defaultdict(int)
+
+    def limits(self, key: Any) -> tuple[int, int]:
+        per_minute = key.rate_limit_per_minute or settings.OPENAI_RATE_LIMIT_PER_MINUTE
+        concurrent = key.max_concurrent or settings.OPENAI_MAX_CONCURRENT
+        return per_minute, concurrent
+
+    async def acquire(self, key: Any, request: HttpRequest) -> Callable[[], None]:
+        """Count one request against `key`; return the function that ends it (idempotent).
+
+        The concurrency slot is checked and claimed before anything is awaited, so
+        requests arriving together cannot all pass the check; a request refused by the
+        per-minute limit gives its slot straight back."""
+        per_minute, concurrent = self.limits(key)
+        if self.active[key.pk] >= concurrent:
+            raise RateLimited(
+                f"Too many concurrent requests: at most {concurrent} for this key.", 1
+            )
+        self.active[key.pk] += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.active[key.pk] -= 1
+                if self.active[key.pk] <= 0:
+                    del self.active[key.pk]
+
+        try:
+            usage = await counted_usage(
+                request,
+                group="openai-api",
+                key=lambda _g, _r: str(key.pk),
+                rate=f"{per_minute}/m",
+                increment=True,
+            )
+        except BaseException:
+            release()
+            raise
+        if usage and usage["should_limit"]:
+            release()
+            retry = max(1, math.ceil(usage.get("time_left", 60)))
+            raise RateLimited(
+                f"Rate limit reached: {per_minute} requests per minute for this key.", retry
+            )
+        return release
+
+
+limiter = KeyLimiter()
+
+__all__ = ["KeyLimiter", "RateLimited", "limiter"]

@@ -1,0 +1,11 @@
+from django.urls import path
+
+from chatapp.openai_api import keys, views
+
+urlpatterns = [
+    path("settings/keys/", keys.keys_page, name="api-keys"),
+    path("settings/keys/<int:pk>/revoke", keys.revoke_key, name="api-key-revoke"),
+    path("v1/models", views.models),
+    path("v1/chat/completions", views.chat_completions),
+    path("v1/completions", views.completions),
+]

@@ -1,0 +1,662 @@
+"""OpenAI-compatible API: /v1/chat/completions, /v1/completions, /v1/models.
+
+Served by the same ASGI app and engine as the chat UI. Requests carry
+`Authorization: Bearer <key>` (keys are made on /settings/keys/). Every failure is an
+OpenAI-style error object with the matching status, never a traceback. A client that
+disconnects mid-stream cancels the response iterator, and closing the engine stream
+aborts the request in the engine within one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from chatapp.errors import openai_error_body
+from chatapp.openai_api.keys import key_for_token
+from chatapp.openai_api.limits import RateLimited, limiter
+from chatapp.openai_api.models import ApiKey
+from chatapp.openai_api.streams import recorded_stream
+from chatapp.text import InvalidText, clean_text
+from inference.chat_template import Turn
+from inference.client import (
+    EngineUnavailableError,
+    Prompt,
+    get_engine_client,
+    prefix_cache_salt,
+)
+from inference.engine import (
+    Delta,
+    EngineBusyError,
+    EngineError,
+    PromptTooLongError,
+    SamplingParams,
+)
+from inference.engine.errors import InvalidRequestError
+from inference.workers.protocol import is_worker_lost
+
+log = logging.getLogger(__name__)
+
+# Fields we honour, and fields clients commonly send that we accept at their defaults.
+COMMON_FIELDS = {
+    "model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream",
+    "stream_options", "user", "cache_salt",
+}  # fmt: skip
+CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens"}
+COMPLETION_FIELDS = COMMON_FIELDS | {"prompt"}
+DEFAULT_ONLY = {
+    "frequency_penalty": 0,
+    "presence_penalty": 0,
+    "logprobs": (False, None),
+    "echo": False,
+    "logit_bias": (None, {}),
+    "best_of": (1, None),
+    "suffix": None,
+    "top_logprobs": None,
+    "parallel_tool_calls": (None, True, False),
+    "store": (None, False),
+    "metadata": None,
+    "service_tier": (None, "auto", "default"),
+}
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = (
+            status,
+            message,
+            type_,
+            param,
+            code,
+        )
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return openai_error_body(self.message, self.type, self.code, self.param)
+
+    def response(self) -> JsonResponse:
+        resp = JsonResponse(self.body(), status=self.status)
+        for k, v in self.headers.items():
+            resp[k] = v
+        return resp
+
+
+def invalid(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+@dataclass
+class ApiRequest:
+    model: str
+    turns: list[Turn] | None = None
+    prompt_text: str | None = None
+    prompt_ids: list[int] | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stream: bool = False
+    include_usage: bool = False
+    user: str | None = None
+    # vLLM's field: splits the key owner's prefix-cache scope further, never joins another's.
+    cache_salt: str | None = None
+    # Derived at the start of the request: the salt the caches are scoped by.
+    scope: str = ""
+
+
+# --- parsing --------------------------------------------------------------------------
+
+
+def _number(body: dict, name: str, lo: float, hi: float, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise invalid(f"'{name}' must be a number", name)
+    if not lo <= value <= hi:
+        raise invalid(f"'{name}' must be between {lo:g} and {hi:g}", name)
+    return float(value)
+
+
+def _int(body: dict, name: str, lo: int, hi: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid(f"'{name}' must be an integer", name)
+    if not lo <= value <= hi:
+        raise invalid(f"'{name}' must be between {lo} and {hi}", name)
+    return value
+
+
+def _stop(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if (
+        not isinstance(stop, list)
+        or not all(isinstance(s, str) and s for s in stop)
+        or len(stop) > 4
+    ):
+        raise invalid("'stop' must be a non-empty string or a list of at most 4 of them", "stop")
+    return stop
+
+
+def _content(message: dict, index: int) -> str:
+    content = message.get("content")
+    if content is None and message.get("role") == "assistant":
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                raise invalid("only text content parts are supported", f"messages[{index}].content")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise invalid(
+        "'content' must be a string or a list of text parts", f"messages[{index}].content"
+    )
+
+
+def _check_fields(body: dict, allowed: set[str]) -> None:
+    for name, value in body.items():
+        if name in allowed:
+            continue
+        if name in DEFAULT_ONLY:
+            ok = DEFAULT_ONLY[name]
+            if value == ok or (isinstance(ok, tuple) and value in ok):
+                continue
+            raise invalid(f"'{name}' is not supported with a value other than its default", name)
+        raise invalid(f"Unrecognized request argument supplied: {name}", name)
+
+
+def _text_ok(text: str, param: str) -> str:
+    # No text can be longer in characters than the body is in bytes: the body limit
+    # is the length limit here.
+    try:
+        return clean_text(text, f"'{param}'", settings.OPENAI_MAX_BODY_BYTES)
+    except InvalidText as exc:
+        raise invalid(exc.message, param) from exc
+
+
+def parse_common(body: dict, allowed: set[str], default_max_tokens: int | None) -> ApiRequest:
+    _check_fields(body, allowed)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid("you must provide a model parameter", "model")
+    n = _int(body, "n", 1, 128)
+    if n not in (None, 1):
+        raise invalid("only n=1 is supported", "n")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise invalid("'stream' must be a boolean", "stream")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict) or set(options) - {"include_usage"}:
+            raise invalid("'stream_options' takes only include_usage", "stream_options")
+        if not stream:
+            raise invalid(
+                "'stream_options' is only allowed when 'stream' is true", "stream_options"
+            )
+        include_usage = bool(options.get("include_usage"))
+    user = body.get("user")
+    if user is not None and (not isinstance(user, str) or len(user) > 256):
+        raise invalid("'user' must be a string", "user")
+    cache_salt = body.get("cache_salt")
+    if cache_salt is not None and (
+        not isinstance(cache_salt, str) or not cache_salt or len(cache_salt) > 256
+    ):
+        raise invalid("'cache_salt' must be a non-empty string", "cache_salt")
+    max_new = settings.CHAT_MAX_NEW_TOKENS
+    # Two names for one limit (max_tokens is the older): both are checked, and when both
+    # are given they must agree rather than one silently winning.
+    max_completion_tokens = _int(body, "max_completion_tokens", 1, 1 << 20)
+    max_tokens = _int(body, "max_tokens", 1, 1 << 20)
+    if None not in (max_tokens, max_completion_tokens) and max_tokens != max_completion_tokens:
+        raise invalid(
+            "'max_tokens' and 'max_completion_tokens' differ; send one of them", "max_tokens"
+        )
+    max_tokens = max_completion_tokens or max_tokens
+    if max_tokens is not None and max_tokens > max_new:
+        raise invalid(f"max_tokens must be at most {max_new}", "max_tokens")
+    seed = _int(body, "seed", -(1 << 63), (1 << 63) - 1)
+    sampling = SamplingParams(
+        max_tokens=max_tokens or default_max_tokens or max_new,
+        temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
+        top_p=_number(body, "top_p", 0.0, 1.0, 1.0) or 1.0,
+        seed=seed,
+        stop=_stop(body),
+    )
+    if body.get("top_p") == 0:
+        raise invalid("'top_p' must be greater than 0", "top_p")
+    return ApiRequest(
+        model=model,
+        sampling=sampling,
+        stream=stream,
+        include_usage=include_usage,
+        user=user,
+        cache_salt=cache_salt,
+    )
+
+
+def parse_chat(body: dict) -> ApiRequest:
+    req = parse_common(body, CHAT_FIELDS, None)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise invalid("'messages' must be a non-empty list", "messages")
+    turns = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise invalid("each message must be an object", f"messages[{i}]")
+        role = m.get("role")
+        if role == "developer":
+            role = "system"
+        if role not in ("system", "user", "assistant"):
+            raise invalid("role must be system, user or assistant", f"messages[{i}].role")
+        extra = set(m) - {"role", "content", "name"}
+        if extra:
+            raise invalid(
+                f"unsupported message field(s): {', '.join(sorted(extra))}", f"messages[{i}]"
+            )
+        turns.append(Turn(role, _text_ok(_content(m, i), f"messages[{i}].content")))
+    req.turns = turns
+    return req
+
+
+def parse_completion(body: dict) -> ApiRequest:
+    req = parse_common(body, COMPLETION_FIELDS, 16)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        req.prompt_text = _text_ok(prompt, "prompt")
+    elif (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        req.prompt_ids = prompt
+    elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        req.prompt_text = _text_ok(prompt[0], "prompt")
+    else:
+        raise invalid("'prompt' must be a string or a list of token ids", "prompt")
+    return req
+
+
+# --- plumbing ---------------------------------------------------------------------------
+
+
+# Seconds a client should wait before sending again (the Retry-After header): a full
+# queue drains in about a second; a missing worker or Redis takes longer to come back.
+RETRY_BUSY_S = 1
+RETRY_UNAVAILABLE_S = 5
+RETRY_WORKER_LOST_S = 1
+
+
+def server_error(status: int, message: str, code: str, retry_after: int | None = None) -> ApiError:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return ApiError(status, message, "server_error", code=code, headers=headers)
+
+
+def engine_failure(exc: EngineError, param: str = "messages") -> ApiError:
+    """The status and code of an engine-side failure (docs/api.md, "Errors"), chosen by the
+    error's type. Only the client's own mistakes are 400s; the rest are the server's, and
+    those a retry can get past carry Retry-After."""
+    if isinstance(exc, EngineBusyError):
+        return server_error(503, "The engine is busy; retry shortly.", "busy", RETRY_BUSY_S)
+    if isinstance(exc, PromptTooLongError):
+        return invalid(str(exc), param, "context_length_exceeded")
+    if isinstance(exc, InvalidRequestError):
+        return invalid(str(exc), param)
+    if isinstance(exc, EngineUnavailableError):
+        # The reason (no worker, Redis away and its address) is for the operator's log.
+        log.warning("engine unavailable: %s", exc)
+        return server_error(
+            503,
+            "The model is not available right now; retry shortly.",
+            "engine_unavailable",
+            RETRY_UNAVAILABLE_S,
+        )
+    log.error("engine error: %s", exc)
+    return engine_failed()
+
+
+def failed_reply(delta: Delta) -> ApiError:
+    """The error of a reply the engine ended with finish_reason "error"."""
+    if is_worker_lost(delta):
+        # The chat socket's `worker_lost` too: the worker stopped or died mid-reply, and
+        # sent again the request runs on another one.
+        return server_error(
+            503,
+            "The engine worker serving this request stopped; send the request again.",
+            "worker_lost",
+            RETRY_WORKER_LOST_S,
+        )
+    log.error("engine error on %s: %s", delta.request_id, delta.error)
+    return engine_failed()
+
+
+def engine_failed() -> ApiError:
+    return server_error(500, "The engine failed while generating.", "engine_error")
+
+
+async def engine_client() -> Any:
+    try:
+        return await asyncio.to_thread(get_engine_client)
+    except EngineError as exc:
+        raise engine_failure(exc) from exc
+
+
+async def authenticate(request: HttpRequest) -> ApiKey:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(
+            401,
+            "Missing API key: send 'Authorization: Bearer <key>'.",
+            "invalid_request_error",
+            code="invalid_api_key",
+        )
+    key = await sync_to_async(key_for_token)(token.strip())
+    if key is None:
+        raise ApiError(
+            401, "Incorrect API key provided.", "invalid_request_error", code="invalid_api_key"
+        )
+    return key
+
+
+def read_body(request: HttpRequest) -> dict:
+    too_large = ApiError(413, "The request body is too large.", code="request_too_large")
+    # The declared length first: reading a body over DATA_UPLOAD_MAX_MEMORY_SIZE makes
+    # Django answer with its own HTML 400 page instead of this error object.
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    if declared > settings.OPENAI_MAX_BODY_BYTES:
+        raise too_large
+    try:
+        raw = request.body
+    except RequestDataTooBig as exc:
+        raise too_large from exc
+    if len(raw) > settings.OPENAI_MAX_BODY_BYTES:
+        raise too_large
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise invalid("We could not parse the JSON body of your request.") from exc
+    if not isinstance(body, dict):
+        raise invalid("The request body must be a JSON object.")
+    return body
+
+
+def usage(last: Delta, prompt_len: int | None, ids: list[int]) -> dict[str, Any]:
+    """Token counts from the final delta's metrics; an upstream engine reports its own."""
+    m = last.metrics
+    prompt = prompt_len if prompt_len is not None else (m.prompt_tokens if m else 0)
+    completion = m.output_tokens if m else len(ids)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {
+            "cached_tokens": m.cached_tokens + m.cached_tokens_redis if m else 0
+        },
+    }
+
+
+def envelope(rid: str, obj: str, created: int, model: str, choices: list) -> dict[str, Any]:
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": choices}
+
+
+def sse(data: dict[str, Any], event: str | None = None) -> bytes:
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
+
+async def starting_with(first: Delta, stream: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
+    """The engine stream again, with the delta already pulled before the headers."""
+    yield first
+    if not first.finished:
+        async for delta in stream:
+            yield delta
+
+
+def finish_reason(delta: Delta) -> str:
+    return "length" if delta.finish_reason == "length" else "stop"
+
+
+def api_view(handler: Any) -> Any:
+    @csrf_exempt
+    async def view(request: HttpRequest) -> HttpResponse:
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return exc.response()
+
+    view.__name__ = handler.__name__
+    return view
+
+
+def build_prompt(client: Any, req: ApiRequest, cache_salt: str) -> Prompt:
+    try:
+        if req.turns is not None:
+            return client.chat_prompt(req.turns, cache_salt=cache_salt)
+        source = req.prompt_ids if req.prompt_ids is not None else req.prompt_text
+        return client.completion_prompt(source)
+    except ValueError as exc:
+        raise invalid(str(exc), "prompt") from exc
+
+
+async def start_stream(
+    request: HttpRequest, req: ApiRequest, key: ApiKey
+) -> tuple[Any, Prompt, AsyncGenerator[Delta, None], Delta, Any, bool]:
+    """Check limits, build the prompt and pull the first delta before any header goes out,
+    so that busy / too long / unavailable become proper statuses (and a reply replayed
+    from the response cache can say so in a header: the last item)."""
+    client = await engine_client()
+    if req.model != client.model_name:
+        raise ApiError(
+            404,
+            f"The model '{req.model[:100]}' does not exist",
+            param="model",
+            code="model_not_found",
+        )
+    try:
+        release = await limiter.acquire(key, request)
+    except RateLimited as exc:
+        raise ApiError(
+            429,
+            str(exc),
+            "rate_limit_exceeded",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(exc.retry_after)},
+        ) from exc
+    try:
+        # The key owner's scope in the prefix, response and reply caches (docs/kv-tier.md).
+        req.scope = prefix_cache_salt(key.owner_id, req.cache_salt)
+        prompt = await asyncio.to_thread(build_prompt, client, req, req.scope)
+        param = "messages" if req.turns is not None else "prompt"
+        try:
+            client.check_fits(prompt)
+        except EngineError as exc:
+            raise engine_failure(exc, param) from exc
+        # Its end is announced when this stream closes (streams.py): observability records it.
+        request_id = f"api-{uuid.uuid4().hex}"
+        engine_stream = client.stream(
+            prompt,
+            req.sampling,
+            session_id=req.user,
+            request_id=request_id,
+            cache_salt=req.scope,
+        )
+        stream = recorded_stream(
+            engine_stream,
+            "api",
+            user_id=key.owner_id,
+            prompt_tokens=prompt.length,
+            request_id=request_id,
+        )
+        try:
+            first = await stream.__anext__()
+        except EngineError as exc:
+            raise engine_failure(exc, param) from exc
+        if first.finish_reason == "error":
+            # Failed before any byte went out: a status, not a 200 with an error event.
+            await stream.aclose()
+            raise failed_reply(first)
+        replayed = bool(getattr(engine_stream, "replayed", False))
+        return client, prompt, stream, first, release, replayed
+    except BaseException:
+        release()
+        raise
+
+
+async def collect(stream: AsyncIterator[Delta], first: Delta) -> tuple[str, list[int], Delta]:
+    text, ids, last = "", [], first
+    async for last in starting_with(first, stream):
+        text += last.text
+        ids.extend(last.token_ids)
+    return text, ids, last
+
+
+# --- endpoints --------------------------------------------------------------------------
+
+
+@api_view
+async def models(request: HttpRequest) -> HttpResponse:
+    if request.method != "GET":
+        raise ApiError(405, "Use GET.", code="method_not_allowed")
+    await authenticate(request)
+    client = await engine_client()
+    data = [{"id": client.model_name, "object": "model", "created": 0, "owned_by": "chatapp"}]
+    return JsonResponse({"object": "list", "data": data})
+
+
+@api_view
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    return await _complete(request, chat=True)
+
+
+@api_view
+async def completions(request: HttpRequest) -> HttpResponse:
+    return await _complete(request, chat=False)
+
+
+async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
+    if request.method != "POST":
+        raise ApiError(405, "Use POST.", code="method_not_allowed")
+    key = await authenticate(request)
+    body = read_body(request)
+    req = parse_chat(body) if chat else parse_completion(body)
+    client, prompt, stream, first, release, replayed = await start_stream(request, req, key)
+    created = int(time.time())
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    if req.stream:
+        events = sse_events(client, req, rid, created, chat, prompt.length, stream, first, release)
+        response = StreamingHttpResponse(events, content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        if replayed:
+            response["X-Response-Cache"] = "hit"
+        return response
+    try:
+        text, ids, last = await collect(stream, first)
+    finally:
+        await stream.aclose()
+        release()
+    if last.finish_reason == "error":
+        raise failed_reply(last)
+    if chat:
+        client.remember_reply(text, ids, req.scope)
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": finish_reason(last),
+            "logprobs": None,
+        }
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": finish_reason(last), "logprobs": None}
+    obj = "chat.completion" if chat else "text_completion"
+    body = envelope(rid, obj, created, req.model, [choice])
+    body["usage"] = usage(last, prompt.length, ids)
+    response = JsonResponse(body)
+    if replayed:
+        response["X-Response-Cache"] = "hit"
+    return response
+
+
+async def sse_events(
+    client: Any,
+    req: ApiRequest,
+    rid: str,
+    created: int,
+    chat: bool,
+    prompt_len: int | None,
+    stream: AsyncGenerator[Delta, None],
+    first: Delta,
+    release: Any,
+) -> AsyncIterator[bytes]:
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(choice_fields: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, **choice_fields, "finish_reason": finish, "logprobs": None}
+        body = envelope(rid, obj, created, req.model, [choice])
+        if req.include_usage:
+            body["usage"] = None
+        return sse(body)
+
+    def piece(text: str) -> dict[str, Any]:
+        return {"delta": {"content": text}} if chat else {"text": text}
+
+    ids: list[int] = []
+    text_all = ""
+    try:
+        if chat:
+            yield chunk({"delta": {"role": "assistant", "content": ""}})
+        async for delta in starting_with(first, stream):
+            ids.extend(delta.token_ids)
+            text_all += delta.text
+            if delta.finish_reason == "error":
+                # The status line went out long ago: the error travels as an `error` event.
+                yield sse(failed_reply(delta).body(), event="error")
+                break
+            if delta.text:
+                yield chunk(piece(delta.text))
+            if delta.finished:
+                yield chunk(piece("") if not chat else {"delta": {}}, finish_reason(delta))
+                if req.include_usage:
+                    body = envelope(rid, obj, created, req.model, [])
+                    body["usage"] = usage(delta, prompt_len, ids)
+                    yield sse(body)
+        if chat:
+            client.remember_reply(text_all, ids, req.scope)
+        yield b"data: [DONE]\n\n"
+    finally:
+        await stream.aclose()
+        release()

@@ -1,0 +1,260 @@
+"""An OpenAI-compatible server as the engine: vLLM, SGLang, TGI, llama.cpp server,
+Ollama, or another instance of this product.
+
+The chat app keeps doing everything else (conversations, the UI, metrics): figures are
+measured here, at the app side — arrival when the request leaves, first token when the
+first text arrives, one timestamp per streamed chunk. Prompts go out as chat messages
+(the upstream applies its own model's template), so token ids are not known here and
+replies are stored as text; prefix reuse is then the upstream's business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from django.conf import settings
+
+from inference.chat_template import Prompt, Turn
+from inference.engine import (
+    Delta,
+    EngineBusyError,
+    EngineError,
+    PromptTooLongError,
+    RequestMetrics,
+    SamplingParams,
+)
+from inference.engine.errors import InvalidRequestError
+from inference.engine.streaming import until_finished
+from inference.workers.protocol import EngineUnavailableError
+
+log = logging.getLogger(__name__)
+
+
+class UpstreamClient:
+    kind = "upstream"
+    max_model_len: int | None = None
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str = "",
+        model: str = "",
+        timeout: float = 600,
+        send_cache_salt: bool = True,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.send_cache_salt = send_cache_salt
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.timeout = timeout
+        self.model_name = model or self._discover_model()
+        self._streams: dict[str, asyncio.Task[None]] = {}
+        self.requests_total = 0
+
+    @classmethod
+    def from_settings(cls) -> UpstreamClient:
+        cfg = settings.ENGINE
+        if not cfg.get("UPSTREAM_URL"):
+            raise EngineUnavailableError("ENGINE_MODE=upstream needs ENGINE_UPSTREAM_URL")
+        return cls(
+            cfg["UPSTREAM_URL"],
+            cfg.get("UPSTREAM_API_KEY", ""),
+            cfg.get("UPSTREAM_MODEL", ""),
+            send_cache_salt=bool(cfg.get("UPSTREAM_CACHE_SALT", True)),
+        )
+
+    def _discover_model(self) -> str:
+        try:
+            answer = httpx.get(self.base_url + "/models", headers=self.headers, timeout=10)
+            answer.raise_for_status()
+            return str(answer.json()["data"][0]["id"])
+        except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+            raise EngineUnavailableError(
+                f"the upstream at {self.base_url} did not list a model: {exc}"
+            ) from exc
+
+    # --- the EngineClient protocol (inference/client.py) ------------------------------
+
+    def chat_prompt(self, turns: list[Turn], cache_salt: str | None = None) -> Prompt:
+        return Prompt(messages=[{"role": t.role, "content": t.text} for t in turns])
+
+    def system_prompt(self, text: str) -> Prompt:
+        return Prompt(messages=[{"role": "system", "content": text}])
+
+    def with_reply_started(self, prompt: Prompt, text: str) -> Prompt:
+        """Chat messages cannot begin the reply: the prompt as it is."""
+        return prompt
+
+    def completion_prompt(self, prompt: str | list[int]) -> Prompt:
+        if not isinstance(prompt, str):
+            raise ValueError("token-id prompts are not supported with an upstream engine")
+        return Prompt(text=prompt)
+
+    def check_fits(self, prompt: Prompt) -> None:
+        """The upstream knows its own context window; it answers for it."""
+
+    def remember_reply(
+        self, text: str, token_ids: list[int], cache_salt: str | None = None
+    ) -> None:
+        """Nothing to splice: the upstream tokenizes its own prompts."""
+
+    def abort(self, request_id: str) -> None:
+        task = self._streams.get(request_id)
+        if task is not None:
+            task.cancel()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "upstream": self.base_url,
+            "model": self.model_name,
+            "running": len(self._streams),
+            "waiting": 0,
+            "requests_total": self.requests_total,
+        }
+
+    def shutdown(self) -> None:
+        for rid in list(self._streams):
+            self.abort(rid)
+
+    async def stream(
+        self,
+        prompt: Prompt,
+        sampling: SamplingParams,
+        session_id: str | None = None,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+        replay: bool = True,
+    ) -> AsyncIterator[Delta]:
+        """The upstream's stream (`replay` has no meaning here: no response cache)."""
+        rid = request_id or f"up-{time.monotonic_ns()}"
+        body: dict[str, Any] = {
+            "model": self.model_name,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+        }
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        if sampling.stop:
+            body["stop"] = sampling.stop[:4]
+        if session_id:
+            body["user"] = session_id
+        if cache_salt and self.send_cache_salt:
+            # All of this app's users reach the upstream as one caller: the salt keeps
+            # them apart in its prefix cache (vLLM and this app honour it).
+            body["cache_salt"] = cache_salt
+        if prompt.messages is not None:
+            path, body["messages"] = "/chat/completions", prompt.messages
+        else:
+            path, body["prompt"] = "/completions", prompt.text
+        metrics = RequestMetrics(arrival_time=time.time())
+        queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+        task = asyncio.get_running_loop().create_task(self._pump(path, body, rid, metrics, queue))
+        self._streams[rid] = task
+        self.requests_total += 1
+        try:
+            async with contextlib.aclosing(until_finished(queue, task.cancel)) as deltas:
+                async for item in deltas:
+                    yield item
+        finally:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            self._streams.pop(rid, None)
+
+    async def _pump(
+        self,
+        path: str,
+        body: dict[str, Any],
+        rid: str,
+        m: RequestMetrics,
+        queue: asyncio.Queue[Delta | BaseException],
+    ) -> None:
+        finish, output_tokens = "stop", 0
+        try:
+            timeout = httpx.Timeout(self.timeout, connect=10)
+            async with (
+                httpx.AsyncClient(timeout=timeout) as http,
+                http.stream("POST", self.base_url + path, json=body, headers=self.headers) as r,
+            ):
+                if r.status_code != 200:
+                    await queue.put(
+                        _error_for(r.status_code, (await r.aread()).decode(errors="replace"))
+                    )
+                    return
+                m.scheduled_time = time.time()
+                async for line in r.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        raise EngineError(str(chunk["error"].get("message", "upstream error")))
+                    usage = chunk.get("usage")
+                    if usage:
+                        m.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                        details = usage.get("prompt_tokens_details") or {}
+                        m.cached_tokens = int(details.get("cached_tokens") or 0)
+                        output_tokens = int(usage.get("completion_tokens") or output_tokens)
+                    for choice in chunk.get("choices") or []:
+                        text = (
+                            (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+                        )
+                        if text:
+                            now = time.time()
+                            if m.first_token_time is None:
+                                m.first_token_time = now
+                            m.token_times.append(now)
+                            await queue.put(Delta(rid, text=text))
+                        if choice.get("finish_reason"):
+                            finish = "length" if choice["finish_reason"] == "length" else "stop"
+        except asyncio.CancelledError:
+            finish = "abort"
+        except (httpx.HTTPError, ValueError, EngineError) as exc:
+            log.warning("upstream request %s failed: %s", rid, exc)
+            if m.first_token_time is None:
+                await queue.put(EngineUnavailableError(f"the upstream engine failed: {exc}"))
+                return
+            finish = "error"
+        m.finish_time = time.time()
+        m.output_tokens = output_tokens or len(m.token_times)
+        await queue.put(
+            Delta(
+                rid,
+                finished=True,
+                finish_reason=finish,
+                metrics=m,
+                error="upstream stream broke" if finish == "error" else None,
+            )
+        )
+
+
+def _error_for(status: int, text: str) -> EngineError:
+    try:
+        error = json.loads(text).get("error") or {}
+    except ValueError:
+        error = {}
+    message = str(error.get("message") or text[:200] or f"upstream answered {status}")
+    if status in (429, 503):
+        return EngineBusyError(message)
+    # OpenAI, vLLM and this app name an oversized prompt by its code; llama.cpp's server by
+    # its type. Either way the API's client gets context_length_exceeded, as from our engine.
+    too_long = error.get("code") == "context_length_exceeded" or (
+        error.get("type") == "exceed_context_size_error"
+    )
+    if status == 400 and too_long:
+        return PromptTooLongError(message)
+    if status == 400:
+        return InvalidRequestError(message)
+    if status == 500:  # the upstream engine failed; other statuses: it cannot be reached
+        return EngineError(f"upstream answered {status}: {message}")
+    return EngineUnavailableError(f"upstream answered {status}: {message}")

@@ -1,0 +1,73 @@
+"""A real server process (daphne) of this app on the tiny model, with a user and an API
+key, and the helpers the API and backend tests drive it with. The conftests of
+tests/openai_api and tests/backends offer its fixtures."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tools.live_server import LiveServer
+
+PASSWORD = "a-long-test-password-1"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[LiveServer]:
+    srv = LiveServer(tmp_path_factory.mktemp("api-server"), tiny_model_dir).start()
+    srv.make_user("apiuser", PASSWORD)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def api_key(server: LiveServer) -> str:
+    return server.make_key("apiuser")
+
+
+@pytest.fixture(scope="module")
+def model_id(tiny_model_dir: Path) -> str:
+    return tiny_model_dir.name
+
+
+def logged_in(server: LiveServer, username: str = "apiuser") -> httpx.Client:
+    return server.login(username, PASSWORD)
+
+
+def engine_stats(server: LiveServer) -> dict[str, Any]:
+    c = logged_in(server)
+    try:
+        return c.get("/api/engine/").json()["stats"]
+    finally:
+        c.close()
+
+
+def chat_through_the_socket(front: LiveServer, max_tokens: int) -> dict[str, Any]:
+    """One chat-UI turn over the WebSocket ("Hi there", greedy): checks that it streamed,
+    completed and was saved as streamed; returns the `done` frame."""
+    session = logged_in(front)
+    frames = []
+    with front.chat_socket("apiuser", PASSWORD) as sock:
+        settings = {"max_tokens": max_tokens, "temperature": 0}
+        sock.send(json.dumps({"type": "send", "conversation_id": None, "text": "Hi there",
+                              "settings": settings}))  # fmt: skip
+        while True:
+            frame = json.loads(sock.recv(timeout=60))
+            frames.append(frame)
+            if frame["type"] in ("done", "error"):
+                break
+    done = frames[-1]
+    assert done["type"] == "done" and done["status"] == "complete", frames
+    assert [f["type"] for f in frames[:2]] == ["conversation", "start"]
+    text = "".join(f["text"] for f in frames if f["type"] == "delta")
+    assert text and done["message"]["text"] == text
+    conv_id = frames[0]["conversation"]["id"]
+    saved = session.get(f"/api/conversations/{conv_id}/").json()["messages"]
+    assert [m["role"] for m in saved] == ["user", "assistant"] and saved[1]["text"] == text
+    session.close()
+    return done

@@ -1,0 +1,180 @@
+"""A real server for tests that need one: daphne in a subprocess on a free port, with
+its own SQLite file, serving the whole app (HTTP, WebSocket, /v1) from a chosen model."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import httpx
+import websockets.sync.client as ws_client
+
+ROOT = Path(__file__).resolve().parent.parent
+# As every launcher of the project passes them (scripts/run.sh, Dockerfile, compose).
+WEBSOCKET_LIMITS = (
+    "--websocket-max-message-size",
+    "16777216",
+    "--websocket-max-frame-size",
+    "16777216",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class DjangoProcess:
+    """A process of this project (server or worker) with its own settings and SQLite file,
+    and `manage.py` commands against the same settings."""
+
+    def __init__(self, workdir: Path, model_dir: Path | str, **env: str) -> None:
+        self.workdir = workdir
+        self.db = workdir / "db.sqlite3"
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "chatapp.settings.dev",
+            "DJANGO_DEBUG": "false",
+            "CHATAPP_VAR_DIR": str(workdir),
+            "DATABASE_URL": f"sqlite:///{self.db}",
+            "CHATAPP_MODEL": str(model_dir),
+            "ENGINE_DTYPE": env.pop("ENGINE_DTYPE", "float32"),
+            "ENGINE_PRELOAD": "true",
+            "PYTHONUNBUFFERED": "1",
+            **env,
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = workdir / "server.log"
+
+    def manage(self, *args: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(out.stdout + out.stderr)
+        return out.stdout
+
+    def python(self, code: str) -> str:
+        """Run Django ORM code against this server's database; returns what it prints."""
+        return self.manage("shell", "--no-imports", "-c", code).strip()
+
+    def celery_worker(
+        self, log_path: Path, hostname: str, queue: str | None = None, timeout: float = 120
+    ) -> subprocess.Popen[bytes]:
+        """A real Celery worker (solo pool) with these settings, on `queue` (default: the
+        settings' default queue), started and ready."""
+        queues = [f"--queues={queue}"] if queue else []
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "chatapp", "worker", "--pool=solo",
+                 "--loglevel=INFO", "--without-gossip", "--without-mingle", *queues,
+                 "--hostname", f"{hostname}@%h"],
+                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker exited:\n{log_path.read_text()}")
+            if b"ready." in log_path.read_bytes():
+                return proc
+            time.sleep(0.3)
+        proc.kill()
+        raise RuntimeError(f"worker did not come up:\n{log_path.read_text()}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class LiveServer(DjangoProcess):
+    def __init__(self, workdir: Path, model_dir: Path | str, **env: str) -> None:
+        super().__init__(workdir, model_dir, **env)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> LiveServer:
+        self.manage("migrate", "--noinput", "-v", "0")
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "daphne",
+                    "-b",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.port),
+                    *WEBSOCKET_LIMITS,
+                    "chatapp.asgi:application",
+                ],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited:\n{self.log.read_text()}")
+            try:
+                urllib.request.urlopen(self.url + "/healthz?engine=1", timeout=2).read()
+                return self
+            except Exception:
+                time.sleep(0.3)
+        raise RuntimeError(f"server did not come up:\n{self.log.read_text()}")
+
+    def login(self, username: str, password: str) -> httpx.Client:
+        """An HTTP session logged in through the real login form (CSRF included)."""
+        c = httpx.Client(base_url=self.url, follow_redirects=False, timeout=30)
+        c.get("/accounts/login/")
+        answer = c.post(
+            "/accounts/login/",
+            data={"username": username, "password": password,
+                  "csrfmiddlewaretoken": c.cookies["csrftoken"]},
+            headers={"Referer": self.url + "/accounts/login/"},
+        )  # fmt: skip
+        if answer.status_code != 302:
+            raise AssertionError(f"login failed: {answer.status_code} {answer.text[:200]}")
+        return c
+
+    def chat_socket(self, username: str, password: str) -> Any:
+        """A logged-in connection to the chat WebSocket (websockets' sync client)."""
+        session = self.login(username, password)
+        cookie = "; ".join(f"{k}={v}" for k, v in session.cookies.items())
+        session.close()
+        url = self.url.replace("http://", "ws://") + "/ws/chat/"
+        return ws_client.connect(url, additional_headers={"Cookie": cookie, "Origin": self.url})
+
+    def make_user(self, username: str, password: str, staff: bool = False) -> None:
+        self.python(
+            "from django.contrib.auth import get_user_model as g; "
+            f"u = g().objects.create_user({username!r}, password={password!r}); "
+            f"u.is_staff = u.is_superuser = {staff!r}; u.save()"
+        )
+
+    def make_key(self, username: str, **limits: Any) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in limits.items())
+        return self.python(
+            "from django.contrib.auth import get_user_model as g; "
+            "from chatapp.openai_api.keys import create_key; "
+            f"k, raw = create_key(g().objects.get(username={username!r}), 'test'); "
+            + (f"type(k).objects.filter(pk=k.pk).update({fields}); " if fields else "")
+            + "print(raw)"
+        )

@@ -9,9 +9,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from chatapp.chat.models import Conversation, Message
+from chatapp.chat import attachments
+from chatapp.chat.models import Attachment, Conversation, Message
 from chatapp.text import clean_text
-from inference.chat_template import Turn
+from inference.chat_template import Prompt, Turn
+from inference.engine import PromptTooLongError
 
 TITLE_WORDS = 8
 TITLE_MAX_CHARS = 200  # Conversation.title's max_length
@@ -58,6 +60,13 @@ def get_message(user: Any, message_id: Any) -> Message:
         )
     except (Message.DoesNotExist, TypeError, ValueError) as exc:
         raise NotFound("message") from exc
+
+
+def get_attachment(user: Any, attachment_id: Any) -> Attachment:
+    try:
+        return Attachment.objects.get(pk=int(attachment_id), owner=user)
+    except (Attachment.DoesNotExist, TypeError, ValueError) as exc:
+        raise NotFound("attachment") from exc
 
 
 def clean_settings(raw: Any) -> dict[str, Any]:
@@ -234,16 +243,50 @@ def alternatives(message: Message) -> list[int]:
 
 
 def turns_for(conv: Conversation, branch: list[Message]) -> list[Turn]:
-    """The chat-template turns for a branch: system prompt first, then the messages."""
+    """The chat-template turns for a branch: system prompt first, then the messages, each
+    user message with its documents before its words."""
     turns: list[Turn] = []
     if conv.system_prompt.strip():
         turns.append(Turn("system", conv.system_prompt))
+    documents = attachments.of_messages(m.pk for m in branch if m.role == Message.Role.USER)
     for m in branch:
         if m.role == Message.Role.ASSISTANT:
             turns.append(Turn("assistant", m.text, list(m.token_ids) if m.token_ids else None))
         else:
-            turns.append(Turn(m.role, m.text))
+            turns.append(Turn(m.role, attachments.prompt_text(m.text, documents.get(m.pk, []))))
     return turns
+
+
+def prompt_for(
+    client: Any,
+    conv: Conversation,
+    branch: list[Message],
+    user_text: str | None,
+    documents: list[Attachment],
+    cache_salt: str | None,
+) -> Prompt:
+    """The prompt of a reply after `branch`, with a new user message (its `documents`, then
+    `user_text`) when `user_text` is not None: what a send builds, and what the composer's
+    count (POST /api/chat/prompt-size/) measures."""
+    turns = turns_for(conv, branch)
+    if user_text is not None:
+        turns.append(Turn("user", attachments.prompt_text(user_text, documents)))
+    return client.chat_prompt(turns, cache_salt=cache_salt)
+
+
+def too_long_words(client: Any, prompt: Prompt) -> str | None:
+    """Why the prompt does not fit the model's context window, in the words both the
+    composer (before sending) and the socket (refusing a send) use; None when it fits."""
+    try:
+        client.check_fits(prompt)
+    except PromptTooLongError:
+        limit = client.max_model_len
+        return (
+            f"This message needs {prompt.length:,} tokens with the conversation so far, and "
+            f"the model reads at most {limit:,} tokens, its reply included. Remove an "
+            "attachment, shorten the message or start a new chat."
+        )
+    return None
 
 
 def delete_conversation(conv: Conversation) -> None:
@@ -258,7 +301,11 @@ def delete_conversation(conv: Conversation) -> None:
 
 @transaction.atomic
 def add_exchange(
-    conv: Conversation, parent: Message | None, user_text: str | None, user_token_ids: list[int]
+    conv: Conversation,
+    parent: Message | None,
+    user_text: str | None,
+    user_token_ids: list[int],
+    documents: list[Attachment] | None = None,
 ) -> tuple[Message | None, Message]:
     """Save the user message (if any) and an empty streaming assistant reply under it,
     and make the reply the conversation's active leaf. A new conversation is saved here
@@ -266,7 +313,8 @@ def add_exchange(
 
     `conv` may have been loaded a while ago: only the fields this step owns are written
     (the active leaf, and a title if it still has none), so a rename made meanwhile
-    stands, and a conversation deleted meanwhile raises NotFound instead of coming back."""
+    stands, and a conversation deleted meanwhile raises NotFound instead of coming back.
+    `documents` go onto the user message (attachments.attach), in the same transaction."""
     if conv.pk is None:
         conv.save()
     elif Conversation.objects.select_for_update().filter(pk=conv.pk).first() is None:
@@ -280,6 +328,7 @@ def add_exchange(
             text=user_text,
             token_ids=user_token_ids,
         )
+        attachments.attach(user_msg, documents or [])
         parent = user_msg
     reply = Message.objects.create(
         conversation=conv,
@@ -291,10 +340,13 @@ def add_exchange(
     now = timezone.now()
     Conversation.objects.filter(pk=conv.pk).update(active_leaf=reply, updated_at=now)
     conv.active_leaf, conv.updated_at = reply, now
-    if user_text and Conversation.objects.filter(pk=conv.pk, title="").update(
-        title=default_title(user_text)
+    title = default_title(user_text or (documents[0].name if documents else ""))
+    if (
+        user_text is not None
+        and title
+        and Conversation.objects.filter(pk=conv.pk, title="").update(title=title)
     ):
-        conv.title = default_title(user_text)
+        conv.title = title
     return user_msg, reply
 
 
@@ -318,16 +370,24 @@ def branch_json(conv: Conversation) -> list[dict[str, Any]]:
     siblings: dict[tuple[int | None, str], list[int]] = {}
     for m in by_id.values():  # ordered by id
         siblings.setdefault((m.parent_id, m.role), []).append(m.pk)
+    branch = path_to(leaf, by_id) if leaf else []
+    documents = attachments.of_messages(
+        (m.pk for m in branch if m.role == Message.Role.USER), with_text=False
+    )
     out = []
-    for m in path_to(leaf, by_id) if leaf else []:
-        data = message_json(m)
+    for m in branch:
+        data = message_json(m, documents=documents.get(m.pk, []))
         alts = siblings[(m.parent_id, m.role)]
         data["alternatives"], data["alternative_index"] = alts, alts.index(m.pk)
         out.append(data)
     return out
 
 
-def message_json(m: Message, with_alternatives: bool = False) -> dict[str, Any]:
+def message_json(
+    m: Message, with_alternatives: bool = False, documents: list[Attachment] | None = None
+) -> dict[str, Any]:
+    """A message as the API and the socket send it; a user message's `attachments` without
+    their text (`documents`: those already loaded, else they are read here)."""
     data: dict[str, Any] = {
         "id": m.pk,
         "conversation_id": m.conversation_id,
@@ -341,6 +401,10 @@ def message_json(m: Message, with_alternatives: bool = False) -> dict[str, Any]:
     }
     if m.error:
         data["error"] = m.error
+    if m.role == Message.Role.USER:
+        if documents is None:
+            documents = list(m.attachments.defer("text").order_by("position", "id"))
+        data["attachments"] = [attachments.attachment_json(a) for a in documents]
     if with_alternatives:
         alts = alternatives(m)
         data["alternatives"] = alts

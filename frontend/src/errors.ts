@@ -13,7 +13,8 @@ const WORDS: Record<string, string> = {
 };
 
 export function errorWords(code: string | undefined, serverMessage?: string): string {
-  if (code === 'invalid' && serverMessage) return serverMessage;
+  // The server's own words where they carry the particulars (the count of a prompt over the window).
+  if ((code === 'invalid' || code === 'too_long') && serverMessage) return serverMessage;
   if (code && WORDS[code]) return WORDS[code];
   return serverMessage || 'Something went wrong. Please try again.';
 }

@@ -132,6 +132,10 @@ def settings_limits(context_tokens: int | None = None) -> dict[str, Any]:
             "max_frame_bytes": settings.CHAT_MAX_FRAME_BYTES,
         },
         "context_tokens": context_tokens,
+        "attachments": {
+            "max_bytes": settings.CHAT_ATTACHMENT_MAX_BYTES,
+            "per_message": settings.CHAT_ATTACHMENTS_PER_MESSAGE,
+        },
     }
 
 

@@ -306,3 +306,11 @@ def test_exports_carry_each_document_with_its_message(alice: Any) -> None:
     # The fence is longer than any backtick run inside, so the code stays one block.
     assert "````\nprint('```')\n````" in md
     assert md.index("fence.py") < md.index("What does it print?") < md.index("Three backticks.")
+
+
+@pytest.mark.django_db
+def test_the_limits_name_the_attachment_limits(alice: Any, settings: Any) -> None:
+    settings.CHAT_ATTACHMENT_MAX_BYTES = 12345
+    settings.CHAT_ATTACHMENTS_PER_MESSAGE = 3
+    limits = client_for(alice).get("/api/chat/limits/").json()
+    assert limits["attachments"] == {"max_bytes": 12345, "per_message": 3}

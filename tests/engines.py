@@ -26,12 +26,6 @@ def installed_engine(model_dir: Path) -> Iterator[EmbeddedClient]:
 
 
 def make_engine_client(model_dir: Path, **overrides: Any) -> EmbeddedClient:
-    config = EngineConfig(
-        model=str(model_dir),
-        dtype="float32",
-        max_num_seqs=8,
-        max_num_batched_tokens=256,
-        kv_cache_memory_mb=64,
-        **overrides,
-    )
+    small = {"max_num_seqs": 8, "max_num_batched_tokens": 256, "kv_cache_memory_mb": 64}
+    config = EngineConfig(model=str(model_dir), dtype="float32", **{**small, **overrides})
     return EmbeddedClient(AsyncEngine(config))

@@ -142,15 +142,19 @@ def extract(name: str, data: bytes) -> tuple[str, str]:
         )
     if not text.strip():
         raise AttachmentRefused("empty", f"{name} has no text in it.", 422)
-    max_chars = settings.CHAT_ATTACHMENT_MAX_CHARS
-    if len(text) > max_chars:
-        raise AttachmentRefused(
-            "too_large",
-            f"{name} holds {len(text):,} characters of text; at most {max_chars:,} can be "
-            "attached.",
-            413,
-        )
+    if len(text) > settings.CHAT_ATTACHMENT_MAX_CHARS:
+        raise too_much_text(name, len(text))
     return kind, text
+
+
+def too_much_text(name: str, chars: int, more: bool = False) -> AttachmentRefused:
+    most = settings.CHAT_ATTACHMENT_MAX_CHARS
+    held = f"more than {chars:,}" if more else f"{chars:,}"
+    return AttachmentRefused(
+        "too_large",
+        f"{name} holds {held} characters of text; at most {most:,} can be attached.",
+        413,
+    )
 
 
 def _decoded(name: str, data: bytes) -> str:
@@ -190,7 +194,13 @@ def _pdf_text(name: str, data: bytes) -> str:
                 f"{name} is protected by a password: its text cannot be read.",
                 422,
             )
-        pages = [page.extract_text() or "" for page in reader.pages]
+        pages: list[str] = []
+        total = 0
+        for page in reader.pages:
+            pages.append(page.extract_text() or "")
+            total += len(pages[-1])
+            if total > settings.CHAT_ATTACHMENT_MAX_CHARS:
+                raise too_much_text(name, total, more=True)  # stop reading a huge PDF early
     except AttachmentRefused:
         raise
     except (PyPdfError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:

@@ -5,6 +5,7 @@ the prompt count before sending, and the exports."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -87,6 +88,11 @@ def test_a_file_with_more_text_than_allowed_is_refused(settings: Any) -> None:
     with pytest.raises(AttachmentRefused) as refused:
         extract("long.txt", b"word " * 50)
     assert refused.value.code == "too_large" and "at most 100" in refused.value.message
+    # A PDF stops being read at the page that passes the limit.
+    with pytest.raises(AttachmentRefused) as refused:
+        extract("long.pdf", pdf_with_text("a" * 80, "b" * 80, "c" * 80))
+    read = int(re.search(r"more than ([\d,]+) characters", refused.value.message)[1])  # type: ignore[index]
+    assert 160 <= read < 240, "page 3 was never read"
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,9 @@ import re
 
 import httpx
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Browser, Page, expect
 
-from tests.e2e.conftest import shot
+from tests.e2e.conftest import _watch, shot, sign_up
 from tools.live_server import LiveServer
 
 pytestmark = pytest.mark.slow  # a real browser and the real default model
@@ -117,3 +117,37 @@ def test_the_keys_page_shows_a_new_key_once_and_a_reload_makes_no_second(page: P
     expect(page.get_by_test_id("new-key")).to_have_count(0)
     expect(page.locator("table.keys tbody tr")).to_have_count(1)
     assert secret not in page.content()
+
+
+def test_the_account_dialog_fits_a_phone_with_44px_targets(
+    browser: Browser, server: LiveServer
+) -> None:
+    ctx = browser.new_context(
+        viewport={"width": 390, "height": 844}, base_url=server.url, is_mobile=True, has_touch=True
+    )
+    try:
+        page = ctx.new_page()
+        errors = _watch(page)
+        sign_up(page, "phonekeys")
+        server.make_key("phonekeys")
+        page.get_by_test_id("sidebar-toggle").click()
+        page.get_by_test_id("account-button").click()
+        dialog = page.get_by_test_id("account-dialog")
+        expect(dialog.get_by_test_id("key-row")).to_have_count(1)
+        dialog.get_by_test_id("key-name").fill("phone")
+        dialog.get_by_test_id("key-create").click()
+        expect(dialog.get_by_test_id("new-key")).to_be_visible()
+        small = page.evaluate(
+            """() => [...document.querySelectorAll(
+                 '[data-testid=account-dialog] button, [data-testid=account-dialog] input')]
+               .map(e => [e.dataset.testid || e.tagName, e.getBoundingClientRect()])
+               .filter(([, r]) => r.width && Math.round(Math.min(r.width, r.height)) < 44)
+               .map(([id, r]) => `${id} ${Math.round(r.width)}x${Math.round(r.height)}`)"""
+        )
+        assert small == []
+        box = dialog.bounding_box()
+        assert box and box["x"] >= 0 and box["x"] + box["width"] <= 390, box
+        shot(page, "85-phone-account-dialog")
+        assert not errors, errors
+    finally:
+        ctx.close()

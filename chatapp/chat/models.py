@@ -90,3 +90,29 @@ class Message(models.Model):
 
     def __str__(self) -> str:
         return f"{self.role}: {self.text[:40]}"
+
+
+class SharedLink(models.Model):
+    """A read-only link to a snapshot of a conversation (chatapp/chat/shares.py).
+
+    The snapshot is what the link shows, taken when the owner shares or updates the link:
+    later messages are not in it. Revoking deletes the row, so the link answers 404 and
+    sharing again makes a new token; deleting the conversation deletes it too."""
+
+    conversation = models.OneToOneField(
+        Conversation, on_delete=models.CASCADE, related_name="shared_link"
+    )
+    token = models.CharField(max_length=64, unique=True)
+    # {"title", "messages": [{"role", "text"}], "author"?, "settings"?}: only what the
+    # page shows, nothing read from the live conversation afterwards.
+    snapshot = models.JSONField(default=dict)
+    show_author = models.BooleanField(default=False)
+    show_settings = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    shared_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-shared_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"link to {self.conversation_id}"

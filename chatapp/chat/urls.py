@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from chatapp.chat import api, views
+from chatapp.chat import api, shares, views
 
 urlpatterns = [
     path("", views.index, name="index"),
@@ -10,6 +10,9 @@ urlpatterns = [
     path("api/conversations/", api.conversations),
     path("api/conversations/<int:pk>/", api.conversation),
     re_path(r"^api/conversations/(?P<pk>[0-9]+)/export\.(?P<fmt>md|json)$", api.export),
+    path("api/conversations/<int:pk>/share/", shares.conversation_link),
+    path("api/shares/", shares.links),
+    path("share/<str:token>", shares.shared_page, name="shared-conversation"),
     path("api/exports/", api.exports, name="exports"),
     path("api/exports/<int:pk>/download", api.export_download, name="export-download"),
 ]

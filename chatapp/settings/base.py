@@ -240,6 +240,8 @@ OPENAI_MAX_BODY_BYTES = env_int("OPENAI_MAX_BODY_BYTES", 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(2621440, OPENAI_MAX_BODY_BYTES)
 OPENAI_RATE_LIMIT_PER_MINUTE = env_int("OPENAI_RATE_LIMIT_PER_MINUTE", 120)
 OPENAI_MAX_CONCURRENT = env_int("OPENAI_MAX_CONCURRENT", 8)
+# Live keys one account may make for itself (the keys page and /api/keys/).
+OPENAI_MAX_KEYS_PER_USER = env_int("OPENAI_MAX_KEYS_PER_USER", 20)
 
 # --- Observability and offline jobs (chatapp/observability, chatapp/jobs) ---
 # /metrics is readable by staff, or with "Authorization: Bearer <METRICS_BEARER_TOKEN>".

@@ -12,7 +12,13 @@ import torch
 
 from inference.engine import kernels
 from inference.engine.config import EngineConfig
-from inference.engine.model import AttentionMetadata, DecodeGroup, PrefillChunk, load_config
+from inference.engine.model import (
+    PAGED_MAX_CHUNK,
+    AttentionMetadata,
+    DecodeGroup,
+    PrefillChunk,
+    load_config,
+)
 from inference.engine.scheduler import ScheduledBatch
 from inference.engine.sequence import Sequence
 from inference.engine.tensor_parallel import build_model
@@ -175,10 +181,15 @@ class ModelRunner:
         (its rows are consecutive, in the order of the returned sequences). With
         all_logits=True the logits of every input row come back instead (tests).
         """
-        # Decodes first, shortest context first (so similar lengths end up grouped).
+        # Decodes first, shortest context first (so similar lengths end up grouped); chunks
+        # too long for the native paged attention last.
         order = sorted(
             range(len(batch)),
-            key=lambda i: (batch.num_tokens[i] != 1, batch.seqs[i].num_computed_tokens),
+            key=lambda i: (
+                batch.num_tokens[i] != 1,
+                batch.num_tokens[i] > PAGED_MAX_CHUNK,
+                batch.seqs[i].num_computed_tokens,
+            ),
         )
         seqs = [batch.seqs[i] for i in order]
         counts = [batch.num_tokens[i] for i in order]
@@ -223,6 +234,70 @@ class ModelRunner:
             torch.set_num_threads(want)
 
     def _prepare(
+        self, seqs: list[Sequence], counts: list[int]
+    ) -> tuple[torch.Tensor, AttentionMetadata, list[int | None]]:
+        if self._native_step(sum(counts)) or getattr(self.model, "paged", None) is None:
+            return self._prepare_grouped(seqs, counts)
+        long = [n > PAGED_MAX_CHUNK for n in counts]
+        if long != sorted(long):  # the long chunks must come last (run() orders them so)
+            return self._prepare_grouped(seqs, counts)
+        return self._prepare_flat(seqs, counts)
+
+    def _prepare_flat(
+        self, seqs: list[Sequence], counts: list[int]
+    ) -> tuple[torch.Tensor, AttentionMetadata, list[int | None]]:
+        """The step's inputs for the native paged attention: per row its token, position and
+        sequence, per sequence its block table; no slots, groups or masks (the kernel takes
+        each row's slot from its table). Built with list slices and ranges, no loop per token."""
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        row_seq: list[int] = []
+        tables: list[list[int]] = []
+        sample_rows: list[int | None] = []
+        long_chunks: list[tuple[int, int, int, int]] = []  # (seq index, row, start, n)
+        num_decodes = 0
+        for i, (seq, n) in enumerate(zip(seqs, counts, strict=True)):
+            start = seq.num_computed_tokens
+            end = start + n
+            row = len(ids)
+            if n == 1:
+                ids.append(seq.token_ids[start])
+                positions.append(start)
+                row_seq.append(i)
+                num_decodes += 1
+            else:
+                ids.extend(seq.token_ids[start:end])
+                if end > len(seq):  # speculative guesses ride after the last token
+                    ids.extend(seq.draft_tokens[: end - len(seq)])
+                positions.extend(range(start, end))
+                row_seq.extend([i] * n)
+                if n > PAGED_MAX_CHUNK:
+                    long_chunks.append((i, row, start, n))
+            tables.append(seq.block_table[: -(-end // bs)])
+            sample_rows.append(row + n - 1 if end >= len(seq) else None)
+        width = max(len(t) for t in tables)
+        for t in tables:
+            if len(t) < width:
+                t.extend([0] * (width - len(t)))
+        dev = self.device
+        table_t = torch.tensor(tables, device=dev)
+        meta = AttentionMetadata(
+            positions=torch.tensor(positions, device=dev),
+            slot_mapping=torch.empty(0, dtype=torch.long, device=dev),
+            num_decodes=num_decodes,
+            row_seq=torch.tensor(row_seq, dtype=torch.int32, device=dev),
+            tables=table_t,
+            paged_rows=long_chunks[0][1] if long_chunks else len(ids),
+        )
+        for i, row, start, n in long_chunks:
+            table = table_t[i, : -(-(start + n) // bs)]
+            pos = meta.positions[row : row + n]
+            slots = table[pos // bs] * bs + pos % bs
+            meta.prefills.append(PrefillChunk(row, n, start + n, table, slots))
+        return torch.tensor(ids, device=dev), meta, sample_rows
+
+    def _prepare_grouped(
         self, seqs: list[Sequence], counts: list[int]
     ) -> tuple[torch.Tensor, AttentionMetadata, list[int | None]]:
         bs = self.block_size

@@ -60,6 +60,9 @@ _MATMUL_OPS = (
 )
 _ATTENTION_OPS = ("attention", "aten::index_select", "aten::index_copy", "engine::paged")
 _NATIVE_LAYER_OPS = ("native::decode_layer",)
+# The timers' clock: wall time, or the engine thread's CPU time (--clock cpu: less moved by
+# other processes on a shared machine, but blind to the kernels' pool threads).
+CLOCK: list[Callable[[], float]] = [time.perf_counter]
 
 
 def category(op: str) -> str:
@@ -80,7 +83,7 @@ class Timers:
         self.acc: dict[str, float] = dict.fromkeys(TIMED, 0.0)
         self._undo: list[Callable[[], None]] = []
         model, runner = engine.runner.model, engine.runner
-        self._wrap(model, "forward", "forward")
+        self._wrap(*_forward_owner(engine), "forward")
         self._wrap(model, "compute_logits", "logits")
         self._wrap(engine.scheduler, "schedule", "schedule")
         self._wrap(runner, "_prepare", "prepare")
@@ -95,11 +98,11 @@ class Timers:
         acc = self.acc
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
+            start = CLOCK[0]()
             try:
                 return fn(*args, **kwargs)
             finally:
-                acc[key] += time.perf_counter() - start
+                acc[key] += CLOCK[0]() - start
 
         return wrapper
 
@@ -155,6 +158,15 @@ def _forward_ops(prof: Any) -> dict[str, float]:
     return totals
 
 
+def _forward_owner(engine: LLMEngine) -> tuple[Any, str]:
+    """Where the step's forward is called: the runner's dispatch between the compiled and
+    the eager forward, or (an engine from before it) the model's own."""
+    runner = engine.runner
+    if hasattr(runner, "_forward"):
+        return runner, "_forward"
+    return runner.model, "forward"
+
+
 class _MarkedLib:
     """A ctypes library whose `name` calls show up in the profiler as `label`."""
 
@@ -178,15 +190,16 @@ def _with_forward_range(engine: LLMEngine) -> Callable[[], None]:
     calls inside it as ops of their own (returns the restorer)."""
     model = engine.runner.model
     undo: list[Callable[[], None]] = []
-    had = "forward" in vars(model)
-    forward = model.forward
+    owner, name = _forward_owner(engine)
+    had = name in vars(owner)
+    forward = getattr(owner, name)
 
     def marked(*args: Any, **kwargs: Any) -> Any:
         with torch.profiler.record_function("engine::forward"):
             return forward(*args, **kwargs)
 
-    model.forward = marked
-    undo.append(lambda: setattr(model, "forward", forward) if had else delattr(model, "forward"))
+    setattr(owner, name, marked)
+    undo.append(lambda: setattr(owner, name, forward) if had else delattr(owner, name))
     for owner, name, label in (
         (getattr(model, "native", None), "decode_layer", "native::decode_layer"),
         (getattr(model, "paged", None), "paged_attention", "engine::paged_attention"),
@@ -227,9 +240,9 @@ def profile_decode(
         profiled = max(2, tokens // 4) if split else 0
         steps, total = 0, 0.0
         while engine.has_work() and steps < tokens - profiled - 1:
-            start = time.perf_counter()
+            start = CLOCK[0]()
             engine.step()
-            total += time.perf_counter() - start
+            total += CLOCK[0]() - start
             steps += 1
         acc = dict(timers.acc)
         timers.restore()
@@ -251,9 +264,9 @@ def profile_prefill(engine: LLMEngine, length: int, split: bool) -> dict[str, fl
     restore_range = _with_forward_range(engine)  # first: the timers wrap the marked forward
     timers = Timers(engine)
     try:
-        start = time.perf_counter()
+        start = CLOCK[0]()
         engine.step()
-        total = time.perf_counter() - start
+        total = CLOCK[0]() - start
         acc = dict(timers.acc)
         timers.restore()
         while engine.has_work():
@@ -339,8 +352,11 @@ def main() -> None:
     ap.add_argument("--top-p", type=float, default=0.95, help="the chat UI's default")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-split", action="store_true", help="skip the profiled forward split")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     ap.add_argument("--json", default="bench_step_profile.json")
     args = ap.parse_args()
+    if args.clock == "cpu":
+        CLOCK[0] = time.thread_time
     engines: dict[str, LLMEngine] = {}
     for q in args.quantization:
         for v in args.variants:
@@ -359,6 +375,7 @@ def main() -> None:
         "torch": torch.__version__,
         "threads": any_engine.config.cpu_threads(),
         "small_step_threads": any_engine.config.small_step_cpu_threads(),
+        "clock": args.clock,
         "rows": [],
     }
     split = not args.no_split
@@ -384,7 +401,10 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     for engine in engines.values():
         engine.close()
-    print(f"\n{results['machine']}; torch {results['torch']}; threads {results['threads']}")
+    print(
+        f"\n{results['machine']}; torch {results['torch']}; threads {results['threads']}; "
+        f"clock {args.clock}"
+    )
     print_tables(results["rows"])
     with open(args.json, "w") as f:
         json.dump(results, f, indent=2)

@@ -122,6 +122,8 @@ class Linear:
     ) -> None:
         self.blocks = blocks.for_kernel() if blocks is not None else None
         self.block_rows = block_rows if blocks is not None else 0
+        # Its key for the compiled step's opaque product (compiled_step.py); -1: none yet.
+        self.compile_key = -1
         self.weight: torch.Tensor | None = None
         self.packed: object | None = None
         self.kind = "dense"

@@ -11,7 +11,14 @@ import logging
 import torch
 
 from inference.engine import kernels
+from inference.engine.compiled_step import (
+    COMPILE_MODES,
+    CompiledStep,
+    compile_unavailable_reason,
+    compile_wins,
+)
 from inference.engine.config import EngineConfig
+from inference.engine.cuda_graphs import CudaGraphStep
 from inference.engine.model import (
     PAGED_MAX_CHUNK,
     AttentionMetadata,
@@ -19,6 +26,7 @@ from inference.engine.model import (
     PrefillChunk,
     load_config,
 )
+from inference.engine.sampling_params import SamplingParams
 from inference.engine.scheduler import ScheduledBatch
 from inference.engine.sequence import Sequence
 from inference.engine.tensor_parallel import build_model
@@ -147,10 +155,93 @@ class ModelRunner:
         # Per layer one pool, head-major: keys are heads [0, kv_heads), values the rest, so
         # one copy writes a step's K and V and one gather reads a sequence's context with
         # every head's tokens contiguous (what the attention matmuls want).
-        shape = (2 * m.num_kv_heads, self.num_blocks, self.block_size, m.head_dim)
+        compiled = self._compile_wanted()
+        # CUDA graphs' padding rows write into a block of their own, past the manager's.
+        graphs = compiled and self.device.type == "cuda"
+        pool_blocks = self.num_blocks + 1 if graphs else self.num_blocks
+        shape = (2 * m.num_kv_heads, pool_blocks, self.block_size, m.head_dim)
         self.kv_caches = [
             torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(m.num_layers)
         ]
+        self.compiled: CompiledStep | CudaGraphStep | None = None
+        if graphs:
+            self.compiled = self._cuda_graphs(max_model_len)
+        elif compiled:
+            self.compiled = self._compiled_step()
+
+    def _compile_wanted(self) -> bool:
+        mode = self.config.compile
+        if mode not in COMPILE_MODES:
+            choices = ", ".join(COMPILE_MODES)
+            raise ValueError(f"compile must be one of {choices}; got {mode!r}")
+        if mode == "off" or (mode == "auto" and not compile_wins(self.device)):
+            return False
+        reason = compile_unavailable_reason(self.model)
+        if reason is not None:
+            log.warning("the compiled step is off (%s): running the eager forward", reason)
+            return False
+        return True
+
+    def _cuda_graphs(self, max_model_len: int | None) -> CudaGraphStep | None:
+        """Decode steps as CUDA graphs, the row buckets captured now."""
+        model_len = max_model_len or self.model.config.max_position_embeddings
+        max_blocks = min(self.num_blocks, -(-model_len // self.block_size))
+        try:
+            step = CudaGraphStep(
+                self.model, self.kv_caches, self.config.max_num_seqs, max_blocks,
+                self.block_size, scratch_block=self.num_blocks,
+            )  # fmt: skip
+            log.info("capturing CUDA graphs for decode steps of %s rows...", step.buckets)
+            with torch.inference_mode():
+                step.capture_all()
+        except Exception as exc:
+            log.warning("capturing CUDA graphs failed, running the eager forward: %s", exc)
+            return None
+        return step
+
+    def _compiled_step(self) -> CompiledStep | None:
+        """The compiled forward for the torch path's steps, compiled (or loaded from the
+        cache) now, or None where that fails (one logged warning)."""
+        native = getattr(self.model, "native", None)
+        min_rows = native.max_rows + 1 if native is not None else 1
+        try:
+            step = CompiledStep(
+                self.model, self.kv_caches, min_rows, self.config.max_num_batched_tokens
+            )
+            seconds = step.warm_up(lambda rows: self._warm_up(step, rows), log.info)
+        except Exception as exc:
+            log.warning("compiling the step failed, running the eager forward: %s", exc)
+            return None
+        how = "compiled, and cached for the next start" if step.compiled_now else "from the cache"
+        log.info("compiled step ready: %.1f s extra at startup (%s)", seconds, how)
+        return step
+
+    @torch.inference_mode()
+    def _warm_up(self, step: CompiledStep, rows: int) -> None:
+        """One step of `rows` one-token sequences at position 0 of block 0, before any
+        request: what they write there is overwritten by whichever sequence gets the block
+        before it reads it."""
+        seqs = []
+        for i in range(rows):
+            seq = Sequence(f"warm-up-{i}", [0], SamplingParams(max_tokens=1))
+            seq.block_table = [0]
+            seqs.append(seq)
+        input_ids, meta, _ = self._prepare(seqs, [1] * rows)
+        self._set_threads(rows)
+        step.forward(input_ids, meta)
+
+    def _forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        rows = input_ids.shape[0]
+        step = self.compiled
+        if step is not None and not self._native_step(rows) and step.handles(rows, meta):
+            try:
+                return step.forward(input_ids, meta)
+            except Exception as exc:
+                # Rerunning the step eagerly is safe: it writes the same K/V to the same slots.
+                log.warning("the compiled step failed, running the eager forward: %s", exc)
+                self.compiled = None
+        hidden: torch.Tensor = self.model.forward(input_ids, meta, self.kv_caches)
+        return hidden
 
     @torch.inference_mode()
     def read_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:
@@ -195,7 +286,7 @@ class ModelRunner:
         counts = [batch.num_tokens[i] for i in order]
         input_ids, meta, sample_rows = self._prepare(seqs, counts)
         self._set_threads(input_ids.shape[0])
-        hidden = self.model.forward(input_ids, meta, self.kv_caches)
+        hidden = self._forward(input_ids, meta)
         if all_logits:
             return seqs, self.model.compute_logits(hidden)
         sampling = [s for s, r in zip(seqs, sample_rows, strict=True) if r is not None]

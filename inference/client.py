@@ -305,6 +305,7 @@ def engine_config_from_settings(overrides: dict[str, Any] | None = None) -> Engi
         num_threads=cfg["NUM_THREADS"],
         small_step_threads=cfg.get("SMALL_STEP_THREADS", 0),
         quantization=cfg.get("QUANTIZATION", "auto"),
+        compile=cfg.get("COMPILE", "auto"),
         kv_tier_url=cfg.get("KV_TIER_URL", ""),
         kv_tier_ttl_s=cfg.get("KV_TIER_TTL_S", 86400),
         kv_tier_max_mb=cfg.get("KV_TIER_MAX_MB", 2048),

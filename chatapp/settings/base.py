@@ -188,6 +188,8 @@ ENGINE = {
     "SMALL_STEP_THREADS": env_int("ENGINE_SMALL_STEP_THREADS", 0),
     # "auto": float16-stored linear weights on CPUs without bfloat16, else none (exact).
     "QUANTIZATION": env_str("ENGINE_QUANTIZATION", "auto"),
+    # The engine's large steps as one compiled graph (docs/performance.md): on/off/auto.
+    "COMPILE": env_str("ENGINE_COMPILE", "auto"),
     # Redis tier of the KV cache (docs/kv-tier.md): memory-only while nobody answers there.
     "KV_TIER_URL": env_str("ENGINE_KV_TIER_URL", "redis://127.0.0.1:6379/4"),
     "KV_TIER_TTL_S": env_int("ENGINE_KV_TIER_TTL_S", 86400),

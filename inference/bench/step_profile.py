@@ -14,7 +14,8 @@ splits the wall time of the decode steps into:
   and what is left of the forward's wall time: Python and dispatch around the ops;
 - logits (the lm_head), sampling;
 - Python outside the forward: scheduling, `_prepare` (the batch's tensors), detokenizing,
-  and the rest of the engine's bookkeeping.
+  and the rest of the engine's bookkeeping; and, apart (not in the step), the text the
+  consumer decodes as the async front hands it each delta (LLMEngine.defer_text).
 
 With --prefill N it also times one step that prefills a single N-token prompt, split the
 same way. Prints tables (ms per step, median over --repeat runs with min-max) and writes
@@ -45,7 +46,7 @@ from inference.engine.sampling_params import SamplingParams
 
 TIMED = ("forward", "logits", "sampling", "schedule", "prepare", "detokenize")
 FORWARD_PARTS = ("matmuls", "attention", "native_layers", "elementwise", "forward_python")
-COLUMNS = ("step_ms", *TIMED, "other_python", *FORWARD_PARTS)
+COLUMNS = ("step_ms", *TIMED, "other_python", "consumer_detokenize", *FORWARD_PARTS)
 
 _MATMUL_OPS = (
     "quantized::linear_dynamic",
@@ -200,14 +201,14 @@ def _with_forward_range(engine: LLMEngine) -> Callable[[], None]:
 
     setattr(owner, name, marked)
     undo.append(lambda: setattr(owner, name, forward) if had else delattr(owner, name))
-    for owner, name, label in (
+    for holder, fn_name, label in (
         (getattr(model, "native", None), "decode_layer", "native::decode_layer"),
         (getattr(model, "paged", None), "paged_attention", "engine::paged_attention"),
     ):
-        if owner is not None:
-            lib = owner.lib
-            owner.lib = _MarkedLib(lib, name, label)
-            undo.append(functools.partial(setattr, owner, "lib", lib))
+        if holder is not None:
+            lib = holder.lib
+            holder.lib = _MarkedLib(lib, fn_name, label)
+            undo.append(functools.partial(setattr, holder, "lib", lib))
 
     def restore() -> None:
         for u in reversed(undo):
@@ -221,6 +222,19 @@ def _prompt(engine: LLMEngine) -> list[int]:
         "<|im_start|>user\nTell me a long story about a dragon.<|im_end|>\n<|im_start|>assistant\n"
     )
     return ids
+
+
+def _resolve(delta: Any) -> None:
+    """What the async front does with each delta as its consumer takes it."""
+    resolve = getattr(delta, "resolve_text", None)
+    if resolve is not None:
+        resolve()
+
+
+def _serve_like(engine: LLMEngine) -> None:
+    # As AsyncEngine runs it: text decoded by the consumer, off the step's path.
+    if hasattr(engine, "defer_text"):
+        engine.defer_text = True
 
 
 def profile_decode(
@@ -238,13 +252,20 @@ def profile_decode(
     timers = Timers(engine)
     try:
         profiled = max(2, tokens // 4) if split else 0
-        steps, total = 0, 0.0
+        steps, total, consumer = 0, 0.0, 0.0
         while engine.has_work() and steps < tokens - profiled - 1:
             start = CLOCK[0]()
-            engine.step()
+            deltas = engine.step()
             total += CLOCK[0]() - start
             steps += 1
+            in_step = timers.acc["detokenize"]  # the consumer's decoding is not the step's
+            start = CLOCK[0]()
+            for d in deltas:
+                _resolve(d)
+            consumer += CLOCK[0]() - start
+            timers.acc["detokenize"] = in_step
         acc = dict(timers.acc)
+        acc["consumer_detokenize"] = consumer
         timers.restore()
         parts = forward_split(engine, profiled) if split else {}
         while engine.has_work():
@@ -289,6 +310,7 @@ def _row(
     steps = max(1, steps)
     row = {"step_ms": total / steps * 1e3, **{k: v / steps * 1e3 for k, v in acc.items()}}
     row["other_python"] = row["step_ms"] - sum(row[k] for k in TIMED)
+    row.setdefault("consumer_detokenize", 0.0)
     if parts:
         ops = sum(parts.values())
         for k in FORWARD_PARTS[:-1]:
@@ -306,10 +328,14 @@ def _cell(row: dict[str, Any], key: str) -> str:
 
 def print_tables(rows: list[dict[str, Any]]) -> None:
     print("\nms per step, median (min-max)")
-    head = ("step", "forward", "logits", "sampling", "schedule", "prepare", "detokenize", "other")
+    head = (
+        "step", "forward", "logits", "sampling", "schedule", "prepare", "detokenize", "other",
+        "detokenize (consumer)",
+    )  # fmt: skip
     print("| variant | step | streams | " + " | ".join(head) + " |\n|" + "---|" * (len(head) + 3))
     for row in rows:
-        cells = " | ".join(_cell(row, k) for k in ("step_ms", *TIMED, "other_python"))
+        keys = ("step_ms", *TIMED, "other_python", "consumer_detokenize")
+        cells = " | ".join(_cell(row, k) for k in keys)
         print(f"| {row['variant']} | {row['kind']} | {row['streams']} | {cells} |")
     if any("matmuls" in r for r in rows):
         print("\nthe forward, split (profiled pass; forward python = forward wall - ops)")
@@ -367,6 +393,7 @@ def main() -> None:
                     max_num_seqs=max(args.streams), **_variant(v),  # type: ignore[arg-type]
                 )
             )  # fmt: skip
+            _serve_like(engines[f"{q}/{v}"])
             if v == "gather":
                 engines[f"{q}/{v}"].runner.model.paged = None
     any_engine = next(iter(engines.values()))

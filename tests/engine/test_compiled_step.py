@@ -166,11 +166,13 @@ def test_a_compile_that_fails_leaves_the_eager_forward_with_one_warning(
 
     # A fresh cache and a compiler that always fails: nothing can come from earlier runs.
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(inductor_config.cpp, "cxx", ("false",))
     codecache.PyCodeCache.cache_clear()
     codecache.CppCodeCache.cache_clear()
     torch._dynamo.reset()
-    with caplog.at_level(logging.WARNING, logger="inference.engine.model_runner"):
+    with (
+        inductor_config.patch({"cpp.cxx": ("false",)}),
+        caplog.at_level(logging.WARNING, logger="inference.engine.model_runner"),
+    ):
         engine = make_engine(compile="on")
     assert engine.runner.compiled is None
     warnings = [r for r in caplog.records if "compiling the step failed" in r.getMessage()]

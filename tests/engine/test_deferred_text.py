@@ -11,8 +11,7 @@ from inference.engine.outputs import Delta
 from inference.engine.sampling_params import SamplingParams
 from tests.engine.conftest import run_to_completion
 
-# Random weights emit byte-level pieces of multi-byte characters often, so these streams
-# exercise the held-back partial characters as well as plain text.
+# Greedy, stopped by length, a stop string, stop tokens, and a seeded sampled request.
 REQUESTS = [
     ([1, 2, 3, 4], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)),
     ([5, 6, 7], SamplingParams(max_tokens=7, temperature=0)),

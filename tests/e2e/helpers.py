@@ -7,7 +7,7 @@ from typing import Any
 
 from playwright.sync_api import Locator, Page, expect
 
-from tests.live_server import LiveServer
+from tools.live_server import LiveServer
 
 FINISHED = re.compile(r"^(complete|stopped|error)$")
 

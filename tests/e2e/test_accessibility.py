@@ -14,7 +14,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from tests.e2e.conftest import DESKTOP, PASSWORD, _watch, shot, sign_up
 from tests.e2e.helpers import api, new_chat, replies, seed_reply, send, wait_finished
-from tests.live_server import ROOT, LiveServer
+from tools.live_server import ROOT, LiveServer
 
 pytestmark = pytest.mark.slow  # a real browser and the real default model
 

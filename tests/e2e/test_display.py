@@ -10,7 +10,7 @@ from playwright.sync_api import ConsoleMessage, Page, Response, expect
 
 from tests.e2e.conftest import shot
 from tests.e2e.helpers import new_chat, replies, seed_reply, send, wait_finished
-from tests.live_server import LiveServer
+from tools.live_server import LiveServer
 
 pytestmark = pytest.mark.slow  # a real browser and the real default model
 

@@ -4,6 +4,7 @@ import { applyTheme, effectiveTheme, setTheme, watchSystemTheme, type Theme } fr
 import { Composer } from './Composer';
 import { useChat } from './hooks';
 import { MessageList } from './MessageList';
+import { ModelPicker } from './ModelPicker';
 import { SettingsDialog } from './SettingsDialog';
 import { Sidebar } from './Sidebar';
 
@@ -89,6 +90,7 @@ export function App(props: AppProps) {
         <header class="chat-head">
           <button type="button" class="icon-btn menu" data-testid="sidebar-toggle" aria-label="Show conversations" aria-expanded={drawer} onClick={() => setDrawer(!drawer)}>☰</button>
           <h1 class="chat-title" data-testid="conversation-title">{title || 'New chat'}</h1>
+          <ModelPicker />
           <span class={'conn conn-' + conn} data-testid="connection-status" data-state={conn} title={CONN_WORDS[conn]}>
             <span class="dot" aria-hidden="true" />
             <span class="conn-text">{CONN_WORDS[conn]}</span>

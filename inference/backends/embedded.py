@@ -19,7 +19,7 @@ from redis import Redis
 
 from inference import metrics, response_cache
 from inference.backends.remote import REDIS_TIMEOUT_S, RemoteEngine
-from inference.catalog import ModelInfo, ModelSpec, created_at, model_name
+from inference.catalog import ModelInfo, ModelSpec, created_at, model_name, served_models
 from inference.chat_template import Prompt, PromptBuilder, Turn, tokenizer_fingerprint
 from inference.engine import Delta, PromptTooLongError, SamplingParams
 from inference.engine.fingerprint import model_fingerprint
@@ -89,7 +89,13 @@ class EmbeddedClient:
     @property
     def model_name(self) -> str:
         """The name it serves under (the default model's when made without one)."""
-        return self.name or model_name(settings.ENGINE["MODEL"])
+        if self.name:
+            return self.name
+        cfg = settings.ENGINE
+        try:
+            return served_models(str(cfg["MODEL"]), list(cfg.get("MODELS") or ()))[0].name
+        except ValueError:
+            return model_name(cfg["MODEL"])
 
     def chat_prompt(self, turns: list[Turn], cache_salt: str | None = None) -> Prompt:
         """Prompt ids for a conversation; replies the engine wrote keep their exact ids."""

@@ -15,10 +15,19 @@ import httpx
 import openai
 import pytest
 import redis
+from django.conf import settings
+from django.test import override_settings
 
 from inference.backends.embedded import EmbeddedClient
 from inference.catalog import ModelSpec, created_at, parse_model_list, served_models
 from inference.chat_template import Prompt
+from inference.client import (
+    EngineUnavailableError,
+    ModelNotFoundError,
+    get_engine_client,
+    list_models,
+    set_engine_client,
+)
 from inference.engine import SamplingParams
 from inference.model_files import MODEL_NAME
 from inference.response_cache import ResponseCache
@@ -81,6 +90,56 @@ def test_a_malformed_list_stops_the_process_at_start(tmp_path: Path) -> None:
     server = LiveServer(tmp_path, "/nowhere", CHATAPP_MODELS="bad name=/m/x")
     with pytest.raises(RuntimeError, match="must be 1-100 letters"):
         server.manage("check")
+
+
+# --- the engines of an embedded process ------------------------------------------------
+
+
+@pytest.fixture
+def embedded_two(tmp_path: Path, tiny_model_dir: Path, real_model_dir: Path) -> Iterator[Path]:
+    """Settings naming the tiny model (the default) and a twin (CHATAPP_MODELS), no engine
+    made yet; the twin's folder."""
+    twin = build_tiny_llama(tmp_path / "twin", real_model_dir, seed=1)
+    engine = {
+        **settings.ENGINE,
+        "MODE": "embedded",
+        "MODEL": str(tiny_model_dir),
+        "MODELS": [ModelSpec("twin", str(twin))],
+        "DTYPE": "float32",
+        "KV_CACHE_MEMORY_MB": 16,
+        "KV_TIER_URL": "",
+    }
+    set_engine_client(None)
+    with override_settings(ENGINE=engine):
+        try:
+            yield twin
+        finally:
+            set_engine_client(None)
+
+
+def test_each_model_gets_its_own_engine_on_first_use(
+    embedded_two: Path, tiny_model_dir: Path
+) -> None:
+    listed = list_models()
+    assert [(m.id, m.default, m.context_tokens) for m in listed] == [
+        (tiny_model_dir.name, True, None),
+        ("twin", False, None),
+    ]
+    assert listed[1].created == created_at(str(embedded_two))
+    twin = get_engine_client("twin")
+    assert twin.model_name == "twin" and twin.engine.config.model == str(embedded_two)
+    assert get_engine_client("twin") is twin and get_engine_client() is not twin
+    assert get_engine_client().engine.config.model == str(tiny_model_dir)
+    assert [m.context_tokens for m in list_models()] == [2048, 2048]
+    with pytest.raises(ModelNotFoundError) as missing:
+        get_engine_client("gpt-4o")
+    assert missing.value.served == sorted([tiny_model_dir.name, "twin"])
+
+
+def test_tensor_parallel_splits_the_default_model_only(embedded_two: Path) -> None:
+    split = override_settings(ENGINE={**settings.ENGINE, "TENSOR_PARALLEL_SIZE": 3})
+    with split, pytest.raises(EngineUnavailableError, match="run_engine --model twin"):
+        get_engine_client("twin")
 
 
 # --- a server with two models: the default and the tiny one ------------------------------

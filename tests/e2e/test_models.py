@@ -122,3 +122,19 @@ def test_the_picker_chooses_remembers_and_names_the_model_of_each_reply(page: Pa
     assert saved_model(page, fresh, TINY) == TINY
     page.get_by_test_id("settings-button").click()
     expect(page.get_by_test_id("settings-model")).to_contain_text(f"Model: {TINY}")
+
+
+def test_on_a_phone_the_picker_fits_the_header_and_is_a_44px_target(page: Page) -> None:
+    page.set_viewport_size({"width": 390, "height": 800})
+    page.reload()  # laid out for a phone from the start (no drawer sliding away)
+    wait_ready(page)
+    picker = page.get_by_test_id("model-picker")
+    expect(picker).to_be_visible()
+    box = picker.bounding_box()
+    assert box is not None and box["height"] >= 44 and box["x"] + box["width"] <= 390
+    header = page.locator(".chat-head")
+    assert header.evaluate("h => h.scrollWidth <= h.clientWidth")
+    for testid in ("sidebar-toggle", "settings-button"):
+        control = page.get_by_test_id(testid).bounding_box()
+        assert control is not None and control["x"] + control["width"] <= 390, testid
+    shot(page, "model-picker-phone")

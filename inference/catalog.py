@@ -16,6 +16,8 @@ import os
 import re
 from dataclasses import dataclass
 
+# /v1/models' `owned_by` for the models this app serves itself.
+OWNER = "chatapp"
 # Letters, digits and . _ - : / @ + (Hugging Face ids such as "org/Model-1.5B" fit).
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,99}")
 

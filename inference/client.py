@@ -23,7 +23,7 @@ from django.utils.crypto import salted_hmac
 
 from inference.backends.embedded import EmbeddedClient, WorkerModels
 from inference.backends.upstream import UpstreamModels
-from inference.catalog import ModelInfo, ModelSpec, created_at, served_models
+from inference.catalog import OWNER, ModelInfo, ModelSpec, created_at, served_models
 from inference.chat_template import Prompt, Turn
 from inference.engine import Delta, EngineConfig, EngineError, SamplingParams
 from inference.workers.protocol import EngineUnavailableError, ModelNotFoundError
@@ -166,9 +166,6 @@ def list_models() -> list[ModelInfo]:
         dataclasses.replace(m, default=m.id == default, context_tokens=_context(m.id, m))
         for m in found
     ]
-
-
-OWNER = "chatapp"
 
 
 def _context(name: str, info: ModelInfo) -> int | None:
@@ -320,6 +317,8 @@ def set_engine_client(client: EngineClient | None, name: str | None = None) -> N
         if client is None:
             doomed = list(_clients.values())
             _clients.clear()
+            if _workers is not None:
+                _workers.close()
             _default = _upstream = _workers = None
         else:
             name = name or client.model_name
@@ -348,12 +347,10 @@ def install_engine_clients(clients: dict[str, EngineClient]) -> None:
 def loaded_engine_stats() -> dict[str, Any] | None:
     """The default model's engine stats if its client exists in this process (the model
     loaded or the workers' client made), else None: never builds one."""
-    client = _clients.get(_default or "") if _default else None
-    if client is None:
-        try:
-            client = _clients.get(default_model())
-        except EngineError:
-            return None
+    try:
+        client = _clients.get(default_model())
+    except EngineError:
+        return None
     if client is None:
         return None
     try:

@@ -19,7 +19,14 @@ from redis import Redis
 
 from inference import metrics, response_cache
 from inference.backends.remote import REDIS_TIMEOUT_S, RemoteEngine
-from inference.catalog import ModelInfo, ModelSpec, created_at, model_name, served_models
+from inference.catalog import (
+    OWNER,
+    ModelInfo,
+    ModelSpec,
+    created_at,
+    model_name,
+    served_models,
+)
 from inference.chat_template import Prompt, PromptBuilder, Turn, tokenizer_fingerprint
 from inference.engine import Delta, PromptTooLongError, SamplingParams
 from inference.engine.fingerprint import model_fingerprint
@@ -287,6 +294,9 @@ class WorkerModels:
         cfg = settings.ENGINE
         return cls(cfg["WORKERS_REDIS_URL"], cfg["WORKERS_NAMESPACE"], cfg["WORKER_DEAD_AFTER_S"])
 
+    def close(self) -> None:
+        self.redis.close()
+
     def serving(self) -> dict[str, list[WorkerInfo]]:
         """The live workers by the model they serve (none when Redis does not answer)."""
         try:
@@ -311,7 +321,7 @@ class WorkerModels:
             created = max((w.model_created for w in workers), default=0)
             if not created and name == default and default_spec is not None:
                 created = created_at(default_spec.path)
-            out.append(ModelInfo(name, created, "chatapp", context_tokens=min(lens, default=None)))
+            out.append(ModelInfo(name, created, OWNER, context_tokens=min(lens, default=None)))
         return out
 
     def client(self, name: str, spec: ModelSpec | None, required: bool) -> DistributedClient:
@@ -321,9 +331,10 @@ class WorkerModels:
         default model): its client is made with no worker serving it yet, as before."""
         path = spec.path if spec is not None else ""
         if not path or not os.path.isdir(path):
-            workers = self.serving().get(name, [])
+            serving = self.serving()
+            workers = serving.get(name, [])
             if not workers and not required:
-                raise ModelNotFoundError(name, [*self.serving()])
+                raise ModelNotFoundError(name, list(serving))
             path = next((w.model_path for w in workers if os.path.isdir(w.model_path)), path)
             if workers and not os.path.isdir(path):
                 raise EngineUnavailableError(

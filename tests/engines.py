@@ -25,7 +25,10 @@ def installed_engine(model_dir: Path) -> Iterator[EmbeddedClient]:
         set_engine_client(None)
 
 
-def make_engine_client(model_dir: Path, **overrides: Any) -> EmbeddedClient:
+def make_engine_client(
+    model_dir: Path, name: str | None = None, **overrides: Any
+) -> EmbeddedClient:
+    """The real engine on `model_dir`, served as `name` (default: the default model's)."""
     config = EngineConfig(
         model=str(model_dir),
         dtype="float32",
@@ -34,4 +37,4 @@ def make_engine_client(model_dir: Path, **overrides: Any) -> EmbeddedClient:
         kv_cache_memory_mb=64,
         **overrides,
     )
-    return EmbeddedClient(AsyncEngine(config))
+    return EmbeddedClient(AsyncEngine(config), name=name)

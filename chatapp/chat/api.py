@@ -24,8 +24,8 @@ from chatapp.jobs import queue
 from chatapp.jobs.files import file_response
 from chatapp.jobs.models import Job
 from chatapp.text import InvalidText, clean_text
-from inference.client import engine_ready, get_engine_client
-from inference.model_files import model_name
+from inference.client import engine_ready, get_engine_client, list_models
+from inference.engine import EngineError
 
 MAX_BODY_BYTES = 64 * 1024
 
@@ -97,13 +97,15 @@ def me(request: HttpRequest) -> HttpResponse:
 def conversations(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         data = read_json(request)
-        unknown = set(data) - {"title", "settings"}
+        unknown = set(data) - {"title", "settings", "model"}
         if unknown:
             raise InvalidSettings(f"unknown field(s): {', '.join(sorted(unknown))}")
+        model = conv_logic.clean_model(data["model"]) if "model" in data else ""
         conv = conv_logic.create_conversation(
             request.user,
             clean_title(data.get("title", "")),
             conv_logic.clean_settings(data.get("settings")),
+            model,
         )
         return JsonResponse(conv_logic.conversation_json(conv), status=201)
     qs = Conversation.objects.filter(owner=request.user)
@@ -122,7 +124,7 @@ def conversation(request: HttpRequest, pk: int) -> HttpResponse:
         return HttpResponse(status=204)
     if request.method == "PATCH":
         data = read_json(request)
-        unknown = set(data) - {"title", "settings", "active_message"}
+        unknown = set(data) - {"title", "settings", "active_message", "model"}
         if unknown:
             raise InvalidSettings(f"unknown field(s): {', '.join(sorted(unknown))}")
         conv = conv_logic.update_conversation(conv, data)
@@ -151,6 +153,7 @@ def export(request: HttpRequest, pk: int, fmt: str) -> HttpResponse:
 
 @api_view("GET")
 def engine_info(request: HttpRequest) -> HttpResponse:
+    """The default model's engine (the models served: GET /api/models/)."""
     live = None
     max_model_len = None
     if engine_ready():
@@ -158,7 +161,7 @@ def engine_info(request: HttpRequest) -> HttpResponse:
         live, max_model_len = client.stats(), client.max_model_len
     return JsonResponse(
         {
-            "model": model_name(settings.ENGINE["MODEL"]),
+            "model": conv_logic.served_default(),
             "ready": live is not None,
             "max_model_len": max_model_len,
             "stats": live,
@@ -166,6 +169,24 @@ def engine_info(request: HttpRequest) -> HttpResponse:
             "defaults": {k: v for k, v in settings.CHAT_DEFAULTS.items() if k != "system_prompt"},
             "max_new_tokens": settings.CHAT_MAX_NEW_TOKENS,
             "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
+        }
+    )
+
+
+@api_view("GET")
+def models(request: HttpRequest) -> HttpResponse:
+    """The models a conversation can use (the picker's list), the default first."""
+    try:
+        served = list_models()
+    except EngineError as exc:
+        return error_response(503, "engine_unavailable", str(exc))
+    return JsonResponse(
+        {
+            "default": next((m.id for m in served if m.default), ""),
+            "models": [
+                {"id": m.id, "default": m.default, "context_tokens": m.context_tokens}
+                for m in served
+            ],
         }
     )
 

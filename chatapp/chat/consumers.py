@@ -31,6 +31,7 @@ from chatapp.chat.generation import (
     TooManyStreams,
     done_event,
     message_snapshot,
+    model_missing_text,
     registry,
 )
 from chatapp.chat.models import Conversation, Message
@@ -40,7 +41,9 @@ from chatapp.text import InvalidText, clean_text
 from inference.chat_template import Turn
 from inference.client import (
     EngineUnavailableError,
+    ModelNotFoundError,
     Prompt,
+    default_model,
     get_engine_client,
     prefix_cache_salt,
 )
@@ -180,6 +183,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_error("invalid", str(exc), **extra)
         except EngineUnavailableError:
             await self.send_error("engine_unavailable", ERROR_TEXT["engine_unavailable"], **extra)
+        except ModelNotFoundError as exc:
+            await self.send_error("model_not_found", model_missing_text(exc.model), **extra)
         except DatabaseError:
             log.exception("database error on chat frame %r", kind)
             await self.send_error(
@@ -336,7 +341,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         reservation = self._reserve_stream(conv.pk)
         try:
             gen, user_msg, reply = await self._prepare_reply(
-                conv, parent, user_text, branch_from, reservation
+                conv, parent, user_text, branch_from, reservation, content.get("model")
             )
         finally:
             registry.release(reservation)  # a no-op once the reply has started
@@ -359,9 +364,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         user_text: str | None,
         branch_from: bool,
         reservation: Reservation,
+        named: Any = None,
     ) -> tuple[Generation, Message | None, Message]:
         await self._count_message()
-        client = await asyncio.to_thread(get_engine_client)
+        # The model the frame names (the picker's), else the conversation's own.
+        model = conversations.model_field(named) if named is not None else conv.model
+        client = await asyncio.to_thread(get_engine_client, model or None)
+        model = client.model_name
+        default = await asyncio.to_thread(default_model)
 
         def prepare() -> tuple[Prompt, Message | None]:
             # The branch the reply continues: for a plain send, the active branch; for
@@ -369,7 +379,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             branch = (
                 conversations.path_to(parent) if branch_from else conversations.active_branch(conv)
             )
-            turns = conversations.turns_for(conv, branch)
+            # Replies keep their ids only for a model with their tokenizer (turns_for).
+            turns = conversations.turns_for(
+                conv, branch, client.tokenizer_id, legacy=model == default
+            )
             if user_text is not None:
                 turns.append(Turn("user", user_text))
             # Scoped to the conversation's owner (docs/kv-tier.md, "Whose blocks").
@@ -382,7 +395,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         except PromptTooLongError as exc:
             raise FrameError("too_long", ERROR_TEXT["too_long"]) from exc
         user_msg, reply = await database_sync_to_async(conversations.add_exchange)(
-            conv, anchor, user_text, prompt.user_token_ids
+            conv, anchor, user_text, prompt.user_token_ids, model, client.tokenizer_id
         )
         sampling = SamplingParams(
             max_tokens=conv.max_tokens,

@@ -12,6 +12,8 @@ from django.utils import timezone
 from chatapp.chat.models import Conversation, Message
 from chatapp.text import clean_text
 from inference.chat_template import Turn
+from inference.client import default_model, list_models
+from inference.engine import EngineError
 
 TITLE_WORDS = 8
 TITLE_MAX_CHARS = 200  # Conversation.title's max_length
@@ -30,6 +32,47 @@ class NotFound(Exception):
 class InvalidSettings(ValueError):
     """Conversation settings out of their ranges (user text that cannot be stored is
     chatapp.text.InvalidText)."""
+
+
+class UnknownModel(InvalidSettings):
+    """A model name no engine here serves."""
+
+    code = "model_not_found"
+
+
+MODEL_MAX_CHARS = 200  # Conversation.model's max_length
+
+
+def model_field(value: Any) -> str:
+    """A model name as a frame or a request body carries it (not checked against the
+    served models: the engine client does that where it is used)."""
+    if not isinstance(value, str) or not value or len(value) > MODEL_MAX_CHARS:
+        raise InvalidSettings(f"model must be a model's name (at most {MODEL_MAX_CHARS} chars)")
+    return value
+
+
+def clean_model(value: Any) -> str:
+    """A served model's name; UnknownModel (saying which are served) for any other."""
+    name = model_field(value)
+    served = [m.id for m in list_models()]
+    if name not in served:
+        raise UnknownModel(
+            f"The model '{name}' is not served here; pick one of: {', '.join(served)}"
+        )
+    return name
+
+
+def served_default() -> str:
+    """The default model's name; blank while it cannot be told (an upstream away)."""
+    try:
+        return default_model()
+    except EngineError:
+        return ""
+
+
+def model_of(conv: Conversation) -> str:
+    """The model a conversation's next turn goes to."""
+    return conv.model or served_default()
 
 
 def clean_title(value: Any) -> str:
@@ -134,16 +177,19 @@ def _number(value: Any, name: str, lo: float, hi: float) -> float:
     return float(value)
 
 
-def new_conversation(user: Any, title: str = "", conv_settings: dict | None = None) -> Conversation:
-    """An unsaved conversation with the defaults and the given settings."""
+def new_conversation(
+    user: Any, title: str = "", conv_settings: dict | None = None, model: str = ""
+) -> Conversation:
+    """An unsaved conversation with the defaults and the given settings, on `model` (the
+    default model when blank: its name is stored, so the conversation keeps it)."""
     values = {**settings.CHAT_DEFAULTS, **(conv_settings or {})}
-    return Conversation(owner=user, title=title[:200], **values)
+    return Conversation(owner=user, title=title[:200], model=model or served_default(), **values)
 
 
 def create_conversation(
-    user: Any, title: str = "", conv_settings: dict | None = None
+    user: Any, title: str = "", conv_settings: dict | None = None, model: str = ""
 ) -> Conversation:
-    conv = new_conversation(user, title, conv_settings)
+    conv = new_conversation(user, title, conv_settings, model)
     conv.save()
     return conv
 
@@ -156,6 +202,9 @@ def update_conversation(conv: Conversation, data: dict[str, Any]) -> Conversatio
     for key, value in clean_settings(data.get("settings")).items():
         setattr(conv, key, value)
         changed.append(key)
+    if "model" in data:
+        conv.model = clean_model(data["model"])
+        changed.append("model")
     if "active_message" in data:
         message = Message.objects.filter(pk=_int(data["active_message"]), conversation=conv).first()
         if message is None:
@@ -233,14 +282,25 @@ def alternatives(message: Message) -> list[int]:
     )
 
 
-def turns_for(conv: Conversation, branch: list[Message]) -> list[Turn]:
-    """The chat-template turns for a branch: system prompt first, then the messages."""
+def turns_for(
+    conv: Conversation, branch: list[Message], tokenizer: str | None, legacy: bool = False
+) -> list[Turn]:
+    """The chat-template turns for a branch: system prompt first, then the messages.
+
+    A reply keeps its exact token ids only for a model whose tokenizer they are in
+    (`tokenizer`, the target model's fingerprint; `legacy`: the target is the default
+    model, whose ids the replies from before models were named hold); for any other
+    model the reply goes as text, tokenized by that model's own tokenizer."""
     turns: list[Turn] = []
     if conv.system_prompt.strip():
         turns.append(Turn("system", conv.system_prompt))
     for m in branch:
         if m.role == Message.Role.ASSISTANT:
-            turns.append(Turn("assistant", m.text, list(m.token_ids) if m.token_ids else None))
+            same = tokenizer is not None and (
+                m.tokenizer == tokenizer or (legacy and not m.tokenizer)
+            )
+            ids = list(m.token_ids) if m.token_ids and same else None
+            turns.append(Turn("assistant", m.text, ids))
         else:
             turns.append(Turn(m.role, m.text))
     return turns
@@ -258,19 +318,30 @@ def delete_conversation(conv: Conversation) -> None:
 
 @transaction.atomic
 def add_exchange(
-    conv: Conversation, parent: Message | None, user_text: str | None, user_token_ids: list[int]
+    conv: Conversation,
+    parent: Message | None,
+    user_text: str | None,
+    user_token_ids: list[int],
+    model: str = "",
+    tokenizer: str | None = None,
 ) -> tuple[Message | None, Message]:
     """Save the user message (if any) and an empty streaming assistant reply under it,
     and make the reply the conversation's active leaf. A new conversation is saved here
-    too: all of it lands, or none of it.
+    too: all of it lands, or none of it. Both messages name `model`, the model the turn
+    goes to, and `tokenizer`, its tokenizer's fingerprint (their ids are in it); the
+    conversation remembers `model` for its next turns.
 
     `conv` may have been loaded a while ago: only the fields this step owns are written
-    (the active leaf, and a title if it still has none), so a rename made meanwhile
-    stands, and a conversation deleted meanwhile raises NotFound instead of coming back."""
+    (the active leaf, the model, and a title if it still has none), so a rename made
+    meanwhile stands, and a conversation deleted meanwhile raises NotFound instead of
+    coming back."""
+    model = model or conv.model
     if conv.pk is None:
+        conv.model = model
         conv.save()
     elif Conversation.objects.select_for_update().filter(pk=conv.pk).first() is None:
         raise NotFound("conversation")
+    ids_in = tokenizer or ""
     user_msg = None
     if user_text is not None:
         user_msg = Message.objects.create(
@@ -279,6 +350,8 @@ def add_exchange(
             role=Message.Role.USER,
             text=user_text,
             token_ids=user_token_ids,
+            model=model,
+            tokenizer=ids_in if user_token_ids else "",
         )
         parent = user_msg
     reply = Message.objects.create(
@@ -287,10 +360,12 @@ def add_exchange(
         role=Message.Role.ASSISTANT,
         text="",
         status=Message.Status.STREAMING,
+        model=model,
+        tokenizer=ids_in,
     )
     now = timezone.now()
-    Conversation.objects.filter(pk=conv.pk).update(active_leaf=reply, updated_at=now)
-    conv.active_leaf, conv.updated_at = reply, now
+    Conversation.objects.filter(pk=conv.pk).update(active_leaf=reply, model=model, updated_at=now)
+    conv.active_leaf, conv.model, conv.updated_at = reply, model, now
     if user_text and Conversation.objects.filter(pk=conv.pk, title="").update(
         title=default_title(user_text)
     ):
@@ -308,6 +383,7 @@ def conversation_json(conv: Conversation) -> dict[str, Any]:
         "created_at": conv.created_at.isoformat(),
         "updated_at": conv.updated_at.isoformat(),
         "settings": conv.settings_dict,
+        "model": model_of(conv),
     }
 
 
@@ -338,6 +414,8 @@ def message_json(m: Message, with_alternatives: bool = False) -> dict[str, Any]:
         "parent_id": m.parent_id,
         "created_at": m.created_at.isoformat(),
         "stats": m.stats or {},
+        # The model that wrote a reply (or that a user turn went to); null from before.
+        "model": m.model or None,
     }
     if m.error:
         data["error"] = m.error

@@ -6,6 +6,7 @@ urlpatterns = [
     path("", views.index, name="index"),
     path("api/me/", api.me),
     path("api/engine/", api.engine_info),
+    path("api/models/", api.models),
     path("api/chat/limits/", api.chat_limits),
     path("api/conversations/", api.conversations),
     path("api/conversations/<int:pk>/", api.conversation),

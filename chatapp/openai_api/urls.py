@@ -8,6 +8,7 @@ urlpatterns = [
     path("api/keys/", keys.keys_api),
     path("api/keys/<int:pk>/", keys.key_api),
     path("v1/models", views.models),
+    path("v1/models/<path:model_id>", views.model),
     path("v1/chat/completions", views.chat_completions),
     path("v1/completions", views.completions),
 ]

@@ -1,5 +1,5 @@
 import type { ChatLimits } from './limits';
-import type { Conversation, EngineInfo, Message, Settings } from './types';
+import type { Conversation, EngineInfo, Message, ModelsInfo, Settings } from './types';
 
 export function getCookie(name: string, cookie = typeof document !== 'undefined' ? document.cookie : ''): string {
   for (const part of cookie.split(';')) {
@@ -58,11 +58,12 @@ export const api = {
     request<{ conversations: Conversation[] }>('GET', '/api/conversations/' + (q ? '?q=' + encodeURIComponent(q) : '')),
   create: (body: { title?: string; settings?: Settings }) => request<Conversation>('POST', '/api/conversations/', body),
   get: (id: number) => request<{ conversation: Conversation; messages: Message[] }>('GET', `/api/conversations/${id}/`),
-  patch: (id: number, body: { title?: string; settings?: Settings; active_message?: number }) =>
+  patch: (id: number, body: { title?: string; settings?: Settings; active_message?: number; model?: string }) =>
     request<Conversation | { conversation: Conversation; messages: Message[] }>('PATCH', `/api/conversations/${id}/`, body),
   remove: (id: number) => request<void>('DELETE', `/api/conversations/${id}/`),
   engine: () => request<EngineInfo>('GET', '/api/engine/'),
   limits: () => request<ChatLimits>('GET', '/api/chat/limits/'),
+  models: () => request<ModelsInfo>('GET', '/api/models/'),
 };
 
 export const exportUrl = (id: number, kind: 'md' | 'json') => `/api/conversations/${id}/export.${kind}`;

@@ -10,10 +10,12 @@ const WORDS: Record<string, string> = {
   bad_frame: 'The app sent something the server did not understand. Reloading the page may help.',
   offline: 'You are offline, so the message was not sent. It is still in the box — send it again once the connection is back.',
   unauthorized: 'You are signed out. Please sign in again.',
+  model_not_found: 'That model is not served here any more. Pick another model at the top of the chat and send again.',
 };
 
 export function errorWords(code: string | undefined, serverMessage?: string): string {
-  if (code === 'invalid' && serverMessage) return serverMessage;
+  // The server's words name the model and what is served instead.
+  if ((code === 'invalid' || code === 'model_not_found') && serverMessage) return serverMessage;
   if (code && WORDS[code]) return WORDS[code];
   return serverMessage || 'Something went wrong. Please try again.';
 }

@@ -349,6 +349,8 @@ export class ChatProtocol {
     const clientId = 'c' + Date.now().toString(36) + Math.random().toString(36).slice(2, 8);
     const currentId = c.currentId.value;
     const frame: ClientFrame = { type: 'send', conversation_id: currentId, text: body, client_id: clientId };
+    const model = this.modelFor(currentId);
+    if (model) frame.model = model;
     if (currentId == null) {
       // Never send a value the server would refuse (it then uses its default for it).
       const s = withinLimits(cleanSettings(c.draftSettings.value), this.server.limits.value ?? FALLBACK_LIMITS);
@@ -384,13 +386,24 @@ export class ChatProtocol {
   }
 
   regenerate(messageId: number): Result {
-    return this.action({ type: 'regenerate', message_id: messageId }, messageId);
+    return this.action({ type: 'regenerate', message_id: messageId, ...this.modelField(messageId) }, messageId);
   }
 
   edit(messageId: number, text: string): Result {
     const body = text.trim();
     if (!body) return { ok: false };
-    return this.action({ type: 'edit', message_id: messageId, text: body }, messageId);
+    return this.action({ type: 'edit', message_id: messageId, text: body, ...this.modelField(messageId) }, messageId);
+  }
+
+  /** The model a turn in conversation `id` names: the picker's (none while unknown). */
+  private modelFor(id: number | null): string | undefined {
+    return this.conversations.modelOf(id, this.server.defaultModel.value);
+  }
+
+  private modelField(messageId: number): { model?: string } {
+    const id = this.conversations.message(messageId)?.conversation_id ?? this.conversations.currentId.value;
+    const model = this.modelFor(id);
+    return model ? { model } : {};
   }
 
   private action(frame: ClientFrame, messageId: number): Result {

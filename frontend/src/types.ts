@@ -13,6 +13,8 @@ export interface Conversation {
   created_at: string;
   updated_at: string;
   settings?: Settings | null;
+  /** The model the conversation's turns go to (the header's picker). */
+  model?: string;
 }
 
 export interface Stats {
@@ -54,6 +56,14 @@ export interface Message {
   /** client-only: performance.now() when the person pressed send (for the TTFT they see). */
   client_sent_at?: number;
   error?: string;
+  /** The model that wrote a reply (or that a user turn went to); null on older messages. */
+  model?: string | null;
+}
+
+/** GET /api/models/: the models a conversation can use, the default first. */
+export interface ModelsInfo {
+  default: string;
+  models: { id: string; default: boolean; context_tokens: number | null }[];
 }
 
 export interface EngineInfo {
@@ -76,9 +86,9 @@ export type ServerFrame =
   | { type: 'pong' };
 
 export type ClientFrame =
-  | { type: 'send'; conversation_id: number | null; text: string; client_id?: string; settings?: Settings }
+  | { type: 'send'; conversation_id: number | null; text: string; client_id?: string; settings?: Settings; model?: string }
   | { type: 'stop'; message_id: number }
-  | { type: 'regenerate'; message_id: number }
-  | { type: 'edit'; message_id: number; text: string }
+  | { type: 'regenerate'; message_id: number; model?: string }
+  | { type: 'edit'; message_id: number; text: string; model?: string }
   | { type: 'resume'; message_id: number }
   | { type: 'ping' };

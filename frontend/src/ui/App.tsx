@@ -5,6 +5,7 @@ import { AccountDialog } from './AccountDialog';
 import { Composer } from './Composer';
 import { useChat } from './hooks';
 import { MessageList } from './MessageList';
+import { ModelPicker } from './ModelPicker';
 import { SettingsDialog } from './SettingsDialog';
 import { ShareDialog } from './ShareDialog';
 import { Sidebar } from './Sidebar';
@@ -96,6 +97,7 @@ export function App(props: AppProps) {
         <header class="chat-head">
           <button type="button" class="icon-btn menu" data-testid="sidebar-toggle" aria-label="Show conversations" aria-expanded={drawer} onClick={() => setDrawer(!drawer)}>☰</button>
           <h1 class="chat-title" data-testid="conversation-title">{title || 'New chat'}</h1>
+          <ModelPicker />
           <span class={'conn conn-' + conn} data-testid="connection-status" data-state={conn} title={CONN_WORDS[conn]}>
             <span class="dot" aria-hidden="true" />
             <span class="conn-text">{CONN_WORDS[conn]}</span>

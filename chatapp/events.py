@@ -18,7 +18,8 @@ from inference.engine import RequestMetrics
 log = logging.getLogger(__name__)
 
 # Keyword arguments: request_id, metrics (RequestMetrics | None), finish_reason, error_code
-# (str | None), conversation_id, user_id; the sender is the source ("chat" or "api").
+# (str | None), conversation_id, user_id, model (the served model's name, blank: the
+# default); the sender is the source ("chat" or "api").
 request_ended = Signal()
 
 
@@ -31,6 +32,7 @@ async def send_request_ended(
     *,
     conversation_id: int | None = None,
     user_id: int | None = None,
+    model: str = "",
 ) -> None:
     """Tell the receivers a request ended. Never raises: a receiver's failure is logged,
     it never fails the request."""
@@ -41,6 +43,7 @@ async def send_request_ended(
         "error_code": error_code,
         "conversation_id": conversation_id,
         "user_id": user_id,
+        "model": model,
     }
     for receiver, result in await request_ended.asend_robust(sender=source, **fields):
         if isinstance(result, Exception):

@@ -16,6 +16,8 @@ tokenizing the whole rendered conversation (correct, just without the guarantee)
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +58,29 @@ class _Affixes:
     # (SmolLM2's template injects a default system prompt there).
     preamble_without_system: str = ""
     generation_prompt: str = ""
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A short id of what turns text into ids and back here: the vocabulary and merges,
+    the special tokens, the end-of-turn ids and the chat template. Two models with equal
+    fingerprints take each other's token ids unchanged; others never get them."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    vocab = (
+        backend.to_str()
+        if backend is not None
+        else json.dumps(sorted(tokenizer.get_vocab().items()))
+    )
+    eos = tokenizer.eos_token_id
+    parts = [
+        vocab,
+        json.dumps(sorted(tokenizer.all_special_tokens)),
+        json.dumps(eos if isinstance(eos, list) else [eos]),
+        str(getattr(tokenizer, "chat_template", "") or ""),
+    ]
+    h = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()
 
 
 class PromptBuilder:

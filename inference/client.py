@@ -1,10 +1,12 @@
 """The web app's handle on the engine: one interface, whichever backend serves.
 
-The chat, the OpenAI API and the jobs call `get_engine_client()` and use only the
-`EngineClient` protocol below. Which backend it is (inference/backends/) is decided here,
-once per process, from settings.ENGINE["MODE"]: `embedded` (the engine in this process,
-the default), `distributed` (the `manage.py run_engine` workers) or `upstream` (another
-OpenAI-compatible server).
+The chat, the OpenAI API and the jobs call `get_engine_client(model)` and use only the
+`EngineClient` protocol below; `list_models()` says which models are served, and
+`default_model()` which one a request naming none gets. Which backend it is
+(inference/backends/) is decided here, from settings.ENGINE["MODE"]: `embedded` (one
+engine per model folder in this process, the default), `distributed` (the `manage.py
+run_engine` workers, each serving one model) or `upstream` (another OpenAI-compatible
+server and the models it lists). There is one client per model, made on first use.
 """
 
 from __future__ import annotations
@@ -19,21 +21,27 @@ from typing import Any, Protocol
 from django.conf import settings
 from django.utils.crypto import salted_hmac
 
-from inference.backends.embedded import EmbeddedClient, distributed_client
-from inference.backends.upstream import UpstreamClient
+from inference.backends.embedded import EmbeddedClient, WorkerModels
+from inference.backends.upstream import UpstreamModels
+from inference.catalog import OWNER, ModelInfo, ModelSpec, created_at, served_models
 from inference.chat_template import Prompt, Turn
 from inference.engine import Delta, EngineConfig, EngineError, SamplingParams
-from inference.workers.protocol import EngineUnavailableError
+from inference.workers.protocol import EngineUnavailableError, ModelNotFoundError
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "EngineClient",
     "EngineUnavailableError",
+    "ModelInfo",
+    "ModelNotFoundError",
     "Prompt",
+    "default_model",
     "engine_config_from_settings",
     "engine_ready",
     "get_engine_client",
+    "install_engine_clients",
+    "list_models",
     "prefix_cache_salt",
     "set_engine_client",
 ]
@@ -49,6 +57,11 @@ class EngineClient(Protocol):
 
     @property
     def max_model_len(self) -> int | None: ...
+
+    @property
+    def tokenizer_id(self) -> str | None:
+        """The fingerprint of the tokenizer the prompts' and replies' token ids are in
+        (chat_template.tokenizer_fingerprint); None when the backend takes text only."""
 
     def chat_prompt(self, turns: list[Turn], cache_salt: str | None = None) -> Prompt:
         """A conversation's prompt; replies the engine wrote keep their exact ids."""
@@ -116,26 +129,117 @@ def engine_config_from_settings(overrides: dict[str, Any] | None = None) -> Engi
     )
 
 
-def make_client() -> EngineClient:
-    """The backend settings.ENGINE["MODE"] names."""
+def served_model_specs() -> list[ModelSpec]:
+    """The models settings name (CHATAPP_MODEL, CHATAPP_MODELS), the default first."""
+    cfg = settings.ENGINE
+    try:
+        return served_models(str(cfg["MODEL"]), list(cfg.get("MODELS") or ()))
+    except ValueError as exc:
+        raise EngineUnavailableError(str(exc)) from exc
+
+
+def default_model() -> str:
+    """The name of the model a request that names none gets (a new conversation's)."""
+    if _default is not None:
+        return _default
+    if settings.ENGINE["MODE"] == "upstream":
+        return _upstream_models().default()
+    return served_model_specs()[0].name
+
+
+def list_models() -> list[ModelInfo]:
+    """Every model served now, the default first: the configured folders (embedded), the
+    default and whatever the live workers serve (distributed), the upstream's list; and
+    the clients installed here (set_engine_client), the installed default in the
+    configured default's place."""
+    default = default_model()
     mode = settings.ENGINE["MODE"]
     if mode == "upstream":
-        return UpstreamClient.from_settings()
+        found = _upstream_models().listed()
+    elif mode == "distributed":
+        found = _worker_models().listed(default, _spec_of(default))
+    else:
+        specs = served_model_specs()
+        if _default is not None:
+            specs = [ModelSpec(default, _folder_of(default)), *specs[1:]]
+        found = [ModelInfo(s.name, created_at(s.path), OWNER) for s in specs]
+    listed = {m.id for m in found}
+    found += [ModelInfo(n, created_at(_folder_of(n)), OWNER) for n in _clients if n not in listed]
+    found.sort(key=lambda m: m.id != default)
+    return [
+        dataclasses.replace(m, default=m.id == default, context_tokens=_context(m.id, m))
+        for m in found
+    ]
+
+
+def _context(name: str, info: ModelInfo) -> int | None:
+    """A model's context window: its client's, once made here, else as listed."""
+    client = _clients.get(name)
+    known = client.max_model_len if client is not None else None
+    return known if known is not None else info.context_tokens
+
+
+def _folder_of(name: str) -> str:
+    """The folder a model's engine here loaded (blank when it is not one of ours)."""
+    engine = getattr(_clients.get(name), "engine", None)
+    return str(getattr(getattr(engine, "config", None), "model", "") or "")
+
+
+def _spec_of(name: str) -> ModelSpec | None:
+    return next((s for s in served_model_specs() if s.name == name), None)
+
+
+def make_client(name: str) -> EngineClient:
+    """The client of model `name` in the backend settings.ENGINE["MODE"] names;
+    ModelNotFoundError when nothing serves a model of that name."""
+    mode = settings.ENGINE["MODE"]
+    if mode == "upstream":
+        return _upstream_models().client(name)
     if mode == "distributed":
-        return distributed_client()
+        return _worker_models().client(name, _spec_of(name), required=name == default_model())
     if mode != "embedded":
         raise EngineUnavailableError(f"unknown ENGINE_MODE {mode!r}")
+    spec = _spec_of(name)
+    if spec is None:
+        raise ModelNotFoundError(name, [s.name for s in served_model_specs()])
+    size = int(settings.ENGINE.get("TENSOR_PARALLEL_SIZE") or 1)
+    if size > 1 and name != default_model():
+        raise EngineUnavailableError(
+            f"ENGINE_TENSOR_PARALLEL_SIZE={size} splits one model per process: serve "
+            f"{name!r} from a `manage.py run_engine --model {name}` worker instead"
+        )
     # Torch and transformers load with the engine, in the process that runs one only.
     from inference.engine.async_engine import AsyncEngine
 
-    return EmbeddedClient(AsyncEngine(engine_config_from_settings()))
+    engine = AsyncEngine(engine_config_from_settings({"MODEL": spec.path}))
+    return EmbeddedClient(engine, name=spec.name)
 
 
-_client: EngineClient | None = None
+# The clients made so far, by model name; `_default` names the default model's when one
+# was installed (set_engine_client), else settings name it.
+_clients: dict[str, EngineClient] = {}
+_default: str | None = None
 _lock = threading.Lock()
+_loading: dict[str, threading.Lock] = {}
 _load_error: BaseException | None = None
 # Why this process must not build an embedded engine (set in a Celery worker), or None.
 _embedded_refused: str | None = None
+_upstream: UpstreamModels | None = None
+_workers: WorkerModels | None = None
+
+
+def _upstream_models() -> UpstreamModels:
+    global _upstream
+    if _upstream is None:
+        _upstream = UpstreamModels.from_settings()
+    return _upstream
+
+
+def _worker_models() -> WorkerModels:
+    global _workers
+    if _workers is None:
+        _workers = WorkerModels.from_settings()
+    return _workers
 
 
 def refuse_embedded_engine(reason: str) -> None:
@@ -150,52 +254,107 @@ def refuse_embedded_engine(reason: str) -> None:
 def embedded_engine_refused() -> str | None:
     """Why this process may not build the engine it would need now; None when it may (or
     holds one already, or the engine is elsewhere: distributed or upstream mode)."""
-    if _embedded_refused and _client is None and settings.ENGINE["MODE"] == "embedded":
+    if _embedded_refused and not _clients and settings.ENGINE["MODE"] == "embedded":
         return _embedded_refused
     return None
 
 
-def get_engine_client() -> EngineClient:
-    """The process-wide client, created (and the model loaded) on first use: an
-    EngineClient of the backend settings.ENGINE["MODE"] names (make_client)."""
-    global _client, _load_error
-    if _client is not None:
-        return _client
-    refused = embedded_engine_refused()
+def get_engine_client(model: str | None = None) -> EngineClient:
+    """The process-wide client of `model` (default: the default model), created (and its
+    engine loaded) on first use: an EngineClient of the backend settings.ENGINE["MODE"]
+    names. ModelNotFoundError when no engine serves a model of that name."""
+    global _load_error
+    name = model or default_model()
+    client = _clients.get(name)
+    if client is not None:
+        return client
+    refused = _embedded_refused if settings.ENGINE["MODE"] == "embedded" else None
     if refused:
         log.error("no engine built here: %s", refused)
         raise EngineUnavailableError(refused)
     with _lock:
-        if _client is None:
-            try:
-                _client = make_client()
-                _load_error = None
-                # Stop the engine thread before the interpreter tears torch down under it.
-                atexit.register(_client.shutdown)
-            except Exception as exc:
-                _load_error = exc
-                log.exception("the engine failed to start")
-                raise EngineUnavailableError(f"the engine failed to start: {exc}") from exc
-    return _client
+        loading = _loading.setdefault(name, threading.Lock())
+    # One lock per model: loading one model's weights holds up no request for another.
+    with loading:
+        client = _clients.get(name)
+        if client is not None:
+            return client
+        try:
+            client = make_client(name)
+        except ModelNotFoundError:
+            raise
+        except Exception as exc:
+            _load_error = exc
+            log.exception("the engine of model %s failed to start", name)
+            raise EngineUnavailableError(f"the engine failed to start: {exc}") from exc
+        _load_error = None
+        with _lock:
+            _clients[name] = client
+        # Stop the engine thread before the interpreter tears torch down under it.
+        atexit.register(client.shutdown)
+    return client
 
 
 def engine_ready() -> bool:
-    return _client is not None
+    """Whether the default model's client exists in this process."""
+    name = _default
+    if name is None:
+        try:
+            name = default_model()
+        except EngineError:
+            return False
+    return name in _clients
 
 
-def set_engine_client(client: EngineClient | None) -> None:
-    """Install a client (tests build one over a tiny model) or clear it."""
-    global _client
+def loaded_clients() -> dict[str, EngineClient]:
+    """The clients made so far in this process, by model name (never builds one)."""
+    return dict(_clients)
+
+
+def set_engine_client(client: EngineClient | None, name: str | None = None) -> None:
+    """Install a client as the default model's (tests build one over a tiny model, the
+    tuning job restarts the engine with new settings; `name` defaults to the client's own
+    model_name), or clear every client (None: the next use reads settings afresh). Clients
+    replaced are shut down."""
+    global _default, _upstream, _workers
     with _lock:
-        if _client is not None and client is not _client:
-            _client.shutdown()
-        _client = client
+        if client is None:
+            doomed = list(_clients.values())
+            _clients.clear()
+            if _workers is not None:
+                _workers.close()
+            _default = _upstream = _workers = None
+        else:
+            name = name or client.model_name
+            doomed = [c for n, c in _clients.items() if n in (name, _default) and c is not client]
+            for n in {name, _default}:
+                _clients.pop(n or "", None)
+            _clients[name] = client
+            _default = name
+    for old in doomed:
+        old.shutdown()
+
+
+def install_engine_clients(clients: dict[str, EngineClient]) -> None:
+    """Serve these clients, by model name, the first as the default model's (tests serve
+    two real models so); every client installed before is shut down."""
+    global _default
+    with _lock:
+        doomed = [c for c in _clients.values() if all(c is not new for new in clients.values())]
+        _clients.clear()
+        _clients.update(clients)
+        _default = next(iter(clients), None)
+    for old in doomed:
+        old.shutdown()
 
 
 def loaded_engine_stats() -> dict[str, Any] | None:
-    """The engine's stats if its client exists in this process (the model loaded or the
-    workers' client made), else None: never builds one."""
-    client = _client
+    """The default model's engine stats if its client exists in this process (the model
+    loaded or the workers' client made), else None: never builds one."""
+    try:
+        client = _clients.get(default_model())
+    except EngineError:
+        return None
     if client is None:
         return None
     try:
@@ -224,14 +383,22 @@ def serving_engine_busy() -> bool:
 
 
 def preload_in_background() -> None:
-    """Load the model in a thread so the server answers at once and the first message
-    does not pay for loading."""
+    """Load the models in a thread, the default first, so the server answers at once and
+    no first message pays for loading."""
 
     def load() -> None:
         try:
-            get_engine_client()
-            log.info("engine ready: %s", settings.ENGINE["MODEL"])
+            names = [default_model()]
+            if settings.ENGINE["MODE"] == "embedded":
+                names += [s.name for s in served_model_specs()[1:]]
         except EngineError:
-            pass  # already logged; the first message will report it to the user
+            log.exception("the served models cannot be told")
+            return
+        for name in names:
+            try:
+                get_engine_client(name)
+                log.info("engine ready: %s", name)
+            except EngineError:
+                pass  # already logged; the first message will report it to the user
 
     threading.Thread(target=load, name="engine-preload", daemon=True).start()

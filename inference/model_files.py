@@ -1,4 +1,5 @@
 """The bundled default model: find its GGUF, convert it once to a safetensors folder.
+(The names models are served under: inference/catalog.py.)
 
 transformers can load the GGUF directly but slowly (it de-quantizes on every load);
 converting once to a plain Hugging Face folder makes later loads take about 2 s.
@@ -30,12 +31,6 @@ def cache_root() -> Path:
 
 def default_model_path() -> Path:
     return cache_root() / "models" / MODEL_NAME
-
-
-def model_name(path: str | os.PathLike[str]) -> str:
-    """The name a model folder is served under (the API's model id, the metrics'
-    `model_name` label, a worker's model): the folder's own name."""
-    return os.path.basename(str(path).rstrip("/")) or "model"
 
 
 def bundled_gguf() -> Path:

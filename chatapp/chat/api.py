@@ -27,8 +27,15 @@ from chatapp.jobs import queue
 from chatapp.jobs.files import file_response
 from chatapp.jobs.models import Job
 from chatapp.text import InvalidText, clean_text
-from inference.client import engine_ready, get_engine_client, prefix_cache_salt
-from inference.model_files import model_name
+from inference.client import (
+    default_model,
+    engine_ready,
+    get_engine_client,
+    list_models,
+    loaded_clients,
+    prefix_cache_salt,
+)
+from inference.engine import EngineError
 
 MAX_BODY_BYTES = 64 * 1024
 
@@ -104,13 +111,15 @@ def me(request: HttpRequest) -> HttpResponse:
 def conversations(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         data = read_json(request)
-        unknown = set(data) - {"title", "settings"}
+        unknown = set(data) - {"title", "settings", "model"}
         if unknown:
             raise InvalidSettings(f"unknown field(s): {', '.join(sorted(unknown))}")
+        model = conv_logic.clean_model(data["model"]) if "model" in data else ""
         conv = conv_logic.create_conversation(
             request.user,
             clean_title(data.get("title", "")),
             conv_logic.clean_settings(data.get("settings")),
+            model,
         )
         return JsonResponse(conv_logic.conversation_json(conv), status=201)
     qs = Conversation.objects.filter(owner=request.user)
@@ -129,7 +138,7 @@ def conversation(request: HttpRequest, pk: int) -> HttpResponse:
         return HttpResponse(status=204)
     if request.method == "PATCH":
         data = read_json(request)
-        unknown = set(data) - {"title", "settings", "active_message"}
+        unknown = set(data) - {"title", "settings", "active_message", "model"}
         if unknown:
             raise InvalidSettings(f"unknown field(s): {', '.join(sorted(unknown))}")
         conv = conv_logic.update_conversation(conv, data)
@@ -158,6 +167,7 @@ def export(request: HttpRequest, pk: int, fmt: str) -> HttpResponse:
 
 @api_view("GET")
 def engine_info(request: HttpRequest) -> HttpResponse:
+    """The default model's engine (the models served: GET /api/models/)."""
     live = None
     max_model_len = None
     if engine_ready():
@@ -165,7 +175,7 @@ def engine_info(request: HttpRequest) -> HttpResponse:
         live, max_model_len = client.stats(), client.max_model_len
     return JsonResponse(
         {
-            "model": model_name(settings.ENGINE["MODEL"]),
+            "model": conv_logic.served_default(),
             "ready": live is not None,
             "max_model_len": max_model_len,
             "stats": live,
@@ -173,6 +183,24 @@ def engine_info(request: HttpRequest) -> HttpResponse:
             "defaults": {k: v for k, v in settings.CHAT_DEFAULTS.items() if k != "system_prompt"},
             "max_new_tokens": settings.CHAT_MAX_NEW_TOKENS,
             "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
+        }
+    )
+
+
+@api_view("GET")
+def models(request: HttpRequest) -> HttpResponse:
+    """The models a conversation can use (the picker's list), the default first."""
+    try:
+        served = list_models()
+    except EngineError as exc:
+        return error_response(503, "engine_unavailable", str(exc))
+    return JsonResponse(
+        {
+            "default": next((m.id for m in served if m.default), ""),
+            "models": [
+                {"id": m.id, "default": m.default, "context_tokens": m.context_tokens}
+                for m in served
+            ],
         }
     )
 
@@ -231,7 +259,7 @@ def prompt_size(request: HttpRequest) -> HttpResponse:
     documents, the words), and whether that fits its context window: the composer shows
     it before sending, in the words a send past the window is refused with."""
     data = read_json(request)
-    unknown = set(data) - {"conversation_id", "text", "attachments", "settings"}
+    unknown = set(data) - {"conversation_id", "text", "attachments", "settings", "model"}
     if unknown:
         raise InvalidSettings(f"unknown field(s): {', '.join(sorted(unknown))}")
     text = clean_text(data.get("text", ""), "The message", settings.CHAT_MAX_MESSAGE_CHARS)
@@ -245,7 +273,16 @@ def prompt_size(request: HttpRequest) -> HttpResponse:
     else:
         conv = conv_logic.get_conversation(request.user, conv_id)
         branch = conv_logic.active_branch(conv)
-    if not engine_ready():
+    # The model the send would go to (the picker's, else the conversation's); counted only
+    # on an engine already up here: a count never loads a model.
+    named = data.get("model")
+    model = conv_logic.model_field(named) if named is not None else conv.model
+    try:
+        default = default_model()
+    except EngineError:
+        default = ""
+    client = loaded_clients().get(model or default)
+    if client is None:
         return JsonResponse(
             {
                 "prompt_tokens": None,
@@ -255,10 +292,9 @@ def prompt_size(request: HttpRequest) -> HttpResponse:
                 "attachments": [{"id": a.pk, "tokens": a.tokens} for a in documents],
             }
         )
-    client = get_engine_client()
-    prompt = conv_logic.prompt_for(
-        client, conv, branch, text, documents, prefix_cache_salt(request.user.pk)
-    )
+    salt = prefix_cache_salt(request.user.pk)
+    legacy = client.model_name == default
+    prompt = conv_logic.prompt_for(client, conv, branch, text, documents, salt, legacy=legacy)
     too_long = conv_logic.too_long_words(client, prompt)
     return JsonResponse(
         {

@@ -32,6 +32,7 @@ from chatapp.chat.generation import (
     TooManyStreams,
     done_event,
     message_snapshot,
+    model_missing_text,
     registry,
 )
 from chatapp.chat.models import Conversation, Message
@@ -40,7 +41,9 @@ from chatapp.ratelimit import counted_usage
 from chatapp.text import InvalidText, clean_text
 from inference.client import (
     EngineUnavailableError,
+    ModelNotFoundError,
     Prompt,
+    default_model,
     get_engine_client,
     prefix_cache_salt,
 )
@@ -189,6 +192,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_error("invalid", str(exc), **extra)
         except EngineUnavailableError:
             await self.send_error("engine_unavailable", ERROR_TEXT["engine_unavailable"], **extra)
+        except ModelNotFoundError as exc:
+            await self.send_error("model_not_found", model_missing_text(exc.model), **extra)
         except DatabaseError:
             log.exception("database error on chat frame %r", kind)
             await self.send_error(
@@ -368,7 +373,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         reservation = self._reserve_stream(conv.pk)
         try:
             gen, user_msg, reply = await self._prepare_reply(
-                conv, parent, user_text, branch_from, reservation, documents or []
+                conv,
+                parent,
+                user_text,
+                branch_from,
+                reservation,
+                content.get("model"),
+                documents or [],
             )
         finally:
             registry.release(reservation)  # a no-op once the reply has started
@@ -391,10 +402,15 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         user_text: str | None,
         branch_from: bool,
         reservation: Reservation,
-        documents: list[attachments.Attachment],
+        named: Any = None,
+        documents: list[attachments.Attachment] | None = None,
     ) -> tuple[Generation, Message | None, Message]:
         await self._count_message()
-        client = await asyncio.to_thread(get_engine_client)
+        # The model the frame names (the picker's), else the conversation's own.
+        model = conversations.model_field(named) if named is not None else conv.model
+        client = await asyncio.to_thread(get_engine_client, model or None)
+        model = client.model_name
+        default = await asyncio.to_thread(default_model)
 
         def prepare() -> tuple[Prompt, Message | None]:
             # The branch the reply continues: for a plain send, the active branch; for
@@ -402,9 +418,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             branch = (
                 conversations.path_to(parent) if branch_from else conversations.active_branch(conv)
             )
-            # Scoped to the conversation's owner (docs/kv-tier.md, "Whose blocks").
+            # Scoped to the conversation's owner (docs/kv-tier.md, "Whose blocks"). Replies
+            # keep their ids only for a model with their tokenizer (turns_for).
             salt = prefix_cache_salt(conv.owner_id)
-            prompt = conversations.prompt_for(client, conv, branch, user_text, documents, salt)
+            prompt = conversations.prompt_for(
+                client, conv, branch, user_text, documents or [], salt, legacy=model == default
+            )
             return prompt, (branch[-1] if branch else None)
 
         prompt, anchor = await database_sync_to_async(prepare)()
@@ -413,7 +432,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             raise FrameError("too_long", too_long)
         try:
             user_msg, reply = await database_sync_to_async(conversations.add_exchange)(
-                conv, anchor, user_text, prompt.user_token_ids, documents
+                conv,
+                anchor,
+                user_text,
+                prompt.user_token_ids,
+                model,
+                client.tokenizer_id,
+                documents,
             )
         except AttachmentsInvalid as exc:
             raise FrameError("invalid", str(exc).capitalize() + ".") from exc

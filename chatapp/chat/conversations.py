@@ -3,6 +3,7 @@ async callers wrap it in database_sync_to_async)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -13,7 +14,8 @@ from chatapp.chat import attachments
 from chatapp.chat.models import Attachment, Conversation, Message
 from chatapp.text import clean_text
 from inference.chat_template import Prompt, Turn
-from inference.engine import PromptTooLongError
+from inference.client import default_model, list_models
+from inference.engine import EngineError, PromptTooLongError
 
 TITLE_WORDS = 8
 TITLE_MAX_CHARS = 200  # Conversation.title's max_length
@@ -32,6 +34,47 @@ class NotFound(Exception):
 class InvalidSettings(ValueError):
     """Conversation settings out of their ranges (user text that cannot be stored is
     chatapp.text.InvalidText)."""
+
+
+class UnknownModel(InvalidSettings):
+    """A model name no engine here serves."""
+
+    code = "model_not_found"
+
+
+MODEL_MAX_CHARS = 200  # Conversation.model's max_length
+
+
+def model_field(value: Any) -> str:
+    """A model name as a frame or a request body carries it (not checked against the
+    served models: the engine client does that where it is used)."""
+    if not isinstance(value, str) or not value or len(value) > MODEL_MAX_CHARS:
+        raise InvalidSettings(f"model must be a model's name (at most {MODEL_MAX_CHARS} chars)")
+    return value
+
+
+def clean_model(value: Any) -> str:
+    """A served model's name; UnknownModel (saying which are served) for any other."""
+    name = model_field(value)
+    served = [m.id for m in list_models()]
+    if name not in served:
+        raise UnknownModel(
+            f"The model '{name}' is not served here; pick one of: {', '.join(served)}"
+        )
+    return name
+
+
+def served_default() -> str:
+    """The default model's name; blank while it cannot be told (an upstream away)."""
+    try:
+        return default_model()
+    except EngineError:
+        return ""
+
+
+def model_of(conv: Conversation) -> str:
+    """The model a conversation's next turn goes to."""
+    return conv.model or served_default()
 
 
 def clean_title(value: Any) -> str:
@@ -147,16 +190,19 @@ def _number(value: Any, name: str, lo: float, hi: float) -> float:
     return float(value)
 
 
-def new_conversation(user: Any, title: str = "", conv_settings: dict | None = None) -> Conversation:
-    """An unsaved conversation with the defaults and the given settings."""
+def new_conversation(
+    user: Any, title: str = "", conv_settings: dict | None = None, model: str = ""
+) -> Conversation:
+    """An unsaved conversation with the defaults and the given settings, on `model` (the
+    default model when blank: its name is stored, so the conversation keeps it)."""
     values = {**settings.CHAT_DEFAULTS, **(conv_settings or {})}
-    return Conversation(owner=user, title=title[:200], **values)
+    return Conversation(owner=user, title=title[:200], model=model or served_default(), **values)
 
 
 def create_conversation(
-    user: Any, title: str = "", conv_settings: dict | None = None
+    user: Any, title: str = "", conv_settings: dict | None = None, model: str = ""
 ) -> Conversation:
-    conv = new_conversation(user, title, conv_settings)
+    conv = new_conversation(user, title, conv_settings, model)
     conv.save()
     return conv
 
@@ -169,6 +215,9 @@ def update_conversation(conv: Conversation, data: dict[str, Any]) -> Conversatio
     for key, value in clean_settings(data.get("settings")).items():
         setattr(conv, key, value)
         changed.append(key)
+    if "model" in data:
+        conv.model = clean_model(data["model"])
+        changed.append("model")
     if "active_message" in data:
         message = Message.objects.filter(pk=_int(data["active_message"]), conversation=conv).first()
         if message is None:
@@ -246,16 +295,32 @@ def alternatives(message: Message) -> list[int]:
     )
 
 
-def turns_for(conv: Conversation, branch: list[Message]) -> list[Turn]:
+def turns_for(
+    conv: Conversation,
+    branch: list[Message],
+    tokenizer: str | None,
+    legacy: bool = False,
+    documents: Mapping[int, list[Attachment]] | None = None,
+) -> list[Turn]:
     """The chat-template turns for a branch: system prompt first, then the messages, each
-    user message with its documents before its words."""
+    user message with its `documents` (by message id: attachments.of_messages) before its
+    words.
+
+    A reply keeps its exact token ids only for a model whose tokenizer they are in
+    (`tokenizer`, the target model's fingerprint; `legacy`: the target is the default
+    model, whose ids the replies from before models were named hold); for any other
+    model the reply goes as text, tokenized by that model's own tokenizer."""
     turns: list[Turn] = []
     if conv.system_prompt.strip():
         turns.append(Turn("system", conv.system_prompt))
-    documents = attachments.of_messages(m.pk for m in branch if m.role == Message.Role.USER)
+    documents = documents or {}
     for m in branch:
         if m.role == Message.Role.ASSISTANT:
-            turns.append(Turn("assistant", m.text, list(m.token_ids) if m.token_ids else None))
+            same = tokenizer is not None and (
+                m.tokenizer == tokenizer or (legacy and not m.tokenizer)
+            )
+            ids = list(m.token_ids) if m.token_ids and same else None
+            turns.append(Turn("assistant", m.text, ids))
         else:
             turns.append(Turn(m.role, attachments.prompt_text(m.text, documents.get(m.pk, []))))
     return turns
@@ -268,11 +333,14 @@ def prompt_for(
     user_text: str | None,
     documents: list[Attachment],
     cache_salt: str | None,
+    legacy: bool = False,
 ) -> Prompt:
-    """The prompt of a reply after `branch`, with a new user message (its `documents`, then
-    `user_text`) when `user_text` is not None: what a send builds, and what the composer's
-    count (POST /api/chat/prompt-size/) measures."""
-    turns = turns_for(conv, branch)
+    """The prompt of a reply after `branch` on `client`'s model, with a new user message
+    (its `documents`, then `user_text`) when `user_text` is not None: what a send builds,
+    and what the composer's count (POST /api/chat/prompt-size/) measures. `legacy` as for
+    turns_for: `client` serves the default model."""
+    earlier = attachments.of_messages(m.pk for m in branch if m.role == Message.Role.USER)
+    turns = turns_for(conv, branch, client.tokenizer_id, legacy, earlier)
     if user_text is not None:
         turns.append(Turn("user", attachments.prompt_text(user_text, documents)))
     return client.chat_prompt(turns, cache_salt=cache_salt)
@@ -309,20 +377,28 @@ def add_exchange(
     parent: Message | None,
     user_text: str | None,
     user_token_ids: list[int],
+    model: str = "",
+    tokenizer: str | None = None,
     documents: list[Attachment] | None = None,
 ) -> tuple[Message | None, Message]:
     """Save the user message (if any) and an empty streaming assistant reply under it,
     and make the reply the conversation's active leaf. A new conversation is saved here
-    too: all of it lands, or none of it.
+    too: all of it lands, or none of it. Both messages name `model`, the model the turn
+    goes to, and `tokenizer`, its tokenizer's fingerprint (their ids are in it); the
+    conversation remembers `model` for its next turns.
 
     `conv` may have been loaded a while ago: only the fields this step owns are written
-    (the active leaf, and a title if it still has none), so a rename made meanwhile
-    stands, and a conversation deleted meanwhile raises NotFound instead of coming back.
-    `documents` go onto the user message (attachments.attach), in the same transaction."""
+    (the active leaf, the model, and a title if it still has none), so a rename made
+    meanwhile stands, and a conversation deleted meanwhile raises NotFound instead of
+    coming back. `documents` go onto the user message (attachments.attach), in the same
+    transaction."""
+    model = model or conv.model
     if conv.pk is None:
+        conv.model = model
         conv.save()
     elif Conversation.objects.select_for_update().filter(pk=conv.pk).first() is None:
         raise NotFound("conversation")
+    ids_in = tokenizer or ""
     user_msg = None
     if user_text is not None:
         user_msg = Message.objects.create(
@@ -331,6 +407,8 @@ def add_exchange(
             role=Message.Role.USER,
             text=user_text,
             token_ids=user_token_ids,
+            model=model,
+            tokenizer=ids_in if user_token_ids else "",
         )
         attachments.attach(user_msg, documents or [])
         parent = user_msg
@@ -340,10 +418,12 @@ def add_exchange(
         role=Message.Role.ASSISTANT,
         text="",
         status=Message.Status.STREAMING,
+        model=model,
+        tokenizer=ids_in,
     )
     now = timezone.now()
-    Conversation.objects.filter(pk=conv.pk).update(active_leaf=reply, updated_at=now)
-    conv.active_leaf, conv.updated_at = reply, now
+    Conversation.objects.filter(pk=conv.pk).update(active_leaf=reply, model=model, updated_at=now)
+    conv.active_leaf, conv.model, conv.updated_at = reply, model, now
     title = default_title(user_text or (documents[0].name if documents else ""))
     if (
         user_text is not None
@@ -364,6 +444,7 @@ def conversation_json(conv: Conversation) -> dict[str, Any]:
         "created_at": conv.created_at.isoformat(),
         "updated_at": conv.updated_at.isoformat(),
         "settings": conv.settings_dict,
+        "model": model_of(conv),
     }
 
 
@@ -402,6 +483,8 @@ def message_json(
         "parent_id": m.parent_id,
         "created_at": m.created_at.isoformat(),
         "stats": m.stats or {},
+        # The model that wrote a reply (or that a user turn went to); null from before.
+        "model": m.model or None,
     }
     if m.error:
         data["error"] = m.error

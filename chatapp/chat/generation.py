@@ -53,7 +53,14 @@ ERROR_TEXT = {
     "engine_error": "The model failed while writing this reply.",
     "worker_lost": "The engine worker writing this reply stopped. What it wrote is saved; "
     "send your message again to continue.",
+    "model_not_found": "This conversation's model is not served any more. Pick another "
+    "model and send again.",
 }
+
+
+def model_missing_text(model: str) -> str:
+    """What the chat says when a turn names a model no engine serves."""
+    return f"The model “{model[:100]}” is not served here. Pick another model and send again."
 
 
 @dataclass(eq=False)
@@ -117,6 +124,8 @@ class Generation:
         self.message_id: int = message.pk
         self.conversation_id: int = message.conversation_id
         self.owner_id: int | None = getattr(message.conversation, "owner_id", None)
+        # The model writing it (blank: the default model).
+        self.model: str = message.model
         self.prompt = prompt
         self.sampling = sampling
         self.request_id = f"chat-{message.pk}-{uuid.uuid4().hex[:8]}"
@@ -166,7 +175,7 @@ class Generation:
             return
         self.stop_reason = self.stop_reason or reason
         with contextlib.suppress(EngineError):
-            get_engine_client().abort(self.request_id)
+            get_engine_client(self.model or None).abort(self.request_id)
 
     async def run(self) -> None:
         finish_reason = "error"
@@ -174,7 +183,7 @@ class Generation:
         metrics: RequestMetrics | None = None
         last_checkpoint = time.monotonic()
         try:
-            client = await asyncio.to_thread(get_engine_client)
+            client = await asyncio.to_thread(get_engine_client, self.model or None)
             # The owner's scope: nobody else's prefix or response cache sees this prompt.
             salt = prefix_cache_salt(self.owner_id) if self.owner_id is not None else None
             stream = client.stream(
@@ -277,6 +286,7 @@ class Generation:
             error_code,
             conversation_id=self.conversation_id,
             user_id=self.owner_id,
+            model=self.model,
         )
         if status == Message.Status.COMPLETE:
             # The conversation's first complete reply asks for its title (titles.py).

@@ -28,6 +28,8 @@ from django.utils.dateparse import parse_datetime
 from chatapp.chat import attachments
 from chatapp.chat.conversations import InvalidSettings, clean_settings
 from chatapp.chat.models import Attachment, Conversation, Message
+from inference.client import list_models
+from inference.engine import EngineError
 
 # ChatGPT content types whose parts are what a person reads; the others (tool output,
 # hidden reasoning, browsing displays, custom instructions) are left out.
@@ -68,6 +70,7 @@ class Incoming:
     active: str | None  # the key of the leaf on screen
     created_at: datetime | None = None
     updated_at: datetime | None = None
+    model: str = ""  # the conversation's model, kept when it is served here
 
 
 # --- reading the upload -----------------------------------------------------------
@@ -412,6 +415,7 @@ def from_own(data: dict[str, Any]) -> Incoming:
         active=previous,
         created_at=_datetime(conv.get("created_at")),
         updated_at=_datetime(conv.get("updated_at")),
+        model=conv["model"] if isinstance(conv.get("model"), str) else "",
     )
 
 
@@ -503,8 +507,13 @@ def _first_line(exc: Exception) -> str:
 
 
 def import_file(user: Any, upload: IO[bytes]) -> list[Conversation]:
-    """Every conversation of the file for `user`, or none (ImportRefused)."""
+    """Every conversation of the file for `user`, or none (ImportRefused). A conversation
+    whose model is not served here goes on with the default model."""
     raw = open_json(upload)
+    try:
+        served = {m.id for m in list_models()}
+    except EngineError:
+        served = set()
     created: list[Conversation] = []
     try:
         with transaction.atomic():
@@ -515,6 +524,8 @@ def import_file(user: Any, upload: IO[bytes]) -> list[Conversation]:
                         f"{settings.CHAT_IMPORT_MAX_CONVERSATIONS:,} conversations."
                     )
                 incoming = parse(index, data)
+                if incoming.model not in served:
+                    incoming.model = ""
                 if incoming.nodes:  # a conversation with nothing to read is left out
                     created.append(write(user, incoming))
     except ijson.JSONError as exc:
@@ -532,6 +543,7 @@ def write(user: Any, incoming: Incoming) -> Conversation:
     conv = Conversation.objects.create(
         owner=user,
         title=incoming.title,
+        model=incoming.model,
         **{**settings.CHAT_DEFAULTS, **incoming.settings},
     )
     saved: dict[str, Message] = {}

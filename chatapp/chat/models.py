@@ -26,6 +26,9 @@ class Conversation(models.Model):
     temperature = models.FloatField(default=0.7)
     top_p = models.FloatField(default=0.95)
     max_tokens = models.PositiveIntegerField(default=512)
+    # The model its turns go to (the picker in the chat header): a served model's name;
+    # blank for a conversation from before models were named, which gets the default.
+    model = models.CharField(max_length=200, blank=True, default="")
     active_leaf = models.ForeignKey(
         "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -74,6 +77,12 @@ class Message(models.Model):
     # (an assistant reply, its end token included): the next turn's prompt is built from
     # them, so it is an exact extension of what the engine already holds in its KV cache.
     token_ids = models.JSONField(default=list, blank=True)
+    # The model that wrote a reply, or that a user turn was sent to; and the fingerprint of
+    # that model's tokenizer, the vocabulary `token_ids` are in: another model's prompt
+    # takes them only when its tokenizer has the same fingerprint. Blank on messages from
+    # before models were named (the default model's ids).
+    model = models.CharField(max_length=200, blank=True, default="")
+    tokenizer = models.CharField(max_length=32, blank=True, default="")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.COMPLETE)
     finish_reason = models.CharField(max_length=32, blank=True, default="")
     error = models.TextField(blank=True, default="")
@@ -90,6 +99,32 @@ class Message(models.Model):
 
     def __str__(self) -> str:
         return f"{self.role}: {self.text[:40]}"
+
+
+class SharedLink(models.Model):
+    """A read-only link to a snapshot of a conversation (chatapp/chat/shares.py).
+
+    The snapshot is what the link shows, taken when the owner shares or updates the link:
+    later messages are not in it. Revoking deletes the row, so the link answers 404 and
+    sharing again makes a new token; deleting the conversation deletes it too."""
+
+    conversation = models.OneToOneField(
+        Conversation, on_delete=models.CASCADE, related_name="shared_link"
+    )
+    token = models.CharField(max_length=64, unique=True)
+    # {"title", "messages": [{"role", "text"}], "author"?, "settings"?}: only what the
+    # page shows, nothing read from the live conversation afterwards.
+    snapshot = models.JSONField(default=dict)
+    show_author = models.BooleanField(default=False)
+    show_settings = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    shared_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-shared_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"link to {self.conversation_id}"
 
 
 class Attachment(models.Model):

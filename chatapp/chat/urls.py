@@ -1,11 +1,12 @@
 from django.urls import path, re_path
 
-from chatapp.chat import api, views
+from chatapp.chat import api, shares, views
 
 urlpatterns = [
     path("", views.index, name="index"),
     path("api/me/", api.me),
     path("api/engine/", api.engine_info),
+    path("api/models/", api.models),
     path("api/chat/limits/", api.chat_limits),
     path("api/conversations/", api.conversations),
     path("api/conversations/<int:pk>/", api.conversation),
@@ -14,6 +15,9 @@ urlpatterns = [
     path("api/attachments/<int:pk>/", api.attachment),
     path("api/chat/prompt-size/", api.prompt_size),
     re_path(r"^api/conversations/(?P<pk>[0-9]+)/export\.(?P<fmt>md|json)$", api.export),
+    path("api/conversations/<int:pk>/share/", shares.conversation_link),
+    path("api/shares/", shares.links),
+    path("share/<str:token>", shares.shared_page, name="shared-conversation"),
     path("api/exports/", api.exports, name="exports"),
     path("api/exports/<int:pk>/download", api.export_download, name="export-download"),
 ]

@@ -6,6 +6,7 @@ chatapp/jobs/scheduler.py) and refreshes the Prometheus gauges from it.
 
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import UTC, datetime
 from typing import Any
@@ -15,15 +16,21 @@ from django.conf import settings
 from chatapp.observability.models import EngineSample
 from chatapp.observability.recording import WORKER
 from inference import metrics
-from inference.client import engine_ready, get_engine_client, loaded_engine_stats
-from inference.model_files import model_name
+from inference.catalog import model_name
+from inference.client import (
+    engine_ready,
+    get_engine_client,
+    loaded_clients,
+    loaded_engine_stats,
+)
 
+log = logging.getLogger(__name__)
 _lock = threading.Lock()
 # The engine totals last fed to the Prometheus counters (counters only go up), by
 # (worker, total's name).
 _last_totals: dict[tuple[str, str], int] = {}
-# The engines (`worker` label values) the gauges were last set for.
-_engines_seen: set[str] = set()
+# The engines (`worker` label values) the gauges were last set for, by model.
+_engines_seen: dict[str, set[str]] = {}
 
 COUNTERS = {
     "prefix_cache_queries": metrics.prefix_cache_queries,
@@ -51,14 +58,17 @@ def sample_fields(s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def engines_of(s: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+def engines_of(s: dict[str, Any], client: Any = None) -> dict[str, dict[str, Any]] | None:
     """Each engine's own stats by its `worker` label: in distributed mode every live
-    worker's, as read by the same stats() call that produced `s` (the summed figures);
-    else the one engine's. None when the workers could not be read (Redis away)."""
+    worker's, as read by the same stats() call of `client` (default: the default model's)
+    that produced `s` (the summed figures); else the one engine's. None when the workers
+    could not be read (Redis away)."""
     if s.get("mode") == "distributed":
         if "error" in s:
             return None
-        engine = getattr(get_engine_client(), "engine", None) if engine_ready() else None
+        if client is None and engine_ready():
+            client = get_engine_client()
+        engine = getattr(client, "engine", None)
         per_worker = getattr(engine, "last_worker_stats", None)
         if per_worker is not None:
             return dict(per_worker)
@@ -68,13 +78,16 @@ def engines_of(s: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
 
 
 def update_prometheus(
-    s: dict[str, Any], by_worker: dict[str, dict[str, Any]] | None = None
+    s: dict[str, Any],
+    by_worker: dict[str, dict[str, Any]] | None = None,
+    model: str = "",
+    client: Any = None,
 ) -> None:
-    """Refresh the engine gauges and counters, one series per engine (`worker` label);
-    `by_worker` defaults to engines_of(s)."""
-    global _engines_seen
-    model = model_name(settings.ENGINE["MODEL"])
-    engines = engines_of(s) if by_worker is None else by_worker
+    """Refresh one model's engine gauges and counters (`model`, default: the default
+    model's name; `s` from its `client`), one series per engine (`worker` label);
+    `by_worker` defaults to engines_of(s, client)."""
+    model = model or model_name(settings.ENGINE["MODEL"])
+    engines = engines_of(s, client) if by_worker is None else by_worker
     if engines is None:
         return  # nothing known: the series keep their last values until the next sample
     with _lock:
@@ -82,12 +95,23 @@ def update_prometheus(
             _update_engine(model, worker, ws)
         # A worker gone since the last sample: its queue gauges drop (its counters stay,
         # as counters do).
-        for worker in _engines_seen - set(engines):
+        for worker in _engines_seen.get(model, set()) - set(engines):
             for gauge in metrics.ENGINE_GAUGES:
                 gauge.labels(model, worker).set(0)
                 if not metrics.multiprocess():
                     gauge.remove(model, worker)
-        _engines_seen = set(engines)
+        _engines_seen[model] = set(engines)
+
+
+def refresh_prometheus() -> None:
+    """Refresh the gauges of every model whose client this process holds."""
+    for name, client in loaded_clients().items():
+        try:
+            stats = client.stats()
+        except Exception:
+            log.exception("engine stats of %s failed", name)
+            continue
+        update_prometheus(stats, model=name, client=client)
 
 
 def _update_engine(model: str, worker: str, s: dict[str, Any]) -> None:
@@ -118,8 +142,10 @@ def _growth(worker: str, key: str, s: dict[str, Any]) -> int:
 
 
 def take_sample() -> EngineSample | None:
+    """Store the default model's engine figures (the dashboard's); refresh every model's
+    gauges."""
     s = loaded_engine_stats()
+    refresh_prometheus()
     if s is None:
         return None
-    update_prometheus(s)
     return EngineSample.objects.create(at=datetime.now(UTC), worker=WORKER, **sample_fields(s))

@@ -22,8 +22,8 @@ from django.conf import settings
 from chatapp.observability import percentiles
 from chatapp.observability.models import RequestRecord
 from inference import metrics
+from inference.catalog import model_name
 from inference.engine import RequestMetrics
-from inference.model_files import model_name
 
 log = logging.getLogger(__name__)
 
@@ -96,12 +96,15 @@ async def record_request(
     *,
     conversation_id: int | None = None,
     user_id: int | None = None,
+    model: str = "",
 ) -> None:
-    """A request ended: observe its figures and store them. Never raises."""
+    """A request ended: observe its figures (labelled with its model, blank: the default
+    model) and store them. Never raises."""
     ended = time.time()
     try:
         fig = figures(m, finish_reason, error_code, ended)
-        metrics.observe_request(model_name(settings.ENGINE["MODEL"]), fig, m.itl if m else [])
+        label = model or model_name(settings.ENGINE["MODEL"])
+        metrics.observe_request(label, fig, m.itl if m else [])
         await asyncio.shield(
             database_sync_to_async(save)(
                 fig,
@@ -125,6 +128,7 @@ async def on_request_ended(
     error_code: str | None,
     conversation_id: int | None,
     user_id: int | None,
+    model: str = "",
     **_: Any,
 ) -> None:
     """The receiver of chatapp.events.request_ended (connected in apps.py)."""
@@ -136,4 +140,5 @@ async def on_request_ended(
         error_code,
         conversation_id=conversation_id,
         user_id=user_id,
+        model=model,
     )

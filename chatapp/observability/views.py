@@ -17,7 +17,6 @@ from chatapp.jobs.files import file_response
 from chatapp.jobs.models import Job
 from chatapp.observability import dashboard, engine_samples, tuning
 from inference import metrics
-from inference.client import loaded_engine_stats
 
 
 def _bearer_ok(request: HttpRequest) -> bool:
@@ -36,10 +35,8 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
             return response
         if not user.is_staff:
             return HttpResponse("staff only\n", status=403)
-    # A scrape sees the engine as it is now, not as of the last sample.
-    stats = loaded_engine_stats()
-    if stats is not None:
-        engine_samples.update_prometheus(stats)
+    # A scrape sees the engines as they are now, not as of the last sample.
+    engine_samples.refresh_prometheus()
     body, content_type = metrics.exposition()
     return HttpResponse(body, content_type=content_type)
 

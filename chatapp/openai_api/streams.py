@@ -17,6 +17,7 @@ async def recorded_stream(
     user_id: int | None = None,
     prompt_tokens: int | None = None,
     request_id: str = "",
+    model: str = "",
 ) -> AsyncGenerator[Delta, None]:
     """Pass an engine stream through, recording the request when the stream is closed
     (finished, aborted, or refused before its first delta).
@@ -64,4 +65,5 @@ async def recorded_stream(
             reason,
             error_code,
             user_id=user_id,
+            model=model,
         )

@@ -1,5 +1,8 @@
 """OpenAI-compatible API: /v1/chat/completions, /v1/completions, /v1/models.
 
+Each request names its model; it goes to that model's engine (inference.client), and a
+model nobody serves is a 404 `model_not_found`, as OpenAI answers.
+
 Served by the same ASGI app and engine as the chat UI. Requests carry
 `Authorization: Bearer <key>` (keys are made on /settings/keys/). Every failure is an
 OpenAI-style error object with the matching status, never a traceback. A client that
@@ -33,8 +36,11 @@ from chatapp.text import InvalidText, clean_text
 from inference.chat_template import Turn
 from inference.client import (
     EngineUnavailableError,
+    ModelInfo,
+    ModelNotFoundError,
     Prompt,
     get_engine_client,
+    list_models,
     prefix_cache_salt,
 )
 from inference.engine import (
@@ -325,8 +331,10 @@ def server_error(status: int, message: str, code: str, retry_after: int | None =
 
 def engine_failure(exc: EngineError, param: str = "messages") -> ApiError:
     """The status and code of an engine-side failure (docs/api.md, "Errors"), chosen by the
-    error's type. Only the client's own mistakes are 400s; the rest are the server's, and
-    those a retry can get past carry Retry-After."""
+    error's type. Only the client's own mistakes are 400s (and 404 for a model nobody
+    serves); the rest are the server's, and those a retry can get past carry Retry-After."""
+    if isinstance(exc, ModelNotFoundError):
+        return model_not_found(exc.model)
     if isinstance(exc, EngineBusyError):
         return server_error(503, "The engine is busy; retry shortly.", "busy", RETRY_BUSY_S)
     if isinstance(exc, PromptTooLongError):
@@ -365,9 +373,19 @@ def engine_failed() -> ApiError:
     return server_error(500, "The engine failed while generating.", "engine_error")
 
 
-async def engine_client() -> Any:
+def model_not_found(model: str) -> ApiError:
+    return ApiError(
+        404,
+        f"The model '{model[:100]}' does not exist",
+        param="model",
+        code="model_not_found",
+    )
+
+
+async def engine_client(model: str) -> Any:
+    """The engine client of `model`; 404 when nobody serves it."""
     try:
-        return await asyncio.to_thread(get_engine_client)
+        return await asyncio.to_thread(get_engine_client, model)
     except EngineError as exc:
         raise engine_failure(exc) from exc
 
@@ -453,9 +471,9 @@ def finish_reason(delta: Delta) -> str:
 
 def api_view(handler: Any) -> Any:
     @csrf_exempt
-    async def view(request: HttpRequest) -> HttpResponse:
+    async def view(request: HttpRequest, **kwargs: Any) -> HttpResponse:
         try:
-            return await handler(request)
+            return await handler(request, **kwargs)
         except ApiError as exc:
             return exc.response()
 
@@ -479,14 +497,7 @@ async def start_stream(
     """Check limits, build the prompt and pull the first delta before any header goes out,
     so that busy / too long / unavailable become proper statuses (and a reply replayed
     from the response cache can say so in a header: the last item)."""
-    client = await engine_client()
-    if req.model != client.model_name:
-        raise ApiError(
-            404,
-            f"The model '{req.model[:100]}' does not exist",
-            param="model",
-            code="model_not_found",
-        )
+    client = await engine_client(req.model)
     try:
         release = await limiter.acquire(key, request)
     except RateLimited as exc:
@@ -521,6 +532,7 @@ async def start_stream(
             user_id=key.owner_id,
             prompt_tokens=prompt.length,
             request_id=request_id,
+            model=client.model_name,
         )
         try:
             first = await stream.__anext__()
@@ -548,14 +560,37 @@ async def collect(stream: AsyncIterator[Delta], first: Delta) -> tuple[str, list
 # --- endpoints --------------------------------------------------------------------------
 
 
+def model_object(m: ModelInfo) -> dict[str, Any]:
+    return {"id": m.id, "object": "model", "created": m.created, "owned_by": m.owned_by}
+
+
+async def served_models() -> list[ModelInfo]:
+    try:
+        return await asyncio.to_thread(list_models)
+    except EngineError as exc:
+        raise engine_failure(exc) from exc
+
+
 @api_view
 async def models(request: HttpRequest) -> HttpResponse:
+    """GET /v1/models: every model served, the default first."""
     if request.method != "GET":
         raise ApiError(405, "Use GET.", code="method_not_allowed")
     await authenticate(request)
-    client = await engine_client()
-    data = [{"id": client.model_name, "object": "model", "created": 0, "owned_by": "chatapp"}]
+    data = [model_object(m) for m in await served_models()]
     return JsonResponse({"object": "list", "data": data})
+
+
+@api_view
+async def model(request: HttpRequest, model_id: str) -> HttpResponse:
+    """GET /v1/models/{model}: one served model, 404 `model_not_found` for any other."""
+    if request.method != "GET":
+        raise ApiError(405, "Use GET.", code="method_not_allowed")
+    await authenticate(request)
+    found = next((m for m in await served_models() if m.id == model_id), None)
+    if found is None:
+        raise model_not_found(model_id)
+    return JsonResponse(model_object(found))
 
 
 @api_view

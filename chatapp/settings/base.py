@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import dj_database_url
 from csp.constants import NONE, SELF
 
-from chatapp.settings.engine import engine_settings
+from chatapp.settings.engine import engine_settings, served_model_list
 from chatapp.settings.env import env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
@@ -186,6 +186,10 @@ CELERY_TASK_ROUTES = {name: {"queue": CELERY_LONG_QUEUE} for name in LONG_TASKS}
 # settings that are not the engine's own.
 ENGINE = {
     **engine_settings(),
+    # More models beside CHATAPP_MODEL (the default): `folder` or `name=folder`, comma-
+    # separated (inference/catalog.py). Embedded: one engine per model in this process;
+    # distributed: the folders a web process reads tokenizers from.
+    "MODELS": served_model_list(env_str("CHATAPP_MODELS", "")),
     "MODE": env_str("ENGINE_MODE", "embedded"),
     # Load the model when the server starts rather than on the first message.
     "PRELOAD": env_bool("ENGINE_PRELOAD", True),
@@ -251,6 +255,8 @@ OPENAI_MAX_BODY_BYTES = env_int("OPENAI_MAX_BODY_BYTES", 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(2621440, OPENAI_MAX_BODY_BYTES)
 OPENAI_RATE_LIMIT_PER_MINUTE = env_int("OPENAI_RATE_LIMIT_PER_MINUTE", 120)
 OPENAI_MAX_CONCURRENT = env_int("OPENAI_MAX_CONCURRENT", 8)
+# Live keys one account may make for itself (the keys page and /api/keys/).
+OPENAI_MAX_KEYS_PER_USER = env_int("OPENAI_MAX_KEYS_PER_USER", 20)
 
 # --- Observability and offline jobs (chatapp/observability, chatapp/jobs) ---
 # /metrics is readable by staff, or with "Authorization: Bearer <METRICS_BEARER_TOKEN>".

@@ -8,7 +8,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
+
 from chatapp.settings.env import env_bool, env_float, env_int, env_str
+from inference.catalog import ModelSpec, parse_model_list
 from inference.engine.config import EngineConfig
 from inference.model_files import default_model_path
 
@@ -44,3 +47,11 @@ def engine_settings() -> dict[str, Any]:
         f.name.upper(): _read(variable(f.name), DEFAULTS.get(f.name, f.default))
         for f in dataclasses.fields(EngineConfig)
     }
+
+
+def served_model_list(raw: str) -> list[ModelSpec]:
+    """CHATAPP_MODELS' entries; a malformed one stops the process at start, saying why."""
+    try:
+        return parse_model_list(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(str(exc)) from exc

@@ -1,5 +1,5 @@
 import type { ChatLimits } from './limits';
-import type { AttachmentInfo, Conversation, EngineInfo, Message, PromptSize, Settings } from './types';
+import type { AttachmentInfo, Conversation, EngineInfo, Message, ModelsInfo, PromptSize, Settings } from './types';
 
 export function getCookie(name: string, cookie = typeof document !== 'undefined' ? document.cookie : ''): string {
   for (const part of cookie.split(';')) {
@@ -61,11 +61,12 @@ export const api = {
     request<{ conversations: Conversation[] }>('GET', '/api/conversations/' + (q ? '?q=' + encodeURIComponent(q) : '')),
   create: (body: { title?: string; settings?: Settings }) => request<Conversation>('POST', '/api/conversations/', body),
   get: (id: number) => request<{ conversation: Conversation; messages: Message[] }>('GET', `/api/conversations/${id}/`),
-  patch: (id: number, body: { title?: string; settings?: Settings; active_message?: number }) =>
+  patch: (id: number, body: { title?: string; settings?: Settings; active_message?: number; model?: string }) =>
     request<Conversation | { conversation: Conversation; messages: Message[] }>('PATCH', `/api/conversations/${id}/`, body),
   remove: (id: number) => request<void>('DELETE', `/api/conversations/${id}/`),
   engine: () => request<EngineInfo>('GET', '/api/engine/'),
   limits: () => request<ChatLimits>('GET', '/api/chat/limits/'),
+  models: () => request<ModelsInfo>('GET', '/api/models/'),
   uploadAttachment: (file: File) => {
     const form = new FormData();
     form.append('file', file, file.name);
@@ -73,7 +74,7 @@ export const api = {
   },
   attachment: (id: number) => request<AttachmentInfo & { text: string }>('GET', `/api/attachments/${id}/`),
   removeAttachment: (id: number) => request<void>('DELETE', `/api/attachments/${id}/`),
-  promptSize: (body: { conversation_id: number | null; text: string; attachments: number[]; settings?: Settings }) =>
+  promptSize: (body: { conversation_id: number | null; text: string; attachments: number[]; settings?: Settings; model?: string }) =>
     request<PromptSize>('POST', '/api/chat/prompt-size/', body),
   importConversations: (file: File) =>
     request<{ imported: number; conversations: Conversation[] }>('POST', '/api/conversations/import/', file),

@@ -7,7 +7,7 @@ export interface AttachmentsPort {
   uploadAttachment(file: File): Promise<AttachmentInfo>;
   attachment(id: number): Promise<AttachmentInfo & { text: string }>;
   removeAttachment(id: number): Promise<void>;
-  promptSize(body: { conversation_id: number | null; text: string; attachments: number[]; settings?: Settings }): Promise<PromptSize>;
+  promptSize(body: { conversation_id: number | null; text: string; attachments: number[]; settings?: Settings; model?: string }): Promise<PromptSize>;
 }
 
 /** A file in the composer: being read by the server, ready to go with the message, or refused. */
@@ -129,7 +129,7 @@ export class Attachments {
    * Count what a send would put before the model, a moment after the last change (each
    * keystroke does not ask). Only the newest answer is kept.
    */
-  measure(key: ThreadKey, body: { conversation_id: number | null; text: string; settings?: Settings }, wanted: boolean): void {
+  measure(key: ThreadKey, body: { conversation_id: number | null; text: string; settings?: Settings; model?: string }, wanted: boolean): void {
     const timer = this.timers.get(key);
     if (timer) clearTimeout(timer);
     if (!wanted) {

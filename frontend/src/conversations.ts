@@ -7,7 +7,7 @@ import type { ThreadKey, UiState } from './ui-state';
 export interface ConversationsPort {
   list(q?: string): Promise<{ conversations: Conversation[] }>;
   get(id: number): Promise<{ conversation: Conversation; messages: Message[] }>;
-  patch(id: number, body: { title?: string; settings?: Settings; active_message?: number }): Promise<unknown>;
+  patch(id: number, body: { title?: string; settings?: Settings; active_message?: number; model?: string }): Promise<unknown>;
   remove(id: number): Promise<void>;
 }
 
@@ -36,6 +36,7 @@ export class Conversations {
   private readonly _loaded = signal<ReadonlySet<number>>(new Set());
   private readonly _awaiting = signal<ReadonlySet<number>>(new Set());
   private readonly _draftSettings = signal<Settings>({});
+  private readonly _draftModel = signal<string | null>(null);
   /** Replies whose frames arrive on the current connection: a reload does not overwrite their newer text. */
   private readonly receiving = new Set<number>();
 
@@ -47,6 +48,8 @@ export class Conversations {
   readonly messages: ReadonlySignal<ReadonlyMap<number, Message>> = this._messages;
   /** The settings of the chat not started yet; they go with its first send. */
   readonly draftSettings: ReadonlySignal<Settings> = this._draftSettings;
+  /** The model picked for the chat not started yet (null: the default); it goes with its first send. */
+  readonly draftModel: ReadonlySignal<string | null> = this._draftModel;
 
   constructor(
     private readonly api: ConversationsPort,
@@ -71,6 +74,17 @@ export class Conversations {
   conversation(id: number | null): Conversation | undefined {
     if (id == null) return undefined;
     return this._list.value.find((c) => c.id === id) || this._searchResults.value?.find((c) => c.id === id);
+  }
+
+  /**
+   * The model a conversation's next turn goes to: a saved one's own (undefined until the
+   * conversation is known here: a turn then names none, and the server uses the stored one),
+   * the new chat's pick, else `fallback` (the default model).
+   */
+  modelOf(id: number | null, fallback: string): string | undefined {
+    if (id == null) return this._draftModel.value || fallback || undefined;
+    const c = this.conversation(id);
+    return c ? c.model || fallback || undefined : undefined;
   }
 
   /** The message still being written in a thread, if any (or the pending send awaiting its reply). */
@@ -152,6 +166,7 @@ export class Conversations {
       this._loaded.value = new Set(this._loaded.value).add(id);
       if (this._currentId.value == null) this._currentId.value = id;
       this._draftSettings.value = {};
+      this._draftModel.value = null;
     });
   }
 
@@ -321,6 +336,24 @@ export class Conversations {
     }
   }
 
+  /** Pick the model of a conversation (PATCHed, so it is remembered), or of the new chat. */
+  async setModel(id: number | null, model: string): Promise<Result> {
+    if (id == null) {
+      this._draftModel.value = model;
+      return { ok: true };
+    }
+    const before = this.conversation(id);
+    if (before) this.upsert({ ...before, model });
+    try {
+      const c = unwrapConversation(await this.api.patch(id, { model })).conversation;
+      if (c && typeof c.model === 'string') this.upsert({ ...(this.conversation(id) as Conversation), model: c.model });
+      return { ok: true };
+    } catch (e) {
+      if (before) this.upsert({ ...(this.conversation(id) as Conversation), model: before.model });
+      return { ok: false, error: (e as Error).message };
+    }
+  }
+
   /** Show another alternative of a message (‹ 1/2 ›). */
   async showAlternative(messageId: number, delta: -1 | 1): Promise<Result> {
     const m = this.message(messageId);
@@ -358,6 +391,7 @@ function sameMessage(a: Message, b: Message): boolean {
     a.parent_id === b.parent_id &&
     a.alternative_index === b.alternative_index &&
     (a.error || '') === (b.error || '') &&
+    (a.model || '') === (b.model || '') &&
     JSON.stringify(a.alternatives || []) === JSON.stringify(b.alternatives || []) &&
     JSON.stringify(a.stats || {}) === JSON.stringify(b.stats || {})
   );

@@ -10,11 +10,13 @@ const WORDS: Record<string, string> = {
   bad_frame: 'The app sent something the server did not understand. Reloading the page may help.',
   offline: 'You are offline, so the message was not sent. It is still in the box — send it again once the connection is back.',
   unauthorized: 'You are signed out. Please sign in again.',
+  model_not_found: 'That model is not served here any more. Pick another model at the top of the chat and send again.',
 };
 
 export function errorWords(code: string | undefined, serverMessage?: string): string {
-  // The server's own words where they carry the particulars (the count of a prompt over the window).
-  if ((code === 'invalid' || code === 'too_long') && serverMessage) return serverMessage;
+  // The server's own words where they carry the particulars: the model and what is served
+  // instead, the count of a prompt over the window.
+  if ((code === 'invalid' || code === 'model_not_found' || code === 'too_long') && serverMessage) return serverMessage;
   if (code && WORDS[code]) return WORDS[code];
   return serverMessage || 'Something went wrong. Please try again.';
 }

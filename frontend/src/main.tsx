@@ -32,6 +32,7 @@ export function boot(root: HTMLElement): Chat & { socket: ChatSocket } {
   conversations.refreshList().catch((e) => ui.notify(null, e.message || 'Could not load your conversations.'));
   server.loadEngine();
   server.loadLimits();
+  server.loadModels();
   const start = parseHash();
   if (start != null) conversations.select(start);
   followInHash(conversations);

@@ -359,6 +359,8 @@ export class ChatProtocol {
     const currentId = c.currentId.value;
     const frame: ClientFrame = { type: 'send', conversation_id: currentId, text: body, client_id: clientId };
     if (docs.length) frame.attachments = docs.map((d) => d.id);
+    const model = this.modelFor(currentId);
+    if (model) frame.model = model;
     if (currentId == null) {
       // Never send a value the server would refuse (it then uses its default for it).
       const s = withinLimits(cleanSettings(c.draftSettings.value), this.server.limits.value ?? FALLBACK_LIMITS);
@@ -394,14 +396,25 @@ export class ChatProtocol {
   }
 
   regenerate(messageId: number): Result {
-    return this.action({ type: 'regenerate', message_id: messageId }, messageId);
+    return this.action({ type: 'regenerate', message_id: messageId, ...this.modelField(messageId) }, messageId);
   }
 
   /** Edit and resend a message; it keeps its documents (the server copies them onto the new version). */
   edit(messageId: number, text: string): Result {
     const body = text.trim();
     if (!body && !this.conversations.message(messageId)?.attachments?.length) return { ok: false };
-    return this.action({ type: 'edit', message_id: messageId, text: body }, messageId);
+    return this.action({ type: 'edit', message_id: messageId, text: body, ...this.modelField(messageId) }, messageId);
+  }
+
+  /** The model a turn in conversation `id` names: the picker's (none while unknown). */
+  private modelFor(id: number | null): string | undefined {
+    return this.conversations.modelOf(id, this.server.defaultModel.value);
+  }
+
+  private modelField(messageId: number): { model?: string } {
+    const id = this.conversations.message(messageId)?.conversation_id ?? this.conversations.currentId.value;
+    const model = this.modelFor(id);
+    return model ? { model } : {};
   }
 
   private action(frame: ClientFrame, messageId: number): Result {

@@ -13,6 +13,8 @@ export interface Conversation {
   created_at: string;
   updated_at: string;
   settings?: Settings | null;
+  /** The model the conversation's turns go to (the header's picker). */
+  model?: string;
 }
 
 export interface Stats {
@@ -79,6 +81,14 @@ export interface Message {
   error?: string;
   /** A user message's documents (without their text). */
   attachments?: AttachmentInfo[];
+  /** The model that wrote a reply (or that a user turn went to); null on older messages. */
+  model?: string | null;
+}
+
+/** GET /api/models/: the models a conversation can use, the default first. */
+export interface ModelsInfo {
+  default: string;
+  models: { id: string; default: boolean; context_tokens: number | null }[];
 }
 
 export interface EngineInfo {
@@ -101,9 +111,9 @@ export type ServerFrame =
   | { type: 'pong' };
 
 export type ClientFrame =
-  | { type: 'send'; conversation_id: number | null; text: string; client_id?: string; settings?: Settings; attachments?: number[] }
+  | { type: 'send'; conversation_id: number | null; text: string; client_id?: string; settings?: Settings; model?: string; attachments?: number[] }
   | { type: 'stop'; message_id: number }
-  | { type: 'regenerate'; message_id: number }
-  | { type: 'edit'; message_id: number; text: string; attachments?: number[] }
+  | { type: 'regenerate'; message_id: number; model?: string }
+  | { type: 'edit'; message_id: number; text: string; model?: string; attachments?: number[] }
   | { type: 'resume'; message_id: number }
   | { type: 'ping' };

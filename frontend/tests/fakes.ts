@@ -97,6 +97,7 @@ export class FakeApi implements ApiPort {
     const c = this.convs.get(id)!;
     if (body.title) c.conversation.title = body.title;
     if (body.settings) c.conversation.settings = body.settings;
+    if (body.model) c.conversation.model = body.model;
     return c.conversation;
   }
   async remove(id: number) {

@@ -1,11 +1,13 @@
 """The engine this app runs itself: in this process (embedded, the default), or in the
 `manage.py run_engine` workers (distributed), reached through RemoteEngine (remote.py)
 with the same surface as AsyncEngine. Either way this process builds the prompts, as
-exact token ids, and keeps the reply memory and the response cache in front."""
+exact token ids, and keeps the reply memory and the response cache in front. One client
+per served model: each has its own engine (embedded) or its own model's workers."""
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -13,14 +15,29 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from django.conf import settings
+from redis import Redis
 
 from inference import metrics, response_cache
-from inference.backends.remote import RemoteEngine
-from inference.chat_template import Prompt, PromptBuilder, Turn
+from inference.backends.remote import REDIS_TIMEOUT_S, RemoteEngine
+from inference.catalog import (
+    OWNER,
+    ModelInfo,
+    ModelSpec,
+    created_at,
+    model_name,
+    served_models,
+)
+from inference.chat_template import Prompt, PromptBuilder, Turn, tokenizer_fingerprint
 from inference.engine import Delta, PromptTooLongError, SamplingParams
 from inference.engine.fingerprint import model_fingerprint
-from inference.model_files import model_name
 from inference.response_cache import ResponseCache, is_deterministic
+from inference.workers.protocol import (
+    REDIS_ERRORS,
+    REDIS_OPTIONS,
+    EngineUnavailableError,
+    ModelNotFoundError,
+)
+from inference.workers.registry import WorkerInfo, live_workers_sync
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +48,12 @@ class EmbeddedClient:
 
     kind = "embedded"
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, name: str | None = None) -> None:
         self.engine = engine
+        self.name = name
         self.tokenizer = engine.tokenizer
         self.prompts = PromptBuilder(engine.tokenizer)
+        self.tokenizer_id: str | None = tokenizer_fingerprint(engine.tokenizer)
         self._replies: OrderedDict[tuple[str | None, str], list[int]] = OrderedDict()
         self._replies_lock = threading.Lock()
         self._openings: dict[str, list[list[int]]] = {}  # by default system prompt
@@ -76,7 +95,14 @@ class EmbeddedClient:
 
     @property
     def model_name(self) -> str:
-        return model_name(settings.ENGINE["MODEL"])
+        """The name it serves under (the default model's when made without one)."""
+        if self.name:
+            return self.name
+        cfg = settings.ENGINE
+        try:
+            return served_models(str(cfg["MODEL"]), list(cfg.get("MODELS") or ()))[0].name
+        except ValueError:
+            return model_name(cfg["MODEL"])
 
     def chat_prompt(self, turns: list[Turn], cache_salt: str | None = None) -> Prompt:
         """Prompt ids for a conversation; replies the engine wrote keep their exact ids."""
@@ -256,18 +282,85 @@ class DistributedClient(EmbeddedClient):
     kind = "distributed"
 
 
-def distributed_client() -> DistributedClient:
-    """A client of the `manage.py run_engine` workers settings.ENGINE names."""
+class WorkerModels:
+    """The models the live engine workers serve (distributed mode), read from their
+    registrations, and a client per model: each routes to that model's workers only."""
+
+    def __init__(self, url: str, namespace: str, dead_after_s: float) -> None:
+        self.url = url
+        self.namespace = namespace
+        self.dead_after_s = dead_after_s
+        self.redis = Redis.from_url(url, **{**REDIS_OPTIONS, "socket_timeout": REDIS_TIMEOUT_S})
+
+    @classmethod
+    def from_settings(cls) -> WorkerModels:
+        cfg = settings.ENGINE
+        return cls(cfg["WORKERS_REDIS_URL"], cfg["WORKERS_NAMESPACE"], cfg["WORKER_DEAD_AFTER_S"])
+
+    def close(self) -> None:
+        self.redis.close()
+
+    def serving(self) -> dict[str, list[WorkerInfo]]:
+        """The live workers by the model they serve (none when Redis does not answer)."""
+        try:
+            workers = live_workers_sync(self.redis, self.namespace)
+        except REDIS_ERRORS as exc:
+            log.warning("cannot read the engine workers at %s: %s", self.url, exc)
+            return {}
+        by_model: dict[str, list[WorkerInfo]] = {}
+        for w in workers:
+            if w.model:
+                by_model.setdefault(w.model, []).append(w)
+        return by_model
+
+    def listed(self, default: str, default_spec: ModelSpec | None) -> list[ModelInfo]:
+        """The default model (listed even while no worker serves it, as a single-model
+        deployment always was) and every model a live worker serves."""
+        serving = self.serving()
+        out = []
+        for name in dict.fromkeys([default, *sorted(serving)]):
+            workers = serving.get(name, [])
+            lens = [w.max_model_len for w in workers if w.max_model_len]
+            created = max((w.model_created for w in workers), default=0)
+            if not created and name == default and default_spec is not None:
+                created = created_at(default_spec.path)
+            out.append(ModelInfo(name, created, OWNER, context_tokens=min(lens, default=None)))
+        return out
+
+    def client(self, name: str, spec: ModelSpec | None, required: bool) -> DistributedClient:
+        """The client of model `name`. Its tokenizer comes from the folder this web
+        process knows the model by (CHATAPP_MODEL, CHATAPP_MODELS), else from the folder
+        its workers registered (the compose file's shared model volume). `required` (the
+        default model): its client is made with no worker serving it yet, as before."""
+        path = spec.path if spec is not None else ""
+        if not path or not os.path.isdir(path):
+            serving = self.serving()
+            workers = serving.get(name, [])
+            if not workers and not required:
+                raise ModelNotFoundError(name, list(serving))
+            path = next((w.model_path for w in workers if os.path.isdir(w.model_path)), path)
+            if workers and not os.path.isdir(path):
+                raise EngineUnavailableError(
+                    f"the engine workers serve {name!r} from {workers[0].model_path}, which "
+                    "this web process cannot read: its tokenizer builds the prompts here "
+                    "(mount the folder, or name it in CHATAPP_MODELS)"
+                )
+        return distributed_client(name, path, self, required)
+
+
+def distributed_client(
+    name: str, path: str, workers: WorkerModels, required: bool = True
+) -> DistributedClient:
+    """A client of the `manage.py run_engine` workers that serve model `name`."""
     from transformers import AutoTokenizer  # a second or two: only when distributed
 
-    cfg = settings.ENGINE
-    model = str(cfg["MODEL"])
     remote = RemoteEngine(
-        AutoTokenizer.from_pretrained(model),
-        url=cfg["WORKERS_REDIS_URL"],
-        namespace=cfg["WORKERS_NAMESPACE"],
-        model=model_name(model),
-        model_path=model,
-        dead_after_s=float(cfg["WORKER_DEAD_AFTER_S"]),
+        AutoTokenizer.from_pretrained(path),
+        url=workers.url,
+        namespace=workers.namespace,
+        model=name,
+        model_path=path,
+        dead_after_s=float(workers.dead_after_s),
+        missing=EngineUnavailableError if required else ModelNotFoundError,
     )
-    return DistributedClient(remote)
+    return DistributedClient(remote, name=name)

@@ -6,7 +6,8 @@ generate() keeps AsyncEngine.generate's contract, so EngineClient wraps either o
 an async iterator of Delta, the last one finished; EngineBusyError, PromptTooLongError
 or InvalidRequestError before the first delta; leaving early aborts the request.
 
-Routing: the worker that served the session last (it holds the session's KV), if alive;
+Routing, among the live workers serving the request's model: the worker that served the
+session last with this model (it holds the session's KV), if alive;
 without a session (an API request with no `user`), the worker that served the longest
 prefix of this prompt's first blocks (prefix_keys), unless it is much busier than the
 least loaded; else the least loaded live worker (which restores the session's prefix from
@@ -45,6 +46,7 @@ from inference.workers.protocol import (
     REDIS_OPTIONS,
     WORKER_LOST,
     EngineUnavailableError,
+    ModelNotFoundError,
     abort_message,
     consume,
     delta_from_event,
@@ -79,14 +81,19 @@ LOST_ON_THE_WAY = (
 )
 
 
-def prefix_keys(prompt_token_ids: list[int], cache_salt: str | None = None) -> list[str]:
+def prefix_keys(
+    prompt_token_ids: list[int], cache_salt: str | None = None, model: str = ""
+) -> list[str]:
     """Digests of the prompt's first full blocks, a chain: the i-th covers blocks 0..i,
-    salted with the request's cache salt (its KV is found only under that salt). A turn
-    that extends an earlier prompt shares the earlier prompt's digests; a prompt shorter
-    than one block has none (it routes by load)."""
+    salted with the request's cache salt (its KV is found only under that salt) and its
+    model (another model's workers hold no KV of it, even for the same ids). A turn that
+    extends an earlier prompt shares the earlier prompt's digests; a prompt shorter than
+    one block has none (it routes by load)."""
     n = min(len(prompt_token_ids) // PREFIX_BLOCK_TOKENS, PREFIX_BLOCKS)
     h = hashlib.blake2b(digest_size=16)
     h.update(b"salt:" + (cache_salt or "").encode() + b"\0")
+    if model:
+        h.update(b"model:" + model.encode() + b"\0")
     keys = []
     for i in range(n):
         block = prompt_token_ids[i * PREFIX_BLOCK_TOKENS : (i + 1) * PREFIX_BLOCK_TOKENS]
@@ -150,6 +157,7 @@ class RemoteEngine:
         model: str = "",
         model_path: str = "",
         dead_after_s: float = 3.0,
+        missing: type[EngineError] = EngineUnavailableError,
     ) -> None:
         self.tokenizer = tokenizer
         # What EngineClient reads of an engine's config (the model folder, which the web
@@ -159,6 +167,9 @@ class RemoteEngine:
         self.namespace = namespace
         self.model = model
         self.dead_after_s = dead_after_s
+        # What a request gets while no live worker serves the model: the default model is
+        # "unavailable" (workers come and go), any other is "not found" (nobody serves it).
+        self.missing = missing
         self._links: dict[asyncio.AbstractEventLoop, _Link] = {}
         self._lock = threading.Lock()
         self._background: set[asyncio.Task[Any]] = set()
@@ -198,7 +209,7 @@ class RemoteEngine:
         rid = request_id or uuid.uuid4().hex
         if rid in link.requests:
             raise InvalidRequestError(f"request id {rid!r} is already streaming")
-        prefix = [] if session_id else prefix_keys(prompt_token_ids, cache_salt)
+        prefix = [] if session_id else prefix_keys(prompt_token_ids, cache_salt, self.model)
         worker = await self._route(link, session_id, prefix)
         pending = _Pending(worker.id, worker.channel, worker.incarnation)
         link.requests[rid] = pending
@@ -212,6 +223,7 @@ class RemoteEngine:
                 link.reply_to,
                 cache_salt=cache_salt,
                 shared_prefix_tokens=shared_prefix_tokens,
+                model=self.model,
             )
             try:
                 await send(link.layer, worker.channel, message, REDIS_TIMEOUT_S)
@@ -285,7 +297,7 @@ class RemoteEngine:
     ) -> WorkerInfo:
         try:
             found, sticky = await asyncio.wait_for(
-                link.registry.routing(session_id, prefix or ()), REDIS_TIMEOUT_S
+                link.registry.routing(session_id, prefix or (), self.model), REDIS_TIMEOUT_S
             )
         except REDIS_ERRORS as exc:
             raise_if_cancelled(exc)
@@ -293,12 +305,14 @@ class RemoteEngine:
         link.last_contact = time.monotonic()
         candidates = self._note(found)
         if not candidates:
+            if self.missing is ModelNotFoundError:
+                raise ModelNotFoundError(self.model, [w.model for w in found if w.model])
             if found:
-                raise EngineUnavailableError(
+                raise self.missing(
                     f"no engine worker serves the model {self.model!r} "
                     f"(running: {sorted({w.model for w in found})})"
                 )
-            raise EngineUnavailableError(
+            raise self.missing(
                 "no engine worker is running: start one with `python manage.py run_engine`"
             )
         mine: dict[str, int] = {}

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import httpx
 from django.conf import settings
 
+from inference.catalog import ModelInfo
 from inference.chat_template import Prompt, Turn
 from inference.engine import (
     Delta,
@@ -32,14 +34,94 @@ from inference.engine import (
 )
 from inference.engine.errors import InvalidRequestError
 from inference.engine.streaming import until_finished
-from inference.workers.protocol import EngineUnavailableError
+from inference.workers.protocol import EngineUnavailableError, ModelNotFoundError
 
 log = logging.getLogger(__name__)
+
+
+class UpstreamModels:
+    """The models the upstream lists (its /models, read again after LIST_TTL_S), the
+    default among them (ENGINE_UPSTREAM_MODEL, else the first listed), and a client each."""
+
+    LIST_TTL_S = 30.0
+
+    def __init__(
+        self, base_url: str, api_key: str = "", default: str = "", send_cache_salt: bool = True
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.send_cache_salt = send_cache_salt
+        self._default = default
+        self._listed: list[ModelInfo] = []
+        self._listed_at = float("-inf")
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls) -> UpstreamModels:
+        cfg = settings.ENGINE
+        if not cfg.get("UPSTREAM_URL"):
+            raise EngineUnavailableError("ENGINE_MODE=upstream needs ENGINE_UPSTREAM_URL")
+        return cls(
+            cfg["UPSTREAM_URL"],
+            cfg.get("UPSTREAM_API_KEY", ""),
+            cfg.get("UPSTREAM_MODEL", ""),
+            send_cache_salt=bool(cfg.get("UPSTREAM_CACHE_SALT", True)),
+        )
+
+    def listed(self) -> list[ModelInfo]:
+        """The upstream's models as it last listed them; EngineUnavailableError when it
+        never answered (a failed read keeps the last list until it answers again)."""
+        with self._lock:
+            if time.monotonic() - self._listed_at < self.LIST_TTL_S:
+                return list(self._listed)
+            try:
+                self._listed = self._read()
+            except EngineUnavailableError:
+                if not self._listed:
+                    raise
+                log.warning("the upstream at %s did not list its models", self.base_url)
+            self._listed_at = time.monotonic()
+            return list(self._listed)
+
+    def _read(self) -> list[ModelInfo]:
+        try:
+            answer = httpx.get(self.base_url + "/models", headers=self.headers, timeout=10)
+            answer.raise_for_status()
+            data = answer.json()["data"]
+            models = [
+                ModelInfo(
+                    str(m["id"]), int(m.get("created") or 0), str(m.get("owned_by") or "upstream")
+                )
+                for m in data
+            ]
+        except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+            raise EngineUnavailableError(
+                f"the upstream at {self.base_url} did not list a model: {exc}"
+            ) from exc
+        if not models:
+            raise EngineUnavailableError(f"the upstream at {self.base_url} lists no model")
+        return models
+
+    def default(self) -> str:
+        return self._default or self.listed()[0].id
+
+    def client(self, name: str) -> UpstreamClient:
+        """The client of model `name`; ModelNotFoundError when the upstream lists no such
+        model (the configured default is taken on trust, as before)."""
+        if name != self._default:
+            listed = [m.id for m in self.listed()]
+            if name not in listed:
+                raise ModelNotFoundError(name, listed)
+        return UpstreamClient(
+            self.base_url, self.api_key, name, send_cache_salt=self.send_cache_salt
+        )
 
 
 class UpstreamClient:
     kind = "upstream"
     max_model_len: int | None = None
+    tokenizer_id: str | None = None  # the upstream tokenizes its own prompts
 
     def __init__(
         self,
@@ -53,31 +135,9 @@ class UpstreamClient:
         self.send_cache_salt = send_cache_salt
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout = timeout
-        self.model_name = model or self._discover_model()
+        self.model_name = model
         self._streams: dict[str, asyncio.Task[None]] = {}
         self.requests_total = 0
-
-    @classmethod
-    def from_settings(cls) -> UpstreamClient:
-        cfg = settings.ENGINE
-        if not cfg.get("UPSTREAM_URL"):
-            raise EngineUnavailableError("ENGINE_MODE=upstream needs ENGINE_UPSTREAM_URL")
-        return cls(
-            cfg["UPSTREAM_URL"],
-            cfg.get("UPSTREAM_API_KEY", ""),
-            cfg.get("UPSTREAM_MODEL", ""),
-            send_cache_salt=bool(cfg.get("UPSTREAM_CACHE_SALT", True)),
-        )
-
-    def _discover_model(self) -> str:
-        try:
-            answer = httpx.get(self.base_url + "/models", headers=self.headers, timeout=10)
-            answer.raise_for_status()
-            return str(answer.json()["data"][0]["id"])
-        except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-            raise EngineUnavailableError(
-                f"the upstream at {self.base_url} did not list a model: {exc}"
-            ) from exc
 
     # --- the EngineClient protocol (inference/client.py) ------------------------------
 

@@ -6,6 +6,8 @@
 
 Each request gets an asyncio.Queue on the caller's event loop; the engine thread hands
 deltas over with call_soon_threadsafe. The thread sleeps on an Event while there is no work.
+The text of a request without stop strings is decoded as its consumer takes each delta
+(LLMEngine.defer_text), so the step thread never waits for the tokenizer.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class AsyncEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.engine = LLMEngine(config)
+        # Text is decoded here, on the caller's loop as each delta is taken, not in the step.
+        self.engine.defer_text = True
         self.tokenizer = self.engine.tokenizer
         self.eos_token_ids: list[int] = self.engine.eos_token_ids
         self.max_model_len: int = self.engine.max_model_len
@@ -80,7 +84,7 @@ class AsyncEngine:
         try:
             async with contextlib.aclosing(until_finished(queue, lambda: self.abort(rid))) as s:
                 async for delta in s:
-                    yield delta
+                    yield delta.resolve_text()
         finally:
             self._streams.pop(rid, None)
 

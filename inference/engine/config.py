@@ -55,6 +55,10 @@ class EngineConfig:
         return max(1, os.cpu_count() or 1)
 
     seed: int = 0
+    # The torch path's steps (those of more rows than the native small-step path takes) as
+    # one compiled graph (compiled_step.py; docs/performance.md, "The compiled step"):
+    # "on", "off", or "auto": on where it measured faster, see compiled_step.compile_wins.
+    compile: str = "auto"
     # How linear weights are stored on CPU (fbgemm kernels; compute stays float32):
     #   "none": in `dtype`, exact (what the tests compare with transformers);
     #   "fp16": float16 weights, float32 activations: half the memory traffic per decode

@@ -12,15 +12,54 @@ step costs the same at token 10 and at token 1,000.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 # Prompt tokens kept as left context so the first output tokens decode with their spacing.
 _CONTEXT_TOKENS = 5
 
 
+def decoder_of(tokenizer: Any) -> Callable[[list[int]], str]:
+    """ids -> text as `tokenizer.decode(ids, skip_special_tokens=True)` gives it. For a fast
+    tokenizer that cleans up no spaces, that is its Rust backend's decode, called directly:
+    ~1.7 against ~4.7 us a call, twice per token and stream."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    try:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        plain = type(tokenizer)._decode is TokenizersBackend._decode
+    except (ImportError, AttributeError):
+        plain = False
+    if (
+        backend is not None
+        and plain
+        and getattr(tokenizer, "clean_up_tokenization_spaces", True) is False
+    ):
+        decode = backend.decode
+
+        def fast(ids: list[int]) -> str:
+            text: str = decode(ids, skip_special_tokens=True)
+            return text
+
+        return fast
+
+    def slow(ids: list[int]) -> str:
+        text: str = tokenizer.decode(ids, skip_special_tokens=True)
+        return text
+
+    return slow
+
+
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], stop: list[str]) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_token_ids: list[int],
+        stop: list[str],
+        decode: Callable[[list[int]], str] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
+        self._decode = decode or decoder_of(tokenizer)
         self.stop = list(stop)
         self.max_stop_len = max((len(s) for s in self.stop), default=0)
         self.ids: list[int] = list(prompt_token_ids[-_CONTEXT_TOKENS:])
@@ -29,10 +68,6 @@ class IncrementalDetokenizer:
         self.text = ""  # all output text decoded so far (stop string cut off once found)
         self.emitted = 0  # characters of self.text already handed out
         self.stopped = False
-
-    def _decode(self, ids: list[int]) -> str:
-        text: str = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return text
 
     def add_token(self, token_id: int) -> str:
         """Feed one generated token; return the text that is now safe to show.

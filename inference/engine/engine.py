@@ -22,13 +22,14 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoTokenizer, GenerationConfig
 
 from inference.engine.config import EngineConfig
-from inference.engine.detokenizer import IncrementalDetokenizer
+from inference.engine.detokenizer import IncrementalDetokenizer, decoder_of
 from inference.engine.errors import EngineBusyError, InvalidRequestError, PromptTooLongError
 from inference.engine.fingerprint import model_fingerprint
 from inference.engine.kv_cache import Block, CacheScope, KVCacheManager
@@ -73,6 +74,25 @@ def eos_ids_of(folder: str, tokenizer: object) -> list[int]:
     return sorted(ids)
 
 
+def _text_job(detok: IncrementalDetokenizer, token: int | None, final: bool) -> Callable[[], str]:
+    """The text _on_token would have put into the delta: the token's (none for a stop
+    token), then, as the request ends, whatever was held back."""
+
+    def job() -> str:
+        text = detok.add_token(token) if token is not None else ""
+        if final and not detok.stopped:
+            text += detok.flush()
+        return text
+
+    return job
+
+
+def _joined(a: Callable[[], str] | None, b: Callable[[], str] | None) -> Callable[[], str] | None:
+    if a is None or b is None:
+        return a or b
+    return lambda: a() + b()
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         if not config.model:
@@ -82,6 +102,12 @@ class LLMEngine:
         self.config = config
         self.tokenizer = AutoTokenizer.from_pretrained(config.model)
         self.eos_token_ids = eos_ids_of(config.model, self.tokenizer)
+        self._decode = decoder_of(self.tokenizer)
+        # True: a delta of a request without stop strings leaves step() with its text still
+        # to decode (Delta.text_job), for the consumer to run off the step's path (the
+        # async front does). Its text is the same either way; a request with stop strings
+        # needs its text to know when it ends, so it is always decoded in the step.
+        self.defer_text = False
         self.runner = ModelRunner(config, max_model_len=config.max_model_len or None)
         model_len = config.max_model_len or self.runner.model.config.max_position_embeddings
         # One sequence must always fit the whole pool, or preemption could never make room.
@@ -179,7 +205,9 @@ class LLMEngine:
         seq.stop_token_ids = set(sampling.stop_token_ids)
         if not sampling.ignore_eos:
             seq.stop_token_ids.update(self.eos_token_ids)
-        seq.detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, sampling.stop)
+        seq.detokenizer = IncrementalDetokenizer(
+            self.tokenizer, prompt_token_ids, sampling.stop, self._decode
+        )
         with self._lock:
             if request_id in self.seqs:
                 raise InvalidRequestError(f"request id {request_id!r} is already running")
@@ -319,6 +347,7 @@ class LLMEngine:
                 merged = delta
             else:
                 merged.text += delta.text
+                merged.text_job = _joined(merged.text_job, delta.text_job)
                 merged.token_ids += delta.token_ids
                 merged.finished, merged.finish_reason = delta.finished, delta.finish_reason
                 merged.metrics = delta.metrics
@@ -336,6 +365,8 @@ class LLMEngine:
         m.output_tokens = seq.num_output_tokens
         detok = seq.detokenizer
         assert detok is not None  # set when the request was added
+        if self.defer_text and not detok.stop:
+            return self._on_token_deferred(seq, token, detok)
         reason = None
         text = ""
         if token in seq.stop_token_ids:
@@ -353,6 +384,21 @@ class LLMEngine:
         delta = self._finish(seq, reason)
         delta.text = text
         delta.token_ids = [token]
+        return delta
+
+    def _on_token_deferred(self, seq: Sequence, token: int, detok: IncrementalDetokenizer) -> Delta:
+        """_on_token's outcome for a request without stop strings, whose text decides
+        nothing: the same delta, its text decoded later by Delta.resolve_text."""
+        stop = token in seq.stop_token_ids
+        reason = "stop" if stop else None
+        if reason is None and seq.num_output_tokens >= seq.max_tokens:
+            reason = "length"
+        job = _text_job(detok, None if stop else token, reason is not None)
+        if reason is None:
+            return Delta(seq.request_id, token_ids=[token], text_job=job)
+        delta = self._finish(seq, reason)
+        delta.token_ids = [token]
+        delta.text_job = job
         return delta
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> Delta:

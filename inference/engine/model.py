@@ -32,8 +32,9 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from inference.engine import kernels
+from inference.engine import kernels, paged_attention
 from inference.engine.native_decode import NativeDecoder
+from inference.engine.paged_attention import PagedAttention
 from inference.engine.quantized import Q4_1, Q8_0, BlockWeight
 
 
@@ -43,6 +44,9 @@ class PrefillChunk:
     length: int  # tokens in the chunk
     context_len: int  # tokens the sequence holds after this step (cached + chunk)
     block_table: torch.Tensor  # [num_blocks] block ids covering context_len
+    # Where the chunk's K/V go, when the step's slot_mapping does not cover it (steps with
+    # the native paged attention, whose longer chunks still take SDPA).
+    slots: torch.Tensor | None = None
 
 
 @dataclass
@@ -69,6 +73,14 @@ class AttentionMetadata:
     num_decodes: int = 0
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
+    # What the native paged attention reads instead of the groups above (None where the
+    # model runs without it): each row's sequence, an index into `tables`, and the step's
+    # sequences' block tables, padded with block 0.
+    row_seq: torch.Tensor | None = None  # [T] int32
+    tables: torch.Tensor | None = None  # [sequences, width] int64
+    # The first paged_rows rows take the native paged attention; the rest are `prefills`,
+    # chunks longer than PAGED_MAX_CHUNK rows, where SDPA's tiles win.
+    paged_rows: int = 0
 
 
 _LINEAR_FP16: Callable[[torch.Tensor, object], torch.Tensor] = (
@@ -90,6 +102,11 @@ HYBRID_MAX_ROWS = 8
 # thread (fp16) or 2-3x slower (bf16), and on more threads their OpenMP workers spin on
 # the cores the pool needs next (docs/performance.md).
 HEAD_BLOCK_ROWS = HYBRID_MAX_ROWS
+# The native paged attention takes a sequence's rows one by one; SDPA takes a chunk's rows
+# as tiles and, measured per layer (docs/performance.md), wins from about this many rows of
+# one sequence: at 2 rows over 512 cached tokens the native kernel took 0.15 ms against
+# SDPA's 0.26 (gather included), at 8 rows 0.59 against 0.36.
+PAGED_MAX_CHUNK = 4
 
 
 class Linear:
@@ -105,6 +122,8 @@ class Linear:
     ) -> None:
         self.blocks = blocks.for_kernel() if blocks is not None else None
         self.block_rows = block_rows if blocks is not None else 0
+        # Its key for the compiled step's opaque product (compiled_step.py); -1: none yet.
+        self.compile_key = -1
         self.weight: torch.Tensor | None = None
         self.packed: object | None = None
         self.kind = "dense"
@@ -411,6 +430,15 @@ class LlamaModel:
         lib = kernels.load() if formats.blocks is not None else None
         if lib is not None and NativeDecoder.usable(self):
             self.native = NativeDecoder(self, lib, formats.block_rows)
+        # The torch path's attention: straight over the paged pool where it builds (CPU,
+        # float32), else a gather of each group's blocks and SDPA.
+        self.paged: PagedAttention | None = None
+        if PagedAttention.usable(self.device, dtype):
+            lib = paged_attention.load()
+            assert lib is not None  # usable() loaded it
+            self.paged = PagedAttention(
+                lib, self.num_heads, self.num_kv_heads, self.head_dim, self.scale
+            )
 
     # -- forward ----------------------------------------------------------------------
 
@@ -423,26 +451,68 @@ class LlamaModel:
         """Hidden states after the final norm, one row per input token: [T, hidden]."""
         if self.native is not None and self.native.handles(input_ids.shape[0]):
             return self.native.forward(input_ids, meta, kv_caches)
+
+        def attend(i: int, qkv: torch.Tensor) -> torch.Tensor:
+            return self.attend(qkv, kv_caches[i], meta)
+
+        return self.layers_forward(input_ids, meta.positions, _call_linear, attend)
+
+    def layers_forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        linear: Callable[[Linear, torch.Tensor], torch.Tensor],
+        attend: Callable[[int, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """The torch path's layers, with the products (`linear`) and the attention of layer
+        i (`attend(i, qkv)`: writes the rows' K/V, returns [T, heads, head_dim]) supplied by
+        the caller: the eager forward calls them directly, the compiled step
+        (compiled_step.py) through opaque custom ops, so one graph holds everything else."""
         x = F.embedding(input_ids, self.embed)
-        cos = self.cos[meta.positions].unsqueeze(1)
-        sin = self.sin[meta.positions].unsqueeze(1)
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         reduce = self.all_reduce or _unchanged
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.input_norm, self.eps)
-            qkv = layer.qkv(h).view(-1, hq + 2 * hkv, d)
+            qkv = linear(layer.qkv, h).view(-1, hq + 2 * hkv, d)
             # Rotate q and k in place, together: they are adjacent heads of the fused
             # projection. Then k and v are adjacent too and go to the cache in one copy.
             qk = qkv[:, : hq + hkv]
             qk.copy_(torch.addcmul(qk * cos, qk.roll(d // 2, dims=-1), sin))
-            new_kv = qkv[:, hq:].transpose(0, 1)  # [2 * hkv, T, d]
-            kv_cache.view(2 * hkv, -1, d).index_copy_(1, meta.slot_mapping, new_kv)
-            attn = self._attention(qkv, kv_cache, meta)
-            x = x + reduce(layer.o(attn.reshape(-1, hq * d)))
+            attn = attend(i, qkv)
+            x = x + reduce(linear(layer.o, attn.reshape(-1, hq * d)))
             h = _rms_norm(x, layer.post_norm, self.eps)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + reduce(layer.down(F.silu(gate) * up))
+            gate, up = linear(layer.gate_up, h).chunk(2, dim=-1)
+            x = x + reduce(linear(layer.down, F.silu(gate) * up))
         return _rms_norm(x, self.norm, self.eps)
+
+    def attend(
+        self, qkv: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """Write the step's K/V into this layer's pool, then attend: qkv [T, heads +
+        2 * kv_heads, head_dim] (rope applied) -> [T, heads, head_dim]."""
+        hkv, d = self.num_kv_heads, self.head_dim
+        if self.paged is not None and meta.tables is not None:
+            assert meta.row_seq is not None  # built together with the tables
+            threads = torch.get_num_threads()
+            n = meta.paged_rows
+            if n == qkv.shape[0]:
+                return self.paged(qkv, kv_cache, meta.positions, meta.row_seq, meta.tables, threads)
+            out = qkv.new_empty(qkv.shape[0], self.num_heads, d)
+            if n:
+                positions, row_seq = meta.positions[:n], meta.row_seq[:n]
+                out[:n] = self.paged(qkv[:n], kv_cache, positions, row_seq, meta.tables, threads)
+            for p in meta.prefills:
+                rows = slice(p.start, p.start + p.length)
+                assert p.slots is not None  # set for every chunk of such a step
+                new_kv = qkv[rows, self.num_heads :].transpose(0, 1)
+                kv_cache.view(2 * hkv, -1, d).index_copy_(1, p.slots, new_kv)
+                out[rows] = self._prefill_attention(qkv[rows], kv_cache, p)
+            return out
+        new_kv = qkv[:, self.num_heads :].transpose(0, 1)  # [2 * hkv, T, d]
+        kv_cache.view(2 * hkv, -1, d).index_copy_(1, meta.slot_mapping, new_kv)
+        return self._attention(qkv, kv_cache, meta)
 
     def close(self) -> None:
         """Nothing to release here; TensorParallelModel.close() stops the other ranks."""
@@ -527,6 +597,10 @@ def _large_format(dtype: torch.dtype) -> str:
 
 def _unchanged(x: torch.Tensor) -> torch.Tensor:
     return x
+
+
+def _call_linear(linear: Linear, x: torch.Tensor) -> torch.Tensor:
+    return linear(x)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -11,9 +11,23 @@ import logging
 import torch
 
 from inference.engine import kernels
+from inference.engine.compiled_step import (
+    COMPILE_MODES,
+    CompiledStep,
+    compile_unavailable_reason,
+    compile_wins,
+)
 from inference.engine.config import EngineConfig
+from inference.engine.cuda_graphs import CudaGraphStep
 from inference.engine.kv_tier.redaction import redacted
-from inference.engine.model import AttentionMetadata, DecodeGroup, PrefillChunk, load_config
+from inference.engine.model import (
+    PAGED_MAX_CHUNK,
+    AttentionMetadata,
+    DecodeGroup,
+    PrefillChunk,
+    load_config,
+)
+from inference.engine.sampling_params import SamplingParams
 from inference.engine.scheduler import ScheduledBatch
 from inference.engine.sequence import Sequence
 from inference.engine.tensor_parallel import build_model
@@ -140,10 +154,93 @@ class ModelRunner:
         # Per layer one pool, head-major: keys are heads [0, kv_heads), values the rest, so
         # one copy writes a step's K and V and one gather reads a sequence's context with
         # every head's tokens contiguous (what the attention matmuls want).
-        shape = (2 * m.num_kv_heads, self.num_blocks, self.block_size, m.head_dim)
+        compiled = self._compile_wanted()
+        # CUDA graphs' padding rows write into a block of their own, past the manager's.
+        graphs = compiled and self.device.type == "cuda"
+        pool_blocks = self.num_blocks + 1 if graphs else self.num_blocks
+        shape = (2 * m.num_kv_heads, pool_blocks, self.block_size, m.head_dim)
         self.kv_caches = [
             torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(m.num_layers)
         ]
+        self.compiled: CompiledStep | CudaGraphStep | None = None
+        if graphs:
+            self.compiled = self._cuda_graphs(max_model_len)
+        elif compiled:
+            self.compiled = self._compiled_step()
+
+    def _compile_wanted(self) -> bool:
+        mode = self.config.compile
+        if mode not in COMPILE_MODES:
+            choices = ", ".join(COMPILE_MODES)
+            raise ValueError(f"compile must be one of {choices}; got {mode!r}")
+        if mode == "off" or (mode == "auto" and not compile_wins(self.device)):
+            return False
+        reason = compile_unavailable_reason(self.model)
+        if reason is not None:
+            log.warning("the compiled step is off (%s): running the eager forward", reason)
+            return False
+        return True
+
+    def _cuda_graphs(self, max_model_len: int | None) -> CudaGraphStep | None:
+        """Decode steps as CUDA graphs, the row buckets captured now."""
+        model_len = max_model_len or self.model.config.max_position_embeddings
+        max_blocks = min(self.num_blocks, -(-model_len // self.block_size))
+        try:
+            step = CudaGraphStep(
+                self.model, self.kv_caches, self.config.max_num_seqs, max_blocks,
+                self.block_size, scratch_block=self.num_blocks,
+            )  # fmt: skip
+            log.info("capturing CUDA graphs for decode steps of %s rows...", step.buckets)
+            with torch.inference_mode():
+                step.capture_all()
+        except Exception as exc:
+            log.warning("capturing CUDA graphs failed, running the eager forward: %s", exc)
+            return None
+        return step
+
+    def _compiled_step(self) -> CompiledStep | None:
+        """The compiled forward for the torch path's steps, compiled (or loaded from the
+        cache) now, or None where that fails (one logged warning)."""
+        native = getattr(self.model, "native", None)
+        min_rows = native.max_rows + 1 if native is not None else 1
+        try:
+            step = CompiledStep(
+                self.model, self.kv_caches, min_rows, self.config.max_num_batched_tokens
+            )
+            seconds = step.warm_up(lambda rows: self._warm_up(step, rows), log.info)
+        except Exception as exc:
+            log.warning("compiling the step failed, running the eager forward: %s", exc)
+            return None
+        how = "compiled, and cached for the next start" if step.compiled_now else "from the cache"
+        log.info("compiled step ready: %.1f s extra at startup (%s)", seconds, how)
+        return step
+
+    @torch.inference_mode()
+    def _warm_up(self, step: CompiledStep, rows: int) -> None:
+        """One step of `rows` one-token sequences at position 0 of block 0, before any
+        request: what they write there is overwritten by whichever sequence gets the block
+        before it reads it."""
+        seqs = []
+        for i in range(rows):
+            seq = Sequence(f"warm-up-{i}", [0], SamplingParams(max_tokens=1))
+            seq.block_table = [0]
+            seqs.append(seq)
+        input_ids, meta, _ = self._prepare(seqs, [1] * rows)
+        self._set_threads(rows)
+        step.forward(input_ids, meta)
+
+    def _forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        rows = input_ids.shape[0]
+        step = self.compiled
+        if step is not None and not self._native_step(rows) and step.handles(rows, meta):
+            try:
+                return step.forward(input_ids, meta)
+            except Exception as exc:
+                # Rerunning the step eagerly is safe: it writes the same K/V to the same slots.
+                log.warning("the compiled step failed, running the eager forward: %s", exc)
+                self.compiled = None
+        hidden: torch.Tensor = self.model.forward(input_ids, meta, self.kv_caches)
+        return hidden
 
     @torch.inference_mode()
     def read_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:
@@ -174,16 +271,21 @@ class ModelRunner:
         (its rows are consecutive, in the order of the returned sequences). With
         all_logits=True the logits of every input row come back instead (tests).
         """
-        # Decodes first, shortest context first (so similar lengths end up grouped).
+        # Decodes first, shortest context first (so similar lengths end up grouped); chunks
+        # too long for the native paged attention last.
         order = sorted(
             range(len(batch)),
-            key=lambda i: (batch.num_tokens[i] != 1, batch.seqs[i].num_computed_tokens),
+            key=lambda i: (
+                batch.num_tokens[i] != 1,
+                batch.num_tokens[i] > PAGED_MAX_CHUNK,
+                batch.seqs[i].num_computed_tokens,
+            ),
         )
         seqs = [batch.seqs[i] for i in order]
         counts = [batch.num_tokens[i] for i in order]
         input_ids, meta, sample_rows = self._prepare(seqs, counts)
         self._set_threads(input_ids.shape[0])
-        hidden = self.model.forward(input_ids, meta, self.kv_caches)
+        hidden = self._forward(input_ids, meta)
         if all_logits:
             return seqs, self.model.compute_logits(hidden)
         sampling = [s for s, r in zip(seqs, sample_rows, strict=True) if r is not None]
@@ -222,6 +324,70 @@ class ModelRunner:
             torch.set_num_threads(want)
 
     def _prepare(
+        self, seqs: list[Sequence], counts: list[int]
+    ) -> tuple[torch.Tensor, AttentionMetadata, list[int | None]]:
+        if self._native_step(sum(counts)) or getattr(self.model, "paged", None) is None:
+            return self._prepare_grouped(seqs, counts)
+        long = [n > PAGED_MAX_CHUNK for n in counts]
+        if long != sorted(long):  # the long chunks must come last (run() orders them so)
+            return self._prepare_grouped(seqs, counts)
+        return self._prepare_flat(seqs, counts)
+
+    def _prepare_flat(
+        self, seqs: list[Sequence], counts: list[int]
+    ) -> tuple[torch.Tensor, AttentionMetadata, list[int | None]]:
+        """The step's inputs for the native paged attention: per row its token, position and
+        sequence, per sequence its block table; no slots, groups or masks (the kernel takes
+        each row's slot from its table). Built with list slices and ranges, no loop per token."""
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        row_seq: list[int] = []
+        tables: list[list[int]] = []
+        sample_rows: list[int | None] = []
+        long_chunks: list[tuple[int, int, int, int]] = []  # (seq index, row, start, n)
+        num_decodes = 0
+        for i, (seq, n) in enumerate(zip(seqs, counts, strict=True)):
+            start = seq.num_computed_tokens
+            end = start + n
+            row = len(ids)
+            if n == 1:
+                ids.append(seq.token_ids[start])
+                positions.append(start)
+                row_seq.append(i)
+                num_decodes += 1
+            else:
+                ids.extend(seq.token_ids[start:end])
+                if end > len(seq):  # speculative guesses ride after the last token
+                    ids.extend(seq.draft_tokens[: end - len(seq)])
+                positions.extend(range(start, end))
+                row_seq.extend([i] * n)
+                if n > PAGED_MAX_CHUNK:
+                    long_chunks.append((i, row, start, n))
+            tables.append(seq.block_table[: -(-end // bs)])
+            sample_rows.append(row + n - 1 if end >= len(seq) else None)
+        width = max(len(t) for t in tables)
+        for t in tables:
+            if len(t) < width:
+                t.extend([0] * (width - len(t)))
+        dev = self.device
+        table_t = torch.tensor(tables, device=dev)
+        meta = AttentionMetadata(
+            positions=torch.tensor(positions, device=dev),
+            slot_mapping=torch.empty(0, dtype=torch.long, device=dev),
+            num_decodes=num_decodes,
+            row_seq=torch.tensor(row_seq, dtype=torch.int32, device=dev),
+            tables=table_t,
+            paged_rows=long_chunks[0][1] if long_chunks else len(ids),
+        )
+        for i, row, start, n in long_chunks:
+            table = table_t[i, : -(-(start + n) // bs)]
+            pos = meta.positions[row : row + n]
+            slots = table[pos // bs] * bs + pos % bs
+            meta.prefills.append(PrefillChunk(row, n, start + n, table, slots))
+        return torch.tensor(ids, device=dev), meta, sample_rows
+
+    def _prepare_grouped(
         self, seqs: list[Sequence], counts: list[int]
     ) -> tuple[torch.Tensor, AttentionMetadata, list[int | None]]:
         bs = self.block_size

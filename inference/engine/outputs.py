@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -91,3 +92,12 @@ class Delta:
     finish_reason: str | None = None
     error: str | None = None
     metrics: RequestMetrics | None = None
+    # The text of these tokens, not decoded yet (LLMEngine.defer_text: the consumer decodes
+    # it, off the step's path); `resolve_text()` appends it to `text`, in order.
+    text_job: Callable[[], str] | None = field(default=None, repr=False, compare=False)
+
+    def resolve_text(self) -> Delta:
+        if self.text_job is not None:
+            job, self.text_job = self.text_job, None
+            self.text += job()
+        return self

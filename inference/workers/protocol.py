@@ -4,7 +4,7 @@ To a worker, on its channel `engine.worker.<id>`::
 
     {"type": "generate", "request_id": str, "prompt": [int], "sampling": {...},
      "session_id": str | None, "reply_to": str,
-     "cache_salt": str | None, "shared_prefix_tokens": int}
+     "cache_salt": str | None, "shared_prefix_tokens": int, "model": str}
     {"type": "abort", "request_id": str}
 
 To a web process, on the reply channel it named (one per process and event loop)::
@@ -50,6 +50,18 @@ class EngineUnavailableError(EngineError):
     """No engine can take the request: it failed to load, or no worker is reachable."""
 
     code = "engine_unavailable"
+
+
+class ModelNotFoundError(EngineError):
+    """No engine here serves the model a request names (OpenAI's `model_not_found`)."""
+
+    code = "model_not_found"
+
+    def __init__(self, model: str, served: list[str] | None = None) -> None:
+        self.model = model
+        self.served = sorted(served or [])
+        known = f"; the models served are: {', '.join(self.served)}" if self.served else ""
+        super().__init__(f"The model '{model[:100]}' is not served here{known}.")
 
 
 # A refusal's code → the exception the web side raises again.
@@ -193,9 +205,11 @@ def generate_message(
     reply_to: str,
     cache_salt: str | None = None,
     shared_prefix_tokens: int = 0,
+    model: str = "",
 ) -> dict[str, Any]:
     """A request for a worker; `cache_salt` and `shared_prefix_tokens` scope its prefix
-    reuse on the worker as in LLMEngine.add_request (the web side derives them)."""
+    reuse on the worker as in LLMEngine.add_request (the web side derives them); `model`
+    is the model it was routed for (a worker serving another refuses it)."""
     return {
         "type": "generate",
         "request_id": request_id,
@@ -205,6 +219,7 @@ def generate_message(
         "reply_to": reply_to,
         "cache_salt": cache_salt,
         "shared_prefix_tokens": int(shared_prefix_tokens),
+        "model": model,
     }
 
 

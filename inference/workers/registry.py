@@ -3,10 +3,12 @@
     <ns>:worker:<id>        JSON entry (channel, load, model, ...), expires after
                             dead_after_s unless the worker beats again: alive == exists
     <ns>:workers            set of worker ids ever seen (pruned when their entry is gone)
-    <ns>:affinity:<session> the worker that served the session last (holds its KV)
+    <ns>:affinity:<model>:<session>
+                            the worker that served the session last with that model
+                            (holds its KV)
     <ns>:prefix-affinity:<digest>
                             the same for a request without a session, keyed by a digest
-                            of its prompt's first blocks (remote.prefix_keys)
+                            of its model and its prompt's first blocks (remote.prefix_keys)
 
 Each worker restarts with a new `incarnation`, so a restarted worker that reuses its id
 (a container's hostname and pid 1) is not mistaken for the one that died.
@@ -27,6 +29,10 @@ class WorkerInfo:
     channel: str
     incarnation: str
     model: str = ""
+    # The folder it loaded (a web process reads the model's tokenizer from it), and when
+    # that folder's config was written (/v1/models' `created`).
+    model_path: str = ""
+    model_created: int = 0
     host: str = ""
     max_model_len: int | None = None
     running: int = 0
@@ -68,8 +74,8 @@ class Keys:
     def worker(self, worker_id: str) -> str:
         return f"{self.ns}:worker:{worker_id}"
 
-    def affinity(self, session_id: str) -> str:
-        return f"{self.ns}:affinity:{session_id}"
+    def affinity(self, session_id: str, model: str = "") -> str:
+        return f"{self.ns}:affinity:{model}:{session_id}"
 
     def prefix_affinity(self, digest: str) -> str:
         return f"{self.ns}:prefix-affinity:{digest}"
@@ -113,16 +119,16 @@ class Registry:
         return (await self.routing(None))[0]
 
     async def routing(
-        self, session_id: str | None, prefix: list[str] | tuple[str, ...] = ()
+        self, session_id: str | None, prefix: list[str] | tuple[str, ...] = (), model: str = ""
     ) -> tuple[list[WorkerInfo], str | None]:
-        """The live workers, and the worker the session was served by last; without a
-        session, the worker that served the longest of these prompt-prefix digests (the
-        last found in `prefix`, which runs from the shortest prefix to the longest). Two
-        round trips."""
+        """The live workers, and the worker the session was served by last with `model`;
+        without a session, the worker that served the longest of these prompt-prefix
+        digests (the last found in `prefix`, which runs from the shortest prefix to the
+        longest). Two round trips."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.smembers(self.keys.workers)
         if session_id:
-            pipe.get(self.keys.affinity(session_id))
+            pipe.get(self.keys.affinity(session_id, model))
         elif prefix:
             pipe.mget([self.keys.prefix_affinity(d) for d in prefix])
         members, *found = await pipe.execute()
@@ -147,8 +153,8 @@ class Registry:
             for wid, raw in zip(worker_ids, raws, strict=True)
         }
 
-    async def set_affinity(self, session_id: str, worker_id: str) -> None:
-        await self.redis.set(self.keys.affinity(session_id), worker_id, ex=AFFINITY_TTL_S)
+    async def set_affinity(self, session_id: str, worker_id: str, model: str = "") -> None:
+        await self.redis.set(self.keys.affinity(session_id, model), worker_id, ex=AFFINITY_TTL_S)
 
     async def set_prefix_affinity(self, digest: str, worker_id: str) -> None:
         await self.redis.set(self.keys.prefix_affinity(digest), worker_id, ex=AFFINITY_TTL_S)

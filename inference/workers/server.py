@@ -24,11 +24,13 @@ from typing import Any
 from channels.exceptions import ChannelFull
 from redis import asyncio as aioredis
 
+from inference.catalog import created_at
 from inference.engine.errors import EngineError, InvalidRequestError
 from inference.workers.protocol import (
     REDIS_ERRORS,
     REDIS_OPTIONS,
     STOPPED,
+    EngineUnavailableError,
     consume,
     default_worker_id,
     delta_event,
@@ -68,6 +70,7 @@ class WorkerServer:
         namespace: str = "engine",
         worker_id: str | None = None,
         model: str = "",
+        model_path: str = "",
         flush_s: float = 0.015,
         dead_after_s: float = 3.0,
     ) -> None:
@@ -77,6 +80,8 @@ class WorkerServer:
         self.id = worker_id or default_worker_id()
         self.channel = worker_channel(self.id)
         self.model = model
+        self.model_path = model_path
+        self.model_created = created_at(model_path) if model_path else 0
         self.flush_s = max(0.0, flush_s)
         self.dead_after_s = dead_after_s
         # Three beats fit in the time after which the web side declares a worker dead.
@@ -145,6 +150,8 @@ class WorkerServer:
             channel=self.channel,
             incarnation=self.incarnation,
             model=self.model,
+            model_path=self.model_path,
+            model_created=self.model_created,
             host=socket.gethostname(),
             max_model_len=int(self.engine.max_model_len),
             running=int(stats.get("running") or 0),
@@ -194,6 +201,15 @@ class WorkerServer:
                 error = InvalidRequestError(f"request id {rid!r} is already streaming")
                 self._post(reply_to, refusal_event(rid, error), urgent=True)
                 return
+            wanted = message.get("model") or ""
+            if wanted and self.model and wanted != self.model:
+                # Routed here by a stale registration: refused as unavailable, so a retry is
+                # routed afresh.
+                stale = EngineUnavailableError(
+                    f"engine worker {self.id} serves {self.model!r}, not {wanted!r}"
+                )
+                self._post(reply_to, refusal_event(rid, stale), urgent=True)
+                return
             task = asyncio.create_task(self._serve(rid, message), name=f"serve-{rid}")
             self.requests[rid] = _Request(task, reply_to)
             self._load_changed.set()
@@ -239,7 +255,9 @@ class WorkerServer:
     async def _note_affinity(self, session_id: str) -> None:
         assert self.registry is not None
         with contextlib.suppress(*REDIS_ERRORS):
-            await asyncio.wait_for(self.registry.set_affinity(session_id, self.id), SEND_TIMEOUT_S)
+            await asyncio.wait_for(
+                self.registry.set_affinity(session_id, self.id, self.model), SEND_TIMEOUT_S
+            )
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)

@@ -208,7 +208,7 @@ def test_a_document_not_yet_sent_can_be_removed_but_a_sent_one_stays(alice: Any)
     assert c.delete(f"/api/attachments/{waiting['id']}/").status_code == 204
     sent = Attachment.objects.get(pk=upload(c, "b.txt", b"beta").json()["id"])
     conv = create_conversation(alice)
-    user_msg, _ = add_exchange(conv, None, "Read it", [], [sent])
+    user_msg, _ = add_exchange(conv, None, "Read it", [], documents=[sent])
     assert c.delete(f"/api/attachments/{sent.pk}/").status_code == 400
     assert list(user_msg.attachments.all()) == [sent]
 
@@ -291,7 +291,7 @@ def test_exports_carry_each_document_with_its_message(alice: Any) -> None:
     code = "print('```')\n"
     doc = Attachment.objects.get(pk=upload(c, "fence.py", code.encode()).json()["id"])
     conv = create_conversation(alice, "Code review")
-    user_msg, reply = add_exchange(conv, None, "What does it print?", [], [doc])
+    user_msg, reply = add_exchange(conv, None, "What does it print?", [], documents=[doc])
     Message.objects.filter(pk=reply.pk).update(text="Three backticks.", status="complete")
     data = c.get(f"/api/conversations/{conv.pk}/export.json").json()
     assert data["format"] == "chatapp.conversation/2"

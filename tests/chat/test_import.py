@@ -192,11 +192,11 @@ def test_export_then_import_gives_the_same_conversation(make_user: Any) -> None:
         alice, "Release plan", {"system_prompt": "Be terse.", "temperature": 0.2, "max_tokens": 77}
     )
     doc = create_pending(alice, "plan.md", b"# Plan\nShip Friday.", None)
-    u1, a1 = conversations.add_exchange(conv, None, "When do we ship?", [], [doc])
+    u1, a1 = conversations.add_exchange(conv, None, "When do we ship?", [], documents=[doc])
     finish(a1, "Friday.")
     _, a1b = conversations.add_exchange(conv, u1, None, [])  # regenerated
     finish(a1b, "On Friday.")
-    _, a2 = conversations.add_exchange(conv, None, "When exactly?", [], [])  # an edit
+    _, a2 = conversations.add_exchange(conv, None, "When exactly?", [])  # an edit
     finish(a2, "Friday at noon.")
     conversations.update_conversation(conv, {"active_message": a1b.pk})
 
@@ -206,6 +206,7 @@ def test_export_then_import_gives_the_same_conversation(make_user: Any) -> None:
     assert answer.status_code == 201, answer.content
     copy = Conversation.objects.get(owner=bob)
     assert (copy.title, copy.settings_dict) == (conv.title, conv.settings_dict)
+    assert conversations.model_of(copy) == conversations.model_of(conv)
     assert tree_of(copy) == tree_of(conv)
     assert all(a.owner_id == bob.pk for a in Attachment.objects.filter(message__conversation=copy))
     # ... and once more: the copy's export is the original's, ids and dates aside.

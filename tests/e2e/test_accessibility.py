@@ -1,8 +1,8 @@
 """Accessibility (issue 17, item 10): a finished reply is announced once to screen
 readers, a skip link leads to the message box, the conversation list is one Tab stop
 moved with the arrows, touch targets are 44 px on a phone, and axe-core finds no serious
-or critical violation on the chat, its settings dialog, the API keys, log-in and sign-up
-pages and the latency dashboard."""
+or critical violation on the chat, its settings, Share and account dialogs, the API keys,
+log-in and sign-up pages, a shared conversation and the latency dashboard."""
 
 from __future__ import annotations
 
@@ -239,4 +239,72 @@ def test_axe_finds_no_serious_or_critical_violation(
     finally:
         staff_ctx.close()
 
+    assert {k: v for k, v in found.items() if v} == {}, found
+
+
+def test_sharing_and_keys_show_axe_no_serious_or_critical_violation(
+    page: Page, browser: Browser, server: LiveServer
+) -> None:
+    username = page.get_by_test_id("username").inner_text()
+    cid = seed_reply(server, username, "Shared maths", "Show me.", MARKDOWN)
+    found: dict[str, list[str]] = {}
+    page.goto(f"/#/c/{cid}")
+    page.reload()
+    expect(replies(page).last.locator(".katex").first).to_be_visible()
+
+    page.get_by_test_id("share-button").click()
+    dialog = page.get_by_test_id("share-dialog")
+    expect(dialog.get_by_test_id("share-create")).to_have_text("Create link")
+    found["share dialog"] = axe_problems(page)
+    dialog.get_by_test_id("share-create").click()
+    expect(dialog.get_by_test_id("share-url")).to_be_visible()
+    url = dialog.get_by_test_id("share-url").input_value()
+    found["share dialog, shared"] = axe_problems(page)
+    dialog.get_by_test_id("share-revoke").click()
+    found["share dialog, stop sharing?"] = axe_problems(page)
+    dialog.get_by_test_id("share-revoke-cancel").click()
+    # Tab stays inside the dialog.
+    for _ in range(12):
+        page.keyboard.press("Tab")
+        assert page.evaluate(
+            "document.activeElement.closest('[data-testid=share-dialog]') !== null"
+        )
+    page.keyboard.press("Escape")
+
+    page.get_by_test_id("account-button").click()
+    account = page.get_by_test_id("account-dialog")
+    account.get_by_test_id("key-name").fill("axe check")
+    account.get_by_test_id("key-create").click()
+    expect(account.get_by_test_id("new-key")).to_be_visible()
+    expect(account.get_by_test_id("link-row")).to_have_count(1)
+    found["account dialog, new key"] = axe_problems(page)
+    account.get_by_test_id("key-revoke").click()
+    account.get_by_test_id("link-revoke").click()
+    found["account dialog, revoke?"] = axe_problems(page)
+    page.emulate_media(color_scheme="dark")
+    expect(page.locator("html")).to_have_attribute("data-theme", "dark")
+    found["account dialog, dark"] = axe_problems(page)
+    page.emulate_media(color_scheme="light")
+    page.keyboard.press("Escape")
+
+    page.goto("/settings/keys/")
+    page.fill("#key-name", "page check")
+    page.get_by_test_id("create-key").click()
+    expect(page.get_by_test_id("copy-key")).to_be_visible()
+    found["API keys page, new key"] = axe_problems(page)
+
+    anon = browser.new_context(viewport=DESKTOP, base_url=server.url)
+    try:
+        visitor = anon.new_page()
+        visitor.goto(url)
+        expect(visitor.get_by_test_id("shared-page")).to_have_attribute("data-ready", "true")
+        found["shared page"] = axe_problems(visitor)
+        visitor.emulate_media(color_scheme="dark")
+        expect(visitor.locator("html")).to_have_attribute("data-theme", "dark")
+        found["shared page, dark"] = axe_problems(visitor)
+        visitor.goto(url[:-1] + ("A" if url[-1] != "A" else "B"))
+        expect(visitor.get_by_test_id("shared-missing")).to_be_visible()
+        found["shared page, 404"] = axe_problems(visitor)
+    finally:
+        anon.close()
     assert {k: v for k, v in found.items() if v} == {}, found

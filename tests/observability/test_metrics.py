@@ -15,8 +15,8 @@ from chatapp.observability import engine_samples, recording
 from chatapp.observability.models import RequestRecord
 from chatapp.openai_api import streams
 from inference import metrics
+from inference.catalog import model_name
 from inference.engine import RequestMetrics, SamplingParams
-from inference.model_files import model_name
 from tests.engines import make_engine_client
 
 pytestmark = pytest.mark.django_db

@@ -14,8 +14,8 @@ from redis import asyncio as aioredis
 
 from chatapp.observability import engine_samples
 from inference import metrics
+from inference.catalog import model_name
 from inference.engine import SamplingParams
-from inference.model_files import model_name
 from inference.workers.registry import Registry, WorkerInfo
 from tests.engines import make_engine_client
 from tests.observability.test_metrics import sample_value

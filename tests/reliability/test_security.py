@@ -83,7 +83,7 @@ def test_api_keys_belong_to_their_owner(make_user: Any) -> None:
 def test_a_new_key_is_shown_once_and_stored_hashed(make_user: Any) -> None:
     c = Client()
     c.force_login(make_user("keen"))
-    page = c.post("/settings/keys/", {"name": "script"}).content.decode()
+    page = c.post("/settings/keys/", {"name": "script"}, follow=True).content.decode()
     raw = re.search(r"sk-chat-[\w-]+", page).group(0)
     assert not ApiKey.objects.filter(key_hash=raw).exists()
     assert raw not in c.get("/settings/keys/").content.decode()

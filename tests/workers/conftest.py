@@ -40,13 +40,22 @@ def worker_env(namespace: str, **env: str) -> dict[str, str]:
 
 
 class Worker(DjangoProcess):
-    """One `manage.py run_engine` process."""
+    """One `manage.py run_engine` process (with `args`, e.g. ("--model", "tiny=/m/tiny"))."""
 
-    def __init__(self, workdir: Path, model_dir: Path, namespace: str, worker_id: str, **env: str):
+    def __init__(
+        self,
+        workdir: Path,
+        model_dir: Path,
+        namespace: str,
+        worker_id: str,
+        args: tuple[str, ...] = (),
+        **env: str,
+    ):
         workdir.mkdir(parents=True, exist_ok=True)
         super().__init__(
             workdir, model_dir, **worker_env(namespace, ENGINE_WORKER_ID=worker_id, **env)
         )
+        self.args = args
         self.id = worker_id
         self.key = f"{namespace}:worker:{worker_id}"
         self.log = workdir / f"worker-{worker_id}.log"
@@ -54,7 +63,7 @@ class Worker(DjangoProcess):
     def start(self) -> Worker:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "manage.py", "run_engine"],
+                [sys.executable, "manage.py", "run_engine", *self.args],
                 cwd=ROOT,
                 env=self.env,
                 stdout=log,

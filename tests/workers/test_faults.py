@@ -17,6 +17,7 @@ from redis import Redis
 
 from inference.engine import SamplingParams
 from inference.workers.protocol import EngineUnavailableError
+from inference.workers.registry import Keys
 from tests.reliability.test_faults import redis_server
 from tests.servers import PASSWORD
 from tests.workers.conftest import (
@@ -84,7 +85,8 @@ def test_a_worker_killed_mid_reply_gives_a_clear_error_and_the_next_turn_works(
                 frames = [recv(sock)]
                 while frames[-1]["type"] != "delta":
                     frames.append(recv(sock))
-                serving = wait_for_key(redis, f"{namespace}:affinity:conversation-{cid}")
+                session = Keys(namespace).affinity(f"conversation-{cid}", tiny_model_dir.name)
+                serving = wait_for_key(redis, session)
                 victim = next(w for w in workers if w.id == serving)
                 victim.kill(signal.SIGKILL)
                 killed = time.monotonic()

@@ -20,7 +20,7 @@ from inference.backends.remote import (
     prefix_keys,
 )
 from inference.engine import SamplingParams
-from inference.workers.registry import WorkerInfo
+from inference.workers.registry import Keys, WorkerInfo
 from tests.workers.conftest import Worker, cleanup, workers_running
 
 
@@ -91,7 +91,7 @@ async def test_a_growing_history_without_a_user_stays_on_one_worker(
     assert home in {w.id for w in workers}
     # The home worker gets busier than the other (a long reply of another conversation,
     # pinned there by its session): load alone would now send every turn elsewhere.
-    redis.set(f"{namespace}:affinity:hog", home)
+    redis.set(Keys(namespace).affinity("hog", client.model_name), home)
     hog = client.generate(
         encode(client, "Something else entirely"),
         SamplingParams(max_tokens=1500, temperature=0, ignore_eos=True),

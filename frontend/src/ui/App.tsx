@@ -1,10 +1,13 @@
 import { useEffect, useState } from 'preact/hooks';
 import { exportUrl } from '../api';
 import { applyTheme, effectiveTheme, setTheme, watchSystemTheme, type Theme } from '../theme';
+import { AccountDialog } from './AccountDialog';
 import { Composer } from './Composer';
 import { useChat } from './hooks';
 import { MessageList } from './MessageList';
+import { ModelPicker } from './ModelPicker';
 import { SettingsDialog } from './SettingsDialog';
+import { ShareDialog } from './ShareDialog';
 import { Sidebar } from './Sidebar';
 
 export interface AppProps {
@@ -30,12 +33,16 @@ export function App(props: AppProps) {
   const announcement = ui.announcement.value;
   const [theme, setThemeState] = useState<Theme>(() => effectiveTheme());
   const [settingsOpen, setSettingsOpen] = useState(false);
+  const [shareOpen, setShareOpen] = useState(false);
+  const [accountOpen, setAccountOpen] = useState(false);
   const [drawer, setDrawer] = useState(false);
 
   useEffect(() => {
     applyTheme();
     return watchSystemTheme(setThemeState);
   }, []);
+
+  useEffect(() => setShareOpen(false), [currentId]);
 
   useEffect(() => {
     document.title = title ? `${title} · Chat` : 'Chat';
@@ -83,12 +90,14 @@ export function App(props: AppProps) {
         theme={theme}
         onToggleTheme={toggleTheme}
         onNavigate={() => setDrawer(false)}
+        onOpenAccount={() => setAccountOpen(true)}
       />
       <div class="scrim" data-testid="drawer-scrim" onClick={() => setDrawer(false)} />
       <main class="chat">
         <header class="chat-head">
           <button type="button" class="icon-btn menu" data-testid="sidebar-toggle" aria-label="Show conversations" aria-expanded={drawer} onClick={() => setDrawer(!drawer)}>☰</button>
           <h1 class="chat-title" data-testid="conversation-title">{title || 'New chat'}</h1>
+          <ModelPicker />
           <span class={'conn conn-' + conn} data-testid="connection-status" data-state={conn} title={CONN_WORDS[conn]}>
             <span class="dot" aria-hidden="true" />
             <span class="conn-text">{CONN_WORDS[conn]}</span>
@@ -99,12 +108,17 @@ export function App(props: AppProps) {
               <a class="icon-btn" data-testid="export-json" href={exportUrl(currentId, 'json')} download title="Export as JSON">JSON</a>
             </span>
           ) : null}
+          {currentId != null ? (
+            <button type="button" class="icon-btn" data-testid="share-button" aria-haspopup="dialog" title="Share a read-only link" onClick={() => setShareOpen(true)}>Share</button>
+          ) : null}
           <button type="button" class="icon-btn" data-testid="settings-button" aria-label="Conversation settings" title="Settings" onClick={() => setSettingsOpen(true)}>⚙</button>
         </header>
         <MessageList />
         <Composer />
       </main>
       {settingsOpen ? <SettingsDialog key={String(currentId)} onClose={() => setSettingsOpen(false)} /> : null}
+      {shareOpen && currentId != null ? <ShareDialog conversationId={currentId} username={props.username} onClose={() => setShareOpen(false)} /> : null}
+      {accountOpen ? <AccountDialog onClose={() => setAccountOpen(false)} onOpenConversation={(id) => conversations.select(id)} /> : null}
       {/* Always in the page (a live region added with its text is not read); the same words
           twice differ by a trailing space, so a second identical reply is read too. */}
       <div class="sr-only" role="status" aria-live="polite" aria-atomic="true" data-testid="reply-announcer">

@@ -44,11 +44,14 @@ export function Composer() {
 
   // Count the prompt against the window while there are documents or many words.
   const readyIds = ready.map((d) => d.info?.id).join(',');
+  // Counted for the model the send would go to: the picker's.
+  const model = conversations.modelOf(currentId, server.defaultModel.value);
   useEffect(() => {
     const wanted = ready.length > 0 || text.length >= COUNT_FROM_CHARS;
     const settings = currentId == null ? cleanSettings(conversations.draftSettings.value) : undefined;
-    attachments.measure(key, { conversation_id: currentId, text: text.trim(), ...(settings ? { settings } : {}) }, wanted);
-  }, [key, text, readyIds]);
+    const body = { conversation_id: currentId, text: text.trim(), ...(settings ? { settings } : {}), ...(model ? { model } : {}) };
+    attachments.measure(key, body, wanted);
+  }, [key, text, readyIds, model]);
 
   const tooLong = !!measure?.size && !measure.size.fits;
   const send = () => {

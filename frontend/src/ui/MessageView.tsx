@@ -177,6 +177,9 @@ function MessageViewInner({ m, busy, actions, figures }: Props) {
       {!editing ? (
         <div class="msg-foot">
           <Alternatives m={m} busy={busy} actions={actions} />
+          {m.role === 'assistant' && m.model ? (
+            <span class="msg-model" data-testid="message-model" title="The model that wrote this reply">{m.model}</span>
+          ) : null}
           {confirmed && !streaming ? (
             <span class="msg-actions">
               <button type="button" class="icon-btn" data-testid="message-copy" aria-label="Copy message" title="Copy" onClick={copy}>

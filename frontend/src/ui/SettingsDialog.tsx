@@ -31,6 +31,10 @@ function SettingsForm({ currentId, initial, onClose }: { currentId: number | nul
   const engine = server.engine.value;
   // The server's limits (GET /api/chat/limits/); the built-in copy only until they arrive.
   const limits = server.limits.value ?? FALLBACK_LIMITS;
+  // This conversation's model; the limits' context window is the default model's.
+  const model = conversations.modelOf(currentId, server.defaultModel.value) ?? engine?.model;
+  const isDefault = !!model && model === (server.defaultModel.value || engine?.model);
+  const context = (model ? server.contextOf(model) : null) ?? (isDefault ? limits.context_tokens ?? engine?.max_model_len ?? null : null);
   const [values, setValues] = useState<DialogValues>(() => ({
     system_prompt: initial.system_prompt ?? limits.system_prompt.default,
     temperature: String(initial.temperature ?? limits.temperature.default),
@@ -109,10 +113,11 @@ function SettingsForm({ currentId, initial, onClose }: { currentId: number | nul
             Show figures under each reply <span class="muted">(time to first token, speed, tokens, cached tokens; in every conversation, in this browser)</span>
           </span>
         </label>
-        {engine ? (
+        {model ? (
           <p class="muted small" data-testid="settings-model">
-            Model: {engine.model}
-            {limits.context_tokens ?? engine.max_model_len ? ` · context ${num((limits.context_tokens ?? engine.max_model_len) as number)} tokens` : ''}
+            Model: {model}
+            {context ? ` · context ${num(context)} tokens` : ''}
+            <span class="muted"> (change it at the top of the chat)</span>
           </p>
         ) : null}
         {error ? <p class="form-error" role="alert" data-testid="settings-error">{error}</p> : null}

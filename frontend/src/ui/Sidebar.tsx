@@ -13,6 +13,8 @@ interface Props {
   theme: 'light' | 'dark';
   onToggleTheme(): void;
   onNavigate(): void;
+  /** Opens the account dialog (API keys, shared links). */
+  onOpenAccount?(): void;
 }
 
 interface ItemProps {
@@ -222,6 +224,9 @@ export function Sidebar(props: Props) {
       </nav>
       <div class="sidebar-foot">
         <span class="user" data-testid="username" title={props.username}>{props.username}</span>
+        {props.onOpenAccount ? (
+          <button type="button" class="icon-btn" data-testid="account-button" aria-haspopup="dialog" title="API keys and shared links" onClick={props.onOpenAccount}>Account</button>
+        ) : null}
         {props.isStaff ? <a class="icon-btn" href="/admin/" data-testid="admin-link">Admin</a> : null}
         <button
           type="button"

@@ -6,6 +6,10 @@ ENGINE_MODE=distributed. Start as many as the machine holds; each takes its shar
 SIGTERM or Ctrl-C: it stops taking work, ends in-flight replies with a clear error,
 deregisters and exits.
 
+A worker serves one model: the default (CHATAPP_MODEL), or `--model NAME` (a name from
+CHATAPP_MODELS), `--model NAME=FOLDER` or `--model FOLDER`; it registers under that name
+and the web processes route requests for that model to it.
+
 `--check` loads the model, generates one token and exits 0. `--alive` exits 0 when a
 worker on this host has a current heartbeat (the compose healthcheck: it loads nothing).
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import time
@@ -22,9 +27,9 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from inference.catalog import ModelSpec, parse_model_list, served_models
 from inference.client import engine_config_from_settings
 from inference.engine import SamplingParams
-from inference.model_files import model_name
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +42,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--alive", action="store_true", help="exit 0 if a worker on this host is registered"
         )
+        parser.add_argument(
+            "--model",
+            default="",
+            help="the model to serve: a name from CHATAPP_MODELS, NAME=FOLDER or FOLDER "
+            "(default: CHATAPP_MODEL)",
+        )
         parser.add_argument("--stats-every", type=float, default=30.0)
 
     def handle(self, *args: object, **options: Any) -> None:
@@ -45,23 +56,48 @@ class Command(BaseCommand):
             return
         from inference.engine import AsyncEngine
 
+        spec = self._model(options["model"])
         started = time.monotonic()
-        engine = AsyncEngine(engine_config_from_settings())
+        engine = AsyncEngine(engine_config_from_settings({"MODEL": spec.path}))
         try:
             asyncio.run(self._warm_up(engine))
         except Exception as exc:
             engine.shutdown()
             raise CommandError(f"the engine cannot generate: {exc}") from exc
-        self.stdout.write(f"engine ready in {time.monotonic() - started:.1f}s")
+        self.stdout.write(f"engine ready in {time.monotonic() - started:.1f}s ({spec.name})")
         if options["check"]:
             engine.shutdown()
             return
         try:
-            asyncio.run(self._serve(engine, float(options["stats_every"])))
+            asyncio.run(self._serve(engine, spec, float(options["stats_every"])))
         finally:
             engine.shutdown()
 
-    async def _serve(self, engine: Any, stats_every: float) -> None:
+    @staticmethod
+    def _model(option: str) -> ModelSpec:
+        """The model `--model` names (default: the default model)."""
+        try:
+            cfg = settings.ENGINE
+            specs = served_models(str(cfg["MODEL"]), list(cfg.get("MODELS") or ()))
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        if not option:
+            return specs[0]
+        named = next((s for s in specs if s.name == option), None)
+        if named is not None:
+            return named
+        try:
+            given = parse_model_list(option)
+        except ValueError as exc:
+            raise CommandError(str(exc).replace("CHATAPP_MODELS", "--model")) from exc
+        if len(given) != 1 or ("=" not in option and not os.path.isdir(given[0].path)):
+            names = ", ".join(s.name for s in specs)
+            raise CommandError(
+                f"--model {option!r} is neither a model name ({names}) nor a model folder"
+            )
+        return given[0]
+
+    async def _serve(self, engine: Any, spec: ModelSpec, stats_every: float) -> None:
         from inference.workers.server import WorkerServer
 
         cfg = settings.ENGINE
@@ -70,7 +106,8 @@ class Command(BaseCommand):
             url=cfg["WORKERS_REDIS_URL"],
             namespace=cfg["WORKERS_NAMESPACE"],
             worker_id=cfg["WORKER_ID"] or None,
-            model=model_name(cfg["MODEL"]),
+            model=spec.name,
+            model_path=os.path.abspath(spec.path),
             flush_s=cfg["WORKER_FLUSH_MS"] / 1000,
             dead_after_s=float(cfg["WORKER_DEAD_AFTER_S"]),
         )
@@ -78,7 +115,7 @@ class Command(BaseCommand):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        self.stdout.write(f"engine worker {server.id} serving", ending="\n")
+        self.stdout.write(f"engine worker {server.id} serving {spec.name}", ending="\n")
         self.stdout.flush()
         reporter = asyncio.create_task(self._report(engine, stats_every))
         try:

@@ -1,0 +1,33 @@
+import { useChat } from './hooks';
+
+/**
+ * The model of the conversation on screen (the new chat's before its first send). A pick is
+ * remembered on the conversation (PATCH) and every turn names it; a model that is no longer
+ * served stays shown, marked, until another is picked.
+ */
+export function ModelPicker() {
+  const { conversations, server, ui } = useChat();
+  const id = conversations.currentId.value;
+  const served = server.models.value?.models.map((m) => m.id) ?? [];
+  const current = conversations.modelOf(id, server.defaultModel.value) ?? '';
+  const options = current && !served.includes(current) ? [...served, current] : served;
+
+  const pick = async (e: Event) => {
+    const model = (e.target as HTMLSelectElement).value;
+    const r = await conversations.setModel(id, model);
+    if (!r.ok) ui.notify(id ?? 'new', r.error || 'Could not change the model.', 'model_not_found');
+  };
+
+  return (
+    <label class="model-picker" title="The model that answers in this conversation">
+      <span class="sr-only">Model</span>
+      <select data-testid="model-picker" value={current} disabled={!current || options.length === 0} onChange={pick}>
+        {options.map((m) => (
+          <option key={m} value={m}>
+            {served.includes(m) ? m : `${m} (not served)`}
+          </option>
+        ))}
+      </select>
+    </label>
+  );
+}

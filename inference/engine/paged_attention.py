@@ -1,0 +1,142 @@
+"""Attention over the paged KV pool in one native call per layer (kernels/paged_attention.c).
+
+The torch path gathered each decode group's blocks into a contiguous tensor and ran SDPA
+with a padding mask over it; at 64 rows the gather cost as much as the attention itself
+(docs/performance.md). The kernel reads each row's blocks where they lie and writes the
+step's new K/V first, so decodes, guesses and prefill chunks all take it. Float32 pools on
+a CPU with AVX2/FMA only; anything else keeps the gather + SDPA path.
+
+The C file is built once with the system's gcc into the cache folder, as quant_gemm.c is
+(kernels/__init__.py), and called through ctypes, which releases the GIL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from inference.engine import kernels
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(kernels.__file__).with_name("paged_attention.c")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-pthread", "-shared", "-fPIC"]
+_REQUIRED_CPU_FLAGS = {"avx2", "fma"}
+
+
+class PagedShape(ctypes.Structure):
+    _fields_ = [
+        ("heads", ctypes.c_int),
+        ("kv_heads", ctypes.c_int),
+        ("head_dim", ctypes.c_int),
+        ("block_size", ctypes.c_int),
+        ("num_blocks", ctypes.c_int),
+        ("scale", ctypes.c_float),
+    ]
+
+
+def _build(target: Path) -> None:
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (gcc) found")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Built beside the target and renamed, so a concurrent loader never sees half a file.
+    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
+        partial = Path(tmp.name)
+    try:
+        subprocess.run(
+            [compiler, *FLAGS, "-o", str(partial), str(SOURCE), "-lm"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        partial.rename(target)
+    except subprocess.CalledProcessError as exc:
+        partial.unlink(missing_ok=True)
+        raise RuntimeError(f"building {SOURCE.name} failed: {exc.stderr.strip()[-500:]}") from exc
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+@cache
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel, built on first use; None where it cannot run here."""
+    if not kernels._cpu_flags() >= _REQUIRED_CPU_FLAGS:
+        return None
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    target = kernels._cache_dir() / f"paged_attention-{digest}.so"
+    try:
+        if not target.is_file():
+            _build(target)
+        lib = ctypes.CDLL(str(target))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        log.warning("native paged attention unavailable, gathering blocks for SDPA: %s", exc)
+        return None
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.paged_attention.argtypes = [ctypes.POINTER(PagedShape), p, i, p, p, p, i, i, p, p, i]
+    lib.paged_attention.restype = i
+    return lib
+
+
+class PagedAttention:
+    """One model's attention over its pools: `__call__` per layer and step."""
+
+    def __init__(
+        self, lib: ctypes.CDLL, heads: int, kv_heads: int, head_dim: int, scale: float
+    ) -> None:
+        self.lib = lib
+        self.heads, self.kv_heads, self.head_dim, self.scale = heads, kv_heads, head_dim, scale
+        self._shape: PagedShape | None = None
+        self._pool_shape: tuple[int, ...] = ()
+
+    @staticmethod
+    def usable(device: torch.device, dtype: torch.dtype) -> bool:
+        return device.type == "cpu" and dtype == torch.float32 and load() is not None
+
+    def __call__(
+        self,
+        qkv: torch.Tensor,
+        pool: torch.Tensor,
+        positions: torch.Tensor,
+        row_seq: torch.Tensor,
+        tables: torch.Tensor,
+        threads: int,
+    ) -> torch.Tensor:
+        """qkv [rows, heads + 2 * kv_heads, head_dim] (rope applied, contiguous) -> the
+        attention output [rows, heads, head_dim]; the rows' K/V are written into `pool`.
+
+        positions [rows] int64, row_seq [rows] int32 (which row of `tables` is the row's
+        block table), tables [sequences, width] int64."""
+        rows = qkv.shape[0]
+        out = qkv.new_empty(rows, self.heads, self.head_dim)
+        if rows == 0:
+            return out
+        shape = self._shape_for(pool)
+        rc = self.lib.paged_attention(
+            ctypes.byref(shape), qkv.data_ptr(), rows, positions.data_ptr(),
+            row_seq.data_ptr(), tables.data_ptr(), tables.shape[0], tables.shape[1],
+            pool.data_ptr(), out.data_ptr(), threads,
+        )  # fmt: skip
+        if rc:
+            raise RuntimeError("paged_attention: a row's position or block table is out of range")
+        return out
+
+    def _shape_for(self, pool: torch.Tensor) -> PagedShape:
+        if self._shape is None or tuple(pool.shape) != self._pool_shape:
+            if pool.dtype != torch.float32 or not pool.is_contiguous():
+                raise ValueError("paged attention needs a contiguous float32 KV pool")
+            self._pool_shape = tuple(pool.shape)
+            self._shape = PagedShape(
+                self.heads, self.kv_heads, self.head_dim, pool.shape[2], pool.shape[1], self.scale
+            )
+        return self._shape

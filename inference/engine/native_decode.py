@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 def _matrix(blocks: object) -> kernels.Q4Matrix:
-    assert isinstance(blocks, Q4_1) and blocks.paired
+    assert isinstance(blocks, Q4_1) and blocks.kernel
     n, k = blocks.shape
     return kernels.Q4Matrix(blocks.qs.data_ptr(), blocks.d.data_ptr(), blocks.m.data_ptr(), n, k)
 
@@ -55,7 +55,7 @@ class NativeDecoder:
             and model.dtype == torch.float32
             and model.tp_size == 1
             and all(
-                isinstance(lin.blocks, Q4_1) and lin.blocks.paired
+                isinstance(lin.blocks, Q4_1) and lin.blocks.kernel
                 for layer in model.layers
                 for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
             )

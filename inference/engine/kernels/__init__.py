@@ -5,9 +5,9 @@ steps).
 
 Why our own: at one row a step is bound by the bytes of weights it reads, so 4-bit weights
 should cost a quarter of bf16. torch's `_weight_int4pack_mm_for_cpu` is fast only with
-AVX512; on an AVX2 CPU it measured ~30x slower than fp16 weights. The C file is ~200 lines,
-compiled with the system's gcc into the cache folder on first use (about a second) and
-loaded with ctypes (which drops the GIL during the call). No compiler, or a CPU without
+AVX512; on an AVX2 CPU it measured ~30x slower than fp16 weights. The C file is compiled
+with the system's gcc into the cache folder on first use (about a second) and loaded with
+ctypes (which drops the GIL during the call). No compiler, or a CPU without
 AVX2 and FMA: `load()` returns None and the engine keeps its torch weights.
 """
 
@@ -180,11 +180,16 @@ class LayerShape(ctypes.Structure):
 
 
 def q4_1_gemm(
-    lib: ctypes.CDLL, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor, x: torch.Tensor
+    lib: ctypes.CDLL,
+    qs: torch.Tensor,
+    d: torch.Tensor,
+    m: torch.Tensor,
+    x: torch.Tensor,
+    n: int,
 ) -> torch.Tensor:
-    """x [rows, K] float32 contiguous @ Q4_1 weights (qs [N, K/2], d and m [N, K/32]).T"""
+    """x [rows, K] float32 contiguous @ the n columns of Q4_1 weights in the kernel layout
+    (quantized.Q4_1.for_kernel: qs [N', K/2], d and m [N', K/32], N' = n rounded up to 8).T"""
     rows, k = x.shape
-    n = qs.shape[0]
     y = torch.empty(rows, n, dtype=torch.float32)
     rc = lib.q4_1_gemm(
         qs.data_ptr(), d.data_ptr(), m.data_ptr(), n, k, x.data_ptr(), rows, y.data_ptr(),
@@ -195,10 +200,12 @@ def q4_1_gemm(
     return y
 
 
-def q8_0_gemm(lib: ctypes.CDLL, qs: torch.Tensor, d: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """x [rows, K] float32 contiguous @ Q8_0 weights (qs int8 [N, K], d float32 [N, K/32]).T"""
+def q8_0_gemm(
+    lib: ctypes.CDLL, qs: torch.Tensor, d: torch.Tensor, x: torch.Tensor, n: int
+) -> torch.Tensor:
+    """x [rows, K] float32 contiguous @ the n columns of Q8_0 weights in the kernel layout
+    (quantized.Q8_0.for_kernel: qs int8 [N', K], d float32 [N', K/32]).T"""
     rows, k = x.shape
-    n = qs.shape[0]
     y = torch.empty(rows, n, dtype=torch.float32)
     rc = lib.q8_0_gemm(
         qs.data_ptr(), d.data_ptr(), n, k, x.data_ptr(), rows, y.data_ptr(),

@@ -274,6 +274,7 @@ static void q8_tile(const Q8Matrix *W, int g0, int g1, const Wide *q, int r0, in
  */
 
 typedef void (*chunk_fn)(void *arg, int chunk);
+void pool_run(chunk_fn fn, void *arg, int chunks, int nth);
 
 #define MAX_THREADS 64
 #define SPIN_NS 200000L /* a worker sleeps after this long without a task */
@@ -366,8 +367,8 @@ static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 static void pool_init(void) { pthread_atfork(NULL, NULL, pool_after_fork); }
 
 /* fn(arg, c) for every chunk c in 0..chunks-1, on up to nth threads (the caller one of
- * them); returns when all are done. */
-static void pool_run(chunk_fn fn, void *arg, int chunks, int nth) {
+ * them); returns when all are done. Shared with sample.c, not exported from the library. */
+__attribute__((visibility("hidden"))) void pool_run(chunk_fn fn, void *arg, int chunks, int nth) {
     if (nth > MAX_THREADS) nth = MAX_THREADS;
     if (nth > chunks) nth = chunks;
     if (nth <= 1) {

@@ -28,6 +28,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(n) for n in ("quant_gemm.c", "sample.c")]
+HEADER = Path(__file__).with_name("simd.h")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC"]
 _REQUIRED_CPU_FLAGS = {"avx2", "fma", "f16c"}
 # Where the CPU lists them (as the kernel sees them: /proc/cpuinfo, not the compiler's own
@@ -124,7 +125,7 @@ def load() -> ctypes.CDLL | None:
         log.info("native 4-bit kernels off: the CPU lacks %s", ", ".join(sorted(missing)))
         return None
     flags = build_flags(cpu)
-    source = b"".join(s.read_bytes() for s in SOURCES)
+    source = b"".join(s.read_bytes() for s in (*SOURCES, HEADER))
     digest = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
     target = _cache_dir() / f"quant_gemm-{digest}.so"
     try:

@@ -30,6 +30,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "simd.h"
+
 #define QK 32
 #define GROUP 8     /* columns side by side in the kernel layout */
 #define ROW_TILE 4  /* rows that share one unpacking of a weight block */
@@ -53,18 +55,40 @@ typedef struct {
     float *dx, *sx; /* per row and block: the scale, and scale * sum(qx) */
 } QuantizedRows;
 
+static inline float hmax256(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+static inline int hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* Per block of 32: d = max|x| / 127, q = round(x / d) (to nearest even, as lrintf). */
 static void quantize_row(const float *x, int K, int8_t *qx, float *dx, float *sx) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int b = 0; b < K / QK; b++) {
         const float *xb = x + b * QK;
-        float amax = 0.0f;
-        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
-        float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-        int sum = 0;
-        for (int j = 0; j < QK; j++) {
-            int q = (int)lrintf(xb[j] * id);
-            qx[b * QK + j] = (int8_t)q;
-            sum += q;
+        __m256 v[4], amax = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            v[j] = _mm256_loadu_ps(xb + 8 * j);
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
         }
+        float d = hmax256(amax) / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], vid));
+        int sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]),
+                                              _mm256_add_epi32(q[2], q[3])));
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                       _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)(qx + b * QK), _mm256_permutevar8x32_epi32(p, order));
         dx[b] = d;
         sx[b] = d * (float)sum;
     }
@@ -259,7 +283,7 @@ static void q8_tile(const Q8Matrix *W, int g0, int g1, const Wide *q, int r0, in
 /* ---- A small thread pool: the step's other cores ------------------------------------------
  *
  * A decode step calls ~150 tasks (products, attention) of 10-100 us each. Each task is cut
- * into chunks (64 output columns, or one attention head of one row) that the calling thread
+ * into chunks (128 output columns, or one attention head of one row) that the calling thread
  * and the workers claim one at a time from a shared counter. The caller never waits for a
  * worker that has not started: when the web side or another process holds a worker's core,
  * the caller runs that worker's share itself, and waits only for chunks a worker is already
@@ -421,7 +445,7 @@ __attribute__((visibility("hidden"))) void pool_run(chunk_fn fn, void *arg, int 
 
 /* ---- The products, chunked for the pool --------------------------------------------------- */
 
-#define CHUNK_GROUPS 8 /* 64 output columns a chunk */
+#define CHUNK_GROUPS 16 /* 128 output columns a chunk */
 
 static int chunks_of(int n) { return ((n + GROUP - 1) / GROUP + CHUNK_GROUPS - 1) / CHUNK_GROUPS; }
 
@@ -645,7 +669,14 @@ int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
     for (int r = 0; r < rows; r++) {
         const float *g = gu + (size_t)r * 2 * I;
         float *act = gu + (size_t)r * I;
-        for (int i = 0; i < I; i++) {
+        int i = 0;
+        const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+        for (; i + 8 <= I; i += 8) {
+            __m256 a = _mm256_loadu_ps(g + i), u = _mm256_loadu_ps(g + I + i);
+            __m256 e = exp256(_mm256_xor_ps(a, sign));
+            _mm256_storeu_ps(act + i, _mm256_mul_ps(_mm256_div_ps(a, _mm256_add_ps(one, e)), u));
+        }
+        for (; i < I; i++) {
             float a = g[i], u = g[I + i];
             act[i] = a / (1.0f + expf(-a)) * u;
         }

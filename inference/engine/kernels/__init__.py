@@ -144,6 +144,10 @@ def load() -> ctypes.CDLL | None:
         ctypes.POINTER(LayerShape), ctypes.POINTER(LayerWeights), p, i, p, p, p, p, i, p, i
     ]  # fmt: skip
     lib.decode_layer.restype = i
+    lib.decode_layers.argtypes = [
+        ctypes.POINTER(LayerShape), ctypes.POINTER(LayerWeights), i, p, i, p, p, p, p, i, p, i
+    ]  # fmt: skip
+    lib.decode_layers.restype = i
     lib.sample_rows.argtypes = [p, i, i, p, p, p, p, p, p, i]
     lib.sample_rows.restype = None
     return lib

@@ -691,3 +691,19 @@ out:
     free(gu);
     return rc;
 }
+
+/* Every layer of a step in one call: one hand-off of the GIL a step instead of one a layer
+ * (when the web side's thread took the GIL during a layer, the engine's thread waited for
+ * it at that layer's return). pools[i]: layer i's KV pool. Returns the failing layer's
+ * decode_layer code, 0 when all went through. */
+int decode_layers(const LayerShape *s, const LayerWeights *w, int layers, float *x, int rows,
+                  const int64_t *positions, const float *cos, const float *sin,
+                  const int64_t *block_tables, int table_width, float *const *pools,
+                  int nthreads) {
+    for (int i = 0; i < layers; i++) {
+        int rc = decode_layer(s, w + i, x, rows, positions, cos, sin, block_tables, table_width,
+                              pools[i], nthreads);
+        if (rc) return rc;
+    }
+    return 0;
+}

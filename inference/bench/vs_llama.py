@@ -148,9 +148,10 @@ def print_table(results: dict[str, Any]) -> None:
         for name in level["systems"]:
             cells = " | ".join(cell(level[name], f) for f in FIGURES)
             print(f"| {c} | {name} | {cells} |")
+        base = "llama" if LLAMA in level["systems"] else level["systems"][0]
         for name, r in level["ratios"].items():
             cells = " | ".join(f"{r[f]:.2f}x" if f in r else "-" for f in RATIOS)
-            print(f"| {c} | {name} / llama | {cells} | |")
+            print(f"| {c} | {name} / {base} | {cells} | |")
 
 
 def cpu_model() -> str:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from inference.engine.speculative import NgramProposer, verify_greedy, verify_sampled
+from inference.engine.sampler import filter_logits
+from inference.engine.sampling_params import SamplingParams
+from inference.engine.speculative import (
+    NgramProposer,
+    verify_greedy,
+    verify_sampled,
+    verify_sampled_guesses,
+)
 
 
 def test_ngram_proposes_what_followed_the_latest_match() -> None:
@@ -51,6 +58,29 @@ def test_sampled_verification_keeps_the_target_distribution() -> None:
             first.append(verify_sampled(p, [g], gen, draft_probs)[0])
         tv = 0.5 * float((_empirical(first, vocab) - p[0]).abs().sum())
         assert tv < 0.02, (guess, tv)
+
+
+def test_sampled_guesses_from_raw_logits_keep_the_filtered_distribution() -> None:
+    """verify_sampled_guesses (the native path where the kernels build) filters each row as
+    the sampler does: the first emitted token follows the filtered p whatever the guess
+    (a likely one, one the filters drop), and after a kept guess the next follows row 2's."""
+    vocab = 40
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, vocab, generator=gen) * 2
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    p = [torch.softmax(filter_logits(row, params), dim=-1) for row in logits]
+    for guess in (int(p[0].argmax()), int(p[0].argmin())):
+        first, second = [], []
+        for _ in range(20000):
+            out = verify_sampled_guesses(logits, [guess], params, gen)
+            first.append(out[0])
+            if out[0] == guess and len(out) == 2:
+                second.append(out[1])
+        tv = 0.5 * float((_empirical(first, vocab) - p[0]).abs().sum())
+        assert tv < 0.02, (guess, tv)
+        if len(second) > 2000:
+            tv = 0.5 * float((_empirical(second, vocab) - p[1]).abs().sum())
+            assert tv < 0.04, (guess, tv)
 
 
 def test_sampled_verification_accepts_a_sure_guess_and_adds_a_bonus() -> None:

@@ -150,6 +150,9 @@ def load() -> ctypes.CDLL | None:
     lib.decode_layers.restype = i
     lib.sample_rows.argtypes = [p, i, i, p, p, p, p, p, p, i]
     lib.sample_rows.restype = None
+    f = ctypes.c_float
+    lib.spec_sample.argtypes = [p, i, f, i, f, f, ctypes.c_int64, f, f]
+    lib.spec_sample.restype = ctypes.c_int64
     return lib
 
 

@@ -40,8 +40,8 @@ static __thread float *tls_e;
 static __thread int tls_cap;
 static __thread Cand *tls_cand;
 
-static int64_t sample_row(const float *l, int V, float T, int top_k, float top_p, float min_p,
-                          float u) {
+/* The row's weights e (relative to its best token, e = 1) into tls_e and their sum *z. */
+static int weigh(const float *l, int V, float T, double *z) {
     if (V > tls_cap) {
         float *grown = realloc(tls_e, sizeof(float) * ((size_t)V + 8));
         if (!grown) return -2;
@@ -61,29 +61,25 @@ static int64_t sample_row(const float *l, int V, float T, int top_k, float top_p
         _mm256_storeu_ps(e + i, v);
         vz = _mm256_add_ps(vz, v);
     }
-    float tail[8];
-    _mm256_storeu_ps(tail, vz);
-    double z = 0;
-    for (int j = 0; j < 8; j++) z += tail[j];
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vz);
+    double sum = 0;
+    for (int j = 0; j < 8; j++) sum += lanes[j];
     for (; i < V; i++) {
-        __m256 v = exp256(_mm256_set1_ps(l[i] / T - m));
-        e[i] = _mm256_cvtss_f32(v);
-        z += e[i];
+        e[i] = _mm256_cvtss_f32(exp256(_mm256_set1_ps(l[i] / T - m)));
+        sum += e[i];
     }
-    int filtered = (0 < top_k && top_k < V) || top_p < 1.0f || min_p > 0.0f;
-    if (!filtered) {
-        double target = (double)u * z, acc = 0;
-        for (int j = 0; j < V; j++) {
-            acc += e[j];
-            if (acc > target) return j;
-        }
-        for (int j = V - 1; j >= 0; j--)
-            if (e[j] > 0) return j;
-        return 0;
-    }
-    int n = 0;
+    *z = sum;
+    return 0;
+}
+
+/* What the filters keep, as tls_cand[0 .. *kept), most likely first: 0, or -1 where the
+ * candidates do not decide it. Only for rows with a filter. */
+static int filter_kept(int V, double z, int top_k, float top_p, float min_p, int *kept_out) {
+    const float *e = tls_e;
+    int n = 0, i = 0;
     const __m256 vmin = _mm256_set1_ps(CAND_MIN);
-    for (i = 0; i + 8 <= V; i += 8) {
+    for (; i + 8 <= V; i += 8) {
         int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(e + i), vmin, _CMP_GE_OQ));
         while (mask) {
             int j = i + __builtin_ctz(mask);
@@ -124,14 +120,77 @@ static int64_t sample_row(const float *l, int V, float T, int top_k, float top_p
         float floor_e = min_p * tls_cand[0].e;
         while (kept > 1 && tls_cand[kept - 1].e < floor_e) kept--;
     }
+    *kept_out = kept;
+    return 0;
+}
+
+/* A draw by inverse CDF with uniform u: among the kept candidates (kept >= 0) or, for an
+ * unfiltered row (kept < 0), over the whole vocabulary in token order; `skip` (>= 0) is
+ * left out, as if its weight were 0. */
+static int64_t draw_kept(int V, int kept, double total, double u, int64_t skip) {
+    double target = u * total, acc = 0;
+    int64_t last = -1;
+    if (kept < 0) {
+        for (int j = 0; j < V; j++) {
+            if (j == skip || tls_e[j] <= 0) continue;
+            acc += tls_e[j];
+            last = j;
+            if (acc > target) return j;
+        }
+        return last >= 0 ? last : 0;
+    }
+    for (int j = 0; j < kept; j++) {
+        if (tls_cand[j].i == skip) continue;
+        acc += tls_cand[j].e;
+        last = tls_cand[j].i;
+        if (acc > target) return last;
+    }
+    return last >= 0 ? last : tls_cand[0].i;
+}
+
+static int is_filtered(int V, int top_k, float top_p, float min_p) {
+    return (0 < top_k && top_k < V) || top_p < 1.0f || min_p > 0.0f;
+}
+
+static int64_t sample_row(const float *l, int V, float T, int top_k, float top_p, float min_p,
+                          float u) {
+    double z;
+    if (weigh(l, V, T, &z)) return -2;
+    if (!is_filtered(V, top_k, top_p, min_p)) return draw_kept(V, -1, z, u, -1);
+    int kept;
+    if (filter_kept(V, z, top_k, top_p, min_p, &kept)) return -1;
     double total = 0;
     for (int j = 0; j < kept; j++) total += tls_cand[j].e;
-    double target = (double)u * total, acc = 0;
-    for (int j = 0; j < kept; j++) {
-        acc += tls_cand[j].e;
-        if (acc > target) return tls_cand[j].i;
+    return draw_kept(V, kept, total, u, -1);
+}
+
+/* One step of rejection sampling for a deterministic guess (prompt lookup): the guess stands
+ * with probability p(guess) under the filtered distribution (u_accept < p); else the token
+ * is drawn from p without the guess, renormalized (u_draw). Returns the guess when it
+ * stands, the drawn token otherwise, -1 where the candidates do not decide the filters,
+ * -2 when out of memory. */
+int64_t spec_sample(const float *l, int V, float T, int top_k, float top_p, float min_p,
+                    int64_t guess, float u_accept, float u_draw) {
+    double z;
+    if (weigh(l, V, T, &z)) return -2;
+    int kept = -1;
+    double total = z;
+    if (is_filtered(V, top_k, top_p, min_p)) {
+        if (filter_kept(V, z, top_k, top_p, min_p, &kept)) return -1;
+        total = 0;
+        for (int j = 0; j < kept; j++) total += tls_cand[j].e;
     }
-    return tls_cand[kept - 1].i;
+    double p_guess = 0;
+    if (kept < 0) {
+        p_guess = (guess >= 0 && guess < V) ? tls_e[guess] / total : 0;
+    } else {
+        for (int j = 0; j < kept; j++)
+            if (tls_cand[j].i == guess) p_guess = tls_cand[j].e / total;
+    }
+    if ((double)u_accept < p_guess) return guess;
+    double rest = total - p_guess * total;
+    if (rest <= 0) return guess; /* p is all on the guess: any draw from p is the guess */
+    return draw_kept(V, kept, rest, u_draw, guess);
 }
 
 typedef struct {

@@ -233,6 +233,10 @@ class Speculator:
         spare = None if self.row_budget is None else self.row_budget - len(decoding)
         if spare is not None and spare <= 0:
             return
+        if spare is not None and any(s.num_uncomputed_tokens > 1 for s in running):
+            # A prompt's chunk in the same step puts it on the torch path, where each guess
+            # row costs about what a token does: "auto" waits for a step of decodes alone.
+            return
         wanted: list[tuple[Sequence, int]] = []
         for seq in decoding:
             if seq.sampling.repetition_penalty != 1.0:

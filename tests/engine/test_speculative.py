@@ -123,6 +123,19 @@ def test_auto_keeps_a_steps_rows_within_the_small_step_budget() -> None:
     assert all(not s.draft_tokens for s in eight)
 
 
+def test_auto_does_not_guess_in_a_step_that_prefills_a_prompt() -> None:
+    """A prompt's chunk makes the step a large one (the torch path), where guesses cost
+    about a token each: auto proposes only in steps of decodes alone; ngram still does."""
+    spec = _auto_speculator(row_budget=8)
+    decoding = _repeating_seq("d")
+    prefilling = _repeating_seq("p")
+    prefilling.num_computed_tokens = 0
+    spec.propose([decoding, prefilling])
+    assert not decoding.draft_tokens
+    spec.propose([decoding])
+    assert len(decoding.draft_tokens) == 4
+
+
 def test_auto_pauses_a_sequence_whose_guesses_do_not_pay_for_their_step() -> None:
     """A checked step emits 1 + accepted tokens; auto keeps guessing only while that beats
     how much longer such steps take than plain ones."""

@@ -14,16 +14,14 @@ AVX2 and FMA: `load()` returns None and the engine keeps its torch weights.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
 from functools import cache
 from pathlib import Path
 
 import torch
+
+from inference.engine.kernels.build import compiled_library
 
 log = logging.getLogger(__name__)
 
@@ -74,39 +72,6 @@ def cpu_has_native_bf16() -> bool:
     return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("CHATAPP_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "chatapp"
-    )
-    return Path(root) / "kernels"
-
-
-def _build(target: Path, flags: list[str]) -> None:
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        raise RuntimeError("no C compiler (gcc) found")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename, so a concurrent loader never sees half a file.
-    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
-        partial = Path(tmp.name)
-    try:
-        subprocess.run(
-            [compiler, *flags, "-o", str(partial), *map(str, SOURCES), "-lm"],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        partial.rename(target)
-    except subprocess.CalledProcessError as exc:
-        partial.unlink(missing_ok=True)
-        names = " ".join(s.name for s in SOURCES)
-        raise RuntimeError(f"building {names} failed: {exc.stderr.strip()[-500:]}") from exc
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-
-
 def build_flags(cpu_flags: frozenset[str]) -> list[str]:
     """The compiler flags for this CPU: AVX2 always, the AVX512 set only when all of it is
     there (ENGINE_KERNELS_AVX512=0 keeps the AVX2 build, for comparisons)."""
@@ -125,14 +90,9 @@ def load() -> ctypes.CDLL | None:
         log.info("native 4-bit kernels off: the CPU lacks %s", ", ".join(sorted(missing)))
         return None
     flags = build_flags(cpu)
-    source = b"".join(s.read_bytes() for s in (*SOURCES, HEADER))
-    digest = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"quant_gemm-{digest}.so"
     try:
-        if not target.is_file():
-            _build(target, flags)
-        lib = ctypes.CDLL(str(target))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        lib = compiled_library("quant_gemm", SOURCES, flags, [HEADER])
+    except (OSError, RuntimeError) as exc:
         log.warning("native 4-bit kernels unavailable, using torch weights: %s", exc)
         return None
     p, i = ctypes.c_void_p, ctypes.c_int

@@ -7,7 +7,12 @@ Each client holds a conversation: every turn streams a chat completion with the 
 history so far (its earlier questions and the server's own answers) plus a new question,
 as a chat UI does. It records the time to the first content chunk (TTFT), the time per
 output token after the first (TPOT: from first to last chunk over tokens - 1), and the
-tokens the server reports. Prints a table and, with --json, a file.
+tokens the server reports; where the server reports its own per-token time in the stream
+(llama-server's `timings`), that too. Prints a table and, with --json, a file.
+
+Workloads (`--workload`): `chat` (short questions, then follow-ups: the default), `rewrite`
+(the first turn asks to repeat or edit a passage given in the prompt: output that prompt
+lookup can guess) and `story` (open-ended stories: output it cannot).
 """
 
 from __future__ import annotations
@@ -31,19 +36,62 @@ QUESTIONS = [
     "Summarise the story of Cinderella.",
 ]
 FOLLOW_UPS = ["Tell me more.", "Can you make it shorter?", "Why is that?", "Give an example."]
+PASSAGE = (
+    "The old lighthouse stood at the end of the harbour wall for nearly two hundred years. "
+    "Every evening the keeper climbed the one hundred and twelve steps to light the lamp, "
+    "and every morning he climbed them again to put it out. Ships coming home in a storm "
+    "looked for its beam before anything else, and the town grew up around the promise "
+    "that someone would always be there to keep it burning."
+)
+REWRITES = [
+    f"Repeat the following passage exactly, word for word.\n\n{PASSAGE}",
+    f"Rewrite the following passage, replacing 'lighthouse' with 'tower'.\n\n{PASSAGE}",
+    "Correct the spelling in this passage and return it in full.\n\n"
+    + PASSAGE.replace("harbour", "harbuor").replace("morning", "mornig"),
+    f"Rewrite the following passage in the present tense.\n\n{PASSAGE}",
+]
+REWRITE_FOLLOW_UPS = [
+    "Now repeat your answer exactly.",
+    "Repeat it once more, replacing 'keeper' with 'guardian'.",
+    "Write it again, word for word.",
+    "Repeat the original passage again.",
+]
+STORIES = [
+    "Write a short story about a robot who learns to paint.",
+    "Tell me a story about a dragon who is afraid of the dark.",
+    "Write a story about two friends lost in a forest.",
+    "Tell me a bedtime story about a little cloud.",
+]
+STORY_FOLLOW_UPS = ["Continue the story.", "What happens next?", "Tell me another one."]
+WORKLOADS = {
+    "chat": (QUESTIONS, FOLLOW_UPS),
+    "rewrite": (REWRITES, REWRITE_FOLLOW_UPS),
+    "story": (STORIES, STORY_FOLLOW_UPS),
+}
 
 
 async def one_client(
-    client: Any, model: str, turns: int, max_tokens: int, i: int, sampling: dict[str, float]
+    client: Any,
+    model: str,
+    turns: int,
+    max_tokens: int,
+    i: int,
+    sampling: dict[str, float],
+    workload: str = "chat",
 ) -> list[dict[str, float]]:
+    firsts, follow_ups = WORKLOADS[workload]
     out = []
     history: list[dict[str, str]] = []
     for turn in range(turns):
-        question = QUESTIONS[i % len(QUESTIONS)] if turn == 0 else FOLLOW_UPS[(i + turn) % 4]
+        if turn == 0:
+            question = firsts[i % len(firsts)]
+        else:
+            question = follow_ups[(i + turn) % len(follow_ups)]
         history.append({"role": "user", "content": question})
         start = time.perf_counter()
         first = last = None
         tokens = 0
+        server_tpot = None
         text: list[str] = []
         stream = await client.chat.completions.create(
             model=model,
@@ -60,11 +108,17 @@ async def one_client(
                 text.append(chunk.choices[0].delta.content)
             if chunk.usage:
                 tokens = chunk.usage.completion_tokens
+            timings = (chunk.model_extra or {}).get("timings")
+            if isinstance(timings, dict) and timings.get("predicted_per_token_ms"):
+                server_tpot = timings["predicted_per_token_ms"] / 1000
         history.append({"role": "assistant", "content": "".join(text)})
         if first is None or last is None:
             continue
         tpot = (last - first) / (tokens - 1) if tokens > 1 and last > first else float("nan")
-        out.append({"ttft": first - start, "tokens": tokens, "tpot": tpot, "e2e": last - start})
+        row = {"ttft": first - start, "tokens": tokens, "tpot": tpot, "e2e": last - start}
+        if server_tpot is not None:
+            row["server_tpot"] = server_tpot
+        out.append(row)
     return out
 
 
@@ -81,6 +135,7 @@ async def run_level(
     turns: int,
     max_tokens: int,
     sampling: dict[str, float] | None = None,
+    workload: str = "chat",
 ) -> dict[str, Any]:
     import httpx
     from openai import AsyncOpenAI
@@ -95,7 +150,7 @@ async def run_level(
     started = time.perf_counter()
     results = await asyncio.gather(
         *(
-            one_client(client, model, turns, max_tokens, i, sampling or {})
+            one_client(client, model, turns, max_tokens, i, sampling or {}, workload)
             for i in range(concurrency)
         )
     )
@@ -104,7 +159,8 @@ async def run_level(
     rows = [r for rs in results for r in rs]
     ttft = [r["ttft"] for r in rows]
     tpot = [r["tpot"] for r in rows if r["tpot"] == r["tpot"]]
-    return {
+    server_tpot = [r["server_tpot"] for r in rows if "server_tpot" in r]
+    out = {
         "concurrency": concurrency,
         "requests": len(rows),
         "tok_s": round(sum(r["tokens"] for r in rows) / wall, 1),
@@ -112,6 +168,10 @@ async def run_level(
         "ttft_p90_ms": round(pct(ttft, 0.9) * 1000, 1),
         "tpot_p50_ms": round(statistics.median(tpot) * 1000, 2) if tpot else None,
     }
+    if server_tpot:
+        # The server's own time per token (llama-server's timings), without the client's.
+        out["server_tpot_p50_ms"] = round(statistics.median(server_tpot) * 1000, 2)
+    return out
 
 
 def main() -> None:
@@ -125,16 +185,19 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=4, help="turns per conversation (client)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="chat")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     from openai import OpenAI
 
     model = args.model or OpenAI(base_url=args.url, api_key=args.key).models.list().data[0].id
     sampling = {"temperature": args.temperature, "top_p": 0.95}
-    levels = [
-        asyncio.run(run_level(args.url, args.key, model, c, args.turns, args.max_tokens, sampling))
-        for c in args.concurrency
-    ]
+    levels = []
+    for c in args.concurrency:
+        level = run_level(
+            args.url, args.key, model, c, args.turns, args.max_tokens, sampling, args.workload
+        )
+        levels.append(asyncio.run(level))
     cols = list(levels[0])
     print(" | ".join(cols))
     for row in levels:

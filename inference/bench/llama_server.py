@@ -75,7 +75,8 @@ def llama_server_binary(path: str = "") -> str:
 
 
 class LlamaServer:
-    """One llama-server process: `slots` parallel sequences of `ctx_per_slot` tokens each."""
+    """One llama-server process: `slots` parallel sequences of `ctx_per_slot` tokens each,
+    on `threads` threads (0: llama-server's own default, its count of physical cores)."""
 
     def __init__(
         self,
@@ -86,19 +87,21 @@ class LlamaServer:
         workdir: Path,
         ctx_per_slot: int = 2048,
     ) -> None:
-        if threads < 1 or slots < 1 or ctx_per_slot < 1:
+        if threads < 0 or slots < 1 or ctx_per_slot < 1:
             raise ValueError(
-                f"threads, slots and ctx_per_slot must be >= 1, not {threads}, {slots}, "
-                f"{ctx_per_slot}"
+                f"threads must be >= 0 and slots and ctx_per_slot >= 1, not {threads}, "
+                f"{slots}, {ctx_per_slot}"
             )
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / f"llama-{slots}.log"
         self.args = [
             binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port),
-            "-t", str(threads), "-tb", str(threads), "-np", str(slots),
-            "-c", str(ctx_per_slot * slots), "--threads-http", str(slots + 4),
+            "-np", str(slots), "-c", str(ctx_per_slot * slots),
+            "--threads-http", str(slots + 4),
         ]  # fmt: skip
+        if threads:
+            self.args += ["-t", str(threads), "-tb", str(threads)]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> LlamaServer:

@@ -2,16 +2,24 @@
 
     make bench-baseline                      # builds llama-server once (a few minutes)
     python -m inference.bench.vs_llama --concurrency 1 16 64 --repeat 3
+    python -m inference.bench.vs_llama --concurrency 1 --threads 1
+    python -m inference.bench.vs_llama --concurrency 1 16 64 --workload rewrite \
+        --variant off ENGINE_SPECULATIVE_MODE= --variant auto ENGINE_SPECULATIVE_MODE=auto
 
-Both servers run on this machine with the same thread budget; each level of concurrent
-clients runs the multi-turn chat workload of api_clients.py (streaming, growing history,
-64 max tokens) against one server and then the other, alternating which goes first, and
-`--repeat` times. Prints, per level, the median of each figure with its min-max spread
-and the ratio ours / llama-server, and writes the raw runs as JSON.
+Both servers run on this machine; `--threads 0` (the default) leaves each at its own
+default thread settings (llama-server: its physical cores; ours: ENGINE_NUM_THREADS and
+ENGINE_SMALL_STEP_THREADS unset), `--threads N` puts both on N (llama-server `-t N -tb N`;
+ours both settings N). Each level of concurrent clients runs the multi-turn chat workload of
+api_clients.py (streaming, growing history, 64 max tokens; `--workload` picks its prompts)
+against each server in turn, rotating which goes first, `--repeat` times. Prints, per level,
+the median of each figure with its min-max spread and each of our variants' ratio to
+llama-server, and writes the raw runs as JSON. llama-server's own time per token (its
+`timings`, without HTTP and the client) is the last column.
 
 Our server is started as `make run` serves it (daphne, the embedded engine, the defaults),
-on its own SQLite file and KV-tier namespace; llama-server gets `-np` slots equal to the
-clients, 2048 tokens of context each.
+on its own SQLite file and KV-tier namespace; `--variant NAME KEY=VALUE ...` starts one
+such server per variant (each its own settings), side by side. llama-server gets `-np`
+slots equal to the clients, 2048 tokens of context each.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from inference.bench.api_clients import run_level
+from inference.bench.api_clients import WORKLOADS, run_level
 from inference.bench.llama_server import (
     LlamaServer,
     free_port,
@@ -42,22 +50,32 @@ from inference.model_files import bundled_gguf, default_model_path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+THREAD_SETTINGS = ("ENGINE_NUM_THREADS", "ENGINE_SMALL_STEP_THREADS")
+
+
 class OurServer:
-    def __init__(self, workdir: Path, threads: int, env: dict[str, str]) -> None:
-        # threads: the engine's ENGINE_NUM_THREADS, the same budget llama-server gets.
+    def __init__(
+        self, workdir: Path, threads: int, env: dict[str, str], name: str = "ours"
+    ) -> None:
+        # threads: both of the engine's thread settings (0: their defaults), the budget
+        # llama-server gets.
+        workdir = workdir / name
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.name = name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / "ours.log"
+        base = {k: v for k, v in os.environ.items() if k not in THREAD_SETTINGS}
         self.env = {
-            **os.environ,
+            **base,
             "DJANGO_SETTINGS_MODULE": "chatapp.settings.dev",
             "DJANGO_DEBUG": "false",
             "CHATAPP_VAR_DIR": str(workdir),
             "DATABASE_URL": f"sqlite:///{workdir / 'db.sqlite3'}",
             "ENGINE_PRELOAD": "true",
-            "ENGINE_KV_TIER_NAMESPACE": f"bench-{os.getpid()}",
+            "ENGINE_KV_TIER_NAMESPACE": f"bench-{os.getpid()}-{name}",
             "PYTHONUNBUFFERED": "1",
-            "ENGINE_NUM_THREADS": str(threads),
+            **({k: str(threads) for k in THREAD_SETTINGS} if threads else {}),
             **env,
         }
         self.proc: subprocess.Popen[bytes] | None = None
@@ -94,7 +112,9 @@ class OurServer:
         stop(self.proc)
 
 
-FIGURES = ("tok_s", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms")
+FIGURES = ("tok_s", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "server_tpot_p50_ms")
+RATIOS = FIGURES[:4]
+LLAMA = "llama-server"
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -111,19 +131,44 @@ def print_table(results: dict[str, Any]) -> None:
         v = s.get(f)
         return f"{v['median']:.1f} ({v['min']:.1f}-{v['max']:.1f})" if v else "-"
 
-    print(f"\n{results['machine']}; {results['threads']} threads each; medians (min-max)")
-    head = "| users | system | tok/s | TTFT p50 ms | TTFT p90 ms | TPOT p50 ms |"
-    print(head + "\n|" + "---|" * 6)
+    threads = results["threads"] or "default"
+    load = results.get("load_avg", {})
+    print(
+        f"\n{results['machine']}; threads: {threads}; workload {results['settings']['workload']}; "
+        f"load (1 min) {load.get('before', 0):.2f} before, {load.get('after', 0):.2f} after; "
+        f"medians (min-max) of {results['settings']['repeat']}"
+    )
+    head = (
+        "| users | system | tok/s | TTFT p50 ms | TTFT p90 ms | TPOT p50 ms | "
+        "server's own TPOT p50 ms |"
+    )
+    print(head + "\n|" + "---|" * 7)
     for level in results["levels"]:
-        for name in ("llama-server", "ours"):
-            s = level[name]
-            cells = " | ".join(cell(s, f) for f in FIGURES)
-            print(f"| {level['concurrency']} | {name} | {cells} |")
-        r = level["ratios"]
-        print(
-            f"| {level['concurrency']} | ours / llama | {r['tok_s']:.2f}x | "
-            f"{r['ttft_p50_ms']:.2f}x | {r['ttft_p90_ms']:.2f}x | {r['tpot_p50_ms']:.2f}x |"
-        )
+        c = level["concurrency"]
+        for name in level["systems"]:
+            cells = " | ".join(cell(level[name], f) for f in FIGURES)
+            print(f"| {c} | {name} | {cells} |")
+        base = "llama" if LLAMA in level["systems"] else level["systems"][0]
+        for name, r in level["ratios"].items():
+            cells = " | ".join(f"{r[f]:.2f}x" if f in r else "-" for f in RATIOS)
+            print(f"| {c} | {name} / {base} | {cells} | |")
+
+
+def cpu_model() -> str:
+    """The CPU as lscpu names it, with the vector extensions the kernels care about."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and name in ("", platform.machine()):
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
+    return f"{name}, {os.cpu_count()} CPUs, {' '.join(f for f in wanted if f in flags)}"
 
 
 def run(
@@ -134,57 +179,98 @@ def run(
     threads: int = 0,
     llama_server: str = "",
     env: dict[str, str] | None = None,
+    variants: dict[str, dict[str, str]] | None = None,
+    workload: str = "chat",
+    with_llama: bool = True,
 ) -> dict[str, Any]:
-    """Both servers at each level of concurrent clients; the figures as a dict."""
-    binary = llama_server_binary(llama_server)
-    threads = threads or max(1, (os.cpu_count() or 1) - 1)
-    env = env or {}
+    """Both servers at each level of concurrent clients; the figures as a dict. `variants`:
+    one of our servers per name, each with its own settings on top of `env`."""
+    binary = llama_server_binary(llama_server) if with_llama else ""
+    variants = variants or {"ours": {}}
     sampling = {"temperature": 0.7, "top_p": 0.95}
     results: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "machine": cpu_model(),
         "threads": threads,
-        "settings": {"turns": turns, "max_tokens": max_tokens, **sampling, **env},
+        "load_avg": {"before": os.getloadavg()[0]},
+        "settings": {
+            "turns": turns,
+            "max_tokens": max_tokens,
+            "repeat": repeat,
+            "workload": workload,
+            **sampling,
+            **(env or {}),
+        },
+        "variants": variants,
         "levels": [],
     }
+    model = str(default_model_path().name)
     with tempfile.TemporaryDirectory(prefix="bench-vs-llama-") as tmp:
-        ours = OurServer(Path(tmp), threads, env).start()
-        model = str(default_model_path().name)
+        ours: list[OurServer] = []
         try:
+            for name, settings in variants.items():
+                ours.append(OurServer(Path(tmp), threads, {**(env or {}), **settings}, name))
+                ours[-1].start()
             for c in concurrency:
-                llama = LlamaServer(binary, bundled_gguf(), threads, c, Path(tmp)).start()
-                runs: dict[str, list[dict[str, Any]]] = {"ours": [], "llama-server": []}
-                try:
-                    for server, key in ((ours, ours.key), (llama, "none")):  # warm-up
-                        asyncio.run(run_level(f"{server.url}/v1", key, model, 1, 1, 8, sampling))
-                    for rep in range(repeat):
-                        order: list[tuple[str, OurServer | LlamaServer]] = [
-                            ("ours", ours),
-                            ("llama-server", llama),
-                        ]
-                        for name, server in order if rep % 2 == 0 else order[::-1]:
-                            key = ours.key if name == "ours" else "none"
-                            one = asyncio.run(
-                                run_level(f"{server.url}/v1", key, model, c, turns,
-                                          max_tokens, sampling)
-                            )  # fmt: skip
-                            runs[name].append(one)
-                            print(f"{c} users, {name}: {one}", flush=True)
-                finally:
-                    llama.stop()
-                level: dict[str, Any] = {"concurrency": c, "runs": runs}
-                level.update({name: summarise(r) for name, r in runs.items()})
-                level["ratios"] = {
-                    f: level["ours"][f]["median"] / level["llama-server"][f]["median"]
-                    for f in FIGURES
-                    if f in level["ours"] and f in level["llama-server"]
-                }
-                results["levels"].append(level)
+                results["levels"].append(
+                    _level(c, ours, binary, threads, Path(tmp), model, repeat, turns,
+                           max_tokens, sampling, workload)
+                )  # fmt: skip
         finally:
-            ours.stop()
+            for server in ours:
+                server.stop()
+    results["load_avg"]["after"] = os.getloadavg()[0]
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     print_table(results)
     return results
+
+
+def _level(
+    c: int,
+    ours: list[OurServer],
+    binary: str,
+    threads: int,
+    tmp: Path,
+    model: str,
+    repeat: int,
+    turns: int,
+    max_tokens: int,
+    sampling: dict[str, float],
+    workload: str,
+) -> dict[str, Any]:
+    """One level of c clients: every server `repeat` times, rotating which goes first."""
+    llama = LlamaServer(binary, bundled_gguf(), threads, c, tmp).start() if binary else None
+    servers: list[tuple[str, str, str]] = [(s.name, s.url, s.key) for s in ours]
+    if llama is not None:
+        servers.append((LLAMA, llama.url, "none"))
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in servers}
+    try:
+        for _, url, key in servers:  # warm-up
+            asyncio.run(run_level(f"{url}/v1", key, model, 1, 1, 8, sampling, workload))
+        for rep in range(repeat):
+            shift = rep % len(servers)
+            for name, url, key in servers[shift:] + servers[:shift]:
+                one = asyncio.run(
+                    run_level(f"{url}/v1", key, model, c, turns, max_tokens, sampling, workload)
+                )
+                runs[name].append(one)
+                print(f"{c} users, {name}: {one}", flush=True)
+    finally:
+        if llama is not None:
+            llama.stop()
+    level: dict[str, Any] = {"concurrency": c, "systems": list(runs), "runs": runs}
+    level.update({name: summarise(r) for name, r in runs.items()})
+    base = level.get(LLAMA) or level[servers[0][0]]
+    level["ratios"] = {
+        s.name: {
+            f: level[s.name][f]["median"] / base[f]["median"]
+            for f in RATIOS
+            if f in level[s.name] and f in base and base[f]["median"]
+        }
+        for s in ours
+        if level.get(LLAMA) or s is not ours[0]
+    }
+    return level
 
 
 def main() -> None:
@@ -197,14 +283,32 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="runs per level and server")
     ap.add_argument("--turns", type=int, default=3, help="turns per conversation")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=0, help="0: cores - 1 for both servers")
+    ap.add_argument(
+        "--threads", type=int, default=0,
+        help="N: both servers on N threads; 0: each at its own default",
+    )  # fmt: skip
     ap.add_argument("--llama-server", default="", help="binary (default: build or reuse)")
+    ap.add_argument("--no-llama", action="store_true", help="our variants only")
     ap.add_argument("--env", nargs="*", default=[], help="KEY=VALUE settings for our server")
+    ap.add_argument(
+        "--variant", nargs="+", action="append", default=[], metavar="NAME [KEY=VALUE]",
+        help="one of our servers with these settings (repeatable; ratios are to llama-server, "
+        "or to the first variant with --no-llama)",
+    )  # fmt: skip
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="chat")
     ap.add_argument("--json", default="bench_vs_llama.json")
     args = ap.parse_args()
+
+    def settings(pairs: list[str]) -> dict[str, str]:
+        bad = [kv for kv in pairs if "=" not in kv]
+        if bad:
+            ap.error(f"settings are KEY=VALUE, not {' '.join(bad)}")
+        return dict(kv.split("=", 1) for kv in pairs)
+
+    variants = {v[0]: settings(v[1:]) for v in args.variant} or None
     results = run(
         tuple(args.concurrency), args.repeat, args.turns, args.max_tokens, args.threads,
-        args.llama_server, dict(kv.split("=", 1) for kv in args.env),
+        args.llama_server, settings(args.env), variants, args.workload, not args.no_llama,
     )  # fmt: skip
     Path(args.json).write_text(json.dumps(results, indent=2))
     print(f"json: {args.json}")

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 def _matrix(blocks: object) -> kernels.Q4Matrix:
-    assert isinstance(blocks, Q4_1) and blocks.paired
+    assert isinstance(blocks, Q4_1) and blocks.kernel
     n, k = blocks.shape
     return kernels.Q4Matrix(blocks.qs.data_ptr(), blocks.d.data_ptr(), blocks.m.data_ptr(), n, k)
 
@@ -35,7 +35,7 @@ class NativeDecoder:
         self.model = model
         self.lib = lib
         self.max_rows = max_rows
-        self.layers = [
+        layers = [
             kernels.LayerWeights(
                 layer.input_norm.data_ptr(),
                 layer.post_norm.data_ptr(),
@@ -46,7 +46,10 @@ class NativeDecoder:
             )
             for layer in model.layers
         ]
+        self.layers = (kernels.LayerWeights * len(layers))(*layers)
         self._shape: kernels.LayerShape | None = None
+        self._pools: ctypes.Array[ctypes.c_void_p] | None = None
+        self._pools_of: list[torch.Tensor] | None = None
 
     @staticmethod
     def usable(model: LlamaModel) -> bool:
@@ -55,7 +58,7 @@ class NativeDecoder:
             and model.dtype == torch.float32
             and model.tp_size == 1
             and all(
-                isinstance(lin.blocks, Q4_1) and lin.blocks.paired
+                isinstance(lin.blocks, Q4_1) and lin.blocks.kernel
                 for layer in model.layers
                 for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
             )
@@ -75,16 +78,28 @@ class NativeDecoder:
         sin = m.sin[positions].contiguous()
         tables = self._block_tables(meta)
         shape = self._layer_shape(kv_caches[0])
-        nthreads = kernels.threads()
-        for weights, pool in zip(self.layers, kv_caches, strict=True):
-            rc = self.lib.decode_layer(
-                ctypes.byref(shape), ctypes.byref(weights), x.data_ptr(), rows,
-                positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                tables.data_ptr(), tables.shape[1], pool.data_ptr(), nthreads,
-            )  # fmt: skip
-            if rc:
-                raise RuntimeError(f"decode_layer failed ({rc})")
+        rc = self.lib.decode_layers(
+            ctypes.byref(shape), self.layers, len(self.layers), x.data_ptr(), rows,
+            positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+            tables.data_ptr(), tables.shape[1], self._pool_pointers(kv_caches),
+            kernels.threads(),
+        )  # fmt: skip
+        if rc:
+            raise RuntimeError(f"decode_layers failed ({rc})")
         return F.rms_norm(x, m.norm.shape, m.norm, m.eps)
+
+    def _pool_pointers(self, kv_caches: list[torch.Tensor]) -> ctypes.Array[ctypes.c_void_p]:
+        """Each layer's KV pool, as the C call takes them (kept while the pools are these)."""
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"{len(kv_caches)} KV pools for {len(self.layers)} layers")
+        if (
+            self._pools is None
+            or self._pools_of is None
+            or any(a is not b for a, b in zip(self._pools_of, kv_caches, strict=True))
+        ):
+            self._pools = (ctypes.c_void_p * len(kv_caches))(*(t.data_ptr() for t in kv_caches))
+            self._pools_of = list(kv_caches)
+        return self._pools
 
     def _layer_shape(self, pool: torch.Tensor) -> kernels.LayerShape:
         if self._shape is None:

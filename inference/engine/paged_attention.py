@@ -13,17 +13,14 @@ The C file is built once with the system's gcc into the cache folder, as quant_g
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import shutil
-import subprocess
-import tempfile
 from functools import cache
 from pathlib import Path
 
 import torch
 
 from inference.engine import kernels
+from inference.engine.kernels.build import compiled_library
 
 log = logging.getLogger(__name__)
 
@@ -43,43 +40,14 @@ class PagedShape(ctypes.Structure):
     ]
 
 
-def _build(target: Path) -> None:
-    compiler = shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        raise RuntimeError("no C compiler (gcc) found")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Built beside the target and renamed, so a concurrent loader never sees half a file.
-    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
-        partial = Path(tmp.name)
-    try:
-        subprocess.run(
-            [compiler, *FLAGS, "-o", str(partial), str(SOURCE), "-lm"],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        partial.rename(target)
-    except subprocess.CalledProcessError as exc:
-        partial.unlink(missing_ok=True)
-        raise RuntimeError(f"building {SOURCE.name} failed: {exc.stderr.strip()[-500:]}") from exc
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-
-
 @cache
 def load() -> ctypes.CDLL | None:
     """The compiled kernel, built on first use; None where it cannot run here."""
     if not kernels._cpu_flags() >= _REQUIRED_CPU_FLAGS:
         return None
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
-    target = kernels._cache_dir() / f"paged_attention-{digest}.so"
     try:
-        if not target.is_file():
-            _build(target)
-        lib = ctypes.CDLL(str(target))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        lib = compiled_library("paged_attention", [SOURCE], FLAGS)
+    except (OSError, RuntimeError) as exc:
         log.warning("native paged attention unavailable, gathering blocks for SDPA: %s", exc)
         return None
     p, i = ctypes.c_void_p, ctypes.c_int

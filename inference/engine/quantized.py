@@ -25,24 +25,53 @@ def _check_k(k: int) -> None:
         raise ValueError(f"block quantization needs a multiple of {QK} inputs, got {k}")
 
 
+GROUP = 8  # the kernel layout's columns side by side (quant_gemm.c)
+
+
+def _groups(t: torch.Tensor, n: int) -> torch.Tensor:
+    """t [n, ...] zero-padded to whole groups and split: [n / 8, 8, ...]."""
+    pad = -n % GROUP
+    if pad:
+        t = torch.cat([t, t.new_zeros(pad, *t.shape[1:])])
+    return t.reshape(-1, GROUP, *t.shape[1:])
+
+
+def _scales_to_kernel(s: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """Per-block scales [n, blocks] as the kernel reads them: [group][block][8]."""
+    g = _groups(s.to(dtype), n)  # [G, 8, nb]
+    return g.permute(0, 2, 1).contiguous().reshape(-1, s.shape[1])
+
+
+def _scales_from_kernel(s: torch.Tensor, n: int) -> torch.Tensor:
+    nb = s.shape[1]
+    return s.reshape(-1, nb, GROUP).permute(0, 2, 1).reshape(-1, nb)[:n]
+
+
 @dataclass
 class Q4_1:
     """W[n, k] = d[n, k // 32] * q + m[n, k // 32]; q in [0, 15], two per byte of qs.
 
-    GGUF's layout (paired=False): block byte j holds element j in its low nibble and element
-    j + 16 in its high one; d and m float32. The kernel's layout (paired=True, from
-    `for_kernel`): byte j of a pair of blocks holds element j of the first block low and of
-    the second high, so one 32-byte load unpacks to 64 weights; d and m float16.
+    GGUF's layout (kernel=False): block byte j holds element j in its low nibble and element
+    j + 16 in its high one; d and m float32. The kernel's layout (kernel=True, from
+    `for_kernel`): columns in groups of 8 (the last zero-padded; `n` is the true count), and
+    per group and block 128 bytes, 4 vectors of 32: vector j holds k 8j..8j+3 of each column
+    (4 bytes a column) in its low nibbles and k 8j+4..8j+7 in its high ones; d and m float16
+    [group][block][8]. See quant_gemm.c for why.
     """
 
     qs: torch.Tensor  # uint8 [N, K / 2]
     d: torch.Tensor  # [N, K / 32]
     m: torch.Tensor  # [N, K / 32]
-    paired: bool = False
+    kernel: bool = False
+    n: int = 0  # columns, where the kernel layout pads them to whole groups
+
+    def __post_init__(self) -> None:
+        if not self.n:
+            self.n = self.qs.shape[0]
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.qs.shape[0], self.qs.shape[1] * 2
+        return self.n, self.qs.shape[1] * 2
 
     @classmethod
     def quantize(cls, w: torch.Tensor) -> Q4_1:
@@ -59,34 +88,45 @@ class Q4_1:
     def _values(self) -> torch.Tensor:
         """q as uint8 [N, K / 32, 32]."""
         n, k = self.shape
-        if self.paired:
-            b = self.qs.reshape(n, k // (2 * QK), 1, QK)
-            return torch.cat((b & 0x0F, b >> 4), dim=2).reshape(n, k // QK, QK)
+        if self.kernel:
+            # [G, nb, j, c, t] bytes: low nibble k = 8j + t, high k = 8j + 4 + t.
+            b = self.qs.reshape(-1, k // QK, 4, GROUP, 4)
+            v = torch.stack((b & 0x0F, b >> 4), dim=3)  # [G, nb, j, half, c, t]
+            v = v.permute(0, 4, 1, 2, 3, 5)  # [G, c, nb, j, half, t]
+            return v.reshape(-1, k // QK, QK)[:n]
         b = self.qs.reshape(n, k // QK, 16)
         return torch.cat((b & 0x0F, b >> 4), dim=-1)
+
+    def _scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.kernel:
+            return _scales_from_kernel(self.d, self.n), _scales_from_kernel(self.m, self.n)
+        return self.d, self.m
 
     def dequantize(self) -> torch.Tensor:
         n, k = self.shape
         q = self._values().float()
-        return (q * self.d.float()[..., None] + self.m.float()[..., None]).reshape(n, k)
+        d, m = self._scales()
+        return (q * d.float()[..., None] + m.float()[..., None]).reshape(n, k)
 
     def for_kernel(self) -> Q4_1:
-        """The same weights in the kernel's layout (needs K to be a multiple of 64)."""
-        if self.paired:
+        """The same weights in the kernel's layout."""
+        if self.kernel:
             return self
         n, k = self.shape
-        if k % (2 * QK):
-            raise ValueError(f"the 4-bit kernel needs a multiple of 64 inputs, got {k}")
-        q = self._values().reshape(n, k // (2 * QK), 2, QK)
-        qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
-        return Q4_1(qs, self.d.half().contiguous(), self.m.half().contiguous(), paired=True)
+        q = _groups(self._values(), n)  # [G, 8, nb, 32]
+        q = q.reshape(q.shape[0], GROUP, k // QK, 4, 2, 4)  # [G, c, nb, j, half, t]
+        q = q.permute(0, 2, 3, 1, 5, 4)  # [G, nb, j, c, t, half]
+        qs = (q[..., 0] | (q[..., 1] << 4)).reshape(-1, k // 2).contiguous()
+        d = _scales_to_kernel(self.d, n, torch.float16)
+        m = _scales_to_kernel(self.m, n, torch.float16)
+        return Q4_1(qs, d, m, kernel=True, n=n)
 
     def rows(self, start: int, stop: int) -> Q4_1:
-        return Q4_1(self.qs[start:stop], self.d[start:stop], self.m[start:stop], self.paired)
+        self._gguf_layout("rows")
+        return Q4_1(self.qs[start:stop], self.d[start:stop], self.m[start:stop])
 
     def cols(self, start: int, stop: int) -> Q4_1:
-        if self.paired:
-            raise ValueError("slice the columns of GGUF-layout blocks, before for_kernel()")
+        self._gguf_layout("columns")
         _check_k(start)
         _check_k(stop)
         b0, b1 = start // QK, stop // QK
@@ -97,37 +137,53 @@ class Q4_1:
         )
 
     def take_rows(self, index: torch.Tensor) -> Q4_1:
-        return Q4_1(self.qs[index], self.d[index], self.m[index], self.paired)
+        self._gguf_layout("rows")
+        return Q4_1(self.qs[index], self.d[index], self.m[index])
+
+    def _gguf_layout(self, what: str) -> None:
+        if self.kernel:
+            raise ValueError(f"slice the {what} of GGUF-layout blocks, before for_kernel()")
 
     @staticmethod
     def cat(parts: list[Q4_1]) -> Q4_1:
+        for p in parts:
+            p._gguf_layout("rows")
         return Q4_1(
             torch.cat([p.qs for p in parts]),
             torch.cat([p.d for p in parts]),
             torch.cat([p.m for p in parts]),
-            parts[0].paired,
         )
 
     def matmul_t(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, K] @ W.T in float32 (the kernel wants `for_kernel()` weights)."""
         lib = kernels.load()
-        if lib is None or not self.paired:
+        if lib is None or not self.kernel:
             return x.float() @ self.dequantize().T
-        return kernels.q4_1_gemm(lib, self.qs, self.d, self.m, x.float().contiguous())
+        return kernels.q4_1_gemm(lib, self.qs, self.d, self.m, x.float().contiguous(), self.n)
 
 
 @dataclass
 class Q8_0:
     """W[n, k] = d[n, k // 32] * q; q in [-127, 127]. The GGUF's embedding / lm_head; its
     product takes the activations at 16 bits (kernels: q8_0_gemm), since 8-bit ones lost
-    the head's answer to the final hidden state's outliers (see model.py)."""
+    the head's answer to the final hidden state's outliers (see model.py).
+
+    The kernel's layout (kernel=True): columns in groups of 8 (the last zero-padded), per
+    group and block 16 pairs of k, each 16 bytes (k and k + 1 of each column); d float32
+    [group][block][8]."""
 
     qs: torch.Tensor  # int8 [N, K]
     d: torch.Tensor  # float32 [N, K / 32]
+    kernel: bool = False
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.n:
+            self.n = self.qs.shape[0]
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.qs.shape[0], self.qs.shape[1]
+        return self.n, self.qs.shape[1]
 
     @classmethod
     def quantize(cls, w: torch.Tensor) -> Q8_0:
@@ -140,20 +196,36 @@ class Q8_0:
         return cls(q.reshape(n, k).contiguous(), d.contiguous())
 
     def for_kernel(self) -> Q8_0:
-        return Q8_0(self.qs.contiguous(), self.d.float().contiguous())
+        if self.kernel:
+            return self
+        n, k = self.shape
+        q = _groups(self.qs, n).reshape(-1, GROUP, k // QK, 16, 2)  # [G, c, nb, p, t]
+        qs = q.permute(0, 2, 3, 1, 4).contiguous().reshape(-1, k)  # [G, nb, p, c, t]
+        return Q8_0(qs, _scales_to_kernel(self.d, n, torch.float32), kernel=True, n=n)
+
+    def _values(self) -> torch.Tensor:
+        """q as int8 [N, K]."""
+        if not self.kernel:
+            return self.qs
+        n, k = self.shape
+        q = self.qs.reshape(-1, k // QK, 16, GROUP, 2).permute(0, 3, 1, 2, 4)
+        return q.reshape(-1, k)[:n]
 
     def matmul_t(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, K] @ W.T in float32."""
         lib = kernels.load()
-        if lib is None:
+        if lib is None or not self.kernel:
             return x.float() @ self.dequantize().T
-        return kernels.q8_0_gemm(lib, self.qs, self.d, x.float().contiguous())
+        return kernels.q8_0_gemm(lib, self.qs, self.d, x.float().contiguous(), self.n)
 
     def dequantize(self) -> torch.Tensor:
         n, k = self.shape
-        return (self.qs.reshape(n, k // QK, QK).float() * self.d[..., None]).reshape(n, k)
+        d = _scales_from_kernel(self.d, n) if self.kernel else self.d
+        return (self._values().reshape(n, k // QK, QK).float() * d.float()[..., None]).reshape(n, k)
 
     def take_rows(self, index: torch.Tensor) -> Q8_0:
+        if self.kernel:
+            raise ValueError("take the rows of GGUF-layout blocks, before for_kernel()")
         return Q8_0(self.qs[index], self.d[index])
 
 

@@ -112,6 +112,29 @@ def test_native_steps_on_several_threads_give_the_same_tokens(make_engine):
     assert _generate(make_engine, True, prompts, num_threads=2, small_step_threads=2) == one
 
 
+@needs_kernels
+@pytest.mark.parametrize("threads", [2, 7])
+def test_products_claimed_by_many_threads_equal_one_threads(threads):
+    """Each product's chunks of columns are claimed one at a time by whichever of the pool's
+    threads comes first (more threads than cores: some start late, or not at all): every
+    chunk is computed exactly once, by the same code, so the results are bit for bit one
+    thread's, for every row count the kernels tile (and column counts that are not whole
+    groups of 8)."""
+    w4 = Q4_1.quantize(_weight(1000, 192)).for_kernel()
+    w8 = Q8_0.quantize(_weight(1003, 96)).for_kernel()
+    xs = [torch.randn(rows, 192) for rows in (1, 3, 4, 9)]
+    try:
+        kernels.set_threads(1)
+        want = [(w4.matmul_t(x), w8.matmul_t(x[:, :96].contiguous())) for x in xs]
+        kernels.set_threads(threads)
+        for _ in range(20):
+            for x, (y4, y8) in zip(xs, want, strict=True):
+                assert torch.equal(w4.matmul_t(x), y4)
+                assert torch.equal(w8.matmul_t(x[:, :96].contiguous()), y8)
+    finally:
+        kernels.set_threads(None)
+
+
 def _product_in_child(out: object) -> None:
     q = Q4_1.quantize(_weight(256, 128)).for_kernel()
     out.put(q.matmul_t(torch.ones(2, 128)).sum().item())  # type: ignore[attr-defined]

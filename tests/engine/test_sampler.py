@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from inference.engine import kernels
 from inference.engine.sampler import Sampler, apply_repetition_penalty, filter_logits, sample_batch
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.sequence import Sequence
@@ -79,3 +81,49 @@ def test_a_batch_mixes_greedy_seeded_and_unseeded_rows():
     assert tokens[0] == 1 and tokens[2] == 1
     alone = Sampler()([Sequence("s", [1], SamplingParams(temperature=1.0, seed=3))], LOGITS[None])
     assert tokens[1] == alone[0]
+
+
+needs_kernels = pytest.mark.skipif(
+    kernels.load() is None, reason="the native kernels need gcc and an AVX2/FMA/F16C CPU"
+)
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0, top_p=0.5),  # top-p's mass not among the likely few
+        SamplingParams(temperature=1.0, top_k=5000, top_p=0.9),  # top-k beyond them
+        SamplingParams(temperature=1.0, min_p=1e-7),  # min-p keeps the unlikely ones too
+    ],
+)
+def test_rows_the_likely_tokens_do_not_decide_are_drawn_over_the_whole_vocabulary(params):
+    """The native sampler decides among the tokens within 1e-5 of the most likely one; a
+    nearly flat row whose filters reach past them is handed back (-1) and drawn the slow
+    way, so what is kept is still exactly what filter_logits keeps."""
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(6000, generator=gen) * 0.01
+    one = torch.ones(1)
+    handed_back = kernels.sample_rows(
+        kernels.load(), logits[None].contiguous(), one * params.temperature,
+        torch.tensor([params.top_k], dtype=torch.int32), one * params.top_p,
+        one * params.min_p, torch.rand(1),
+    )  # fmt: skip
+    assert handed_back.tolist() == [-1]
+    kept = set(torch.isfinite(filter_logits(logits, params)).nonzero().flatten().tolist())
+    assert set(sample_batch(logits.repeat(50, 1), [params] * 50)) <= kept
+
+
+@needs_kernels
+def test_native_draws_match_the_torch_ops_on_a_real_sized_vocabulary():
+    """Over 49k tokens with a peaked head (as a model's logits are), the native draws keep
+    the tokens filter_logits keeps, in its proportions."""
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(49152, generator=gen) * 2
+    logits[:6] += torch.tensor([12.0, 11.5, 11.0, 10.0, 9.0, 8.0])
+    for p in (SamplingParams(temperature=0.7, top_p=0.95), SamplingParams(temperature=1.0)):
+        want = torch.softmax(filter_logits(logits, p), dim=-1)
+        got = _kept(logits, p, draws=1500)
+        assert set(got) <= set(want.nonzero().flatten().tolist())
+        for token in range(6):
+            assert abs(got.get(token, 0.0) - want[token].item()) < 0.05, (p, token)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from inference.engine.speculative import NgramProposer, verify_greedy, verify_sampled
+from inference.engine.sampler import filter_logits
+from inference.engine.sampling_params import SamplingParams
+from inference.engine.speculative import (
+    NgramProposer,
+    verify_greedy,
+    verify_sampled,
+    verify_sampled_guesses,
+)
 
 
 def test_ngram_proposes_what_followed_the_latest_match() -> None:
@@ -53,6 +60,29 @@ def test_sampled_verification_keeps_the_target_distribution() -> None:
         assert tv < 0.02, (guess, tv)
 
 
+def test_sampled_guesses_from_raw_logits_keep_the_filtered_distribution() -> None:
+    """verify_sampled_guesses (the native path where the kernels build) filters each row as
+    the sampler does: the first emitted token follows the filtered p whatever the guess
+    (a likely one, one the filters drop), and after a kept guess the next follows row 2's."""
+    vocab = 40
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, vocab, generator=gen) * 2
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    p = [torch.softmax(filter_logits(row, params), dim=-1) for row in logits]
+    for guess in (int(p[0].argmax()), int(p[0].argmin())):
+        first, second = [], []
+        for _ in range(20000):
+            out = verify_sampled_guesses(logits, [guess], params, gen)
+            first.append(out[0])
+            if out[0] == guess and len(out) == 2:
+                second.append(out[1])
+        tv = 0.5 * float((_empirical(first, vocab) - p[0]).abs().sum())
+        assert tv < 0.02, (guess, tv)
+        if len(second) > 2000:
+            tv = 0.5 * float((_empirical(second, vocab) - p[1]).abs().sum())
+            assert tv < 0.04, (guess, tv)
+
+
 def test_sampled_verification_accepts_a_sure_guess_and_adds_a_bonus() -> None:
     probs = torch.zeros(3, 4)
     probs[0, 2] = 1.0
@@ -91,6 +121,19 @@ def test_auto_keeps_a_steps_rows_within_the_small_step_budget() -> None:
     eight = [_repeating_seq(str(i)) for i in range(8)]
     spec.propose(eight)
     assert all(not s.draft_tokens for s in eight)
+
+
+def test_auto_does_not_guess_in_a_step_that_prefills_a_prompt() -> None:
+    """A prompt's chunk makes the step a large one (the torch path), where guesses cost
+    about a token each: auto proposes only in steps of decodes alone; ngram still does."""
+    spec = _auto_speculator(row_budget=8)
+    decoding = _repeating_seq("d")
+    prefilling = _repeating_seq("p")
+    prefilling.num_computed_tokens = 0
+    spec.propose([decoding, prefilling])
+    assert not decoding.draft_tokens
+    spec.propose([decoding])
+    assert len(decoding.draft_tokens) == 4
 
 
 def test_auto_pauses_a_sequence_whose_guesses_do_not_pay_for_their_step() -> None:

@@ -1,33 +1,32 @@
 """Small native kernels the engine builds once at run time: weight-only Q4_1 and Q8_0 matrix
 products and a whole decoder layer for steps of a few rows (quant_gemm.c), spread over the
 engine's threads by a pool of their own (spinning between a step's products, asleep between
-steps).
+steps), and the sampler's filtered draws (sample.c).
 
 Why our own: at one row a step is bound by the bytes of weights it reads, so 4-bit weights
 should cost a quarter of bf16. torch's `_weight_int4pack_mm_for_cpu` is fast only with
-AVX512; on an AVX2 CPU it measured ~30x slower than fp16 weights. The C file is ~200 lines,
-compiled with the system's gcc into the cache folder on first use (about a second) and
-loaded with ctypes (which drops the GIL during the call). No compiler, or a CPU without
+AVX512; on an AVX2 CPU it measured ~30x slower than fp16 weights. The C file is compiled
+with the system's gcc into the cache folder on first use (about a second) and loaded with
+ctypes (which drops the GIL during the call). No compiler, or a CPU without
 AVX2 and FMA: `load()` returns None and the engine keeps its torch weights.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
 from functools import cache
 from pathlib import Path
 
 import torch
 
+from inference.engine.kernels.build import compiled_library
+
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("quant_gemm.c")
+SOURCES = [Path(__file__).with_name(n) for n in ("quant_gemm.c", "sample.c")]
+HEADER = Path(__file__).with_name("simd.h")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC"]
 _REQUIRED_CPU_FLAGS = {"avx2", "fma", "f16c"}
 # Where the CPU lists them (as the kernel sees them: /proc/cpuinfo, not the compiler's own
@@ -73,38 +72,6 @@ def cpu_has_native_bf16() -> bool:
     return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("CHATAPP_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "chatapp"
-    )
-    return Path(root) / "kernels"
-
-
-def _build(target: Path, flags: list[str]) -> None:
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        raise RuntimeError("no C compiler (gcc) found")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename, so a concurrent loader never sees half a file.
-    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
-        partial = Path(tmp.name)
-    try:
-        subprocess.run(
-            [compiler, *flags, "-o", str(partial), str(SOURCE), "-lm"],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        partial.rename(target)
-    except subprocess.CalledProcessError as exc:
-        partial.unlink(missing_ok=True)
-        raise RuntimeError(f"building {SOURCE.name} failed: {exc.stderr.strip()[-500:]}") from exc
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-
-
 def build_flags(cpu_flags: frozenset[str]) -> list[str]:
     """The compiler flags for this CPU: AVX2 always, the AVX512 set only when all of it is
     there (ENGINE_KERNELS_AVX512=0 keeps the AVX2 build, for comparisons)."""
@@ -123,13 +90,9 @@ def load() -> ctypes.CDLL | None:
         log.info("native 4-bit kernels off: the CPU lacks %s", ", ".join(sorted(missing)))
         return None
     flags = build_flags(cpu)
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"quant_gemm-{digest}.so"
     try:
-        if not target.is_file():
-            _build(target, flags)
-        lib = ctypes.CDLL(str(target))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        lib = compiled_library("quant_gemm", SOURCES, flags, [HEADER])
+    except (OSError, RuntimeError) as exc:
         log.warning("native 4-bit kernels unavailable, using torch weights: %s", exc)
         return None
     p, i = ctypes.c_void_p, ctypes.c_int
@@ -141,6 +104,15 @@ def load() -> ctypes.CDLL | None:
         ctypes.POINTER(LayerShape), ctypes.POINTER(LayerWeights), p, i, p, p, p, p, i, p, i
     ]  # fmt: skip
     lib.decode_layer.restype = i
+    lib.decode_layers.argtypes = [
+        ctypes.POINTER(LayerShape), ctypes.POINTER(LayerWeights), i, p, i, p, p, p, p, i, p, i
+    ]  # fmt: skip
+    lib.decode_layers.restype = i
+    lib.sample_rows.argtypes = [p, i, i, p, p, p, p, p, p, i]
+    lib.sample_rows.restype = None
+    f = ctypes.c_float
+    lib.spec_sample.argtypes = [p, i, f, i, f, f, ctypes.c_int64, f, f]
+    lib.spec_sample.restype = ctypes.c_int64
     return lib
 
 
@@ -180,11 +152,16 @@ class LayerShape(ctypes.Structure):
 
 
 def q4_1_gemm(
-    lib: ctypes.CDLL, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor, x: torch.Tensor
+    lib: ctypes.CDLL,
+    qs: torch.Tensor,
+    d: torch.Tensor,
+    m: torch.Tensor,
+    x: torch.Tensor,
+    n: int,
 ) -> torch.Tensor:
-    """x [rows, K] float32 contiguous @ Q4_1 weights (qs [N, K/2], d and m [N, K/32]).T"""
+    """x [rows, K] float32 contiguous @ the n columns of Q4_1 weights in the kernel layout
+    (quantized.Q4_1.for_kernel: qs [N', K/2], d and m [N', K/32], N' = n rounded up to 8).T"""
     rows, k = x.shape
-    n = qs.shape[0]
     y = torch.empty(rows, n, dtype=torch.float32)
     rc = lib.q4_1_gemm(
         qs.data_ptr(), d.data_ptr(), m.data_ptr(), n, k, x.data_ptr(), rows, y.data_ptr(),
@@ -195,10 +172,12 @@ def q4_1_gemm(
     return y
 
 
-def q8_0_gemm(lib: ctypes.CDLL, qs: torch.Tensor, d: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """x [rows, K] float32 contiguous @ Q8_0 weights (qs int8 [N, K], d float32 [N, K/32]).T"""
+def q8_0_gemm(
+    lib: ctypes.CDLL, qs: torch.Tensor, d: torch.Tensor, x: torch.Tensor, n: int
+) -> torch.Tensor:
+    """x [rows, K] float32 contiguous @ the n columns of Q8_0 weights in the kernel layout
+    (quantized.Q8_0.for_kernel: qs int8 [N', K], d float32 [N', K/32]).T"""
     rows, k = x.shape
-    n = qs.shape[0]
     y = torch.empty(rows, n, dtype=torch.float32)
     rc = lib.q8_0_gemm(
         qs.data_ptr(), d.data_ptr(), n, k, x.data_ptr(), rows, y.data_ptr(),
@@ -207,3 +186,26 @@ def q8_0_gemm(lib: ctypes.CDLL, qs: torch.Tensor, d: torch.Tensor, x: torch.Tens
     if rc:
         raise RuntimeError(f"q8_0_gemm failed ({rc})")
     return y
+
+
+def sample_rows(
+    lib: ctypes.CDLL,
+    logits: torch.Tensor,
+    temps: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    u: torch.Tensor,
+) -> torch.Tensor:
+    """One token per row of logits [rows, vocab] float32 contiguous (sample.c): temps, top_p,
+    min_p, u float32 [rows], top_k int32 [rows]; -1 where the row must be drawn over the
+    whole vocabulary by the caller."""
+    rows, vocab = logits.shape
+    out = torch.empty(rows, dtype=torch.int64)
+    lib.sample_rows(
+        logits.data_ptr(), rows, vocab, temps.data_ptr(), top_k.data_ptr(), top_p.data_ptr(),
+        min_p.data_ptr(), u.data_ptr(), out.data_ptr(), threads(),
+    )  # fmt: skip
+    if (out == -2).any():
+        raise MemoryError("sample_rows: out of memory")
+    return out

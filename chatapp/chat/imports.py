@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import tempfile
 import zipfile
+import zlib
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -122,7 +123,7 @@ class _Capped(io.RawIOBase):
 def open_json(upload: IO[bytes]) -> IO[bytes]:
     """The JSON inside the upload: the file itself, or the conversations.json of a zip."""
     head = upload.read(4)
-    if not head.strip():
+    if not head:
         raise ImportRefused("The file is empty.")
     upload.seek(3 if head.startswith(b"\xef\xbb\xbf") else 0)  # past a UTF-8 BOM
     if head != _ZIP_MAGIC:
@@ -136,8 +137,10 @@ def open_json(upload: IO[bytes]) -> IO[bytes]:
                 "app's export of all conversations has one)."
             )
         member = archive.open(min(names, key=len))
-    except zipfile.BadZipFile as exc:
-        raise ImportRefused("The zip file is damaged and cannot be opened.") from exc
+    except (zipfile.BadZipFile, RuntimeError, NotImplementedError) as exc:
+        # RuntimeError: a password-protected member; NotImplementedError: a compression
+        # method zipfile does not read.
+        raise ImportRefused(f"The zip file cannot be opened ({exc}).") from exc
     return io.BufferedReader(_Capped(member, settings.CHAT_IMPORT_MAX_BYTES))
 
 
@@ -534,6 +537,8 @@ def import_file(user: Any, upload: IO[bytes]) -> list[Conversation]:
         ) from exc
     except (UnicodeDecodeError, RecursionError) as exc:
         raise ImportRefused("Nothing was imported: the file is not valid JSON.") from exc
+    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+        raise ImportRefused(f"Nothing was imported: the zip file is damaged ({exc}).") from exc
     if not created:
         raise ImportRefused("Nothing was imported: the file holds no conversation with messages.")
     return created

@@ -311,7 +311,8 @@ def deep(levels: int) -> bytes:
             400,
             "the text of an attachment of message 1 must be text",
         ),
-        (b"PK\x03\x04broken zip", 400, "zip file is damaged"),
+        (b"PK\x03\x04broken zip", 400, "zip file cannot be opened"),
+        (b"    \n\n  42", 400, "not a list of conversations"),
         (
             json.dumps([{"mapping": {"r": {"parent": None, "message": None}}}]).encode(),
             400,
@@ -432,3 +433,17 @@ async def test_an_imported_conversation_goes_on_and_its_next_turns_reuse_the_cac
     await sock.close()
     # ... and the next turn reuses it, since the history tokenizes the same each time.
     assert second["stats"]["cached_tokens"] >= first["stats"]["prompt_tokens"] - 16
+
+
+@pytest.mark.django_db
+def test_a_zip_whose_conversations_json_is_corrupt_imports_nothing(make_user: Any) -> None:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("conversations.json", json.dumps([GOOD] * 20))
+    data = bytearray(buffer.getvalue())
+    middle = len(data) // 2
+    data[middle : middle + 40] = b"\xff" * 40  # the deflated stream, broken in the middle
+    answer = send_file(client_for(make_user("alice")), bytes(data), "application/zip")
+    assert answer.status_code == 400, answer.content
+    assert "Nothing was imported" in answer.json()["error"]["message"]
+    assert not Conversation.objects.exists()

@@ -78,6 +78,10 @@ class EngineClient(Protocol):
     def check_fits(self, prompt: Prompt) -> None:
         """Raise PromptTooLongError when the prompt leaves no room for a token."""
 
+    def count_tokens(self, text: str) -> int | None:
+        """How many tokens `text` is for the served model; None where this process does
+        not tokenize (an upstream server)."""
+
     def remember_reply(
         self, text: str, token_ids: list[int], cache_salt: str | None = None
     ) -> None: ...

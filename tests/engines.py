@@ -28,13 +28,8 @@ def installed_engine(model_dir: Path) -> Iterator[EmbeddedClient]:
 def make_engine_client(
     model_dir: Path, name: str | None = None, **overrides: Any
 ) -> EmbeddedClient:
-    """The real engine on `model_dir`, served as `name` (default: the default model's)."""
-    config = EngineConfig(
-        model=str(model_dir),
-        dtype="float32",
-        max_num_seqs=8,
-        max_num_batched_tokens=256,
-        kv_cache_memory_mb=64,
-        **overrides,
-    )
+    """The real engine on `model_dir`, served as `name` (default: the default model's);
+    small by default, `overrides` on top."""
+    small = {"max_num_seqs": 8, "max_num_batched_tokens": 256, "kv_cache_memory_mb": 64}
+    config = EngineConfig(model=str(model_dir), dtype="float32", **{**small, **overrides})
     return EmbeddedClient(AsyncEngine(config), name=name)

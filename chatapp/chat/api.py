@@ -15,16 +15,26 @@ from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET, require_http_methods
 
+from chatapp.chat import attachments, imports
 from chatapp.chat import conversations as conv_logic
+from chatapp.chat.attachments import AttachmentRefused, AttachmentsInvalid
 from chatapp.chat.conversations import InvalidSettings, NotFound, clean_title
 from chatapp.chat.export import conversation_markdown, conversation_payload
+from chatapp.chat.imports import ImportRefused
 from chatapp.chat.models import Conversation
 from chatapp.errors import error_response
 from chatapp.jobs import queue
 from chatapp.jobs.files import file_response
 from chatapp.jobs.models import Job
 from chatapp.text import InvalidText, clean_text
-from inference.client import engine_ready, get_engine_client, list_models
+from inference.client import (
+    default_model,
+    engine_ready,
+    get_engine_client,
+    list_models,
+    loaded_clients,
+    prefix_cache_salt,
+)
 from inference.engine import EngineError
 
 MAX_BODY_BYTES = 64 * 1024
@@ -47,8 +57,12 @@ def api_view(*methods: str) -> Callable:
                 return view(request, *args, **kwargs)
             except NotFound:
                 return error_response(404, "not_found", "Not found.")
-            except (InvalidSettings, InvalidText) as exc:
+            except (InvalidSettings, InvalidText, AttachmentsInvalid) as exc:
                 return error_response(400, getattr(exc, "code", "invalid"), str(exc))
+            except AttachmentRefused as exc:
+                return error_response(exc.status, exc.code, exc.message)
+            except ImportRefused as exc:
+                return error_response(exc.status, exc.code, exc.message)
             except BodyTooLarge:
                 return error_response(
                     413, "too_large", f"The request body is larger than {MAX_BODY_BYTES} bytes."
@@ -197,6 +211,121 @@ def chat_limits(request: HttpRequest) -> HttpResponse:
     the same constants and settings the server validates with."""
     context_tokens = get_engine_client().max_model_len if engine_ready() else None
     return JsonResponse(conv_logic.settings_limits(context_tokens))
+
+
+# --- documents attached to messages (chatapp/chat/attachments.py) -------------------
+
+# Room for the multipart framing around the file.
+MULTIPART_OVERHEAD = 64 * 1024
+
+
+@api_view("POST")
+def upload_attachment(request: HttpRequest) -> HttpResponse:
+    """A file for the message being written (multipart field `file`): its text read, kept
+    until that message is sent."""
+    limit = settings.CHAT_ATTACHMENT_MAX_BYTES
+    if declared_length(request) > limit + MULTIPART_OVERHEAD:
+        raise AttachmentRefused(
+            "too_large",
+            f"The file is larger than {attachments.human_size(limit)}, the most that can be "
+            "attached.",
+            413,
+        )
+    upload = request.FILES.get("file")
+    if upload is None:
+        raise InvalidSettings("send the file as the multipart field 'file'")
+    if upload.size is not None and upload.size > limit:
+        raise attachments.too_large(attachments.clean_name(upload.name), upload.size)
+    client = get_engine_client() if engine_ready() else None
+    attachment = attachments.create_pending(request.user, upload.name or "", upload.read(), client)
+    return JsonResponse(attachments.attachment_json(attachment), status=201)
+
+
+@api_view("GET", "DELETE")
+def attachment(request: HttpRequest, pk: int) -> HttpResponse:
+    """One of this user's documents with its text; DELETE removes one not sent yet."""
+    found = conv_logic.get_attachment(request.user, pk)
+    if request.method == "DELETE":
+        if found.message_id is not None:
+            raise InvalidSettings("a document that was sent stays with its message")
+        found.delete()
+        return HttpResponse(status=204)
+    return JsonResponse(attachments.attachment_json(found, with_text=True))
+
+
+@api_view("POST")
+def prompt_size(request: HttpRequest) -> HttpResponse:
+    """The tokens a send would put before the model (the conversation so far, the
+    documents, the words), and whether that fits its context window: the composer shows
+    it before sending, in the words a send past the window is refused with."""
+    data = read_json(request)
+    unknown = set(data) - {"conversation_id", "text", "attachments", "settings", "model"}
+    if unknown:
+        raise InvalidSettings(f"unknown field(s): {', '.join(sorted(unknown))}")
+    text = clean_text(data.get("text", ""), "The message", settings.CHAT_MAX_MESSAGE_CHARS)
+    documents = attachments.usable(request.user, attachments.clean_ids(data.get("attachments")))
+    conv_id = data.get("conversation_id")
+    if conv_id is None:
+        conv = conv_logic.new_conversation(
+            request.user, "", conv_logic.clean_settings(data.get("settings"))
+        )
+        branch: list = []
+    else:
+        conv = conv_logic.get_conversation(request.user, conv_id)
+        branch = conv_logic.active_branch(conv)
+    # The model the send would go to (the picker's, else the conversation's); counted only
+    # on an engine already up here: a count never loads a model.
+    named = data.get("model")
+    model = conv_logic.model_field(named) if named is not None else conv.model
+    try:
+        default = default_model()
+    except EngineError:
+        default = ""
+    client = loaded_clients().get(model or default)
+    if client is None:
+        return JsonResponse(
+            {
+                "prompt_tokens": None,
+                "context_tokens": None,
+                "fits": True,
+                "message": None,
+                "attachments": [{"id": a.pk, "tokens": a.tokens} for a in documents],
+            }
+        )
+    salt = prefix_cache_salt(request.user.pk)
+    legacy = client.model_name == default
+    prompt = conv_logic.prompt_for(client, conv, branch, text, documents, salt, legacy=legacy)
+    too_long = conv_logic.too_long_words(client, prompt)
+    return JsonResponse(
+        {
+            "prompt_tokens": prompt.length,
+            "context_tokens": client.max_model_len,
+            "fits": too_long is None,
+            "message": too_long,
+            "attachments": [
+                {"id": a.pk, "tokens": attachments.count_tokens(client, a.name, a.text)}
+                for a in documents
+            ],
+        }
+    )
+
+
+@api_view("POST")
+def import_conversations(request: HttpRequest) -> HttpResponse:
+    """Conversations from a ChatGPT export or this app's JSON export, sent as the request
+    body (the file as it is: JSON or zip). All of the file, or nothing."""
+    limit = settings.CHAT_IMPORT_MAX_BYTES
+    if declared_length(request) > limit:
+        raise imports.too_large(limit)
+    with imports.spool(request, limit) as upload:
+        created = imports.import_file(request.user, upload)
+    return JsonResponse(
+        {
+            "imported": len(created),
+            "conversations": [conv_logic.conversation_json(c) for c in created],
+        },
+        status=201,
+    )
 
 
 # --- exports of all of a user's conversations (a job: chatapp/jobs) -----------------

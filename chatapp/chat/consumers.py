@@ -20,7 +20,8 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
-from chatapp.chat import conversations
+from chatapp.chat import attachments, conversations
+from chatapp.chat.attachments import AttachmentsInvalid
 from chatapp.chat.conversations import InvalidSettings, NotFound
 from chatapp.chat.generation import (
     ERROR_TEXT,
@@ -38,7 +39,6 @@ from chatapp.chat.models import Conversation, Message
 from chatapp.chat.user_sockets import join, leave, remember_loop, session_user_id
 from chatapp.ratelimit import counted_usage
 from chatapp.text import InvalidText, clean_text
-from inference.chat_template import Turn
 from inference.client import (
     EngineUnavailableError,
     ModelNotFoundError,
@@ -47,7 +47,7 @@ from inference.client import (
     get_engine_client,
     prefix_cache_salt,
 )
-from inference.engine import PromptTooLongError, SamplingParams
+from inference.engine import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +59,23 @@ class FrameError(Exception):
         self.message = message
 
 
-def _text_field(content: dict[str, Any], name: str = "text") -> str:
+def _text_field(content: dict[str, Any], name: str = "text", allow_empty: bool = False) -> str:
     text = content.get(name)
     if not isinstance(text, str):
         raise FrameError("bad_frame", f"'{name}' must be a string")
     try:
-        return clean_text(text, "The message", settings.CHAT_MAX_MESSAGE_CHARS, allow_empty=False)
+        return clean_text(
+            text, "The message", settings.CHAT_MAX_MESSAGE_CHARS, allow_empty=allow_empty
+        )
     except InvalidText as exc:
         raise FrameError(exc.code, exc.message) from exc
+
+
+def _attachment_ids(content: dict[str, Any]) -> list[int]:
+    try:
+        return attachments.clean_ids(content.get("attachments"))
+    except AttachmentsInvalid as exc:
+        raise FrameError("bad_frame", str(exc)) from exc
 
 
 def _id_field(content: dict[str, Any], name: str, allow_null: bool = False) -> int | None:
@@ -205,7 +214,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"type": "pong", "time": time.time()})
 
     async def on_send(self, content: dict[str, Any]) -> None:
-        text = _text_field(content)
+        ids = _attachment_ids(content)
+        # A message may be its documents alone.
+        text = _text_field(content, allow_empty=bool(ids))
         conv_id = _id_field(content, "conversation_id", allow_null=True)
         new_settings = conversations.clean_settings(content.get("settings"))
         if conv_id is not None:
@@ -214,7 +225,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             # Not saved yet: it is written together with the first exchange, in one
             # transaction, so a refused or failed first message leaves nothing behind.
             conv = conversations.new_conversation(self.user, "", new_settings)
-        await self._generate(conv, None, text, content)
+        documents = await self._documents(ids)
+        await self._generate(conv, None, text, content, documents=documents)
 
     async def on_regenerate(self, content: dict[str, Any]) -> None:
         message = await database_sync_to_async(conversations.get_message)(
@@ -226,14 +238,32 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self._generate(message.conversation, parent, None, content, branch_from=True)
 
     async def on_edit(self, content: dict[str, Any]) -> None:
-        text = _text_field(content)
         message = await database_sync_to_async(conversations.get_message)(
             self.user, _id_field(content, "message_id")
         )
         if message.role != Message.Role.USER:
             raise FrameError("invalid", "Only your own messages can be edited.")
+        # Without `attachments` the edit keeps the message's documents; with it, those
+        # listed (the message's own or new uploads).
+        if "attachments" in content:
+            documents = await self._documents(_attachment_ids(content), keep_from=message)
+        else:
+            documents = await database_sync_to_async(
+                lambda: list(message.attachments.order_by("position", "id"))
+            )()
+        text = _text_field(content, allow_empty=bool(documents))
         parent = await database_sync_to_async(lambda: message.parent)()
-        await self._generate(message.conversation, parent, text, content, branch_from=True)
+        await self._generate(
+            message.conversation, parent, text, content, branch_from=True, documents=documents
+        )
+
+    async def _documents(
+        self, ids: list[int], keep_from: Message | None = None
+    ) -> list[attachments.Attachment]:
+        try:
+            return await database_sync_to_async(attachments.usable)(self.user, ids, keep_from)
+        except AttachmentsInvalid as exc:
+            raise FrameError("invalid", str(exc).capitalize() + ".") from exc
 
     async def on_stop(self, content: dict[str, Any]) -> None:
         message_id = _id_field(content, "message_id")
@@ -334,14 +364,22 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         user_text: str | None,
         content: dict[str, Any],
         branch_from: bool = False,
+        documents: list[attachments.Attachment] | None = None,
     ) -> None:
         """Continue `conv` with a reply: after the active branch (a plain send), or after
-        `parent` (`branch_from`: regenerate and edit), with `user_text` first if given."""
+        `parent` (`branch_from`: regenerate and edit), with `user_text` (after its
+        `documents`) first if given."""
         new_conversation = conv.pk is None
         reservation = self._reserve_stream(conv.pk)
         try:
             gen, user_msg, reply = await self._prepare_reply(
-                conv, parent, user_text, branch_from, reservation, content.get("model")
+                conv,
+                parent,
+                user_text,
+                branch_from,
+                reservation,
+                content.get("model"),
+                documents or [],
             )
         finally:
             registry.release(reservation)  # a no-op once the reply has started
@@ -365,6 +403,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         branch_from: bool,
         reservation: Reservation,
         named: Any = None,
+        documents: list[attachments.Attachment] | None = None,
     ) -> tuple[Generation, Message | None, Message]:
         await self._count_message()
         # The model the frame names (the picker's), else the conversation's own.
@@ -379,24 +418,30 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             branch = (
                 conversations.path_to(parent) if branch_from else conversations.active_branch(conv)
             )
-            # Replies keep their ids only for a model with their tokenizer (turns_for).
-            turns = conversations.turns_for(
-                conv, branch, client.tokenizer_id, legacy=model == default
-            )
-            if user_text is not None:
-                turns.append(Turn("user", user_text))
-            # Scoped to the conversation's owner (docs/kv-tier.md, "Whose blocks").
+            # Scoped to the conversation's owner (docs/kv-tier.md, "Whose blocks"). Replies
+            # keep their ids only for a model with their tokenizer (turns_for).
             salt = prefix_cache_salt(conv.owner_id)
-            return client.chat_prompt(turns, cache_salt=salt), (branch[-1] if branch else None)
+            prompt = conversations.prompt_for(
+                client, conv, branch, user_text, documents or [], salt, legacy=model == default
+            )
+            return prompt, (branch[-1] if branch else None)
 
         prompt, anchor = await database_sync_to_async(prepare)()
+        too_long = conversations.too_long_words(client, prompt)
+        if too_long:
+            raise FrameError("too_long", too_long)
         try:
-            client.check_fits(prompt)
-        except PromptTooLongError as exc:
-            raise FrameError("too_long", ERROR_TEXT["too_long"]) from exc
-        user_msg, reply = await database_sync_to_async(conversations.add_exchange)(
-            conv, anchor, user_text, prompt.user_token_ids, model, client.tokenizer_id
-        )
+            user_msg, reply = await database_sync_to_async(conversations.add_exchange)(
+                conv,
+                anchor,
+                user_text,
+                prompt.user_token_ids,
+                model,
+                client.tokenizer_id,
+                documents,
+            )
+        except AttachmentsInvalid as exc:
+            raise FrameError("invalid", str(exc).capitalize() + ".") from exc
         sampling = SamplingParams(
             max_tokens=conv.max_tokens,
             temperature=conv.temperature,

@@ -3,17 +3,19 @@ async callers wrap it in database_sync_to_async)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from chatapp.chat.models import Conversation, Message
+from chatapp.chat import attachments
+from chatapp.chat.models import Attachment, Conversation, Message
 from chatapp.text import clean_text
-from inference.chat_template import Turn
+from inference.chat_template import Prompt, Turn
 from inference.client import default_model, list_models
-from inference.engine import EngineError
+from inference.engine import EngineError, PromptTooLongError
 
 TITLE_WORDS = 8
 TITLE_MAX_CHARS = 200  # Conversation.title's max_length
@@ -103,6 +105,13 @@ def get_message(user: Any, message_id: Any) -> Message:
         raise NotFound("message") from exc
 
 
+def get_attachment(user: Any, attachment_id: Any) -> Attachment:
+    try:
+        return Attachment.objects.get(pk=int(attachment_id), owner=user)
+    except (Attachment.DoesNotExist, TypeError, ValueError) as exc:
+        raise NotFound("attachment") from exc
+
+
 def clean_settings(raw: Any) -> dict[str, Any]:
     """Validate per-conversation settings; raise InvalidSettings with a readable reason."""
     if raw is None:
@@ -166,6 +175,10 @@ def settings_limits(context_tokens: int | None = None) -> dict[str, Any]:
             "max_frame_bytes": settings.CHAT_MAX_FRAME_BYTES,
         },
         "context_tokens": context_tokens,
+        "attachments": {
+            "max_bytes": settings.CHAT_ATTACHMENT_MAX_BYTES,
+            "per_message": settings.CHAT_ATTACHMENTS_PER_MESSAGE,
+        },
     }
 
 
@@ -283,9 +296,15 @@ def alternatives(message: Message) -> list[int]:
 
 
 def turns_for(
-    conv: Conversation, branch: list[Message], tokenizer: str | None, legacy: bool = False
+    conv: Conversation,
+    branch: list[Message],
+    tokenizer: str | None,
+    legacy: bool = False,
+    documents: Mapping[int, list[Attachment]] | None = None,
 ) -> list[Turn]:
-    """The chat-template turns for a branch: system prompt first, then the messages.
+    """The chat-template turns for a branch: system prompt first, then the messages, each
+    user message with its `documents` (by message id: attachments.of_messages) before its
+    words.
 
     A reply keeps its exact token ids only for a model whose tokenizer they are in
     (`tokenizer`, the target model's fingerprint; `legacy`: the target is the default
@@ -294,6 +313,7 @@ def turns_for(
     turns: list[Turn] = []
     if conv.system_prompt.strip():
         turns.append(Turn("system", conv.system_prompt))
+    documents = documents or {}
     for m in branch:
         if m.role == Message.Role.ASSISTANT:
             same = tokenizer is not None and (
@@ -302,8 +322,43 @@ def turns_for(
             ids = list(m.token_ids) if m.token_ids and same else None
             turns.append(Turn("assistant", m.text, ids))
         else:
-            turns.append(Turn(m.role, m.text))
+            turns.append(Turn(m.role, attachments.prompt_text(m.text, documents.get(m.pk, []))))
     return turns
+
+
+def prompt_for(
+    client: Any,
+    conv: Conversation,
+    branch: list[Message],
+    user_text: str | None,
+    documents: list[Attachment],
+    cache_salt: str | None,
+    legacy: bool = False,
+) -> Prompt:
+    """The prompt of a reply after `branch` on `client`'s model, with a new user message
+    (its `documents`, then `user_text`) when `user_text` is not None: what a send builds,
+    and what the composer's count (POST /api/chat/prompt-size/) measures. `legacy` as for
+    turns_for: `client` serves the default model."""
+    earlier = attachments.of_messages(m.pk for m in branch if m.role == Message.Role.USER)
+    turns = turns_for(conv, branch, client.tokenizer_id, legacy, earlier)
+    if user_text is not None:
+        turns.append(Turn("user", attachments.prompt_text(user_text, documents)))
+    return client.chat_prompt(turns, cache_salt=cache_salt)
+
+
+def too_long_words(client: Any, prompt: Prompt) -> str | None:
+    """Why the prompt does not fit the model's context window, in the words both the
+    composer (before sending) and the socket (refusing a send) use; None when it fits."""
+    try:
+        client.check_fits(prompt)
+    except PromptTooLongError:
+        limit = client.max_model_len
+        return (
+            f"This message needs {prompt.length:,} tokens with the conversation so far, and "
+            f"the model reads at most {limit:,} tokens, its reply included. Remove an "
+            "attachment, shorten the message or start a new chat."
+        )
+    return None
 
 
 def delete_conversation(conv: Conversation) -> None:
@@ -324,6 +379,7 @@ def add_exchange(
     user_token_ids: list[int],
     model: str = "",
     tokenizer: str | None = None,
+    documents: list[Attachment] | None = None,
 ) -> tuple[Message | None, Message]:
     """Save the user message (if any) and an empty streaming assistant reply under it,
     and make the reply the conversation's active leaf. A new conversation is saved here
@@ -334,7 +390,8 @@ def add_exchange(
     `conv` may have been loaded a while ago: only the fields this step owns are written
     (the active leaf, the model, and a title if it still has none), so a rename made
     meanwhile stands, and a conversation deleted meanwhile raises NotFound instead of
-    coming back."""
+    coming back. `documents` go onto the user message (attachments.attach), in the same
+    transaction."""
     model = model or conv.model
     if conv.pk is None:
         conv.model = model
@@ -353,6 +410,7 @@ def add_exchange(
             model=model,
             tokenizer=ids_in if user_token_ids else "",
         )
+        attachments.attach(user_msg, documents or [])
         parent = user_msg
     reply = Message.objects.create(
         conversation=conv,
@@ -366,10 +424,13 @@ def add_exchange(
     now = timezone.now()
     Conversation.objects.filter(pk=conv.pk).update(active_leaf=reply, model=model, updated_at=now)
     conv.active_leaf, conv.model, conv.updated_at = reply, model, now
-    if user_text and Conversation.objects.filter(pk=conv.pk, title="").update(
-        title=default_title(user_text)
+    title = default_title(user_text or (documents[0].name if documents else ""))
+    if (
+        user_text is not None
+        and title
+        and Conversation.objects.filter(pk=conv.pk, title="").update(title=title)
     ):
-        conv.title = default_title(user_text)
+        conv.title = title
     return user_msg, reply
 
 
@@ -394,16 +455,24 @@ def branch_json(conv: Conversation) -> list[dict[str, Any]]:
     siblings: dict[tuple[int | None, str], list[int]] = {}
     for m in by_id.values():  # ordered by id
         siblings.setdefault((m.parent_id, m.role), []).append(m.pk)
+    branch = path_to(leaf, by_id) if leaf else []
+    documents = attachments.of_messages(
+        (m.pk for m in branch if m.role == Message.Role.USER), with_text=False
+    )
     out = []
-    for m in path_to(leaf, by_id) if leaf else []:
-        data = message_json(m)
+    for m in branch:
+        data = message_json(m, documents=documents.get(m.pk, []))
         alts = siblings[(m.parent_id, m.role)]
         data["alternatives"], data["alternative_index"] = alts, alts.index(m.pk)
         out.append(data)
     return out
 
 
-def message_json(m: Message, with_alternatives: bool = False) -> dict[str, Any]:
+def message_json(
+    m: Message, with_alternatives: bool = False, documents: list[Attachment] | None = None
+) -> dict[str, Any]:
+    """A message as the API and the socket send it; a user message's `attachments` without
+    their text (`documents`: those already loaded, else they are read here)."""
     data: dict[str, Any] = {
         "id": m.pk,
         "conversation_id": m.conversation_id,
@@ -419,6 +488,10 @@ def message_json(m: Message, with_alternatives: bool = False) -> dict[str, Any]:
     }
     if m.error:
         data["error"] = m.error
+    if m.role == Message.Role.USER:
+        if documents is None:
+            documents = list(m.attachments.defer("text").order_by("position", "id"))
+        data["attachments"] = [attachments.attachment_json(a) for a in documents]
     if with_alternatives:
         alts = alternatives(m)
         data["alternatives"] = alts

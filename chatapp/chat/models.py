@@ -125,3 +125,36 @@ class SharedLink(models.Model):
 
     def __str__(self) -> str:
         return f"link to {self.conversation_id}"
+
+
+class Attachment(models.Model):
+    """A document's text, attached to a user message (or uploaded and waiting to be sent,
+    `message` null). The text goes into that message's turn of the prompt
+    (chatapp/chat/attachments.py); only its owner ever reads it."""
+
+    class Kind(models.TextChoices):
+        TEXT = "text"
+        PDF = "pdf"
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="attachments"
+    )
+    message = models.ForeignKey(
+        Message, null=True, blank=True, on_delete=models.CASCADE, related_name="attachments"
+    )
+    position = models.PositiveSmallIntegerField(default=0)  # order within the message
+    name = models.CharField(max_length=255)
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    size = models.PositiveBigIntegerField()  # bytes of the file as uploaded
+    text = models.TextField()
+    # Tokens of its block in the prompt, for the model served when it was uploaded; None
+    # where the engine does not tokenize here (an upstream server).
+    tokens = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["position", "id"]
+        indexes = [models.Index(fields=["owner", "message", "created_at"])]
+
+    def __str__(self) -> str:
+        return self.name

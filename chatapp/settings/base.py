@@ -230,6 +230,17 @@ CHAT_CHECKPOINT_INTERVAL_S = env_float("CHAT_CHECKPOINT_INTERVAL_S", 2.0)
 # Per-user limits on the chat socket.
 CHAT_RATE_LIMIT_PER_MINUTE = env_int("CHAT_RATE_LIMIT_PER_MINUTE", 30)
 CHAT_MAX_CONCURRENT_STREAMS = env_int("CHAT_MAX_CONCURRENT_STREAMS", 4)
+# Documents attached to a message (docs/http.md, "Attachments"): the largest file taken,
+# the most text kept from one, how many go with one message, and how long an uploaded file
+# that was never sent is kept.
+CHAT_ATTACHMENT_MAX_BYTES = env_int("CHAT_ATTACHMENT_MAX_BYTES", 10 * 1024 * 1024)
+CHAT_ATTACHMENT_MAX_CHARS = env_int("CHAT_ATTACHMENT_MAX_CHARS", 500_000)
+CHAT_ATTACHMENTS_PER_MESSAGE = env_int("CHAT_ATTACHMENTS_PER_MESSAGE", 10)
+CHAT_ATTACHMENT_PENDING_HOURS = env_float("CHAT_ATTACHMENT_PENDING_HOURS", 24.0)
+# Imports (POST /api/conversations/import/): the largest file, and its size once unzipped.
+CHAT_IMPORT_MAX_BYTES = env_int("CHAT_IMPORT_MAX_BYTES", 128 * 1024 * 1024)
+CHAT_IMPORT_MAX_CONVERSATIONS = env_int("CHAT_IMPORT_MAX_CONVERSATIONS", 10_000)
+CHAT_IMPORT_MAX_MESSAGES = env_int("CHAT_IMPORT_MAX_MESSAGES", 200_000)
 CHAT_DEFAULTS = {
     "system_prompt": env_str("CHAT_DEFAULT_SYSTEM_PROMPT", ""),
     "temperature": env_float("CHAT_DEFAULT_TEMPERATURE", 0.7),

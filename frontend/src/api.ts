@@ -1,5 +1,5 @@
 import type { ChatLimits } from './limits';
-import type { Conversation, EngineInfo, Message, ModelsInfo, Settings } from './types';
+import type { AttachmentInfo, Conversation, EngineInfo, Message, ModelsInfo, PromptSize, Settings } from './types';
 
 export function getCookie(name: string, cookie = typeof document !== 'undefined' ? document.cookie : ''): string {
   for (const part of cookie.split(';')) {
@@ -18,8 +18,11 @@ export class ApiError extends Error {
 /** One JSON request with the session cookie and, for a write, the CSRF header. A failure
  * is an ApiError whose message a person can read (the server's own words when it sent some). */
 export async function request<T>(method: string, path: string, body?: unknown): Promise<T> {
+  // A file or a form goes as it is (the browser sets its type); anything else as JSON.
+  const raw = typeof Blob !== 'undefined' && (body instanceof Blob || body instanceof FormData);
   const headers: Record<string, string> = { Accept: 'application/json' };
-  if (body !== undefined) headers['Content-Type'] = 'application/json';
+  if (body !== undefined && !raw) headers['Content-Type'] = 'application/json';
+  if (raw && body instanceof Blob) headers['Content-Type'] = body.type || 'application/octet-stream';
   if (method !== 'GET' && method !== 'HEAD') headers['X-CSRFToken'] = getCookie('csrftoken');
   let res: Response;
   try {
@@ -27,7 +30,7 @@ export async function request<T>(method: string, path: string, body?: unknown): 
       method,
       headers,
       credentials: 'same-origin',
-      body: body === undefined ? undefined : JSON.stringify(body),
+      body: body === undefined ? undefined : raw ? (body as BodyInit) : JSON.stringify(body),
     });
   } catch {
     throw new ApiError(0, 'network', 'Could not reach the server. Check your connection.');
@@ -64,6 +67,17 @@ export const api = {
   engine: () => request<EngineInfo>('GET', '/api/engine/'),
   limits: () => request<ChatLimits>('GET', '/api/chat/limits/'),
   models: () => request<ModelsInfo>('GET', '/api/models/'),
+  uploadAttachment: (file: File) => {
+    const form = new FormData();
+    form.append('file', file, file.name);
+    return request<AttachmentInfo>('POST', '/api/attachments/', form);
+  },
+  attachment: (id: number) => request<AttachmentInfo & { text: string }>('GET', `/api/attachments/${id}/`),
+  removeAttachment: (id: number) => request<void>('DELETE', `/api/attachments/${id}/`),
+  promptSize: (body: { conversation_id: number | null; text: string; attachments: number[]; settings?: Settings; model?: string }) =>
+    request<PromptSize>('POST', '/api/chat/prompt-size/', body),
+  importConversations: (file: File) =>
+    request<{ imported: number; conversations: Conversation[] }>('POST', '/api/conversations/import/', file),
 };
 
 export const exportUrl = (id: number, kind: 'md' | 'json') => `/api/conversations/${id}/export.${kind}`;

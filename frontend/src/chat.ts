@@ -1,3 +1,4 @@
+import { Attachments, type AttachmentsPort } from './attachments';
 import type { ConversationsPort } from './conversations';
 import { Conversations } from './conversations';
 import { ChatProtocol, type SocketPort } from './protocol';
@@ -10,9 +11,10 @@ export interface Chat {
   readonly server: ServerInfo;
   readonly conversations: Conversations;
   readonly protocol: ChatProtocol;
+  readonly attachments: Attachments;
 }
 
-export type ApiPort = ConversationsPort & ServerInfoPort;
+export type ApiPort = ConversationsPort & ServerInfoPort & AttachmentsPort;
 
 /** `staff`: the signed-in user is staff (the page says so: `#app[data-is-staff]`). */
 export function createChat(socket: SocketPort, api: ApiPort, opts: { staff?: boolean } = {}): Chat {
@@ -20,6 +22,7 @@ export function createChat(socket: SocketPort, api: ApiPort, opts: { staff?: boo
   const server = new ServerInfo(api);
   // A conversation loaded from the server may hold a reply still being written: resume it.
   const conversations = new Conversations(api, ui, () => protocol.resumeStreaming());
-  const protocol: ChatProtocol = new ChatProtocol(socket, conversations, ui, server);
-  return { ui, server, conversations, protocol };
+  const attachments = new Attachments(api);
+  const protocol: ChatProtocol = new ChatProtocol(socket, conversations, ui, server, attachments);
+  return { ui, server, conversations, protocol, attachments };
 }

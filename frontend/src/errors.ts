@@ -14,8 +14,9 @@ const WORDS: Record<string, string> = {
 };
 
 export function errorWords(code: string | undefined, serverMessage?: string): string {
-  // The server's words name the model and what is served instead.
-  if ((code === 'invalid' || code === 'model_not_found') && serverMessage) return serverMessage;
+  // The server's own words where they carry the particulars: the model and what is served
+  // instead, the count of a prompt over the window.
+  if ((code === 'invalid' || code === 'model_not_found' || code === 'too_long') && serverMessage) return serverMessage;
   if (code && WORDS[code]) return WORDS[code];
   return serverMessage || 'Something went wrong. Please try again.';
 }

@@ -17,6 +17,8 @@ export interface ChatLimits {
   message: { max_chars: number; max_frame_bytes: number };
   /** The model's context window in tokens; null while the engine is not up. */
   context_tokens: number | null;
+  /** Documents: the largest file, and how many go with one message. */
+  attachments?: { max_bytes: number; per_message: number };
 }
 
 /** Used until the server's answer arrives; the same values as the server's defaults. */

@@ -4,7 +4,7 @@ import { errorWords } from './errors';
 import { announcementOf } from './format';
 import { FALLBACK_LIMITS, withinLimits } from './limits';
 import type { ServerInfo } from './server-info';
-import type { ClientFrame, Message, ServerFrame, Settings } from './types';
+import type { AttachmentInfo, ClientFrame, Message, ServerFrame, Settings } from './types';
 import type { ThreadKey, UiState } from './ui-state';
 import type { ConnState } from './ws';
 
@@ -21,6 +21,12 @@ interface PendingSend {
   localId: number;
   text: string;
   sentAt: number;
+  docs: readonly AttachmentInfo[];
+}
+
+/** Where a refused send's documents go back to (the composer's, attachments.ts). */
+export interface DraftDocuments {
+  restore(key: ThreadKey, docs: readonly AttachmentInfo[]): void;
 }
 
 const now = () => (typeof performance !== 'undefined' ? performance.now() : Date.now());
@@ -86,6 +92,7 @@ export class ChatProtocol {
     private readonly conversations: Conversations,
     private readonly ui: UiState,
     private readonly server: ServerInfo,
+    private readonly drafts?: DraftDocuments,
   ) {}
 
   // ------------------------------------------------------------------ connection
@@ -327,16 +334,18 @@ export class ChatProtocol {
       this.conversations.removeFromThread(p.thread, p.localId);
       const draft = this.ui.getDraft(p.thread);
       this.ui.setDraft(p.thread, draft ? (draft.includes(p.text) ? draft : p.text + '\n\n' + draft) : p.text, true);
+      this.drafts?.restore(p.thread, p.docs);
       if (note) this.ui.notify(p.thread, note, 'not_confirmed');
     });
   }
 
   // ------------------------------------------------------------------ actions
-  sendMessage(text: string): Result {
+  /** Send the person's words, after their documents (`docs`, already uploaded); a message may be its documents alone. */
+  sendMessage(text: string, docs: readonly AttachmentInfo[] = []): Result {
     const c = this.conversations;
     const body = text.trim();
     const key = c.currentKey.value;
-    if (!body) return { ok: false };
+    if (!body && !docs.length) return { ok: false };
     if (!this.socket.isOpen) return this.refuse(key, this.ui.conn.value === 'unauthorized' ? 'unauthorized' : 'offline', 'offline');
     const limit = this.server.maxMessageChars;
     if (limit && body.length > limit) {
@@ -349,6 +358,7 @@ export class ChatProtocol {
     const clientId = 'c' + Date.now().toString(36) + Math.random().toString(36).slice(2, 8);
     const currentId = c.currentId.value;
     const frame: ClientFrame = { type: 'send', conversation_id: currentId, text: body, client_id: clientId };
+    if (docs.length) frame.attachments = docs.map((d) => d.id);
     const model = this.modelFor(currentId);
     if (model) frame.model = model;
     if (currentId == null) {
@@ -361,12 +371,12 @@ export class ChatProtocol {
     const thread = c.thread(key);
     const last = thread.length ? thread[thread.length - 1] : null;
     batch(() => {
-      c.putMessage({ id: localId, conversation_id: currentId, role: 'user', text: body, status: 'sending', parent_id: last, client_id: clientId });
+      c.putMessage({ id: localId, conversation_id: currentId, role: 'user', text: body, status: 'sending', parent_id: last, client_id: clientId, attachments: [...docs] });
       c.setThread(key, [...thread, localId]);
       this.ui.setDraft(key, '');
       this.ui.clearThread(key);
     });
-    this.pendingSends.set(clientId, { thread: key, localId, text: body, sentAt: now() });
+    this.pendingSends.set(clientId, { thread: key, localId, text: body, sentAt: now(), docs });
     return { ok: true };
   }
 
@@ -389,9 +399,10 @@ export class ChatProtocol {
     return this.action({ type: 'regenerate', message_id: messageId, ...this.modelField(messageId) }, messageId);
   }
 
+  /** Edit and resend a message; it keeps its documents (the server copies them onto the new version). */
   edit(messageId: number, text: string): Result {
     const body = text.trim();
-    if (!body) return { ok: false };
+    if (!body && !this.conversations.message(messageId)?.attachments?.length) return { ok: false };
     return this.action({ type: 'edit', message_id: messageId, text: body, ...this.modelField(messageId) }, messageId);
   }
 

@@ -32,6 +32,29 @@ export interface Stats {
   replayed?: boolean;
 }
 
+/** A document attached to a user message (docs/http.md, "Attachments"); `text` only where asked for. */
+export interface AttachmentInfo {
+  id: number;
+  name: string;
+  kind: 'text' | 'pdf';
+  /** Bytes of the file as uploaded. */
+  size: number;
+  /** Tokens of its block in the prompt; null where the server cannot tell (an upstream engine). */
+  tokens: number | null;
+  message_id: number | null;
+  text?: string;
+}
+
+/** POST /api/chat/prompt-size/: what a send would put before the model. */
+export interface PromptSize {
+  prompt_tokens: number | null;
+  context_tokens: number | null;
+  fits: boolean;
+  /** Why it does not fit, in the words a send past the window is refused with. */
+  message: string | null;
+  attachments: { id: number; tokens: number | null }[];
+}
+
 export type Role = 'user' | 'assistant' | 'system';
 /** Server statuses plus two client-only ones for an optimistic user message. */
 export type Status = 'complete' | 'streaming' | 'stopped' | 'error' | 'sending' | 'failed';
@@ -56,6 +79,8 @@ export interface Message {
   /** client-only: performance.now() when the person pressed send (for the TTFT they see). */
   client_sent_at?: number;
   error?: string;
+  /** A user message's documents (without their text). */
+  attachments?: AttachmentInfo[];
   /** The model that wrote a reply (or that a user turn went to); null on older messages. */
   model?: string | null;
 }
@@ -86,9 +111,9 @@ export type ServerFrame =
   | { type: 'pong' };
 
 export type ClientFrame =
-  | { type: 'send'; conversation_id: number | null; text: string; client_id?: string; settings?: Settings; model?: string }
+  | { type: 'send'; conversation_id: number | null; text: string; client_id?: string; settings?: Settings; model?: string; attachments?: number[] }
   | { type: 'stop'; message_id: number }
   | { type: 'regenerate'; message_id: number; model?: string }
-  | { type: 'edit'; message_id: number; text: string; model?: string }
+  | { type: 'edit'; message_id: number; text: string; model?: string; attachments?: number[] }
   | { type: 'resume'; message_id: number }
   | { type: 'ping' };

@@ -1,7 +1,7 @@
 import type { SocketLike } from '../src/ws';
 import type { ApiPort } from '../src/chat';
 import type { SocketPort } from '../src/protocol';
-import type { ClientFrame, Conversation, Message } from '../src/types';
+import type { AttachmentInfo, ClientFrame, Conversation, Message } from '../src/types';
 
 /** A stand-in for the browser WebSocket, driven by the test. */
 export class FakeSocket implements SocketLike {
@@ -106,6 +106,39 @@ export class FakeApi implements ApiPort {
   }
   async engine() {
     return { model: 'test', max_model_len: 2048, speculative_modes: [], defaults: { temperature: 0.7, top_p: 0.9, max_tokens: 256 } };
+  }
+  // Documents (attachments.ts): an upload is "read" as its size in tokens, a file named
+  // *.png is refused as the server refuses images; the count adds 10 tokens of words.
+  docs = new Map<number, AttachmentInfo & { text: string }>();
+  context = 100;
+  async uploadAttachment(file: File) {
+    this.calls.push(['upload', file.name]);
+    if (file.name.endsWith('.png')) throw Object.assign(new Error(`${file.name} is an image.`), { status: 415, code: 'image_unsupported' });
+    const text = await new Promise<string>((resolve) => {
+      const reader = new FileReader();
+      reader.onload = () => resolve(String(reader.result));
+      reader.readAsText(file);
+    });
+    const info = { id: this.docs.size + 1, name: file.name, kind: 'text' as const, size: file.size, tokens: text.length, message_id: null };
+    this.docs.set(info.id, { ...info, text });
+    return info;
+  }
+  async attachment(id: number) {
+    this.calls.push(['attachment', id]);
+    const d = this.docs.get(id);
+    if (!d) throw Object.assign(new Error('Not found'), { status: 404, code: 'not_found' });
+    return d;
+  }
+  async removeAttachment(id: number) {
+    this.calls.push(['removeAttachment', id]);
+    this.docs.delete(id);
+  }
+  async promptSize(body: { conversation_id: number | null; text: string; attachments: number[] }) {
+    this.calls.push(['promptSize', body]);
+    const docs = body.attachments.map((id) => ({ id, tokens: this.docs.get(id)?.tokens ?? null }));
+    const total = 10 + docs.reduce((n, d) => n + (d.tokens ?? 0), 0);
+    const fits = total < this.context;
+    return { prompt_tokens: total, context_tokens: this.context, fits, message: fits ? null : `This message needs ${total} tokens.`, attachments: docs };
   }
 }
 

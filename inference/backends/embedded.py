@@ -139,6 +139,9 @@ class EmbeddedClient:
                 f"the prompt has {prompt.length}."
             )
 
+    def count_tokens(self, text: str) -> int | None:
+        return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
+
     # The response cache: None follows settings (response_cache.from_settings); a test
     # or a tool may install a ResponseCache here instead.
     response_cache: ResponseCache | None = None

@@ -159,6 +159,10 @@ class UpstreamClient:
     def check_fits(self, prompt: Prompt) -> None:
         """The upstream knows its own context window; it answers for it."""
 
+    def count_tokens(self, text: str) -> int | None:
+        """The upstream tokenizes with its own tokenizer, unknown here."""
+        return None
+
     def remember_reply(
         self, text: str, token_ids: list[int], cache_salt: str | None = None
     ) -> None:

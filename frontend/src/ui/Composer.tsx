@@ -1,17 +1,34 @@
 import { useEffect, useLayoutEffect, useRef, useState } from 'preact/hooks';
+import { cleanSettings } from '../protocol';
+import { DraftChips, PaperclipIcon, PromptCount } from './Attachments';
 import { useChat } from './hooks';
 
 const MAX_HEIGHT = 220;
+// Past this many characters the words alone may fill much of the window: count them too.
+const COUNT_FROM_CHARS = 2000;
+const ACCEPT = '.txt,.md,.markdown,.csv,.tsv,.json,.jsonl,.yaml,.yml,.toml,.xml,.html,.log,.py,.js,.ts,.tsx,.jsx,.java,.c,.h,.cpp,.cs,.go,.rs,.rb,.php,.sh,.sql,.pdf,text/*,application/json,application/pdf';
+
+/** Files a drag or a paste carries (none for plain text). */
+function filesOf(data: DataTransfer | null): File[] {
+  return data ? Array.from(data.files || []) : [];
+}
 
 export function Composer() {
-  const { conversations, protocol, ui } = useChat();
+  const { conversations, protocol, ui, attachments, server } = useChat();
   const key = conversations.currentKey.value;
+  const currentId = conversations.currentId.value;
   const draftRestored = ui.draftRestored.value;
   const conn = ui.conn.value;
   const streaming = conversations.streamingIn(key);
   const busy = conversations.isBusy(key);
+  const drafts = attachments.draftsFor(key);
+  const measure = attachments.measureFor(key);
   const [text, setText] = useState(() => ui.getDraft(key));
+  const [dragging, setDragging] = useState(false);
   const ta = useRef<HTMLTextAreaElement>(null);
+  const picker = useRef<HTMLInputElement>(null);
+  const ready = drafts.filter((d) => d.status === 'ready');
+  const uploading = drafts.some((d) => d.status === 'uploading');
 
   useEffect(() => {
     setText(ui.getDraft(key));
@@ -25,11 +42,30 @@ export function Composer() {
     el.style.height = Math.min(MAX_HEIGHT, el.scrollHeight) + 'px';
   }, [text]);
 
+  // Count the prompt against the window while there are documents or many words.
+  const readyIds = ready.map((d) => d.info?.id).join(',');
+  // Counted for the model the send would go to: the picker's.
+  const model = conversations.modelOf(currentId, server.defaultModel.value);
+  useEffect(() => {
+    const wanted = ready.length > 0 || text.length >= COUNT_FROM_CHARS;
+    const settings = currentId == null ? cleanSettings(conversations.draftSettings.value) : undefined;
+    const body = { conversation_id: currentId, text: text.trim(), ...(settings ? { settings } : {}), ...(model ? { model } : {}) };
+    attachments.measure(key, body, wanted);
+  }, [key, text, readyIds, model]);
+
+  const tooLong = !!measure?.size && !measure.size.fits;
   const send = () => {
-    if (!text.trim()) return;
-    const r = protocol.sendMessage(text);
-    if (r.ok) setText('');
+    if ((!text.trim() && !ready.length) || uploading || tooLong) return;
+    const r = protocol.sendMessage(text, attachments.ready(key));
+    if (r.ok) {
+      attachments.take(key);
+      setText('');
+    }
   };
+  const attach = (files: File[]) => {
+    if (files.length) attachments.add(key, files, server.limits.value?.attachments?.per_message ?? Infinity);
+  };
+  const tokens = new Map((measure?.size?.attachments ?? []).map((a) => [a.id, a.tokens] as [number, number | null]));
 
   const online = conn === 'open';
   // Why Send is off while the socket is down; the same words as the line above the box.
@@ -37,11 +73,28 @@ export function Composer() {
     conn === 'unauthorized' ? 'You are signed out.' : conn === 'connecting' ? 'Connecting…' : 'You are offline: messages can be sent again once the connection is back.';
   return (
     <form
-      class="composer"
+      class={'composer' + (dragging ? ' dragging' : '')}
       data-testid="composer"
+      data-dragging={dragging ? 'true' : 'false'}
       onSubmit={(e) => {
         e.preventDefault();
         send();
+      }}
+      onDragOver={(e) => {
+        if (!e.dataTransfer || !Array.from(e.dataTransfer.types).includes('Files')) return;
+        e.preventDefault();
+        e.dataTransfer.dropEffect = 'copy';
+        setDragging(true);
+      }}
+      onDragLeave={(e) => {
+        if (!(e.currentTarget as HTMLElement).contains(e.relatedTarget as Node | null)) setDragging(false);
+      }}
+      onDrop={(e) => {
+        const files = filesOf(e.dataTransfer);
+        setDragging(false);
+        if (!files.length) return;
+        e.preventDefault();
+        attach(files);
       }}
     >
       {!online ? (
@@ -55,19 +108,50 @@ export function Composer() {
           )}
         </div>
       ) : null}
+      <DraftChips drafts={drafts} tokens={tokens} onRemove={(k) => attachments.remove(key, k)} />
+      <PromptCount m={measure} />
       <div class="composer-box">
+        <button
+          type="button"
+          class="icon-btn attach"
+          data-testid="attach-button"
+          aria-label="Attach files"
+          title="Attach text, code, CSV, JSON or PDF files (or drop them here, or paste them)"
+          onClick={() => picker.current?.click()}
+        >
+          <PaperclipIcon />
+        </button>
+        <input
+          ref={picker}
+          type="file"
+          multiple
+          accept={ACCEPT}
+          hidden
+          data-testid="attach-input"
+          onChange={(e) => {
+            const input = e.target as HTMLInputElement;
+            attach(Array.from(input.files || []));
+            input.value = '';
+          }}
+        />
         <textarea
           ref={ta}
           id="composer-input"
           data-testid="composer-input"
           aria-label="Message"
-          placeholder="Message"
+          placeholder={drafts.length ? 'Ask about the files, or send them as they are' : 'Message'}
           rows={1}
           value={text}
           onInput={(e) => {
             const v = (e.target as HTMLTextAreaElement).value;
             setText(v);
             ui.setDraft(key, v);
+          }}
+          onPaste={(e) => {
+            const files = filesOf(e.clipboardData);
+            if (!files.length) return;
+            e.preventDefault();
+            attach(files);
           }}
           onKeyDown={(e) => {
             if (e.key === 'Enter' && !e.shiftKey && !e.isComposing && (e as KeyboardEvent).keyCode !== 229) {
@@ -87,15 +171,15 @@ export function Composer() {
             data-testid="send-button"
             aria-label="Send message"
             data-online={online ? 'true' : 'false'}
-            title={online ? undefined : offlineReason}
+            title={online ? (tooLong ? measure?.size?.message ?? undefined : uploading ? 'Waiting for the files to be read' : undefined) : offlineReason}
             aria-describedby={online ? undefined : 'composer-offline'}
-            disabled={!online || !text.trim() || busy}
+            disabled={!online || (!text.trim() && !ready.length) || busy || uploading || tooLong}
           >
             Send
           </button>
         )}
       </div>
-      <div class="composer-hint">Enter to send · Shift+Enter for a new line · Esc stops · Ctrl+Shift+O new chat</div>
+      <div class="composer-hint">Enter to send · Shift+Enter for a new line · Esc stops · Ctrl+Shift+O new chat · drop or paste files to attach them</div>
     </form>
   );
 }

@@ -4,6 +4,7 @@ import { formatStats, hasStats } from '../format';
 import { renderMarkdown } from '../markdown';
 import { applyMathStyles } from '../math';
 import type { Message } from '../types';
+import { MessageAttachments } from './Attachments';
 import { copyText } from './clipboard';
 
 export interface MessageActions {
@@ -114,8 +115,9 @@ function MessageViewInner({ m, busy, actions, figures }: Props) {
     setEditing(true);
     setTimeout(() => editRef.current?.focus(), 0);
   };
+  const documents = !!m.attachments?.length;
   const saveEdit = () => {
-    if (draft.trim() && actions.edit(m.id, draft)) setEditing(false);
+    if ((draft.trim() || documents) && actions.edit(m.id, draft)) setEditing(false);
   };
 
   return (
@@ -128,6 +130,7 @@ function MessageViewInner({ m, busy, actions, figures }: Props) {
       data-status={m.status}
     >
       <div class="msg-body">
+        {m.attachments?.length ? <MessageAttachments docs={m.attachments} /> : null}
         {editing ? (
           <div class="edit-box">
             <textarea
@@ -148,14 +151,14 @@ function MessageViewInner({ m, busy, actions, figures }: Props) {
             />
             <div class="edit-actions">
               <button type="button" class="btn" data-testid="edit-cancel" onClick={() => setEditing(false)}>Cancel</button>
-              <button type="button" class="btn primary" data-testid="edit-save" disabled={busy || !draft.trim()} onClick={saveEdit}>Save &amp; send</button>
+              <button type="button" class="btn primary" data-testid="edit-save" disabled={busy || (!draft.trim() && !documents)} onClick={saveEdit}>Save &amp; send</button>
             </div>
           </div>
         ) : m.role === 'assistant' ? (
           <Markdown text={m.text} streaming={streaming} />
-        ) : (
+        ) : m.text || !m.attachments?.length ? (
           <div class="plain" data-testid="message-content">{m.text}</div>
-        )}
+        ) : null}
         {streaming && !m.text ? <span class="typing" aria-label="Writing">●●●</span> : null}
       </div>
       {m.error ? <div class="msg-error" role="alert" data-testid="message-error">{m.error}</div> : null}

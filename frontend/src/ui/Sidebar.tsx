@@ -4,6 +4,7 @@ import { dayBucket } from '../format';
 import type { Conversation } from '../types';
 import { useChat } from './hooks';
 import { PencilIcon, TrashIcon } from './icons';
+import { ImportButton } from './ImportButton';
 
 interface Props {
   username: string;
@@ -193,6 +194,7 @@ export function Sidebar(props: Props) {
         >
           + New chat
         </button>
+        <ImportButton onNavigate={props.onNavigate} />
       </div>
       <div class="search">
         <input

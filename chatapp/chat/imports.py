@@ -1,0 +1,576 @@
+"""Conversations brought in from a file: a ChatGPT export (`conversations.json`, or the
+zip it comes in) or this app's own JSON export (one conversation, or the export job's
+list of them, or its zip).
+
+The file is read as a stream (ijson), one conversation at a time, and everything is
+written in one transaction: a file with anything wrong in it imports nothing, and the
+error names the conversation and what is wrong. Imported messages carry no token ids;
+the next turn tokenizes the history from its text (docs/http.md, "Import").
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+import zipfile
+import zlib
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import IO, Any
+
+import ijson
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from chatapp.chat import attachments
+from chatapp.chat.conversations import InvalidSettings, clean_settings
+from chatapp.chat.models import Attachment, Conversation, Message
+from inference.client import list_models
+from inference.engine import EngineError
+
+# ChatGPT content types whose parts are what a person reads; the others (tool output,
+# hidden reasoning, browsing displays, custom instructions) are left out.
+CHATGPT_TEXT_TYPES = frozenset({"text", "multimodal_text", "code"})
+MAX_MESSAGE_CHARS = 1_000_000
+MAX_DEPTH = 64  # a ChatGPT export nests about 8 deep
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+class ImportRefused(Exception):
+    """The file cannot be imported; `message` says why, and nothing was written."""
+
+    def __init__(self, message: str, status: int = 400, code: str = "invalid_import") -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code
+
+
+@dataclass
+class Node:
+    """One message to write: `parent` is another Node's key in the same conversation."""
+
+    key: str
+    role: str
+    text: str
+    parent: str | None
+    created: float = 0.0
+    order: int = 0  # place in the file, after `created` among siblings
+    documents: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Incoming:
+    title: str
+    settings: dict[str, Any]
+    nodes: list[Node]  # parents before children, siblings oldest first
+    active: str | None  # the key of the leaf on screen
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    model: str = ""  # the conversation's model, kept when it is served here
+
+
+# --- reading the upload -----------------------------------------------------------
+
+
+def spool(stream: IO[bytes], limit: int) -> IO[bytes]:
+    """The request body copied to a temporary file (memory up to 8 MiB, then disk), refused
+    as soon as it passes `limit` bytes, whatever length it declared."""
+    out = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024)  # noqa: SIM115 (returned)
+    total = 0
+    while chunk := stream.read(1024 * 1024):
+        total += len(chunk)
+        if total > limit:
+            out.close()
+            raise too_large(limit)
+        out.write(chunk)
+    out.seek(0)
+    return out
+
+
+def too_large(limit: int) -> ImportRefused:
+    return ImportRefused(
+        f"The file is larger than {attachments.human_size(limit)}, the most an import "
+        "takes. For a ChatGPT export, upload its conversations.json alone.",
+        413,
+        "too_large",
+    )
+
+
+class _Capped(io.RawIOBase):
+    """A reader that refuses to yield more than `limit` bytes (an unzipped member that
+    claims one size and inflates to another)."""
+
+    def __init__(self, inner: IO[bytes], limit: int) -> None:
+        self.inner, self.left, self.limit = inner, limit, limit
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.inner.read(min(len(buffer), self.left + 1))
+        if len(data) > self.left:
+            raise too_large(self.limit)
+        self.left -= len(data)
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def open_json(upload: IO[bytes]) -> IO[bytes]:
+    """The JSON inside the upload: the file itself, or the conversations.json of a zip."""
+    head = upload.read(4)
+    if not head:
+        raise ImportRefused("The file is empty.")
+    upload.seek(3 if head.startswith(b"\xef\xbb\xbf") else 0)  # past a UTF-8 BOM
+    if head != _ZIP_MAGIC:
+        return upload
+    try:
+        archive = zipfile.ZipFile(upload)
+        names = [n for n in archive.namelist() if n.rsplit("/", 1)[-1] == "conversations.json"]
+        if not names:
+            raise ImportRefused(
+                "The zip file has no conversations.json in it (a ChatGPT export or this "
+                "app's export of all conversations has one)."
+            )
+        member = archive.open(min(names, key=len))
+    except (zipfile.BadZipFile, RuntimeError, NotImplementedError) as exc:
+        # RuntimeError: a password-protected member; NotImplementedError: a compression
+        # method zipfile does not read.
+        raise ImportRefused(f"The zip file cannot be opened ({exc}).") from exc
+    return io.BufferedReader(_Capped(member, settings.CHAT_IMPORT_MAX_BYTES))
+
+
+def items(raw: IO[bytes]) -> Iterator[Any]:
+    """The conversations of the file, one at a time: a JSON list of them, or one object.
+    Built from the parser's events with a depth limit: a hostile file nested a million deep
+    is refused early, in little memory (ijson's own builders keep a path per level)."""
+    events = ijson.basic_parse(raw, use_float=True)
+    first = next(events, None)
+    if first is None:
+        raise ImportRefused("The file is empty.")  # blank after all
+    if first[0] == "start_map":
+        yield _build(events, first)
+    elif first[0] == "start_array":
+        for event in events:
+            if event[0] == "end_array":
+                break
+            yield _build(events, event)
+        for _ in events:  # what follows the list: trailing garbage raises here
+            pass
+    else:
+        raise ImportRefused(
+            "The file is not a list of conversations nor one conversation: import a ChatGPT "
+            "conversations.json (or its zip) or a JSON export of this app."
+        )
+
+
+def _build(events: Iterator[tuple[str, Any]], first: tuple[str, Any]) -> Any:
+    """One JSON value from its first event on."""
+    kind, value = first
+    if kind not in ("start_map", "start_array"):
+        return value
+    root: Any = {} if kind == "start_map" else []
+    stack: list[Any] = [root]
+    key: str | None = None
+    keys: list[str | None] = []
+    for kind, value in events:
+        top = stack[-1]
+        if kind == "map_key":
+            key = value
+            continue
+        if kind in ("end_map", "end_array"):
+            stack.pop()
+            if not stack:
+                return root
+            key = keys.pop()
+            continue
+        if kind in ("start_map", "start_array"):
+            if len(stack) >= MAX_DEPTH:
+                raise ImportRefused(
+                    f"Nothing was imported: the file is nested more than {MAX_DEPTH} levels "
+                    "deep, which no conversation needs."
+                )
+            value = {} if kind == "start_map" else []
+        if isinstance(top, dict):
+            top[key] = value
+        else:
+            top.append(value)
+        if kind in ("start_map", "start_array"):
+            stack.append(value)
+            keys.append(key)
+    raise ImportRefused("Nothing was imported: the file ends in the middle of a conversation.")
+
+
+# --- the two formats --------------------------------------------------------------
+
+
+def _where(index: int, title: Any) -> str:
+    named = f' ("{title[:60]}")' if isinstance(title, str) and title else ""
+    return f"conversation {index + 1}{named}"
+
+
+def _text(value: Any, what: str) -> str:
+    """Text from the file, storable everywhere: NUL and lone surrogates (which no database
+    stores) become U+FFFD."""
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be text")
+    if len(value) > MAX_MESSAGE_CHARS:
+        raise ValueError(f"{what} is longer than {MAX_MESSAGE_CHARS:,} characters")
+    value = value.replace("\x00", "\ufffd")
+    return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _time(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
+def _datetime(value: Any) -> datetime | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 4e9:
+        return datetime.fromtimestamp(value, tz=UTC)
+    if isinstance(value, str):
+        try:
+            parsed = parse_datetime(value)
+        except ValueError:
+            return None
+        if parsed is not None and timezone.is_naive(parsed):
+            parsed = timezone.make_aware(parsed, UTC)
+        return parsed
+    return None
+
+
+def from_chatgpt(data: dict[str, Any]) -> Incoming:
+    """A ChatGPT conversation: the tree of its `mapping`, the person's and the assistant's
+    messages with text kept (system, tool and hidden nodes left out, their children
+    joined to the nearest kept ancestor), the branch through `current_node` on screen."""
+    mapping = data.get("mapping")
+    if not isinstance(mapping, dict):
+        raise ValueError("'mapping' must be an object of nodes")
+    if len(mapping) > settings.CHAT_IMPORT_MAX_MESSAGES:
+        raise ValueError(f"it has more than {settings.CHAT_IMPORT_MAX_MESSAGES:,} messages")
+    parents: dict[str, str | None] = {}
+    kept: dict[str, Node] = {}
+    for key, node in mapping.items():
+        if not isinstance(node, dict):
+            raise ValueError(f"node {key[:40]!r} is not an object")
+        parent = node.get("parent")
+        if parent is not None and not isinstance(parent, str):
+            raise ValueError(f"node {key[:40]!r} has a parent that is not an id")
+        if parent is not None and parent not in mapping:
+            raise ValueError(f"node {key[:40]!r} has a parent that is not in the file")
+        parents[key] = parent
+        message = _chatgpt_message(node.get("message"), key)
+        if message is not None:
+            kept[key] = message
+    _refuse_loops(parents)
+    for key, message in kept.items():
+        message.parent = _kept_ancestor(parents, kept, parents[key])
+    current = data.get("current_node")
+    if current is not None and not isinstance(current, str):
+        raise ValueError("'current_node' must be a node id")
+    active = None
+    if current is not None and current in mapping:
+        active = current if current in kept else _kept_ancestor(parents, kept, parents[current])
+    title = data.get("title")
+    return Incoming(
+        title=_text(title, "the title")[:200] if title is not None else "",
+        settings={},
+        nodes=_ordered(list(kept.values())),
+        active=active,
+        created_at=_datetime(data.get("create_time")),
+        updated_at=_datetime(data.get("update_time")),
+    )
+
+
+def _chatgpt_message(message: Any, key: str) -> Node | None:
+    if message is None:
+        return None
+    if not isinstance(message, dict):
+        raise ValueError(f"node {key[:40]!r} has a message that is not an object")
+    author = message.get("author")
+    role = author.get("role") if isinstance(author, dict) else None
+    if role not in ("user", "assistant"):
+        return None  # system, tool: context the person did not write or read
+    if message.get("recipient", "all") != "all":
+        return None  # the assistant calling a tool
+    metadata = message.get("metadata")
+    if isinstance(metadata, dict) and metadata.get("is_visually_hidden_from_conversation"):
+        return None
+    content = message.get("content")
+    if not isinstance(content, dict):
+        raise ValueError(f"node {key[:40]!r} has content that is not an object")
+    if content.get("content_type") not in CHATGPT_TEXT_TYPES:
+        return None
+    pieces: list[str] = []
+    if content.get("content_type") == "code":
+        pieces.append(_text(content.get("text", ""), f"the code of node {key[:40]!r}"))
+    else:
+        parts = content.get("parts")
+        if not isinstance(parts, list):
+            raise ValueError(f"node {key[:40]!r} has 'parts' that are not a list")
+        for part in parts:
+            if isinstance(part, str):
+                pieces.append(_text(part, f"a part of node {key[:40]!r}"))
+            elif not isinstance(part, dict):
+                raise ValueError(f"a part of node {key[:40]!r} must be text")
+            elif str(part.get("content_type", "")).startswith("image"):
+                pieces.append("[an image, not imported]")
+    text = "\n\n".join(p for p in pieces if p.strip())
+    if not text.strip():
+        return None
+    return Node(key, role, text, None, _time(message.get("create_time")))
+
+
+def _refuse_loops(parents: dict[str, str | None]) -> None:
+    """Every node must lead up to a root; each is walked once (`rooted` remembers)."""
+    rooted: set[str] = set()
+    for start in parents:
+        trail: list[str] = []
+        on_trail: set[str] = set()
+        node: str | None = start
+        while node is not None and node not in rooted:
+            if node in on_trail:
+                raise ValueError("its nodes' parents go round in a loop")
+            trail.append(node)
+            on_trail.add(node)
+            node = parents[node]
+        rooted.update(trail)
+
+
+def _kept_ancestor(
+    parents: dict[str, str | None], kept: dict[str, Node], start: str | None
+) -> str | None:
+    """The nearest kept node at or above `start`; a loop in the parents is refused."""
+    seen: set[str] = set()
+    node = start
+    while node is not None and node not in kept:
+        if node in seen:
+            raise ValueError("its nodes' parents go round in a loop")
+        seen.add(node)
+        node = parents.get(node)
+    return node
+
+
+def _ordered(nodes: list[Node]) -> list[Node]:
+    """Parents before children (breadth first from the roots), siblings by time then
+    file order: the order the messages are written in, so alternatives keep their order."""
+    children: dict[str | None, list[Node]] = {}
+    for i, n in enumerate(nodes):
+        children.setdefault(n.parent, []).append(n)
+        n.order = i
+    out: list[Node] = []
+    queue = deque(sorted(children.get(None, []), key=_sibling_order))
+    while queue:
+        node = queue.popleft()
+        out.append(node)
+        queue.extend(sorted(children.get(node.key, []), key=_sibling_order))
+    if len(out) != len(nodes):
+        raise ValueError("its nodes' parents go round in a loop")
+    return out
+
+
+def _sibling_order(n: Node) -> tuple[float, int]:
+    return (n.created, n.order)
+
+
+def from_own(data: dict[str, Any]) -> Incoming:
+    """This app's export (chatapp/chat/export.py): `messages` is the branch on screen,
+    `other_messages` the other branches; `parent_id`s tie them together."""
+    conv = data.get("conversation")
+    if not isinstance(conv, dict):
+        raise ValueError("'conversation' must be an object")
+    shown = data.get("messages")
+    others = data.get("other_messages", [])
+    if not isinstance(shown, list) or not isinstance(others, list):
+        raise ValueError("'messages' and 'other_messages' must be lists")
+    if len(shown) + len(others) > settings.CHAT_IMPORT_MAX_MESSAGES:
+        raise ValueError(f"it has more than {settings.CHAT_IMPORT_MAX_MESSAGES:,} messages")
+    nodes: dict[str, Node] = {}
+    for raw in [*shown, *others]:
+        node = _own_message(raw)
+        if node.key in nodes:
+            raise ValueError(f"message id {node.key} appears twice")
+        nodes[node.key] = node
+    for node in nodes.values():
+        if node.parent is not None and node.parent not in nodes:
+            raise ValueError(f"message {node.key} has a parent that is not in the file")
+    previous: str | None = None
+    for raw in shown:  # the branch on screen must be a chain from the root
+        node = nodes[str(raw["id"])]
+        if node.parent != previous and not (previous is None and node.parent is None):
+            raise ValueError("'messages' is not one branch from the first message down")
+        previous = node.key
+    try:
+        conv_settings = clean_settings(conv.get("settings") or {})
+    except InvalidSettings as exc:
+        raise ValueError(f"its settings are refused: {exc}") from exc
+    title = conv.get("title", "")
+    order = {key: i for i, key in enumerate(sorted(nodes, key=_id_order))}
+    for node in nodes.values():
+        node.created = float(order[node.key])
+    return Incoming(
+        title=_text(title, "the title")[:200],
+        settings=conv_settings,
+        nodes=_ordered(list(nodes.values())),
+        active=previous,
+        created_at=_datetime(conv.get("created_at")),
+        updated_at=_datetime(conv.get("updated_at")),
+        model=conv["model"] if isinstance(conv.get("model"), str) else "",
+    )
+
+
+def _id_order(key: str) -> tuple[int, str]:
+    return (int(key), "") if key.lstrip("-").isdigit() else (0, key)
+
+
+def _own_message(raw: Any) -> Node:
+    if not isinstance(raw, dict):
+        raise ValueError("a message is not an object")
+    key = raw.get("id")
+    if isinstance(key, bool) or not isinstance(key, int | str):
+        raise ValueError("a message has no id")
+    role = raw.get("role")
+    if role not in ("user", "assistant"):
+        raise ValueError(f"message {key}: role must be 'user' or 'assistant'")
+    parent = raw.get("parent_id")
+    if parent is not None and (isinstance(parent, bool) or not isinstance(parent, int | str)):
+        raise ValueError(f"message {key}: 'parent_id' must be an id")
+    documents = raw.get("attachments", []) if role == "user" else []
+    if not isinstance(documents, list) or len(documents) > settings.CHAT_ATTACHMENTS_PER_MESSAGE:
+        raise ValueError(
+            f"message {key}: 'attachments' must be a list of at most "
+            f"{settings.CHAT_ATTACHMENTS_PER_MESSAGE}"
+        )
+    return Node(
+        key=str(key),
+        role=role,
+        text=_text(raw.get("text", ""), f"the text of message {key}"),
+        parent=None if parent is None else str(parent),
+        documents=[_own_document(d, key) for d in documents],
+    )
+
+
+def _own_document(raw: Any, key: Any) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ValueError(f"message {key}: an attachment is not an object")
+    text = _text(raw.get("text"), f"the text of an attachment of message {key}")
+    if len(text) > settings.CHAT_ATTACHMENT_MAX_CHARS:
+        raise ValueError(f"message {key}: an attachment holds more text than is allowed")
+    kind = raw.get("kind", Attachment.Kind.TEXT)
+    if kind not in Attachment.Kind.values:
+        raise ValueError(f"message {key}: an attachment's kind must be 'text' or 'pdf'")
+    size, tokens = raw.get("size", 0), raw.get("tokens")
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < 2**62:
+        raise ValueError(f"message {key}: an attachment's size must be a number of bytes")
+    if tokens is not None and (
+        isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens < 2**31
+    ):
+        raise ValueError(f"message {key}: an attachment's tokens must be a count")
+    return {
+        "name": attachments.clean_name(raw.get("name")),
+        "kind": kind,
+        "size": size,
+        "tokens": tokens,
+        "text": text,
+    }
+
+
+def parse(index: int, data: Any) -> Incoming:
+    """One conversation of the file, in either format, or ImportRefused naming it."""
+    title = data.get("title") if isinstance(data, dict) else None
+    if isinstance(data, dict) and isinstance(data.get("conversation"), dict):
+        title = data["conversation"].get("title")
+    try:
+        if not isinstance(data, dict):
+            raise ValueError("it is not an object")
+        if "mapping" in data:
+            return from_chatgpt(data)
+        if "conversation" in data and "messages" in data:
+            return from_own(data)
+        raise ValueError(
+            "it is neither a ChatGPT conversation (with a 'mapping') nor this app's export "
+            "(with 'conversation' and 'messages')"
+        )
+    except ValueError as exc:
+        raise ImportRefused(f"Nothing was imported: {_where(index, title)}: {exc}.") from exc
+
+
+def _first_line(exc: Exception) -> str:
+    """yajl's message without the excerpt it draws under it."""
+    text = str(exc)
+    if text.startswith(("b'", 'b"')):
+        text = text[2:].split("\\n")[0]
+    return text.strip().splitlines()[0].rstrip(".") if text.strip() else "it ends early"
+
+
+# --- writing ----------------------------------------------------------------------
+
+
+def import_file(user: Any, upload: IO[bytes]) -> list[Conversation]:
+    """Every conversation of the file for `user`, or none (ImportRefused). A conversation
+    whose model is not served here goes on with the default model."""
+    raw = open_json(upload)
+    try:
+        served = {m.id for m in list_models()}
+    except EngineError:
+        served = set()
+    created: list[Conversation] = []
+    try:
+        with transaction.atomic():
+            for index, data in enumerate(items(raw)):
+                if index >= settings.CHAT_IMPORT_MAX_CONVERSATIONS:
+                    raise ImportRefused(
+                        "Nothing was imported: the file holds more than "
+                        f"{settings.CHAT_IMPORT_MAX_CONVERSATIONS:,} conversations."
+                    )
+                incoming = parse(index, data)
+                if incoming.model not in served:
+                    incoming.model = ""
+                if incoming.nodes:  # a conversation with nothing to read is left out
+                    created.append(write(user, incoming))
+    except ijson.JSONError as exc:
+        raise ImportRefused(
+            f"Nothing was imported: the file is not valid JSON ({_first_line(exc)})."
+        ) from exc
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise ImportRefused("Nothing was imported: the file is not valid JSON.") from exc
+    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+        raise ImportRefused(f"Nothing was imported: the zip file is damaged ({exc}).") from exc
+    if not created:
+        raise ImportRefused("Nothing was imported: the file holds no conversation with messages.")
+    return created
+
+
+def write(user: Any, incoming: Incoming) -> Conversation:
+    conv = Conversation.objects.create(
+        owner=user,
+        title=incoming.title,
+        model=incoming.model,
+        **{**settings.CHAT_DEFAULTS, **incoming.settings},
+    )
+    saved: dict[str, Message] = {}
+    for node in incoming.nodes:
+        message = Message.objects.create(
+            conversation=conv,
+            parent=saved.get(node.parent) if node.parent else None,
+            role=node.role,
+            text=node.text,
+            status=Message.Status.COMPLETE,
+        )
+        saved[node.key] = message
+        Attachment.objects.bulk_create(
+            Attachment(owner=user, message=message, position=i, **doc)
+            for i, doc in enumerate(node.documents)
+        )
+    leaf = saved.get(incoming.active) if incoming.active else None
+    if leaf is None and incoming.nodes:
+        leaf = saved[incoming.nodes[-1].key]
+    times = {"created_at": incoming.created_at, "updated_at": incoming.updated_at}
+    Conversation.objects.filter(pk=conv.pk).update(
+        active_leaf=leaf, **{k: v for k, v in times.items() if v is not None}
+    )
+    conv.refresh_from_db()
+    return conv

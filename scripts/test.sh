@@ -16,6 +16,8 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 status=0
+# Redis and PostgreSQL must answer before the tests: start whichever does not.
+scripts/services.sh
 # The static checks first: they take seconds, the tests minutes.
 scripts/check.sh || status=$?
 # llama.cpp's llama-server, the upstream engine of tests/backends/test_upstream_llama.py: built
@@ -36,6 +38,7 @@ fi
 # deploys (NUL handling, races and locking differ from SQLite). Only the tests that use the
 # test database run (tests/conftest.py); pytest-django makes and drops its own test_
 # database on this server.
+scripts/services.sh  # again: a service that went away during the first pass is back for the second
 PG_URL="${TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 if .venv/bin/python -c 'import sys, psycopg; psycopg.connect(sys.argv[1], connect_timeout=5).close()' "$PG_URL" 2>/dev/null; then
   printf '\033[1m==> the database tests again, on PostgreSQL (%s)\033[0m\n' "$PG_URL"

@@ -177,8 +177,8 @@ describe('errors', () => {
   });
 
   it('uses the server sentence for invalid values', () => {
-    protocol.handleFrame({ type: 'error', code: 'invalid', message: 'temperature must be between 0 and 2', conversation_id: 4 });
-    expect(ui.noticesFor(4)[0].text).toBe('temperature must be between 0 and 2');
+    protocol.handleFrame({ type: 'error', code: 'invalid', message: 'Temperature must be between 0 and 2.', conversation_id: 4 });
+    expect(ui.noticesFor(4)[0].text).toBe('Temperature must be between 0 and 2.');
   });
 });
 

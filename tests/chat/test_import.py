@@ -298,7 +298,7 @@ def deep(levels: int) -> bytes:
         (
             b'{"conversation": {"settings": {"temperature": 9}}, "messages": []}',
             400,
-            "temperature must be between 0 and 2",
+            "its settings are refused: Temperature must be between 0 and 2.",
         ),
         (
             b'{"conversation": {}, "messages": [{"id": 1, "role": "wizard", "text": "x"}]}',

@@ -373,6 +373,10 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=["eager"], choices=sorted(VARIANTS))
     ap.add_argument("--threads", type=int, default=0, help="ENGINE_NUM_THREADS (0: default)")
     ap.add_argument("--small-step-threads", type=int, default=0)
+    ap.add_argument(
+        "--native-max-rows", type=int, nargs="+", default=[0],
+        help="ENGINE_NATIVE_MAX_ROWS values to compare (0: the default)",
+    )  # fmt: skip
     ap.add_argument("--tokens", type=int, default=48, help="tokens decoded per stream")
     ap.add_argument("--temperature", type=float, default=0.7, help="0 for greedy")
     ap.add_argument("--top-p", type=float, default=0.95, help="the chat UI's default")
@@ -386,16 +390,19 @@ def main() -> None:
     engines: dict[str, LLMEngine] = {}
     for q in args.quantization:
         for v in args.variants:
-            engines[f"{q}/{v}"] = LLMEngine(
-                EngineConfig(
-                    model=args.model, quantization=q, num_threads=args.threads,
-                    small_step_threads=args.small_step_threads, kv_tier_url="",
-                    max_num_seqs=max(args.streams), **_variant(v),  # type: ignore[arg-type]
-                )
-            )  # fmt: skip
-            _serve_like(engines[f"{q}/{v}"])
-            if v == "gather":
-                engines[f"{q}/{v}"].runner.model.paged = None
+            for native_rows in args.native_max_rows:
+                name = f"{q}/{v}" + (f"/native<={native_rows}" if native_rows else "")
+                engines[name] = LLMEngine(
+                    EngineConfig(
+                        model=args.model, quantization=q, num_threads=args.threads,
+                        small_step_threads=args.small_step_threads, kv_tier_url="",
+                        max_num_seqs=max(args.streams), native_max_rows=native_rows,
+                        **_variant(v),  # type: ignore[arg-type]
+                    )
+                )  # fmt: skip
+                _serve_like(engines[name])
+                if v == "gather":
+                    engines[name].runner.model.paged = None
     any_engine = next(iter(engines.values()))
     results: dict[str, Any] = {
         "machine": f"{platform.machine()}, {platform.processor() or '?'}",

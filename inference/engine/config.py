@@ -54,6 +54,11 @@ class EngineConfig:
             return self.small_step_threads
         return max(1, os.cpu_count() or 1)
 
+    # With 4-bit weights ("hybrid", "int4"): steps of at most this many rows take the
+    # 4-bit blocks and the native path, larger ones the float format. 0: the crossover
+    # measured for this CPU's float format (model.default_native_max_rows).
+    native_max_rows: int = 0
+
     seed: int = 0
     # The torch path's steps (those of more rows than the native small-step path takes) as
     # one compiled graph (compiled_step.py; docs/performance.md, "The compiled step"):

@@ -41,6 +41,7 @@ from inference.engine.kv_tier import (
     RestoredPrefix,
     start_tier,
 )
+from inference.engine.model import HYBRID_MAX_ROWS
 from inference.engine.model_runner import ModelRunner
 from inference.engine.outputs import Delta
 from inference.engine.sampler import Sampler
@@ -151,12 +152,10 @@ class LLMEngine:
         if not config.speculative_mode:
             return None
         native = getattr(self.runner.model, "native", None)
-        return Speculator(
-            config,
-            self.max_model_len,
-            self.runner.model.vocab_size,
-            row_budget=native.max_rows if native is not None else None,
-        )
+        # Guess rows are nearly free only while reading the weights dominates a step: the
+        # first few rows of the native path (HYBRID_MAX_ROWS), however many rows it takes.
+        budget = min(native.max_rows, HYBRID_MAX_ROWS) if native is not None else None
+        return Speculator(config, self.max_model_len, self.runner.model.vocab_size, budget)
 
     def reconfigure(self, config: EngineConfig) -> None:
         """Take another config's batching limits and speculation, starting cold (a fresh

@@ -92,16 +92,36 @@ _LINEAR_FP16: Callable[[torch.Tensor, object], torch.Tensor] = (
 QUANTIZATIONS = ("none", "fp16", "int8", "int4", "hybrid")
 
 # hybrid: steps of at most this many rows use the Q4_1 weights (and the native path),
-# bigger ones the float format. Measured on a 2-core AVX2 CPU, CPU ms per decode step of
-# the default model (docs/performance.md): 4-bit 11.5 / 26.5 / 50.7 / 78.1 at 1 / 4 / 8 /
-# 12 rows, fp16 34.8 / 41.1 / 65.1 / 77.2: 4-bit reads a quarter of the bytes and wins
-# while reading weights dominates; by 12 rows fp16's GEMM has caught up.
+# bigger ones the float format; the crossover depends on that format, so there is one per
+# format, each measured (docs/performance.md, "The crossover"). ENGINE_NATIVE_MAX_ROWS
+# overrides it.
+# - fp16 weights (fbgemm; CPUs without native bf16), on a 2-core AVX2 CPU, CPU ms per decode
+#   step of the default model: 4-bit 11.5 / 26.5 / 50.7 / 78.1 at 1 / 4 / 8 / 12 rows, fp16
+#   34.8 / 41.1 / 65.1 / 77.2: 4-bit reads a quarter of the bytes and wins while reading
+#   weights dominates; by 12 rows fp16's GEMM has caught up.
 HYBRID_MAX_ROWS = 8
+# - bf16 weights (oneDNN; AVX512-BF16 / AMX), on a 2-core Xeon with AMX: the grouped 4-bit
+#   kernels (each unpacked block serves 4 rows, VNNI dot products) stay ahead of oneDNN's
+#   bf16 products at every decode batch up to max_num_seqs.
+HYBRID_MAX_ROWS_BF16 = 64
 # Steps on the native path take the lm_head from its 8-bit blocks too, in the kernels' own
-# thread pool: torch's float products of the head at a few rows measured no faster on one
-# thread (fp16) or 2-3x slower (bf16), and on more threads their OpenMP workers spin on
-# the cores the pool needs next (docs/performance.md).
-HEAD_BLOCK_ROWS = HYBRID_MAX_ROWS
+# thread pool, up to this many rows: torch's float products of the head at a few rows
+# measured no faster on one thread (fp16) or 2-3x slower (bf16), and on more threads their
+# OpenMP workers spin on the cores the pool needs next (docs/performance.md).
+HEAD_BLOCK_ROWS = 8
+HEAD_BLOCK_ROWS_BF16 = 16
+
+
+def default_native_max_rows(large: str | None) -> int:
+    """The measured crossover for hybrid's float format of larger steps (None: int4)."""
+    return HYBRID_MAX_ROWS_BF16 if large == "bf16" else HYBRID_MAX_ROWS
+
+
+def head_block_rows(large: str | None, native_max_rows: int) -> int:
+    """Up to how many rows the lm_head takes its 8-bit blocks: at most the native path's."""
+    return min(native_max_rows, HEAD_BLOCK_ROWS_BF16 if large == "bf16" else HEAD_BLOCK_ROWS)
+
+
 # The native paged attention takes a sequence's rows one by one; SDPA takes a chunk's rows
 # as tiles and, measured per layer (docs/performance.md), wins from about this many rows of
 # one sequence: at 2 rows over 512 cached tokens the native kernel took 0.15 ms against
@@ -345,6 +365,7 @@ class LlamaModel:
         tp_rank: int = 0,
         tp_size: int = 1,
         all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        native_max_rows: int = 0,
     ) -> None:
         config = AutoConfig.from_pretrained(folder)
         check_tensor_parallel_size(config, tp_size)
@@ -394,7 +415,7 @@ class LlamaModel:
             stored = load_blocks(folder) or {}
             formats.blocks = _block_weights(stored, w)
             formats.large = None if quantization == "int4" else _large_format(dtype)
-            formats.block_rows = HYBRID_MAX_ROWS
+            formats.block_rows = native_max_rows or default_native_max_rows(formats.large)
         self.embed = put(w["embed_tokens.weight"])
         self.norm = put(w["norm.weight"])
         # Logits are computed on rank 0 only.
@@ -415,7 +436,7 @@ class LlamaModel:
                     head,
                     _large_format(dtype),
                     _head_blocks(stored, head, tied),
-                    HEAD_BLOCK_ROWS,
+                    head_block_rows(formats.large, formats.block_rows),
                 )
         self.layers = [
             DecoderLayer(w, f"layers.{i}", formats, put, tp_rank, tp_size)

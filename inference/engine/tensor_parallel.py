@@ -69,8 +69,9 @@ def build_model(
     size = getattr(config, "tensor_parallel_size", 1)
     if size == 1:
         return LlamaModel(
-            config.model, dtype=dtype, device=device, quantization=quantization, max_len=max_len
-        )
+            config.model, dtype=dtype, device=device, quantization=quantization,
+            max_len=max_len, native_max_rows=config.native_max_rows,
+        )  # fmt: skip
     check_tensor_parallel_size(load_config(config.model), size)
     spec = ShardSpec(config.model, dtype, str(device), quantization, max_len, config.cpu_threads())
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:

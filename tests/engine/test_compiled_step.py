@@ -205,10 +205,14 @@ def test_an_unknown_compile_setting_is_refused(make_engine):
 
 @pytest.mark.slow
 def test_the_real_model_compiled_gives_the_eager_greedy_tokens(real_model_path):
-    """16 chat prompts at once (steps beyond the native path's 8 rows), greedy."""
+    """16 chat prompts at once (decode steps beyond the native path's 8 rows), greedy."""
 
     def run(mode: str) -> tuple[dict[str, list[int]], LLMEngine]:
-        engine = LLMEngine(EngineConfig(model=str(real_model_path), kv_tier_url="", compile=mode))
+        engine = LLMEngine(
+            EngineConfig(
+                model=str(real_model_path), kv_tier_url="", compile=mode, native_max_rows=8
+            )
+        )
         tok = engine.tokenizer
         questions = [
             "What is the capital of France?", "Write a haiku about the sea.",

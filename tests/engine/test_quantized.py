@@ -7,9 +7,10 @@ import torch
 
 from inference.engine import kernels
 from inference.engine.model import (
-    HEAD_BLOCK_ROWS,
     HYBRID_MAX_ROWS,
     Linear,
+    default_native_max_rows,
+    head_block_rows,
     load_blocks,
     load_weights,
 )
@@ -195,11 +196,12 @@ def test_hybrid_head_takes_8bit_blocks_for_a_row_or_two_and_floats_beyond(make_e
     engine = make_engine(quantization="hybrid")
     head = engine.runner.model.lm_head
     assert isinstance(head.blocks, Q8_0) and head.kind in ("fp16", "bf16")
-    assert head.block_rows == HEAD_BLOCK_ROWS
-    hidden = torch.randn(HEAD_BLOCK_ROWS + 1, head.blocks.shape[1])
+    rows_max = head_block_rows(head.kind, default_native_max_rows(head.kind))
+    assert head.block_rows == rows_max
+    hidden = torch.randn(rows_max + 1, head.blocks.shape[1])
     blocks_ref = (hidden.double() @ head.blocks.dequantize().double().T).float()
     float_ref = hidden @ engine.runner.model.embed.T  # the tiny model's head is tied
-    for rows in (1, HEAD_BLOCK_ROWS):
+    for rows in (1, rows_max):
         got = engine.runner.model.compute_logits(hidden[:rows])
         assert _rel_err(got, blocks_ref[:rows]) < 2e-4
     got = engine.runner.model.compute_logits(hidden)

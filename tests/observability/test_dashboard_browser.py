@@ -4,6 +4,7 @@ test-artifacts/screenshots/dashboard-*.png."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -98,10 +99,87 @@ def colored_pixels(page, chart: str) -> int:  # type: ignore[no-untyped-def]
     )
 
 
+# Every text a canvas draws, with its ink box in canvas pixels, kept on the canvas as
+# `__texts` (emptied when the whole canvas is cleared, as uPlot does before each redraw):
+# what the axis labels look like on screen, measured in the font they were drawn in.
+RECORD_CANVAS_TEXT = """(() => {
+  const P = CanvasRenderingContext2D.prototype;
+  const fillText = P.fillText, clearRect = P.clearRect;
+  P.clearRect = function (x, y, w, h) {
+    const c = this.canvas;
+    if (x <= 0 && y <= 0 && w >= c.width && h >= c.height) c.__texts = [];
+    return clearRect.apply(this, arguments);
+  };
+  P.fillText = function (text, x, y, ...rest) {
+    const s = String(text);
+    if (s) {
+      const m = this.measureText(s);
+      const t = this.getTransform();
+      const X = t.a * x + t.c * y + t.e, Y = t.b * x + t.d * y + t.f;
+      (this.canvas.__texts ||= []).push({
+        text: s,
+        rotated: t.b !== 0 || t.c !== 0,
+        left: X - m.actualBoundingBoxLeft * t.a,
+        right: X + m.actualBoundingBoxRight * t.a,
+        top: Y - m.actualBoundingBoxAscent * t.d,
+        bottom: Y + m.actualBoundingBoxDescent * t.d,
+      });
+    }
+    return fillText.call(this, text, x, y, ...rest);
+  };
+})();"""
+
+# A chart's x-axis labels as drawn (the texts under the plot area, which uPlot's .u-over
+# covers), with the plot's left and right edges, all in canvas pixels.
+X_AXIS_LABELS = """(id) => {
+  const c = document.querySelector(`#chart-${id} canvas`);
+  const over = document.querySelector(`#chart-${id} .u-over`);
+  if (!c || !over) return null;
+  const k = c.width / c.getBoundingClientRect().width;
+  const [left, top] = [parseFloat(over.style.left), parseFloat(over.style.top)];
+  const [width, height] = [parseFloat(over.style.width), parseFloat(over.style.height)];
+  return {
+    plot_left: left * k,
+    plot_right: (left + width) * k,
+    labels: (c.__texts || []).filter((t) => t.top >= (top + height) * k - 0.5),
+  };
+}"""
+
+
+def assert_x_labels_apart(page: Any, where: str, at_least: int) -> None:
+    """On every chart, the time axis's labels as rendered: none overlaps another and none
+    crosses the plot's left edge into the y axis's numbers (issue 17, item 11: the first
+    label did), nor its right edge. Each chart must show `at_least` labels (uPlot puts
+    ticks X_TICK_SPACE apart, so a 5-minute window has one 5-minute tick, or none)."""
+    deadline = time.monotonic() + 20
+    while True:
+        axes = {chart: page.evaluate(X_AXIS_LABELS, chart) for chart in CHART_IDS}
+        if all(a and len(a["labels"]) >= at_least for a in axes.values()):
+            break
+        if time.monotonic() > deadline:
+            break
+        page.wait_for_timeout(250)
+    for chart, axis in axes.items():
+        assert axis is not None, f"{where}: no chart {chart}"
+        labels = sorted(axis["labels"], key=lambda t: t["left"])
+        seen = [(t["text"], round(t["left"], 1), round(t["right"], 1)) for t in labels]
+        plot = f"{axis['plot_left']}-{axis['plot_right']}"
+        why = f"{where}, chart {chart}: labels {seen}, plot {plot}"
+        assert len(labels) >= at_least, why
+        for t in labels:
+            assert not t["rotated"], why
+            assert t["left"] >= axis["plot_left"], "crosses the plot's left edge: " + why
+            assert t["right"] <= axis["plot_right"], "crosses the plot's right edge: " + why
+        for a, b in itertools.pairwise(labels):
+            assert a["right"] <= b["left"], f"{a['text']!r} overlaps {b['text']!r}: " + why
+
+
 def signed_in_page(browser: Any, server: LiveServer, next_path: str) -> tuple[Any, list[str]]:
     """A page signed in as the operator through the admin log-in, landed on `next_path`
-    (URL-quoted), and the list its page errors are collected into."""
+    (URL-quoted), and the list its page errors are collected into. What its canvases
+    draw as text is recorded (RECORD_CANVAS_TEXT)."""
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.add_init_script(RECORD_CANVAS_TEXT)
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(server.url + "/admin/login/?next=" + next_path)
@@ -124,7 +202,14 @@ def test_dashboard_draws_charts_from_stored_figures_and_live_load(server: LiveSe
             assert page.locator(".ld-plot canvas").count() >= len(CHART_IDS)
             for chart in ("ttft", "itl", "e2e", "queue", "tps", "load", "kv", "prefix"):
                 assert colored_pixels(page, chart) > 30, chart
+            # Two 30-minute ticks on these charts' width; one is blanked near an edge.
+            assert_x_labels_apart(page, "1-hour window", at_least=1)
             page.screenshot(path=str(SCREENSHOTS / "dashboard-1h.png"), full_page=True)
+            # Longer windows: more labels, the 7-day ones the widest ("12/1 09:05").
+            for window in ("24h", "7d"):
+                page.click(f"button[data-window='{window}']")
+                assert_x_labels_apart(page, f"{window} window", at_least=2)
+            page.screenshot(path=str(SCREENSHOTS / "dashboard-7d.png"), full_page=True)
 
             # Live: the 5-minute window while requests run against the real engine.
             page.click("button[data-window='5m']")
@@ -143,6 +228,8 @@ def test_dashboard_draws_charts_from_stored_figures_and_live_load(server: LiveSe
                 while colored_pixels(page, chart) <= 30 and time.monotonic() < deadline:
                     page.wait_for_timeout(500)
                 assert colored_pixels(page, chart) > 30, chart
+            # Labels with seconds ("09:05:07"), the widest this window draws.
+            assert_x_labels_apart(page, "5-minute window", at_least=0)
             rows = page.locator("#ld-slowest tr[data-request]")
             assert rows.count() >= 10
             assert page.locator("#ld-slowest .ld-breakdown .seg-decode").count() >= 10

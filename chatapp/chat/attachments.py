@@ -14,7 +14,7 @@ import logging
 import re
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
@@ -23,6 +23,9 @@ from pypdf import PdfReader
 from pypdf.errors import PyPdfError
 
 from chatapp.chat.models import Attachment, Message
+
+if TYPE_CHECKING:
+    from inference.client import EngineClient
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +235,7 @@ def prompt_text(text: str, documents: Iterable[Attachment]) -> str:
     return "".join(document_block(a.name, a.text) for a in documents) + text
 
 
-def count_tokens(client: Any, name: str, text: str) -> int | None:
+def count_tokens(client: EngineClient, name: str, text: str) -> int | None:
     """Tokens of one document's block for the served model (None where not known here)."""
     return client.count_tokens(document_block(name, text))
 
@@ -240,7 +243,7 @@ def count_tokens(client: Any, name: str, text: str) -> int | None:
 # --- storing ----------------------------------------------------------------------
 
 
-def create_pending(user: Any, name: str, data: bytes, client: Any | None) -> Attachment:
+def create_pending(user: Any, name: str, data: bytes, client: EngineClient | None) -> Attachment:
     """Read an uploaded file and keep its text for the message about to be sent. Files this
     user uploaded and never sent go after CHAT_ATTACHMENT_PENDING_HOURS."""
     name = clean_name(name)

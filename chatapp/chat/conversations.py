@@ -14,7 +14,7 @@ from chatapp.chat import attachments
 from chatapp.chat.models import Attachment, Conversation, Message
 from chatapp.text import InvalidText, clean_text
 from inference.chat_template import Prompt, Turn
-from inference.client import default_model, list_models
+from inference.client import EngineClient, default_model, list_models
 from inference.engine import EngineError, PromptTooLongError
 
 TITLE_WORDS = 8
@@ -352,7 +352,7 @@ def turns_for(
 
 
 def prompt_for(
-    client: Any,
+    client: EngineClient,
     conv: Conversation,
     branch: list[Message],
     user_text: str | None,
@@ -371,7 +371,7 @@ def prompt_for(
     return client.chat_prompt(turns, cache_salt=cache_salt)
 
 
-def too_long_words(client: Any, prompt: Prompt) -> str | None:
+def too_long_words(client: EngineClient, prompt: Prompt) -> str | None:
     """Why the prompt does not fit the model's context window, in the words both the
     composer (before sending) and the socket (refusing a send) use; None when it fits."""
     try:

@@ -18,6 +18,7 @@ from chatapp.observability.recording import WORKER
 from inference import metrics
 from inference.catalog import model_name
 from inference.client import (
+    EngineClient,
     engine_ready,
     get_engine_client,
     loaded_clients,
@@ -58,7 +59,9 @@ def sample_fields(s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def engines_of(s: dict[str, Any], client: Any = None) -> dict[str, dict[str, Any]] | None:
+def engines_of(
+    s: dict[str, Any], client: EngineClient | None = None
+) -> dict[str, dict[str, Any]] | None:
     """Each engine's own stats by its `worker` label: in distributed mode every live
     worker's, as read by the same stats() call of `client` (default: the default model's)
     that produced `s` (the summed figures); else the one engine's. None when the workers
@@ -81,7 +84,7 @@ def update_prometheus(
     s: dict[str, Any],
     by_worker: dict[str, dict[str, Any]] | None = None,
     model: str = "",
-    client: Any = None,
+    client: EngineClient | None = None,
 ) -> None:
     """Refresh one model's engine gauges and counters (`model`, default: the default
     model's name; `s` from its `client`), one series per engine (`worker` label);

@@ -17,7 +17,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ from chatapp.openai_api.streams import recorded_stream
 from chatapp.text import InvalidText, clean_text
 from inference.chat_template import Turn
 from inference.client import (
+    EngineClient,
     EngineUnavailableError,
     ModelInfo,
     ModelNotFoundError,
@@ -382,7 +383,7 @@ def model_not_found(model: str) -> ApiError:
     )
 
 
-async def engine_client(model: str) -> Any:
+async def engine_client(model: str) -> EngineClient:
     """The engine client of `model`; 404 when nobody serves it."""
     try:
         return await asyncio.to_thread(get_engine_client, model)
@@ -481,11 +482,12 @@ def api_view(handler: Any) -> Any:
     return view
 
 
-def build_prompt(client: Any, req: ApiRequest, cache_salt: str) -> Prompt:
+def build_prompt(client: EngineClient, req: ApiRequest, cache_salt: str) -> Prompt:
     try:
         if req.turns is not None:
             return client.chat_prompt(req.turns, cache_salt=cache_salt)
         source = req.prompt_ids if req.prompt_ids is not None else req.prompt_text
+        assert source is not None  # parse_completion sets one of the two
         return client.completion_prompt(source)
     except ValueError as exc:
         raise invalid(str(exc), "prompt") from exc
@@ -493,7 +495,7 @@ def build_prompt(client: Any, req: ApiRequest, cache_salt: str) -> Prompt:
 
 async def start_stream(
     request: HttpRequest, req: ApiRequest, key: ApiKey
-) -> tuple[Any, Prompt, AsyncGenerator[Delta, None], Delta, Any, bool]:
+) -> tuple[EngineClient, Prompt, AsyncGenerator[Delta, None], Delta, Callable[[], None], bool]:
     """Check limits, build the prompt and pull the first delta before any header goes out,
     so that busy / too long / unavailable become proper statuses (and a reply replayed
     from the response cache can say so in a header: the last item)."""
@@ -647,7 +649,7 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
 
 
 async def sse_events(
-    client: Any,
+    client: EngineClient,
     req: ApiRequest,
     rid: str,
     created: int,
@@ -655,7 +657,7 @@ async def sse_events(
     prompt_len: int | None,
     stream: AsyncGenerator[Delta, None],
     first: Delta,
-    release: Any,
+    release: Callable[[], None],
 ) -> AsyncIterator[bytes]:
     obj = "chat.completion.chunk" if chat else "text_completion"
 

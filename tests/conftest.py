@@ -3,6 +3,11 @@
 `tiny_model_dir` is a random-weight llama with the default model's tokenizer, built
 once per test session: it runs the real engine code in milliseconds. Tests about
 what the model says use the real default model and are marked slow.
+
+`slow` means "loads the real default model or drives a real browser" (browser tests get
+it here, marked or not), and `-m "not slow"` (make test-fast) leaves those out. A test
+without the marker that still takes over SLOW_CALL_S in that fast set is listed at the
+end of the run (pytest_terminal_summary below), without failing it.
 """
 
 from __future__ import annotations
@@ -110,6 +115,49 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
+
+
+# An unmarked test whose call phase takes longer than this, in the fast set, is reported.
+SLOW_CALL_S = 10.0
+_unmarked_slow = pytest.StashKey[list[tuple[str, float]]]()
+
+
+def _runs_the_fast_set(config: pytest.Config) -> bool:
+    """Whether this run leaves out the `slow` tests (`-m "not slow"`: make test-fast)."""
+    return "not slow" in " ".join(str(config.getoption("markexpr", "") or "").split())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Note, in the fast set, each test not marked `slow` whose call phase (its fixtures'
+    setup left out) took over SLOW_CALL_S: the marker is meant to keep the real model and
+    real browsers out of that set, and an unmarked slow test slows every fast run."""
+    report = yield
+    if (
+        call.when == "call"
+        and call.duration > SLOW_CALL_S
+        and item.get_closest_marker("slow") is None
+        and _runs_the_fast_set(item.config)
+    ):
+        item.config.stash.setdefault(_unmarked_slow, []).append((item.nodeid, call.duration))
+    return report
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+) -> None:
+    """List the unmarked slow tests noted above. A report only, never a failure: on a busy
+    machine a test can pass the limit now and then without being slow."""
+    found = config.stash.get(_unmarked_slow, [])
+    if not found:
+        return
+    terminalreporter.section("unmarked slow tests")
+    terminalreporter.write_line(
+        f"{len(found)} test(s) not marked `slow` took over {SLOW_CALL_S:g} s each; mark a "
+        "test `slow` if it loads the real model or drives a real browser, else make it faster:"
+    )
+    for nodeid, seconds in sorted(found, key=lambda f: -f[1]):
+        terminalreporter.write_line(f"  {seconds:6.1f} s  {nodeid}")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -1,4 +1,5 @@
-"""Fixtures for the chat feature: users, logged-in sockets, an engine on a tiny model."""
+"""Fixtures for the chat feature: users, logged-in sockets, an engine on a tiny model.
+The socket helpers themselves are plain functions in tests/sockets.py."""
 
 from __future__ import annotations
 
@@ -7,55 +8,9 @@ from typing import Any
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
-from django.conf import settings
-from django.test import Client
 
-from chatapp.asgi import application
 from inference.backends.embedded import EmbeddedClient
-
-
-def session_cookie(user: Any) -> bytes:
-    client = Client()
-    client.force_login(user)
-    name = settings.SESSION_COOKIE_NAME
-    return f"{name}={client.cookies[name].value}".encode()
-
-
-class ChatSocket:
-    """A logged-in WebSocket client speaking the chat protocol."""
-
-    def __init__(self, communicator: WebsocketCommunicator) -> None:
-        self.c = communicator
-
-    async def send(self, frame: dict[str, Any]) -> None:
-        await self.c.send_json_to(frame)
-
-    async def recv(self, timeout: float = 30) -> dict[str, Any]:
-        return await self.c.receive_json_from(timeout=timeout)
-
-    async def recv_until(self, kind: str, timeout: float = 60) -> list[dict[str, Any]]:
-        """Frames up to and including the first of type `kind`."""
-        frames = []
-        while True:
-            frame = await self.recv(timeout)
-            frames.append(frame)
-            if frame["type"] == kind:
-                return frames
-
-    async def close(self) -> None:
-        await self.c.disconnect()
-
-
-async def open_socket(
-    user: Any | None, origin: bytes = b"http://127.0.0.1"
-) -> tuple[ChatSocket, bool, Any]:
-    headers = [(b"origin", origin), (b"host", b"127.0.0.1")]
-    if user is not None:
-        headers.append((b"cookie", await database_sync_to_async(session_cookie)(user)))
-    communicator = WebsocketCommunicator(application, "/ws/chat/", headers=headers)
-    connected, code = await communicator.connect()
-    return ChatSocket(communicator), connected, code
+from tests.sockets import ChatSocket, open_socket
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from chatapp.chat import attachments, conversations
 from chatapp.chat.models import Attachment, Conversation, Message
 from inference.chat_template import Turn
 from inference.client import get_engine_client, prefix_cache_salt
-from tests.chat.conftest import ChatSocket
+from tests.sockets import ChatSocket
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

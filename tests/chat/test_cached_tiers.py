@@ -18,8 +18,8 @@ from chatapp.chat.models import Message
 from chatapp.openai_api.views import usage
 from inference.client import set_engine_client
 from inference.engine import Delta, RequestMetrics
-from tests.chat.conftest import open_socket
 from tests.engines import make_engine_client
+from tests.sockets import open_socket
 
 REDIS_URL = "redis://127.0.0.1:6379/4"
 

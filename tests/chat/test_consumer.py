@@ -10,7 +10,7 @@ import pytest
 from channels.db import database_sync_to_async
 
 from chatapp.chat.models import Conversation, Message
-from tests.chat.conftest import ChatSocket, open_socket
+from tests.sockets import ChatSocket, open_socket
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -22,8 +22,8 @@ from chatapp.chat.models import Message
 from inference.backends.embedded import EmbeddedClient
 from inference.bench.followup import QUESTION_1, QUESTION_2, document
 from inference.client import set_engine_client
-from tests.chat.conftest import open_socket
 from tests.engines import make_engine_client
+from tests.sockets import open_socket
 from tools.live_server import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

@@ -18,7 +18,7 @@ from chatapp.chat.attachments import create_pending
 from chatapp.chat.export import conversation_payload, export_all
 from chatapp.chat.models import Attachment, Conversation, Message
 from chatapp.jobs.models import Job
-from tests.chat.conftest import open_socket
+from tests.sockets import open_socket
 
 
 def client_for(user: Any) -> Client:

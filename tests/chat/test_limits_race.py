@@ -14,7 +14,7 @@ from channels.db import database_sync_to_async
 
 from chatapp.chat.generation import registry
 from chatapp.chat.models import Message
-from tests.chat.conftest import ChatSocket, open_socket
+from tests.sockets import ChatSocket, open_socket
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

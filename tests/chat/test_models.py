@@ -19,8 +19,8 @@ from chatapp.chat import conversations
 from chatapp.chat.models import Conversation, Message
 from inference.backends.embedded import EmbeddedClient
 from inference.client import install_engine_clients, set_engine_client
-from tests.chat.conftest import ChatSocket, open_socket
 from tests.engines import make_engine_client
+from tests.sockets import ChatSocket, open_socket
 from tests.tiny_model import build_tiny_llama, build_tiny_llama_own_tokenizer
 
 pytestmark = pytest.mark.django_db(transaction=True)

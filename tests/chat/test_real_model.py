@@ -10,8 +10,8 @@ import pytest
 from channels.db import database_sync_to_async
 
 from inference.backends.embedded import EmbeddedClient
-from tests.chat.conftest import open_socket
 from tests.engines import installed_engine
+from tests.sockets import open_socket
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

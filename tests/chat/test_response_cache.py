@@ -27,7 +27,7 @@ from inference.backends.embedded import EmbeddedClient
 from inference.client import Prompt, prefix_cache_salt
 from inference.engine import Delta, SamplingParams
 from inference.response_cache import CachedReply, ResponseCache
-from tests.chat.conftest import ChatSocket
+from tests.sockets import ChatSocket
 
 REDIS_URL = "redis://127.0.0.1:6379/4"
 PROMPT = [1, 504, 3458, 282, 260, 1345, 30, 2]  # any ids within the tiny model's vocabulary

@@ -15,7 +15,7 @@ from django.conf import settings as django_settings
 from django.test import Client
 
 from chatapp.asgi import application
-from tests.chat.conftest import open_socket
+from tests.sockets import open_socket
 from tools.live_server import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)

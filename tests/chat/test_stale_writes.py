@@ -17,7 +17,7 @@ from django.test import Client
 from chatapp.chat import conversations
 from chatapp.chat.conversations import NotFound
 from chatapp.chat.models import Conversation, Message
-from tests.chat.conftest import ChatSocket
+from tests.sockets import ChatSocket
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

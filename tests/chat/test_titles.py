@@ -27,8 +27,8 @@ from inference.backends.embedded import EmbeddedClient
 from inference.chat_template import Turn
 from inference.client import EngineUnavailableError, engine_ready, get_engine_client
 from inference.engine import SamplingParams
-from tests.chat.conftest import open_socket
 from tests.engines import installed_engine
+from tests.sockets import open_socket
 
 QUESTION = "How do I bake a simple loaf of bread at home without a machine?"
 FALLBACK = "Bake a simple loaf of bread"  # QUESTION's fallback title

@@ -1,5 +1,5 @@
-"""Fixtures of the offline jobs' tests (users and request figures: tests/conftest.py and
-tests/observability/conftest.py)."""
+"""Fixtures of the offline jobs' tests (users: tests/conftest.py; request figures to
+work on: tests/records.py's `seed`)."""
 
 from __future__ import annotations
 

@@ -77,7 +77,7 @@ def worker(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> It
 
 def test_rollup_task_aggregates_the_stored_figures(worker: Worker) -> None:
     worker.python(
-        "from django.utils import timezone; from tests.observability.conftest import seed; "
+        "from django.utils import timezone; from tests.records import seed; "
         "seed(timezone.now(), minutes=2)"
     )
     assert worker.run("inference.rollup") >= 2
@@ -89,7 +89,7 @@ def test_rollup_task_aggregates_the_stored_figures(worker: Worker) -> None:
 def test_prune_task_drops_old_raw_rows(worker: Worker) -> None:
     worker.python(
         "from datetime import timedelta; from django.utils import timezone; "
-        "from chatapp.observability import rollups; from tests.observability.conftest import seed; "
+        "from chatapp.observability import rollups; from tests.records import seed; "
         "now = timezone.now(); seed(now - timedelta(days=3), minutes=1, seed=3); "
         "rollups.rollup_since(since=now - timedelta(days=4))"
     )

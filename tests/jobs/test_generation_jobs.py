@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.engine_workers import REDIS_URL as WORKERS_REDIS
+from tests.engine_workers import Worker as EngineWorker
+from tests.engine_workers import cleanup, worker_env
 from tests.jobs.test_celery_worker import BROKER, KV_TIER, Worker
-from tests.workers.conftest import REDIS_URL as WORKERS_REDIS
-from tests.workers.conftest import Worker as EngineWorker
-from tests.workers.conftest import cleanup, worker_env
 from tools.live_server import LiveServer
 
 QUESTION = "How do I bake a simple loaf of bread at home without a machine?"

@@ -121,7 +121,7 @@ def test_short_jobs_finish_while_a_long_job_holds_the_long_queue(site: Site) -> 
     site.python(
         "from django.utils import timezone; from django.contrib.auth import get_user_model; "
         "from chatapp.chat.models import Conversation; "
-        "from tests.observability.conftest import seed; "
+        "from tests.records import seed; "
         "seed(timezone.now(), minutes=2); u = get_user_model().objects.create_user('exporter'); "
         "Conversation.objects.create(owner=u, title='Kept')"
     )

@@ -22,7 +22,7 @@ from chatapp.jobs.models import Job
 from chatapp.observability import rollups
 from chatapp.observability.models import MinuteRollup, RequestRecord
 from inference.bench import kv_tier
-from tests.observability.conftest import seed
+from tests.records import seed
 
 pytestmark = pytest.mark.django_db
 FAKE_BENCH = Path(__file__).with_name("fake_bench.py")

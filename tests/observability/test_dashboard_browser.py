@@ -41,7 +41,7 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         srv.python(
             "from datetime import timedelta; from django.utils import timezone; "
             "from chatapp.observability import rollups; "
-            "from tests.observability.conftest import seed; "
+            "from tests.records import seed; "
             "now = timezone.now(); "
             "[seed(now - timedelta(minutes=m), minutes=2, per_minute=12, seed=m) "
             "for m in range(4, 60, 5)]; "

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from chatapp.jobs.models import Job
 from chatapp.observability import rollups
-from tests.observability.conftest import seed
+from tests.records import seed
 
 pytestmark = pytest.mark.django_db
 

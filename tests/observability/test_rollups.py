@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from chatapp.observability import dashboard, percentiles, rollups
 from chatapp.observability.models import EngineSample, MinuteRollup, RequestRecord
-from tests.observability.conftest import seed
+from tests.records import seed
 
 pytestmark = pytest.mark.django_db
 

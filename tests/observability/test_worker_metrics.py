@@ -17,9 +17,9 @@ from inference import metrics
 from inference.catalog import model_name
 from inference.engine import SamplingParams
 from inference.workers.registry import Registry, WorkerInfo
+from tests.engine_workers import REDIS_URL, cleanup, distributed_client
 from tests.engines import make_engine_client
 from tests.observability.test_metrics import sample_value
-from tests.workers.conftest import REDIS_URL, cleanup, distributed_client
 
 
 def worker_stats(running: int, hits: int, steps: int) -> dict[str, int]:

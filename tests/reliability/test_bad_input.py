@@ -17,7 +17,7 @@ from django.test import Client
 from chatapp.chat.conversations import create_conversation
 from chatapp.chat.models import Conversation, Message
 from chatapp.openai_api.keys import create_key
-from tests.chat.conftest import open_socket
+from tests.sockets import open_socket
 from tools.live_server import LiveServer
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -31,7 +31,7 @@ from chatapp.openai_api.views import (
     parse_chat,
     parse_completion,
 )
-from tests.chat.conftest import open_socket
+from tests.sockets import open_socket
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

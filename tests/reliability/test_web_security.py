@@ -13,7 +13,7 @@ from django.test import Client
 
 from chatapp.asgi import application
 from chatapp.openai_api.keys import create_key
-from tests.chat.conftest import session_cookie
+from tests.sockets import session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

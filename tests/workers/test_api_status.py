@@ -19,8 +19,8 @@ import httpx
 import pytest
 from redis import Redis
 
+from tests.engine_workers import Worker, cleanup, worker_env, workers_running
 from tests.servers import PASSWORD
-from tests.workers.conftest import Worker, cleanup, worker_env, workers_running
 from tools.live_server import LiveServer, free_port
 
 pytestmark = pytest.mark.slow  # a web process and real workers (~5 s each to load)

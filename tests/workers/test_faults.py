@@ -18,15 +18,15 @@ from redis import Redis
 from inference.engine import SamplingParams
 from inference.workers.protocol import EngineUnavailableError
 from inference.workers.registry import Keys
-from tests.reliability.test_faults import redis_server
-from tests.servers import PASSWORD
-from tests.workers.conftest import (
+from tests.engine_workers import (
     Worker,
     cleanup,
     distributed_client,
     worker_env,
     workers_running,
 )
+from tests.reliability.test_faults import redis_server
+from tests.servers import PASSWORD
 from tools.live_server import LiveServer, free_port
 
 pytestmark = pytest.mark.slow

@@ -21,8 +21,8 @@ from inference.client import ModelNotFoundError, get_engine_client, list_models
 from inference.engine import SamplingParams
 from inference.model_files import MODEL_NAME
 from inference.workers.registry import WorkerInfo
+from tests.engine_workers import Worker, cleanup, distributed_client, worker_env
 from tests.servers import PASSWORD
-from tests.workers.conftest import Worker, cleanup, distributed_client, worker_env
 from tools.live_server import LiveServer
 
 pytestmark = pytest.mark.slow  # the real default model in a worker, and a web process

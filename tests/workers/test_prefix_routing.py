@@ -21,7 +21,7 @@ from inference.backends.remote import (
 )
 from inference.engine import SamplingParams
 from inference.workers.registry import Keys, WorkerInfo
-from tests.workers.conftest import Worker, cleanup, workers_running
+from tests.engine_workers import Worker, cleanup, workers_running
 
 
 def test_prefix_keys_are_a_chain_over_the_first_blocks_salted_by_the_owner() -> None:

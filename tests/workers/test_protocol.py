@@ -19,7 +19,7 @@ from inference.engine import (
 )
 from inference.workers import protocol
 from inference.workers.protocol import EngineUnavailableError
-from tests.workers.conftest import distributed_client
+from tests.engine_workers import distributed_client
 from tools.live_server import free_port
 
 

@@ -14,7 +14,7 @@ from redis import Redis
 
 from inference.engine import PromptTooLongError, SamplingParams
 from inference.engine.errors import InvalidRequestError
-from tests.workers.conftest import Worker, cleanup, workers_running
+from tests.engine_workers import Worker, cleanup, workers_running
 
 pytestmark = pytest.mark.slow  # two worker processes load for the module (~10 s)
 

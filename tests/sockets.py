@@ -1,0 +1,57 @@
+"""The chat WebSocket in this process, as a logged-in browser opens it: the session cookie,
+the socket and the client that speaks the chat protocol over it. Plain helpers, shared by
+tests/chat and tests/reliability (tests/chat/conftest.py builds its fixtures on them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.test import Client
+
+from chatapp.asgi import application
+
+
+def session_cookie(user: Any) -> bytes:
+    client = Client()
+    client.force_login(user)
+    name = settings.SESSION_COOKIE_NAME
+    return f"{name}={client.cookies[name].value}".encode()
+
+
+class ChatSocket:
+    """A logged-in WebSocket client speaking the chat protocol."""
+
+    def __init__(self, communicator: WebsocketCommunicator) -> None:
+        self.c = communicator
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        await self.c.send_json_to(frame)
+
+    async def recv(self, timeout: float = 30) -> dict[str, Any]:
+        return await self.c.receive_json_from(timeout=timeout)
+
+    async def recv_until(self, kind: str, timeout: float = 60) -> list[dict[str, Any]]:
+        """Frames up to and including the first of type `kind`."""
+        frames = []
+        while True:
+            frame = await self.recv(timeout)
+            frames.append(frame)
+            if frame["type"] == kind:
+                return frames
+
+    async def close(self) -> None:
+        await self.c.disconnect()
+
+
+async def open_socket(
+    user: Any | None, origin: bytes = b"http://127.0.0.1"
+) -> tuple[ChatSocket, bool, Any]:
+    headers = [(b"origin", origin), (b"host", b"127.0.0.1")]
+    if user is not None:
+        headers.append((b"cookie", await database_sync_to_async(session_cookie)(user)))
+    communicator = WebsocketCommunicator(application, "/ws/chat/", headers=headers)
+    connected, code = await communicator.connect()
+    return ChatSocket(communicator), connected, code

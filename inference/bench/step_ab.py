@@ -53,11 +53,12 @@ def _variants(
     engine: LLMEngine, seqs: list[Sequence], counts: list[int]
 ) -> dict[str, Callable[[], Any]]:
     runner, model = engine.runner, engine.runner.model
-    ids, flat, _ = runner._prepare(seqs, counts)
+    model.native = None  # the torch path's variants, whatever the native path would take
+    ids, flat, _ = runner._prepare(seqs, counts, False)
     paged = model.paged
     model.paged = None
     try:
-        ids_g, grouped, _ = runner._prepare(seqs, counts)
+        ids_g, grouped, _ = runner._prepare(seqs, counts, False)
     finally:
         model.paged = paged
     rows = ids.shape[0]
@@ -76,7 +77,7 @@ def _variants(
     step = runner.compiled
     if step is not None and step.handles(rows, flat):
         out["compiled"] = lambda: step.forward(ids, flat)
-    runner._set_threads(rows)
+    runner._set_threads(False)
     return out
 
 

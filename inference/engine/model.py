@@ -450,7 +450,9 @@ class LlamaModel:
         self.native: NativeDecoder | None = None
         lib = kernels.load() if formats.blocks is not None else None
         if lib is not None and NativeDecoder.usable(self):
-            self.native = NativeDecoder(self, lib, formats.block_rows)
+            self.native = NativeDecoder(
+                self, lib, formats.block_rows, HYBRID_MAX_ROWS, PAGED_MAX_CHUNK
+            )
         # The torch path's attention: straight over the paged pool where it builds (CPU,
         # float32), else a gather of each group's blocks and SDPA.
         self.paged: PagedAttention | None = None
@@ -470,7 +472,8 @@ class LlamaModel:
         kv_caches: list[torch.Tensor],
     ) -> torch.Tensor:
         """Hidden states after the final norm, one row per input token: [T, hidden]."""
-        if self.native is not None and self.native.handles(input_ids.shape[0]):
+        chunks = [(p.length, p.context_len) for p in meta.prefills]
+        if self.native is not None and self.native.handles(input_ids.shape[0], chunks):
             return self.native.forward(input_ids, meta, kv_caches)
 
         def attend(i: int, qkv: torch.Tensor) -> torch.Tensor:

@@ -225,14 +225,17 @@ class ModelRunner:
             seq = Sequence(f"warm-up-{i}", [0], SamplingParams(max_tokens=1))
             seq.block_table = [0]
             seqs.append(seq)
-        input_ids, meta, _ = self._prepare(seqs, [1] * rows)
-        self._set_threads(rows)
+        native = self._native_step(seqs, [1] * rows)
+        input_ids, meta, _ = self._prepare(seqs, [1] * rows, native)
+        self._set_threads(native)
         step.forward(input_ids, meta)
 
-    def _forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def _forward(
+        self, input_ids: torch.Tensor, meta: AttentionMetadata, native: bool
+    ) -> torch.Tensor:
         rows = input_ids.shape[0]
         step = self.compiled
-        if step is not None and not self._native_step(rows) and step.handles(rows, meta):
+        if step is not None and not native and step.handles(rows, meta):
             try:
                 return step.forward(input_ids, meta)
             except Exception as exc:
@@ -283,9 +286,10 @@ class ModelRunner:
         )
         seqs = [batch.seqs[i] for i in order]
         counts = [batch.num_tokens[i] for i in order]
-        input_ids, meta, sample_rows = self._prepare(seqs, counts)
-        self._set_threads(input_ids.shape[0])
-        hidden = self._forward(input_ids, meta)
+        native = self._native_step(seqs, counts)
+        input_ids, meta, sample_rows = self._prepare(seqs, counts, native)
+        self._set_threads(native)
+        hidden = self._forward(input_ids, meta, native)
         if all_logits:
             return seqs, self.model.compute_logits(hidden)
         sampling = [s for s, r in zip(seqs, sample_rows, strict=True) if r is not None]
@@ -303,15 +307,19 @@ class ModelRunner:
             hidden = hidden[torch.tensor(rows, device=self.device)]
         return sampling, self.model.compute_logits(hidden)
 
-    def _native_step(self, rows: int) -> bool:
-        """Whether a step of this many rows takes the native path (native_decode.py)."""
+    def _native_step(self, seqs: list[Sequence], counts: list[int]) -> bool:
+        """Whether this step takes the native path (native_decode.py)."""
         native = getattr(self.model, "native", None)
-        return native is not None and bool(native.handles(rows))
+        if native is None:
+            return False
+        pairs = zip(seqs, counts, strict=True)
+        chunks = [(n, s.num_computed_tokens + n) for s, n in pairs if n > 1]
+        return bool(native.handles(sum(counts), chunks))
 
-    def _set_threads(self, rows: int) -> None:
+    def _set_threads(self, native: bool) -> None:
         if self.device.type != "cpu":
             return
-        if self._native_step(rows):
+        if native:
             # The step runs in the kernels' own pool (layers and, for a row or two, the
             # head); torch's few ops around it stay on this thread, so no torch OpenMP
             # thread spins on a core the pool needs.
@@ -324,10 +332,10 @@ class ModelRunner:
             torch.set_num_threads(want)
 
     def _prepare(
-        self, seqs: list[Sequence], counts: list[int]
+        self, seqs: list[Sequence], counts: list[int], native: bool
     ) -> tuple[torch.Tensor, AttentionMetadata, list[int | None]]:
-        if self._native_step(sum(counts)) or getattr(self.model, "paged", None) is None:
-            return self._prepare_grouped(seqs, counts)
+        if native or getattr(self.model, "paged", None) is None:
+            return self._prepare_grouped(seqs, counts, masks=not native)
         long = [n > PAGED_MAX_CHUNK for n in counts]
         if long != sorted(long):  # the long chunks must come last (run() orders them so)
             return self._prepare_grouped(seqs, counts)
@@ -388,7 +396,7 @@ class ModelRunner:
         return torch.tensor(ids, device=dev), meta, sample_rows
 
     def _prepare_grouped(
-        self, seqs: list[Sequence], counts: list[int]
+        self, seqs: list[Sequence], counts: list[int], masks: bool = True
     ) -> tuple[torch.Tensor, AttentionMetadata, list[int | None]]:
         bs = self.block_size
         ids: list[int] = []
@@ -424,8 +432,7 @@ class ModelRunner:
             num_decodes=len(decode_tables),
             prefills=prefills,
         )
-        # The native path reads only the block tables and positions: no masks to build.
-        masks = not self._native_step(len(ids))
+        # masks=False: the native path reads only the block tables and positions.
         start = 0
         for group in _group_by_length(decode_lens):
             tables = [decode_tables[i] for i in group]

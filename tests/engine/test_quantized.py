@@ -173,6 +173,30 @@ def test_native_path_prefills_short_prompts_causally(make_engine):
 
 
 @needs_kernels
+def test_a_long_chunk_on_the_native_path_attends_in_tiles_like_the_torch_path(make_engine):
+    """A follow-up turn's chunk (~50 rows over a 340-token context: several tiles of lanes,
+    many of keys, 22 blocks) takes the native path, whose attention reads each key once per
+    tile of (row, head) lanes: greedy tokens equal the torch path's."""
+    first = [(7 * i) % 500 + 3 for i in range(300)]
+    follow = first + [(11 * i) % 400 + 5 for i in range(40)]
+
+    def run(native: bool) -> list[int]:
+        engine = make_engine(quantization="hybrid", native_max_rows=64)
+        model = engine.runner.model
+        assert model.native is not None and model.native.handles(52, [(52, 340)])
+        if not native:
+            model.native = None
+        engine.add_request(first, SamplingParams(max_tokens=1, temperature=0.0), "a")
+        run_to_completion(engine)
+        engine.add_request(follow, SamplingParams(max_tokens=16, temperature=0.0), "b")
+        out = run_to_completion(engine)["b"]
+        assert out[-1].metrics is not None and out[-1].metrics.cached_tokens >= 288
+        return token_ids_of(out)
+
+    assert run(True) == run(False)
+
+
+@needs_kernels
 def test_native_path_checks_speculative_guesses_like_the_torch_path(make_engine):
     prompts = [[5, 6, 7, 8, 9] * 6]
     spec = {"speculative_mode": "ngram", "num_speculative_tokens": 3}

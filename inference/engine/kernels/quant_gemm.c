@@ -575,6 +575,22 @@ static inline float dot_f32(const float *a, const float *b, int n) {
     return sum;
 }
 
+/* The attention's work items. A row alone (a decode) is one item per query head, each
+ * vectorized over head_dim. Rows of one sequence's chunk (consecutive rows with the same
+ * block table) go in tiles: up to TILE_LANES (row, query head) pairs of one KV head, the
+ * lanes of one vector, so each key and value is read once for the whole tile, where one
+ * item per (row, head) read the chunk's whole context once per row and head. */
+#define TILE_LANES 8
+#define TILE_KEYS 16
+
+typedef struct {
+    int row0;  /* a tile: the chunk's first row; a single item: its row */
+    int first; /* a tile: its first lane, (row - row0) * group + head within the group;
+                * a single item: its query head */
+    int lanes; /* a tile: 1..TILE_LANES; 0: a single item */
+    int g;     /* a tile's KV head */
+} AttnItem;
+
 typedef struct {
     const LayerShape *s;
     const float *qkv;
@@ -582,6 +598,7 @@ typedef struct {
     const int64_t *positions, *block_tables;
     int table_width;
     const float *pool;
+    const AttnItem *items;
     atomic_int failed;
 } AttnTask;
 
@@ -589,14 +606,12 @@ typedef struct {
 static __thread float *tls_scores;
 static __thread int tls_scores_cap;
 
-/* One row's query head over the positions up to its own (a chunk: one (row, head) pair). */
-static void attention_chunk(void *arg, int item) {
-    AttnTask *t = (AttnTask *)arg;
+/* One row's query head over the positions up to its own. */
+static void attention_single(AttnTask *t, int r, int head) {
     const LayerShape *s = t->s;
     int d = s->head_dim, hq = s->heads, hkv = s->kv_heads, bs = s->block_size;
     int nqkv = (hq + 2 * hkv) * d;
     size_t head_stride = (size_t)s->num_blocks * bs * d;
-    int r = item / hq, head = item % hq;
     int ctx = (int)t->positions[r] + 1;
     if (ctx > tls_scores_cap) {
         float *grown = realloc(tls_scores, sizeof(float) * (size_t)ctx);
@@ -631,6 +646,142 @@ static void attention_chunk(void *arg, int item) {
     }
 }
 
+/* A tile's lanes over their sequence's keys, TILE_KEYS at a time, with the running
+ * (online) softmax of flash attention: per lane a maximum, a sum and an output, rescaled
+ * as the maximum grows. Each lane sees the positions up to its own row's. */
+static void attention_tile(AttnTask *t, const AttnItem *it) {
+    const LayerShape *s = t->s;
+    int d = s->head_dim, hq = s->heads, hkv = s->kv_heads, bs = s->block_size;
+    int group = hq / hkv, nqkv = (hq + 2 * hkv) * d;
+    size_t head_stride = (size_t)s->num_blocks * bs * d;
+    const float *keys = t->pool + it->g * head_stride;
+    const float *vals = t->pool + (hkv + it->g) * head_stride;
+    const int64_t *table = t->block_tables + (size_t)it->row0 * t->table_width;
+    float qt[d][TILE_LANES], acc[d][TILE_LANES], sc[TILE_KEYS][TILE_LANES];
+    int32_t pos[TILE_LANES];
+    int ctx = 0;
+    for (int l = 0; l < TILE_LANES; l++) {
+        /* Spare lanes repeat lane 0's position with a zero query: finite, then ignored. */
+        int lane = it->first + (l < it->lanes ? l : 0);
+        int r = it->row0 + lane / group, head = it->g * group + lane % group;
+        const float *q = t->qkv + (size_t)r * nqkv + head * d;
+        for (int i = 0; i < d; i++) qt[i][l] = l < it->lanes ? q[i] * s->scale : 0.0f;
+        pos[l] = (int32_t)t->positions[r];
+        if (pos[l] + 1 > ctx) ctx = pos[l] + 1;
+    }
+    memset(acc, 0, sizeof(acc));
+    const __m256i vpos = _mm256_loadu_si256((const __m256i *)pos);
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
+    __m256 mx = neg_inf, sum = _mm256_setzero_ps();
+    const float *kp[TILE_KEYS], *vp[TILE_KEYS];
+    for (int p0 = 0; p0 < ctx; p0 += TILE_KEYS) {
+        int np = ctx - p0 < TILE_KEYS ? ctx - p0 : TILE_KEYS;
+        __m256 cmax = mx;
+        for (int j = 0; j < np; j++) {
+            int p = p0 + j;
+            size_t slot = (size_t)table[p / bs] * bs + p % bs;
+            kp[j] = keys + slot * d;
+            vp[j] = vals + slot * d;
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            for (int i = 0; i + 1 < d; i += 2) {
+                a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(kp[j] + i), _mm256_loadu_ps(qt[i]), a0);
+                a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(kp[j] + i + 1),
+                                     _mm256_loadu_ps(qt[i + 1]), a1);
+            }
+            if (d & 1)
+                a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(kp[j] + d - 1),
+                                     _mm256_loadu_ps(qt[d - 1]), a0);
+            /* Lanes whose position is before p do not see it. */
+            __m256 seen = _mm256_castsi256_ps(
+                _mm256_cmpgt_epi32(vpos, _mm256_set1_epi32(p - 1)));
+            __m256 v = _mm256_blendv_ps(neg_inf, _mm256_add_ps(a0, a1), seen);
+            _mm256_storeu_ps(sc[j], v);
+            cmax = _mm256_max_ps(cmax, v);
+        }
+        /* Position p0 <= every lane's own in the first pass, so cmax is finite from there. */
+        __m256 scale = exp256(_mm256_sub_ps(mx, cmax));
+        sum = _mm256_mul_ps(sum, scale);
+        for (int i = 0; i < d; i++)
+            _mm256_storeu_ps(acc[i], _mm256_mul_ps(_mm256_loadu_ps(acc[i]), scale));
+        for (int j = 0; j < np; j++) {
+            __m256 pj = exp256(_mm256_sub_ps(_mm256_loadu_ps(sc[j]), cmax));
+            _mm256_storeu_ps(sc[j], pj);
+            sum = _mm256_add_ps(sum, pj);
+        }
+        int i0 = 0;
+        for (; i0 + 4 <= d; i0 += 4) {
+            __m256 o0 = _mm256_loadu_ps(acc[i0]), o1 = _mm256_loadu_ps(acc[i0 + 1]);
+            __m256 o2 = _mm256_loadu_ps(acc[i0 + 2]), o3 = _mm256_loadu_ps(acc[i0 + 3]);
+            for (int j = 0; j < np; j++) {
+                __m256 pj = _mm256_loadu_ps(sc[j]);
+                const float *v = vp[j] + i0;
+                o0 = _mm256_fmadd_ps(pj, _mm256_broadcast_ss(v), o0);
+                o1 = _mm256_fmadd_ps(pj, _mm256_broadcast_ss(v + 1), o1);
+                o2 = _mm256_fmadd_ps(pj, _mm256_broadcast_ss(v + 2), o2);
+                o3 = _mm256_fmadd_ps(pj, _mm256_broadcast_ss(v + 3), o3);
+            }
+            _mm256_storeu_ps(acc[i0], o0);
+            _mm256_storeu_ps(acc[i0 + 1], o1);
+            _mm256_storeu_ps(acc[i0 + 2], o2);
+            _mm256_storeu_ps(acc[i0 + 3], o3);
+        }
+        for (; i0 < d; i0++) {
+            __m256 o = _mm256_loadu_ps(acc[i0]);
+            for (int j = 0; j < np; j++)
+                o = _mm256_fmadd_ps(_mm256_loadu_ps(sc[j]), _mm256_broadcast_ss(vp[j] + i0), o);
+            _mm256_storeu_ps(acc[i0], o);
+        }
+        mx = cmax;
+    }
+    float total[TILE_LANES];
+    _mm256_storeu_ps(total, sum);
+    for (int l = 0; l < it->lanes; l++) {
+        int lane = it->first + l;
+        int r = it->row0 + lane / group, head = it->g * group + lane % group;
+        float *o = t->attn + ((size_t)r * hq + head) * d, inv = 1.0f / total[l];
+        for (int i = 0; i < d; i++) o[i] = acc[i][l] * inv;
+    }
+}
+
+static void attention_item(void *arg, int index) {
+    AttnTask *t = (AttnTask *)arg;
+    const AttnItem *it = t->items + index;
+    if (it->lanes)
+        attention_tile(t, it);
+    else
+        attention_single(t, it->row0, it->first);
+}
+
+/* The step's attention items: tiles for each run of consecutive rows sharing a block table
+ * (a chunk, or a sequence's guesses), single items for rows alone. Returns their count;
+ * items holds room for rows * heads. Tiles first: they are the longest items. */
+static int attention_items(const LayerShape *s, int rows, const int64_t *block_tables,
+                           int table_width, AttnItem *items) {
+    int hq = s->heads, hkv = s->kv_heads, group = hq / hkv, n = 0;
+    size_t row_bytes = sizeof(int64_t) * (size_t)table_width;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int r0 = 0; r0 < rows;) {
+            int r1 = r0 + 1;
+            while (r1 < rows && !memcmp(block_tables + (size_t)r0 * table_width,
+                                        block_tables + (size_t)r1 * table_width, row_bytes))
+                r1++;
+            int run = r1 - r0;
+            if (pass == 0 && run > 1 && hq % hkv == 0) {
+                for (int g = 0; g < hkv; g++)
+                    for (int first = 0; first < run * group; first += TILE_LANES) {
+                        int lanes = run * group - first;
+                        items[n++] = (AttnItem){r0, first, lanes < TILE_LANES ? lanes : TILE_LANES, g};
+                    }
+            } else if (pass == 1 && (run == 1 || hq % hkv)) {
+                for (int r = r0; r < r1; r++)
+                    for (int head = 0; head < hq; head++) items[n++] = (AttnItem){r, head, 0, 0};
+            }
+            r0 = r1;
+        }
+    }
+    return n;
+}
+
 int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
                  const int64_t *positions, const float *cos, const float *sin,
                  const int64_t *block_tables, int table_width, float *pool, int nthreads) {
@@ -641,8 +792,11 @@ int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
     float *qkv = malloc(sizeof(float) * rows * nqkv);
     float *attn = malloc(sizeof(float) * rows * hq * d);
     float *gu = malloc(sizeof(float) * rows * 2 * s->inter);
+    /* Tiles never outnumber single items: a run of n rows makes at most ceil(n * group / 8)
+     * tiles per KV head, fewer than n * heads. */
+    AttnItem *items = malloc(sizeof(AttnItem) * (size_t)rows * hq);
     int rc = -1;
-    if (!h || !qkv || !attn || !gu) goto out;
+    if (!h || !qkv || !attn || !gu || !items) goto out;
 
     for (int r = 0; r < rows; r++) rms_norm(x + r * H, w->input_norm, H, s->eps, h + r * H);
     if (q4_matmul(&w->qkv, h, rows, qkv, nthreads)) goto out;
@@ -656,8 +810,9 @@ int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
         for (int g = 0; g < 2 * hkv; g++)
             memcpy(pool + g * head_stride + slot * d, row + (hq + g) * d, sizeof(float) * d);
     }
-    AttnTask at = {s, qkv, attn, positions, block_tables, table_width, pool, 0};
-    pool_run(attention_chunk, &at, rows * hq, nthreads);
+    int n_items = attention_items(s, rows, block_tables, table_width, items);
+    AttnTask at = {s, qkv, attn, positions, block_tables, table_width, pool, items, 0};
+    pool_run(attention_item, &at, n_items, nthreads);
     if (at.failed) goto out;
     if (q4_matmul(&w->o, attn, rows, h, nthreads)) goto out;
     for (int i = 0; i < rows * H; i++) x[i] += h[i];
@@ -689,6 +844,7 @@ out:
     free(qkv);
     free(attn);
     free(gu);
+    free(items);
     return rc;
 }
 

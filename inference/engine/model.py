@@ -450,9 +450,7 @@ class LlamaModel:
         self.native: NativeDecoder | None = None
         lib = kernels.load() if formats.blocks is not None else None
         if lib is not None and NativeDecoder.usable(self):
-            self.native = NativeDecoder(
-                self, lib, formats.block_rows, HYBRID_MAX_ROWS, PAGED_MAX_CHUNK
-            )
+            self.native = NativeDecoder(self, lib, formats.block_rows, HYBRID_MAX_ROWS)
         # The torch path's attention: straight over the paged pool where it builds (CPU,
         # float32), else a gather of each group's blocks and SDPA.
         self.paged: PagedAttention | None = None
@@ -472,7 +470,7 @@ class LlamaModel:
         kv_caches: list[torch.Tensor],
     ) -> torch.Tensor:
         """Hidden states after the final norm, one row per input token: [T, hidden]."""
-        chunks = [(p.length, p.context_len) for p in meta.prefills]
+        chunks = [p.length for p in meta.prefills]
         if self.native is not None and self.native.handles(input_ids.shape[0], chunks):
             return self.native.forward(input_ids, meta, kv_caches)
 

@@ -312,9 +312,7 @@ class ModelRunner:
         native = getattr(self.model, "native", None)
         if native is None:
             return False
-        pairs = zip(seqs, counts, strict=True)
-        chunks = [(n, s.num_computed_tokens + n) for s, n in pairs if n > 1]
-        return bool(native.handles(sum(counts), chunks))
+        return bool(native.handles(sum(counts), [n for n in counts if n > 1]))
 
     def _set_threads(self, native: bool) -> None:
         if self.device.type != "cpu":

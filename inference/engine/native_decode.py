@@ -25,10 +25,6 @@ if TYPE_CHECKING:
 
     from inference.engine.model import AttentionMetadata, LlamaModel
 
-# The most (chunk rows x context) a step of more than any_chunk_rows rows may have this
-# path's attention read per chunk: a 32-row chunk over 1,024 positions.
-CHUNK_READS = 32 * 1024
-
 
 def _matrix(blocks: object) -> kernels.Q4Matrix:
     assert isinstance(blocks, Q4_1) and blocks.kernel
@@ -38,19 +34,21 @@ def _matrix(blocks: object) -> kernels.Q4Matrix:
 
 class NativeDecoder:
     def __init__(
-        self, model: LlamaModel, lib: ctypes.CDLL, max_rows: int, any_chunk_rows: int = 8,
-        short_chunk: int = 4,
-    ) -> None:  # fmt: skip
+        self, model: LlamaModel, lib: ctypes.CDLL, max_rows: int, any_chunk_rows: int = 8
+    ) -> None:
         self.model = model
         self.lib = lib
         self.max_rows = max_rows
         # Steps of up to any_chunk_rows rows come here whatever their chunks; larger ones
-        # only while each chunk is short (guesses: at most short_chunk rows) or reads
-        # little context: the kernel's attention reads a row's whole context for each row,
-        # where SDPA's tiles read a long chunk's context once (a 34-token follow-up over a
-        # 4,258-token document: ~0.9 s here against ~0.2 s through SDPA).
+        # only while no sequence has more rows than that in them (decodes, guesses, a
+        # prompt as short as a step of this path could be).
+        # A prompt's chunk keeps the float format: its 8-bit activations here cost the
+        # first token's precision (the real model's "What is the capital of France?"
+        # prefilled on this path opened "L'Étoile, ..." instead of "The capital ...": float
+        # logits gave "The" 0.179 against "L" 0.139, this path 0.110 against 0.149), and
+        # the kernel's attention reads a row's whole context for each row, where SDPA's
+        # tiles read a long chunk's context once.
         self.any_chunk_rows = min(any_chunk_rows, max_rows)
-        self.short_chunk = short_chunk
         layers = [
             kernels.LayerWeights(
                 layer.input_norm.data_ptr(),
@@ -80,14 +78,12 @@ class NativeDecoder:
             )
         )
 
-    def handles(self, rows: int, chunks: Iterable[tuple[int, int]] = ()) -> bool:
-        """Whether a step of `rows` rows takes this path; `chunks`: (rows, context length
-        after the step) of each sequence with more than one row in it."""
+    def handles(self, rows: int, chunks: Iterable[int] = ()) -> bool:
+        """Whether a step of `rows` rows takes this path; `chunks`: the rows of each
+        sequence with more than one row in the step."""
         if not 0 < rows <= self.max_rows:
             return False
-        return rows <= self.any_chunk_rows or all(
-            n <= self.short_chunk or n * context <= CHUNK_READS for n, context in chunks
-        )
+        return rows <= self.any_chunk_rows or all(n <= self.any_chunk_rows for n in chunks)
 
     def forward(
         self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_caches: list[torch.Tensor]

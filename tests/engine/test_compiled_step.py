@@ -203,16 +203,32 @@ def test_an_unknown_compile_setting_is_refused(make_engine):
         make_engine(compile="always")
 
 
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
 @pytest.mark.slow
-def test_the_real_model_compiled_gives_the_eager_greedy_tokens(real_model_path):
-    """16 chat prompts at once (decode steps beyond the native path's 8 rows), greedy."""
+@pytest.mark.parametrize("quantization", ["fp16", "auto"])
+def test_the_real_model_compiled_gives_the_eager_greedy_tokens(real_model_path, quantization):
+    """16 chat prompts at once (decode steps beyond the native path's 8 rows), greedy.
+
+    The tiny model's test above asks for the eager tokens exactly. On the real model a
+    reply can sit near a tie, and inductor's fused float32 ops (its vectorized rsqrt and
+    exp) differ from eager's in the last bit, more so where bf16 activations round that
+    difference up to 0.4%: on a Xeon with AMX one reply of 16 parted after its first token
+    (float32 activations), against none on an AMD EPYC. So: every reply's first token
+    agrees, and most of all replies' tokens (the common prefixes measured there: 80% with
+    fp16-stored weights, 88% with auto's bf16)."""
 
     def run(mode: str) -> tuple[dict[str, list[int]], LLMEngine]:
         engine = LLMEngine(
             EngineConfig(
-                model=str(real_model_path), kv_tier_url="", compile=mode, native_max_rows=8
+                model=str(real_model_path), kv_tier_url="", compile=mode, native_max_rows=8,
+                quantization=quantization,
             )
-        )
+        )  # fmt: skip
         tok = engine.tokenizer
         questions = [
             "What is the capital of France?", "Write a haiku about the sea.",
@@ -230,4 +246,6 @@ def test_the_real_model_compiled_gives_the_eager_greedy_tokens(real_model_path):
     compiled, engine = run("on")
     assert _steps_compiled(engine) > 0
     eager, _ = run("off")
-    assert compiled == eager
+    prefixes = [_common_prefix(compiled[k], eager[k]) for k in eager]
+    assert min(prefixes) >= 1, prefixes
+    assert sum(prefixes) >= 0.7 * 24 * len(prefixes), prefixes

@@ -173,27 +173,35 @@ def test_native_path_prefills_short_prompts_causally(make_engine):
 
 
 @needs_kernels
-def test_a_long_chunk_on_the_native_path_attends_in_tiles_like_the_torch_path(make_engine):
-    """A follow-up turn's chunk (~50 rows over a 340-token context: several tiles of lanes,
-    many of keys, 22 blocks) takes the native path, whose attention reads each key once per
-    tile of (row, head) lanes: greedy tokens equal the torch path's."""
-    first = [(7 * i) % 500 + 3 for i in range(300)]
-    follow = first + [(11 * i) % 400 + 5 for i in range(40)]
+def test_chunks_on_the_native_path_attend_in_tiles_like_the_torch_path(make_engine):
+    """A follow-up turn's chunk of 8 rows over a 300-token context (a step the native path
+    takes whole: more lanes than one tile, many tiles of keys, 19 blocks) attends in tiles
+    of (row, head) lanes that read each key once: greedy tokens equal the torch path's."""
+    first = [(7 * i) % 500 + 3 for i in range(292)]
+    follow = first + [(11 * i) % 400 + 5 for i in range(7)]
 
     def run(native: bool) -> list[int]:
-        engine = make_engine(quantization="hybrid", native_max_rows=64)
+        engine = make_engine(quantization="hybrid")
         model = engine.runner.model
-        assert model.native is not None and model.native.handles(52, [(52, 340)])
+        assert model.native is not None and model.native.handles(8, [8])
         if not native:
             model.native = None
         engine.add_request(first, SamplingParams(max_tokens=1, temperature=0.0), "a")
         run_to_completion(engine)
         engine.add_request(follow, SamplingParams(max_tokens=16, temperature=0.0), "b")
         out = run_to_completion(engine)["b"]
-        assert out[-1].metrics is not None and out[-1].metrics.cached_tokens >= 288
+        assert out[-1].metrics is not None and out[-1].metrics.cached_tokens == 288
         return token_ids_of(out)
 
     assert run(True) == run(False)
+
+
+@needs_kernels
+def test_past_8_rows_the_native_path_takes_decodes_and_guesses_not_prompts(make_engine):
+    native = make_engine(quantization="hybrid", native_max_rows=64).runner.model.native
+    assert native is not None
+    assert native.handles(64) and native.handles(40, [5, 5, 4]) and not native.handles(65)
+    assert native.handles(8, [8]) and not native.handles(9, [9]) and not native.handles(20, [5, 9])
 
 
 @needs_kernels

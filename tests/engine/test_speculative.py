@@ -123,6 +123,29 @@ def test_auto_keeps_a_steps_rows_within_the_small_step_budget() -> None:
     assert all(not s.draft_tokens for s in eight)
 
 
+def test_auto_guesses_only_after_a_match_of_two_tokens_or_more() -> None:
+    """In open-ended text one matching token is common and its continuation rarely
+    right: auto skips what ngram would propose after it."""
+    from inference.engine.config import EngineConfig
+    from inference.engine.sampling_params import SamplingParams
+    from inference.engine.sequence import Sequence
+    from inference.engine.speculative import Speculator
+
+    # The last token (9) occurred before, followed by 10, 11, ...; its last two never did.
+    prompt = [9, 10, 11, 12, 13, 20, 21, 22, 9]
+    for mode, guesses in (("ngram", [10, 11, 12, 13]), ("auto", [])):
+        seq = Sequence(mode, prompt, SamplingParams(max_tokens=50, temperature=0.0))
+        seq.num_computed_tokens = len(seq) - 1
+        config = EngineConfig(speculative_mode=mode, num_speculative_tokens=4)
+        Speculator(config, max_model_len=1024, vocab_size=100, row_budget=8).propose([seq])
+        assert seq.draft_tokens == guesses, mode
+    # Two matching tokens (21, 22 ... 21, 22) are enough.
+    seq = Sequence("two", [21, 22, 30, 31, 32, 33, 21, 22], SamplingParams(max_tokens=50))
+    seq.num_computed_tokens = len(seq) - 1
+    _auto_speculator(row_budget=8).propose([seq])
+    assert seq.draft_tokens == [30, 31, 32, 33]
+
+
 def test_auto_does_not_guess_in_a_step_that_prefills_a_prompt() -> None:
     """A prompt's chunk makes the step a large one (the torch path), where guesses cost
     about a token each: auto proposes only in steps of decodes alone; ngram still does."""

@@ -202,7 +202,9 @@ class ModelRunner:
         """The compiled forward for the torch path's steps, compiled (or loaded from the
         cache) now, or None where that fails (one logged warning)."""
         native = getattr(self.model, "native", None)
-        min_rows = native.max_rows + 1 if native is not None else 1
+        # Past its first rows the native path takes decodes alone, so prompts' chunks from
+        # any_chunk_rows + 1 rows on take the torch path: the compiled graph covers them.
+        min_rows = native.any_chunk_rows + 1 if native is not None else 1
         try:
             step = CompiledStep(
                 self.model, self.kv_caches, min_rows, self.config.max_num_batched_tokens
@@ -225,9 +227,9 @@ class ModelRunner:
             seq = Sequence(f"warm-up-{i}", [0], SamplingParams(max_tokens=1))
             seq.block_table = [0]
             seqs.append(seq)
-        native = self._native_step(seqs, [1] * rows)
-        input_ids, meta, _ = self._prepare(seqs, [1] * rows, native)
-        self._set_threads(native)
+        # The torch path's inputs, whichever path a real step of these rows would take.
+        input_ids, meta, _ = self._prepare(seqs, [1] * rows, False)
+        self._set_threads(False)
         step.forward(input_ids, meta)
 
     def _forward(

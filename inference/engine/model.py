@@ -403,6 +403,7 @@ class LlamaModel:
 
         self.quantization = quantization
         formats = WeightFormats(large=quantization)
+        native_rows = 0  # steps the native path may take (none without 4-bit blocks)
         stored: dict[str, BlockWeight] = {}
         if quantization in ("int4", "hybrid"):
             # The kernels take whole pairs of 32-weight blocks along each input.
@@ -415,7 +416,11 @@ class LlamaModel:
             stored = load_blocks(folder) or {}
             formats.blocks = _block_weights(stored, w)
             formats.large = None if quantization == "int4" else _large_format(dtype)
-            formats.block_rows = native_max_rows or default_native_max_rows(formats.large)
+            native_rows = native_max_rows or default_native_max_rows(formats.large)
+            # The torch path multiplies by the 4-bit blocks only where the native path
+            # would take a step whatever its chunks: past that it runs prompts' chunks,
+            # which keep the float format (native_decode.NativeDecoder says why).
+            formats.block_rows = min(native_rows, HYBRID_MAX_ROWS)
         self.embed = put(w["embed_tokens.weight"])
         self.norm = put(w["norm.weight"])
         # Logits are computed on rank 0 only.
@@ -436,7 +441,7 @@ class LlamaModel:
                     head,
                     _large_format(dtype),
                     _head_blocks(stored, head, tied),
-                    head_block_rows(formats.large, formats.block_rows),
+                    head_block_rows(formats.large, native_rows),
                 )
         self.layers = [
             DecoderLayer(w, f"layers.{i}", formats, put, tp_rank, tp_size)
@@ -450,7 +455,7 @@ class LlamaModel:
         self.native: NativeDecoder | None = None
         lib = kernels.load() if formats.blocks is not None else None
         if lib is not None and NativeDecoder.usable(self):
-            self.native = NativeDecoder(self, lib, formats.block_rows, HYBRID_MAX_ROWS)
+            self.native = NativeDecoder(self, lib, native_rows, HYBRID_MAX_ROWS)
         # The torch path's attention: straight over the paged pool where it builds (CPU,
         # float32), else a gather of each group's blocks and SDPA.
         self.paged: PagedAttention | None = None

@@ -167,8 +167,10 @@ def test_a_forked_child_gets_a_thread_pool_of_its_own():
 @needs_kernels
 def test_native_path_prefills_short_prompts_causally(make_engine):
     """Prompts of 2-4 tokens go through the native path whole: each row attends only to
-    the positions up to its own."""
-    prompts = [[11, 12], [40, 41, 42], [7, 8, 9, 10]]
+    the positions up to its own. Together 8 rows, so the torch path they are compared with
+    takes the same 4-bit blocks (past 8 rows it runs prompts in the float format) on every
+    CPU."""
+    prompts = [[11, 12], [40, 41], [7, 8, 9, 10]]
     assert _generate(make_engine, True, prompts) == _generate(make_engine, False, prompts)
 
 
@@ -198,8 +200,11 @@ def test_chunks_on_the_native_path_attend_in_tiles_like_the_torch_path(make_engi
 
 @needs_kernels
 def test_past_8_rows_the_native_path_takes_decodes_and_guesses_not_prompts(make_engine):
-    native = make_engine(quantization="hybrid", native_max_rows=64).runner.model.native
+    model = make_engine(quantization="hybrid", native_max_rows=64).runner.model
+    native = model.native
     assert native is not None
+    # The torch path takes the 4-bit blocks no further: its steps past 8 rows are prompts.
+    assert model.layers[0].qkv.block_rows == HYBRID_MAX_ROWS == 8
     assert native.handles(64) and native.handles(40, [5, 5, 4]) and not native.handles(65)
     assert native.handles(8, [8]) and not native.handles(9, [9]) and not native.handles(20, [5, 9])
 

@@ -13,11 +13,11 @@ from typing import Any
 
 from django.dispatch import Signal
 
-from inference.engine import RequestMetrics
+from inference.engine import RequestFigures
 
 log = logging.getLogger(__name__)
 
-# Keyword arguments: request_id, metrics (RequestMetrics | None), finish_reason, error_code
+# Keyword arguments: request_id, figures (RequestFigures | None), finish_reason, error_code
 # (str | None), conversation_id, user_id, model (the served model's name, blank: the
 # default); the sender is the source ("chat" or "api").
 request_ended = Signal()
@@ -26,7 +26,7 @@ request_ended = Signal()
 async def send_request_ended(
     source: str,
     request_id: str,
-    metrics: RequestMetrics | None,
+    figures: RequestFigures | None,
     finish_reason: str,
     error_code: str | None = None,
     *,
@@ -38,7 +38,7 @@ async def send_request_ended(
     it never fails the request."""
     fields: dict[str, Any] = {
         "request_id": request_id,
-        "metrics": metrics,
+        "figures": figures,
         "finish_reason": finish_reason,
         "error_code": error_code,
         "conversation_id": conversation_id,

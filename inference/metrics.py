@@ -2,7 +2,7 @@
 
 Grafana dashboards written for vLLM work against /metrics unchanged. When several
 processes serve (PROMETHEUS_MULTIPROC_DIR set, as prometheus_client requires), every
-process writes its figures to that folder and /metrics merges them.
+process writes its samples to that folder and /metrics merges them.
 
 Request histograms are observed when a request ends (chatapp/observability/recording.py);
 the engine gauges and counters are refreshed from the engine's stats by
@@ -28,7 +28,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 REGISTRY = CollectorRegistry()
 L = ["model_name"]
-# The engine figures: one series per engine (worker).
+# The engine gauges and counters: one series per engine (worker).
 ENGINE_L = [*L, "worker"]
 # The `worker` label of the one engine in embedded and upstream mode: stable across
 # restarts, so a restart continues the same series instead of starting a new one.

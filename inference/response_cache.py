@@ -39,7 +39,7 @@ from typing import Any, cast
 import redis
 from django.conf import settings
 
-from inference.engine import Delta, RequestMetrics, SamplingParams
+from inference.engine import Delta, RequestFigures, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class CachedReply:
 
     pieces: list[tuple[str, list[int]]]
     finish_reason: str
-    # The original request's figures (RequestMetrics.as_dict()), kept for inspection.
+    # The original request's figures (RequestFigures.as_dict()), kept for inspection.
     figures: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -309,7 +309,7 @@ class ResponseStream:
                     and delta.finish_reason in STORED_FINISH_REASONS
                     and not delta.error
                 ):
-                    figures = delta.metrics.as_dict() if delta.metrics else {}
+                    figures = delta.figures.as_dict() if delta.figures else {}
                     self.cache.put_later(key, CachedReply(pieces, delta.finish_reason, figures))
                 yield delta
         finally:
@@ -318,7 +318,7 @@ class ResponseStream:
                 await closer()
 
     async def _replay(self, reply: CachedReply, arrival: float) -> AsyncIterator[Delta]:
-        m = RequestMetrics(arrival_time=arrival, prompt_tokens=self._prompt_len, replayed=True)
+        m = RequestFigures(arrival_time=arrival, prompt_tokens=self._prompt_len, replayed=True)
         last = len(reply.pieces) - 1
         for i, (text, ids) in enumerate(reply.pieces):
             now = time.time()
@@ -329,7 +329,7 @@ class ResponseStream:
             delta = Delta(self._request_id, text=text, token_ids=list(ids))
             if i == last:
                 m.finish_time = now
-                delta.finished, delta.finish_reason, delta.metrics = True, reply.finish_reason, m
+                delta.finished, delta.finish_reason, delta.figures = True, reply.finish_reason, m
             yield delta
             if i != last:
                 await asyncio.sleep(0)  # a long reply does not hold the loop

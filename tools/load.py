@@ -133,7 +133,7 @@ async def chat(
                             break
                     elif kind == "done":
                         person.replies += 1
-                        person.tokens += int(msg["stats"].get("output_tokens") or 0)
+                        person.tokens += int(msg["figures"].get("output_tokens") or 0)
                         if msg["status"] != "complete":
                             person.errors[f"reply_{msg['status']}"] += 1
                         break

@@ -293,7 +293,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                     message.pk,
                     as_json["status"],
                     as_json["finish_reason"],
-                    as_json["stats"],
+                    as_json["figures"],
                     as_json,
                 )
             )

@@ -507,7 +507,7 @@ def message_json(
         "finish_reason": m.finish_reason or None,
         "parent_id": m.parent_id,
         "created_at": m.created_at.isoformat(),
-        "stats": m.stats or {},
+        "figures": m.figures or {},
         # The model that wrote a reply (or that a user turn went to); null from before.
         "model": m.model or None,
     }

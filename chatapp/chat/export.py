@@ -15,7 +15,8 @@ from chatapp.chat.models import Conversation, Message
 from chatapp.jobs.files import job_dir, relative_to_var
 from chatapp.jobs.models import Job
 
-EXPORT_FORMAT = "chatapp.conversation/2"
+# /3: a reply's numbers are its `figures` (`stats` until /2; the import reads either).
+EXPORT_FORMAT = "chatapp.conversation/3"
 
 
 def conversation_payload(conv: Conversation) -> dict[str, Any]:

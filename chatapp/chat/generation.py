@@ -30,7 +30,7 @@ from inference.engine import (
     EngineBusyError,
     EngineError,
     PromptTooLongError,
-    RequestMetrics,
+    RequestFigures,
     SamplingParams,
 )
 from inference.workers.protocol import is_worker_lost
@@ -68,7 +68,8 @@ class Subscription:
     queue: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
 
 
-def stats_from_metrics(m: RequestMetrics | None) -> dict[str, Any]:
+def message_figures(m: RequestFigures | None) -> dict[str, Any]:
+    """The figures a reply keeps (Message.figures, the done frame's `figures`)."""
     if m is None:
         return {}
     decode_s = None
@@ -81,7 +82,7 @@ def stats_from_metrics(m: RequestMetrics | None) -> dict[str, Any]:
     def ms(v: float | None) -> float | None:
         return None if v is None else round(v * 1000, 1)
 
-    stats = {
+    figures = {
         "ttft_ms": ms(m.ttft),
         "output_tokens": m.output_tokens,
         "tokens_per_s": None if tps is None else round(tps, 1),
@@ -94,12 +95,12 @@ def stats_from_metrics(m: RequestMetrics | None) -> dict[str, Any]:
         "queue_ms": ms(m.queue_time),
     }
     if getattr(m, "replayed", False):
-        stats["replayed"] = True  # from the response cache; the UI marks the reply
-    return stats
+        figures["replayed"] = True  # from the response cache; the UI marks the reply
+    return figures
 
 
 def done_event(
-    message_id: int, status: str, finish_reason: str | None, stats: dict, message: dict
+    message_id: int, status: str, finish_reason: str | None, figures: dict, message: dict
 ) -> dict[str, Any]:
     """The `done` frame that ends a reply (docs/websocket.md)."""
     return {
@@ -107,7 +108,7 @@ def done_event(
         "message_id": message_id,
         "status": status,
         "finish_reason": finish_reason,
-        "stats": stats,
+        "figures": figures,
         "message": message,
     }
 
@@ -180,7 +181,7 @@ class Generation:
     async def run(self) -> None:
         finish_reason = "error"
         error_code: str | None = None
-        metrics: RequestMetrics | None = None
+        figures: RequestFigures | None = None
         last_checkpoint = time.monotonic()
         try:
             client = await asyncio.to_thread(get_engine_client, self.model or None)
@@ -212,7 +213,7 @@ class Generation:
                     )
                 if delta.finished:
                     finish_reason = delta.finish_reason or "stop"
-                    metrics = delta.metrics
+                    figures = delta.figures
                     if finish_reason == "error":
                         error_code = "worker_lost" if is_worker_lost(delta) else "engine_error"
                         log.error("engine error on %s: %s", self.request_id, delta.error)
@@ -238,7 +239,7 @@ class Generation:
             if finish_reason == "abort" and self.stop_reason == "disconnect":
                 finish_reason = "disconnect"
             await self._finish(
-                finish_reason if error_code is None else "error", error_code, metrics
+                finish_reason if error_code is None else "error", error_code, figures
             )
 
     async def _checkpoint(self) -> None:
@@ -257,15 +258,15 @@ class Generation:
         )
 
     async def _finish(
-        self, finish_reason: str, error_code: str | None, metrics: RequestMetrics | None
+        self, finish_reason: str, error_code: str | None, m: RequestFigures | None
     ) -> None:
         self.finished = True
         if self._grace is not None:
             self._grace.cancel()
         status = STATUS_FOR_FINISH.get(finish_reason, Message.Status.ERROR)
-        stats = stats_from_metrics(metrics)
+        figures = message_figures(m)
         error_text = ERROR_TEXT.get(error_code, "") if error_code else ""
-        message = await asyncio.shield(self._save_final(status, finish_reason, stats, error_text))
+        message = await asyncio.shield(self._save_final(status, finish_reason, figures, error_text))
         if error_code:
             self._publish(
                 {
@@ -276,12 +277,12 @@ class Generation:
                     "message_id": self.message_id,
                 }
             )
-        self._publish(done_event(self.message_id, status, finish_reason, stats, message))
+        self._publish(done_event(self.message_id, status, finish_reason, figures, message))
         self.registry.forget(self)
         await send_request_ended(
             "chat",
             self.request_id,
-            metrics,
+            m,
             finish_reason,
             error_code,
             conversation_id=self.conversation_id,
@@ -294,7 +295,7 @@ class Generation:
 
     @database_sync_to_async
     def _save_final(
-        self, status: str, finish_reason: str, stats: dict, error: str
+        self, status: str, finish_reason: str, figures: dict, error: str
     ) -> dict[str, Any]:
         # A briefly locked database must not lose the reply: retry before giving up.
         for attempt in range(5):
@@ -306,7 +307,7 @@ class Generation:
                     token_ids=list(self.token_ids),
                     status=status,
                     finish_reason=finish_reason,
-                    stats=stats,
+                    figures=figures,
                     error=error,
                     updated_at=timezone.now(),
                 )

@@ -11,6 +11,7 @@ the next turn tokenizes the history from its text (docs/http.md, "Import").
 from __future__ import annotations
 
 import io
+import math
 import tempfile
 import zipfile
 import zlib
@@ -37,6 +38,20 @@ from inference.engine import EngineError
 CHATGPT_TEXT_TYPES = frozenset({"text", "multimodal_text", "code"})
 MAX_MESSAGE_CHARS = 1_000_000
 MAX_DEPTH = 64  # a ChatGPT export nests about 8 deep
+# A reply's figures as the chat stores them (chatapp/chat/generation.py, message_figures):
+# these numbers, and `replayed`. Whatever else a file's figures hold is left out.
+FIGURE_NUMBERS = frozenset(
+    {
+        "ttft_ms",
+        "output_tokens",
+        "tokens_per_s",
+        "prompt_tokens",
+        "cached_tokens",
+        "cached_tokens_redis",
+        "e2e_ms",
+        "queue_ms",
+    }
+)
 _ZIP_MAGIC = b"PK\x03\x04"
 
 
@@ -61,6 +76,7 @@ class Node:
     created: float = 0.0
     order: int = 0  # place in the file, after `created` among siblings
     documents: list[dict[str, Any]] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)  # a reply's, from this app's export
 
 
 @dataclass
@@ -450,7 +466,30 @@ def _own_message(raw: Any) -> Node:
         text=_text(raw.get("text", ""), f"the text of message {key}"),
         parent=None if parent is None else str(parent),
         documents=[_own_document(d, key) for d in documents],
+        figures=_own_figures(raw) if role == "assistant" else {},
     )
+
+
+def _own_figures(raw: dict[str, Any]) -> dict[str, Any]:
+    """A reply's figures: its `figures`, or `stats` in an export written before they were
+    renamed. Numbers that are not numbers are left out, not refused: they are only shown."""
+    given = raw.get("figures", raw.get("stats"))
+    if not isinstance(given, dict):
+        return {}
+    kept: dict[str, Any] = {}
+    for name, value in given.items():
+        if name == "replayed" and value is True:
+            kept[name] = True
+        elif name in FIGURE_NUMBERS and (
+            value is None
+            or (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+            )
+        ):
+            kept[name] = value
+    return kept
 
 
 def _own_document(raw: Any, key: Any) -> dict[str, Any]:
@@ -559,6 +598,7 @@ def write(user: Any, incoming: Incoming) -> Conversation:
             role=node.role,
             text=node.text,
             status=Message.Status.COMPLETE,
+            figures=node.figures,
         )
         saved[node.key] = message
         Attachment.objects.bulk_create(

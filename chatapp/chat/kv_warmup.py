@@ -73,7 +73,7 @@ def warm(prompts: list[tuple[str, int | None]]) -> list[dict[str, Any]]:
         stream = client.stream(prompt, sampling, request_id=rid, cache_salt=salt, replay=False)
         async for delta in stream:
             last = delta
-        m = last.metrics if last is not None else None
+        m = last.figures if last is not None else None
         return {
             "prompt_tokens": prompt.length or 0,
             "cached_memory": m.cached_tokens if m else 0,
@@ -107,10 +107,10 @@ def run() -> dict[str, Any]:
         report["error"] = f"{type(exc).__name__}: {exc}"
         return report
     prompts = most_used_system_prompts(int(settings.KV_TIER_WARM_PROMPTS))
-    figures = warm([(text, owner) for text, _, owner in prompts])
+    costs = warm([(text, owner) for text, _, owner in prompts])
     report["warmed"] = [
         {"conversations": n, "chars": len(text), "shared": owner is None, **cost}
-        for (text, n, owner), cost in zip(prompts, figures, strict=True)
+        for (text, n, owner), cost in zip(prompts, costs, strict=True)
     ]
     return report
 

@@ -86,9 +86,10 @@ class Message(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.COMPLETE)
     finish_reason = models.CharField(max_length=32, blank=True, default="")
     error = models.TextField(blank=True, default="")
-    # Latency figures of an assistant reply: ttft_ms, tokens_per_s, output_tokens,
-    # prompt_tokens, cached_tokens, e2e_ms, queue_ms.
-    stats = models.JSONField(default=dict, blank=True)
+    # The figures of an assistant reply (its one request's numbers): ttft_ms, tokens_per_s,
+    # output_tokens, prompt_tokens, cached_tokens, cached_tokens_redis, e2e_ms, queue_ms,
+    # and replayed when the response cache answered.
+    figures = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -65,7 +65,7 @@ def run(job: Job) -> dict[str, Any]:
 
 
 def summary(results: dict[str, Any]) -> dict[str, Any]:
-    """The figures the dashboard compares run against run."""
+    """The numbers the dashboard compares run against run."""
 
     def get(section: str, key: str) -> Any:
         value = results.get(section)

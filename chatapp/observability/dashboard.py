@@ -1,4 +1,4 @@
-"""The latency dashboard's figures, read from stored rows.
+"""The latency dashboard's series, read from stored rows.
 
 The last 5 minutes come from the raw per-request records and engine samples, in 10 s
 buckets; longer windows from the per-minute rollups, merged into coarser buckets by
@@ -78,7 +78,7 @@ def merge_rollups(group: list[MinuteRollup]) -> dict:
         name: percentiles.merge(r.hists.get(name, {}) for r in group)
         for name in (*LATENCIES, "itl")
     }
-    merged["stats"] = {
+    merged["percentiles"] = {
         f"{name}_p{q}": percentiles.hist_percentile(h, q)
         for name, h in hists.items()
         for q in PERCENTILES
@@ -93,7 +93,7 @@ def merge_rollups(group: list[MinuteRollup]) -> dict:
 
 
 def _common(r: MinuteRollup) -> dict:
-    return {"stats": r.stats, "errors": r.errors, "hists": r.hists}
+    return {"percentiles": r.percentiles, "errors": r.errors, "hists": r.hists}
 
 
 def rollup_buckets(start: datetime, end: datetime, bucket: timedelta) -> dict[datetime, dict]:
@@ -121,9 +121,9 @@ def series(buckets: dict[datetime, dict], start: datetime, end: datetime, bucket
 
     for name, key in (("ttft", "ttft"), ("itl", "itl"), ("tpot", "tpot"), ("e2e", "e2e")):
         for q in PERCENTILES:
-            add(f"{name}_p{q}", lambda b, k=f"{key}_p{q}": b["stats"].get(k))
+            add(f"{name}_p{q}", lambda b, k=f"{key}_p{q}": b["percentiles"].get(k))
     for q in PERCENTILES:
-        add(f"queue_p{q}", lambda b, k=f"queue_time_p{q}": b["stats"].get(k))
+        add(f"queue_p{q}", lambda b, k=f"queue_time_p{q}": b["percentiles"].get(k))
     add("requests", lambda b: b["requests"])
     add("out_tok_s", lambda b: b["output_tokens"] / step)
     add("running", lambda b: b["running_avg"])

@@ -64,7 +64,7 @@ def engines_of(
 ) -> dict[str, dict[str, Any]] | None:
     """Each engine's own stats by its `worker` label: in distributed mode every live
     worker's, as read by the same stats() call of `client` (default: the default model's)
-    that produced `s` (the summed figures); else the one engine's. None when the workers
+    that produced `s` (the summed stats); else the one engine's. None when the workers
     could not be read (Redis away)."""
     if s.get("mode") == "distributed":
         if "error" in s:
@@ -145,7 +145,7 @@ def _growth(worker: str, key: str, s: dict[str, Any]) -> int:
 
 
 def take_sample() -> EngineSample | None:
-    """Store the default model's engine figures (the dashboard's); refresh every model's
+    """Store the default model's engine stats (the dashboard's); refresh every model's
     gauges."""
     s = loaded_engine_stats()
     refresh_prometheus()

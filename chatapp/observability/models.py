@@ -61,7 +61,7 @@ class RequestRecord(models.Model):
 
 
 class EngineSample(models.Model):
-    """A snapshot of the engine's live figures, taken every OBS_SAMPLE_INTERVAL_S.
+    """A snapshot of the engine's live stats, taken every OBS_SAMPLE_INTERVAL_S.
     The prefix-cache and refusal counts are the engine's running totals."""
 
     at = models.DateTimeField(db_index=True)
@@ -93,7 +93,7 @@ class MinuteRollup(models.Model):
     requests = models.PositiveIntegerField(default=0)
     errors = models.JSONField(default=dict, blank=True)  # error code -> count
     finish_reasons = models.JSONField(default=dict, blank=True)
-    stats = models.JSONField(default=dict, blank=True)  # e.g. "ttft_p99": 0.41
+    percentiles = models.JSONField(default=dict, blank=True)  # e.g. "ttft_p99": 0.41
     hists = models.JSONField(default=dict, blank=True)  # e.g. "ttft": {"12": 3}
     output_tokens = models.PositiveIntegerField(default=0)
     prompt_tokens = models.PositiveIntegerField(default=0)

@@ -23,15 +23,15 @@ from chatapp.observability import percentiles
 from chatapp.observability.models import RequestRecord
 from inference import metrics
 from inference.catalog import model_name
-from inference.engine import RequestMetrics
+from inference.engine import RequestFigures
 
 log = logging.getLogger(__name__)
 
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 
 
-def figures(
-    m: RequestMetrics | None, finish_reason: str, error_code: str | None, ended: float
+def record_fields(
+    m: RequestFigures | None, finish_reason: str, error_code: str | None, ended: float
 ) -> dict[str, Any]:
     """A RequestRecord's fields from the engine's figures (vLLM's definitions)."""
     fig: dict[str, Any] = {
@@ -90,7 +90,7 @@ def save(fig: dict[str, Any], **who: Any) -> RequestRecord:
 async def record_request(
     source: str,
     request_id: str,
-    m: RequestMetrics | None,
+    m: RequestFigures | None,
     finish_reason: str,
     error_code: str | None = None,
     *,
@@ -102,7 +102,7 @@ async def record_request(
     model) and store them. Never raises."""
     ended = time.time()
     try:
-        fig = figures(m, finish_reason, error_code, ended)
+        fig = record_fields(m, finish_reason, error_code, ended)
         label = model or model_name(settings.ENGINE["MODEL"])
         metrics.observe_request(label, fig, m.itl if m else [])
         await asyncio.shield(
@@ -123,7 +123,7 @@ async def record_request(
 async def on_request_ended(
     sender: str,
     request_id: str,
-    metrics: RequestMetrics | None,
+    figures: RequestFigures | None,
     finish_reason: str,
     error_code: str | None,
     conversation_id: int | None,
@@ -135,7 +135,7 @@ async def on_request_ended(
     await record_request(
         sender,
         request_id,
-        metrics,
+        figures,
         finish_reason,
         error_code,
         conversation_id=conversation_id,

@@ -35,17 +35,17 @@ def floor_minute(t: datetime) -> datetime:
 
 
 def request_aggregates(rows: list[RequestRecord]) -> dict:
-    out: dict = {"stats": {}, "hists": {}}
+    out: dict = {"percentiles": {}, "hists": {}}
     for name in LATENCIES:
         values = [getattr(r, name) for r in rows if getattr(r, name) is not None]
         out["hists"][name] = percentiles.histogram(values)
         for q in PERCENTILES:
-            out["stats"][f"{name}_p{q}"] = percentiles.percentile(values, q)
+            out["percentiles"][f"{name}_p{q}"] = percentiles.percentile(values, q)
     # ITL over every gap of the minute's requests, merged from their histograms.
     itl = percentiles.merge(r.itl_hist for r in rows)
     out["hists"]["itl"] = itl
     for q in PERCENTILES:
-        out["stats"][f"itl_p{q}"] = percentiles.hist_percentile(itl, q)
+        out["percentiles"][f"itl_p{q}"] = percentiles.hist_percentile(itl, q)
     out["requests"] = len(rows)
     out["errors"] = dict(Counter(r.error_code for r in rows if r.error_code))
     out["finish_reasons"] = dict(Counter(r.finish_reason for r in rows))

@@ -224,7 +224,7 @@ class ChatSocket:
         self.last_sent: dict[str, float] = {}
         self.first_seen: dict[str, float] = {}
         self.last_seen: dict[str, float] = {}
-        self.ending: dict[str, Any] = {}  # finished requests' metrics, until their done frame
+        self.ending: dict[str, Any] = {}  # finished requests' figures, until their done frame
         self.seen: list[Seen] = []
         self.frames = 0
 
@@ -246,7 +246,7 @@ class ChatSocket:
         if delta.text:
             self.held.setdefault(delta.request_id, []).append(delta.text)
         if delta.finished:
-            self.ending[delta.request_id] = delta.metrics
+            self.ending[delta.request_id] = delta.figures
 
     def flush(self, now: float) -> None:
         for rid in [r for r, parts in self.held.items() if parts and self.due(r) <= now]:
@@ -374,7 +374,7 @@ def _spread(values: list[float | None]) -> dict[str, float | None]:
 
 
 def summarize(setting: dict[str, Any], current: dict[str, Any], runs: list[dict]) -> dict:
-    """One setting's row: its runs, and the median with min-max of the main figures."""
+    """One setting's row: its runs, and the median with min-max of the main numbers."""
     return {
         "settings": setting,
         "label": describe(setting, current),

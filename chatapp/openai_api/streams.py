@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from chatapp.events import send_request_ended
-from inference.engine import Delta, EngineError, RequestMetrics
+from inference.engine import Delta, EngineError, RequestFigures
 from inference.workers.protocol import is_worker_lost
 
 
@@ -49,9 +49,9 @@ async def recorded_stream(
         elif reason == "error":
             assert last is not None
             error_code = "worker_lost" if is_worker_lost(last) else "engine_error"
-        m = last.metrics if finished and last else None
+        m = last.figures if finished and last else None
         if m is None and (error is not None or output_tokens or prompt_tokens):
-            m = RequestMetrics(
+            m = RequestFigures(
                 arrival_time=arrival,
                 prompt_tokens=prompt_tokens or 0,
                 output_tokens=output_tokens,

@@ -435,8 +435,8 @@ def read_body(request: HttpRequest) -> dict:
 
 
 def usage(last: Delta, prompt_len: int | None, ids: list[int]) -> dict[str, Any]:
-    """Token counts from the final delta's metrics; an upstream engine reports its own."""
-    m = last.metrics
+    """Token counts from the final delta's figures; an upstream engine reports its own."""
+    m = last.figures
     prompt = prompt_len if prompt_len is not None else (m.prompt_tokens if m else 0)
     completion = m.output_tokens if m else len(ids)
     return {

@@ -393,7 +393,7 @@ function sameMessage(a: Message, b: Message): boolean {
     (a.error || '') === (b.error || '') &&
     (a.model || '') === (b.model || '') &&
     JSON.stringify(a.alternatives || []) === JSON.stringify(b.alternatives || []) &&
-    JSON.stringify(a.stats || {}) === JSON.stringify(b.stats || {})
+    JSON.stringify(a.figures || {}) === JSON.stringify(b.figures || {})
   );
 }
 

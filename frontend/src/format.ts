@@ -1,4 +1,4 @@
-import type { Message, Stats } from './types';
+import type { Message, Figures } from './types';
 
 const isNum = (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v);
 
@@ -33,7 +33,7 @@ export interface Figure {
 /** Prompt tokens reused from the KV cache: `cached_tokens` counts both tiers and
  * `cached_tokens_redis` the part restored from the Redis tier, so a turn served from Redis
  * never reads as "0 cached". */
-function formatCached(s: Stats): { value: string; title: string } {
+function formatCached(s: Figures): { value: string; title: string } {
   const title = 'Prompt tokens reused from the KV cache';
   if (!isNum(s.cached_tokens)) return { value: '–', title };
   const total = Math.max(0, s.cached_tokens);
@@ -50,8 +50,8 @@ function formatCached(s: Stats): { value: string; title: string } {
 }
 
 /** The figures shown under a reply, in order. Missing values show as "–". */
-export function formatStats(stats: Stats | null | undefined): Figure[] {
-  const s = stats || {};
+export function formatFigures(figures: Figures | null | undefined): Figure[] {
+  const s = figures || {};
   const cached = formatCached(s);
   return [
     { key: 'ttft', label: 'TTFT', value: formatMs(s.ttft_ms), title: 'Time to first token' },
@@ -61,8 +61,8 @@ export function formatStats(stats: Stats | null | undefined): Figure[] {
   ];
 }
 
-export function hasStats(stats: Stats | null | undefined): boolean {
-  return !!stats && (isNum(stats.ttft_ms) || isNum(stats.output_tokens) || isNum(stats.tokens_per_s));
+export function hasFigures(figures: Figures | null | undefined): boolean {
+  return !!figures && (isNum(figures.ttft_ms) || isNum(figures.output_tokens) || isNum(figures.tokens_per_s));
 }
 
 /** Relative day buckets for the sidebar. */

@@ -276,7 +276,7 @@ export class ChatProtocol {
       alternative_index: f.message?.alternative_index ?? old?.alternative_index,
       status: f.status || base.status,
       finish_reason: f.finish_reason ?? base.finish_reason,
-      stats: f.stats ?? base.stats,
+      figures: f.figures ?? base.figures,
     };
     if (f.status === 'error' && !this.ui.noticesFor(m.conversation_id ?? 'new').length) m.error = errorWords('engine_error');
     c.putMessage(m);

@@ -17,7 +17,7 @@ export interface Conversation {
   model?: string;
 }
 
-export interface Stats {
+export interface Figures {
   ttft_ms?: number | null;
   output_tokens?: number | null;
   tokens_per_s?: number | null;
@@ -69,7 +69,7 @@ export interface Message {
   finish_reason?: string | null;
   parent_id?: number | null;
   created_at?: string;
-  stats?: Stats | null;
+  figures?: Figures | null;
   alternatives?: number[];
   alternative_index?: number;
   /** Generation sequence number (the server adds it to snapshots and deltas; optional). */
@@ -105,7 +105,7 @@ export type ServerFrame =
   | { type: 'start'; conversation_id: number; client_id?: string; user_message?: Message | null; message: Message }
   | { type: 'delta'; message_id: number; text: string; seq?: number }
   | { type: 'snapshot'; message: Message }
-  | { type: 'done'; message_id: number; status: 'complete' | 'stopped' | 'error'; finish_reason?: string; stats?: Stats; message?: Message }
+  | { type: 'done'; message_id: number; status: 'complete' | 'stopped' | 'error'; finish_reason?: string; figures?: Figures; message?: Message }
   | { type: 'title'; conversation_id: number; title: string }
   | { type: 'error'; code: string; message: string; conversation_id?: number; message_id?: number; client_id?: string }
   | { type: 'pong' };

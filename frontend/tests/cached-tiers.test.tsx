@@ -1,6 +1,6 @@
 import { act } from 'preact/test-utils';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { formatStats } from '../src/format';
+import { formatFigures } from '../src/format';
 import type { Conversations } from '../src/conversations';
 import { ChatSocket } from '../src/ws';
 import { mountApp, type Mounted } from './mount';
@@ -25,7 +25,7 @@ afterEach(() => m.stop());
 
 describe('the cached figure counts both KV tiers', () => {
   it('formats memory only, Redis only, and both', () => {
-    const cached = (s: object) => formatStats(s)[3];
+    const cached = (s: object) => formatFigures(s)[3];
     expect(cached({ prompt_tokens: 32, cached_tokens: 24, cached_tokens_redis: 0 }).value).toBe('24 tokens (75%)');
     expect(cached({ prompt_tokens: 1850, cached_tokens: 1760, cached_tokens_redis: 1760 }).value).toBe(
       '1,760 tokens from Redis (95%)',
@@ -33,7 +33,7 @@ describe('the cached figure counts both KV tiers', () => {
     const both = cached({ prompt_tokens: 1850, cached_tokens: 1760, cached_tokens_redis: 1248 });
     expect(both.value).toBe('512 + 1,248 from Redis (95%)');
     expect(both.title).toMatch(/512 in memory, 1,248 restored from the Redis tier/);
-    // Stats saved before the Redis figure existed read as memory; a Redis figure above the total is clamped to it.
+    // Figures saved before the Redis figure existed read as memory; a Redis figure above the total is clamped to it.
     expect(cached({ prompt_tokens: 10, cached_tokens: 5 }).value).toBe('5 tokens (50%)');
     expect(cached({ cached_tokens: 16, cached_tokens_redis: 99 }).value).toBe('16 tokens from Redis');
   });
@@ -51,7 +51,7 @@ describe('the cached figure counts both KV tiers', () => {
         message_id: 2,
         status: 'complete',
         finish_reason: 'stop',
-        stats: { ...base, cached_tokens: 1760, cached_tokens_redis: 1760 },
+        figures: { ...base, cached_tokens: 1760, cached_tokens_redis: 1760 },
       }),
     );
     expect(cachedFigure(2).textContent).toContain('1,760 tokens from Redis (95%)');
@@ -61,7 +61,7 @@ describe('the cached figure counts both KV tiers', () => {
   it('shows both tiers on a reloaded conversation', async () => {
     conversations.apply(conv(8), [
       msg({ id: 1, role: 'user', conversation_id: 8, text: 'q' }),
-      msg({ id: 2, role: 'assistant', conversation_id: 8, text: 'a', parent_id: 1, stats: { ...base, cached_tokens: 1760, cached_tokens_redis: 1248 } }),
+      msg({ id: 2, role: 'assistant', conversation_id: 8, text: 'a', parent_id: 1, figures: { ...base, cached_tokens: 1760, cached_tokens_redis: 1248 } }),
     ]);
     await act(() => conversations.select(8));
     expect(cachedFigure(2).textContent).toContain('512 + 1,248 from Redis (95%)');

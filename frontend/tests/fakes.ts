@@ -74,7 +74,7 @@ export function msg(p: Partial<Message> & { id: number; role: Message['role'] })
     finish_reason: 'stop',
     parent_id: null,
     created_at: '2026-11-30T05:00:00Z',
-    stats: null,
+    figures: null,
     ...p,
   } as Message;
 }

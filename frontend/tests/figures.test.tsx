@@ -4,13 +4,13 @@ import { conv, FakeApi, flush, msg } from './fakes';
 import { mountApp, type Mounted } from './mount';
 
 let m: Mounted | null = null;
-const stats = { ttft_ms: 84.2, output_tokens: 8, tokens_per_s: 41.7, prompt_tokens: 31, cached_tokens: 24 };
+const figures = { ttft_ms: 84.2, output_tokens: 8, tokens_per_s: 41.7, prompt_tokens: 31, cached_tokens: 24 };
 const $ = (id: string) => m!.root.querySelector(`[data-testid="${id}"]`) as HTMLElement | null;
 
 async function open(staff: boolean) {
   m?.stop();
   const api = new FakeApi();
-  api.convs.set(3, { conversation: conv(3), messages: [msg({ id: 1, role: 'user', conversation_id: 3, text: 'q' }), msg({ id: 2, role: 'assistant', conversation_id: 3, text: 'a', parent_id: 1, stats })] });
+  api.convs.set(3, { conversation: conv(3), messages: [msg({ id: 1, role: 'user', conversation_id: 3, text: 'q' }), msg({ id: 2, role: 'assistant', conversation_id: 3, text: 'a', parent_id: 1, figures })] });
   m = await mountApp(api, { staff });
   await act(() => m!.conversations.select(3));
 }
@@ -34,10 +34,10 @@ afterEach(() => {
 describe('reply figures', () => {
   it('are off by default for a user who is not staff, and on for staff', async () => {
     await open(false);
-    expect($('message-stats')).toBeNull();
+    expect($('message-figures')).toBeNull();
     expect($('message')).not.toBeNull();
     await open(true);
-    expect($('message-stats')!.textContent).toContain('84 ms');
+    expect($('message-figures')!.textContent).toContain('84 ms');
   });
 
   it('follow the settings toggle, remembered in this browser over the default', async () => {
@@ -46,17 +46,17 @@ describe('reply figures', () => {
     expect(($('settings-show-figures') as HTMLInputElement).checked).toBe(false);
     await act(() => $('settings-cancel')!.click());
     await toggleInSettings();
-    expect($('message-stats')!.querySelector('[data-figure="cached"]')!.textContent).toContain('24 tokens');
+    expect($('message-figures')!.querySelector('[data-figure="cached"]')!.textContent).toContain('24 tokens');
     expect(localStorage.getItem('chat.figures')).toBe('on');
     await open(false); // the next page load
-    expect($('message-stats')).not.toBeNull();
+    expect($('message-figures')).not.toBeNull();
 
     await open(true);
     await toggleInSettings();
-    expect($('message-stats')).toBeNull();
+    expect($('message-figures')).toBeNull();
     expect(localStorage.getItem('chat.figures')).toBe('off');
     await open(true);
-    expect($('message-stats')).toBeNull();
+    expect($('message-figures')).toBeNull();
   });
 
   it('change only on Save: Cancel keeps what was shown', async () => {
@@ -64,7 +64,7 @@ describe('reply figures', () => {
     await act(() => $('settings-button')!.click());
     await act(() => $('settings-show-figures')!.click());
     await act(() => $('settings-cancel')!.click());
-    expect($('message-stats')).not.toBeNull();
+    expect($('message-figures')).not.toBeNull();
     expect(localStorage.getItem('chat.figures')).toBeNull();
   });
 });

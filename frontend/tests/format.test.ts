@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { dayBucket, formatCount, formatMs, formatRate, formatStats, hasStats } from '../src/format';
+import { dayBucket, formatCount, formatMs, formatRate, formatFigures, hasFigures } from '../src/format';
 import { errorWords } from '../src/errors';
 
 describe('figures', () => {
@@ -19,18 +19,18 @@ describe('figures', () => {
     expect(formatCount(1234, 'token', 'tokens')).toBe('1,234 tokens');
   });
   it('builds the four figures under a reply', () => {
-    const f = formatStats({ ttft_ms: 84.2, output_tokens: 8, tokens_per_s: 41.7, prompt_tokens: 31, cached_tokens: 0 });
+    const f = formatFigures({ ttft_ms: 84.2, output_tokens: 8, tokens_per_s: 41.7, prompt_tokens: 31, cached_tokens: 0 });
     expect(f.map((x) => [x.key, x.value])).toEqual([
       ['ttft', '84 ms'],
       ['rate', '41.7 tok/s'],
       ['tokens', '8 tokens'],
       ['cached', '0 tokens (0%)'],
     ]);
-    expect(formatStats({ cached_tokens: 24, prompt_tokens: 32 })[3].value).toBe('24 tokens (75%)');
-    expect(formatStats(null).every((x) => x.value === '–')).toBe(true);
-    expect(hasStats({ ttft_ms: 3 })).toBe(true);
-    expect(hasStats({})).toBe(false);
-    expect(hasStats(null)).toBe(false);
+    expect(formatFigures({ cached_tokens: 24, prompt_tokens: 32 })[3].value).toBe('24 tokens (75%)');
+    expect(formatFigures(null).every((x) => x.value === '–')).toBe(true);
+    expect(hasFigures({ ttft_ms: 3 })).toBe(true);
+    expect(hasFigures({})).toBe(false);
+    expect(hasFigures(null)).toBe(false);
   });
   it('groups dates for the sidebar', () => {
     const now = new Date('2026-11-30T12:00:00');

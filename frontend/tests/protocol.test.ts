@@ -57,11 +57,11 @@ describe('sending and streaming', () => {
     expect(conversations.streamingIn(7)!.id).toBe(15);
     protocol.handleFrame({
       type: 'done', message_id: 15, status: 'complete', finish_reason: 'stop',
-      stats: { ttft_ms: 84.2, output_tokens: 8, tokens_per_s: 41.7, prompt_tokens: 31, cached_tokens: 0 },
+      figures: { ttft_ms: 84.2, output_tokens: 8, tokens_per_s: 41.7, prompt_tokens: 31, cached_tokens: 0 },
     });
     const m = conversations.message(15)!;
     expect(m.status).toBe('complete');
-    expect(m.stats!.ttft_ms).toBe(84.2);
+    expect(m.figures!.ttft_ms).toBe(84.2);
     expect(conversations.isBusy(7)).toBe(false);
   });
 
@@ -146,7 +146,7 @@ describe('sending and streaming', () => {
       message: msg({ id: 11, role: 'assistant', conversation_id: 3, status: 'streaming', parent_id: 10 }),
     });
     expect(port.sent[port.sent.length - 1]).toEqual({ type: 'stop', message_id: 11 });
-    protocol.handleFrame({ type: 'done', message_id: 11, status: 'stopped', finish_reason: 'abort', stats: { output_tokens: 2 } });
+    protocol.handleFrame({ type: 'done', message_id: 11, status: 'stopped', finish_reason: 'abort', figures: { output_tokens: 2 } });
     expect(conversations.message(11)!.status).toBe('stopped');
   });
 });

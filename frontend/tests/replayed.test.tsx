@@ -11,7 +11,7 @@ let conversations: Conversations;
 let socket: ChatSocket;
 
 const reply = (id: number) => root.querySelector(`[data-message-id="${id}"]`) as HTMLElement;
-const stats = { ttft_ms: 1.2, output_tokens: 9, tokens_per_s: 900, prompt_tokens: 20, cached_tokens: 0 };
+const figures = { ttft_ms: 1.2, output_tokens: 9, tokens_per_s: 900, prompt_tokens: 20, cached_tokens: 0 };
 
 beforeEach(async () => {
   m = await mountApp(new FakeApi());
@@ -32,7 +32,7 @@ describe('a reply replayed from the response cache', () => {
 
     await act(() => FakeSocket.last().receive({ type: 'delta', message_id: 2, text: 'Paris.', seq: 1 }));
     await act(() =>
-      FakeSocket.last().receive({ type: 'done', message_id: 2, status: 'complete', finish_reason: 'stop', stats: { ...stats, replayed: true } }),
+      FakeSocket.last().receive({ type: 'done', message_id: 2, status: 'complete', finish_reason: 'stop', figures: { ...figures, replayed: true } }),
     );
     const mark = reply(2).querySelector('[data-testid="replayed-mark"]') as HTMLElement;
     expect(mark).not.toBeNull();
@@ -45,9 +45,9 @@ describe('a reply replayed from the response cache', () => {
   it('keeps its mark when the conversation is loaded again, and only on that reply', async () => {
     conversations.apply(conv(6), [
       msg({ id: 1, role: 'user', conversation_id: 6, text: 'q' }),
-      msg({ id: 2, role: 'assistant', conversation_id: 6, text: 'generated', parent_id: 1, stats }),
+      msg({ id: 2, role: 'assistant', conversation_id: 6, text: 'generated', parent_id: 1, figures }),
       msg({ id: 3, role: 'user', conversation_id: 6, text: 'q', parent_id: 2 }),
-      msg({ id: 4, role: 'assistant', conversation_id: 6, text: 'replayed', parent_id: 3, stats: { ...stats, replayed: true } }),
+      msg({ id: 4, role: 'assistant', conversation_id: 6, text: 'replayed', parent_id: 3, figures: { ...figures, replayed: true } }),
     ]);
     await act(() => conversations.select(6));
     expect(reply(2).querySelector('[data-testid="replayed-mark"]')).toBeNull();

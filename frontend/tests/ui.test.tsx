@@ -95,13 +95,13 @@ describe('chat page', () => {
 
     await act(() => $('stop-button').click());
     expect(FakeSocket.last().sent.at(-1)).toEqual({ type: 'stop', message_id: 15 });
-    await server({ type: 'done', message_id: 15, status: 'stopped', finish_reason: 'abort', stats: { ttft_ms: 84.2, output_tokens: 8, tokens_per_s: 41.7, prompt_tokens: 31, cached_tokens: 0 } });
+    await server({ type: 'done', message_id: 15, status: 'stopped', finish_reason: 'abort', figures: { ttft_ms: 84.2, output_tokens: 8, tokens_per_s: 41.7, prompt_tokens: 31, cached_tokens: 0 } });
     expect(reply.dataset.status).toBe('stopped');
-    const stats = reply.querySelector('[data-testid="message-stats"]') as HTMLElement;
-    expect(stats.dataset.ready).toBe('true');
-    expect(stats.textContent).toContain('84 ms');
-    expect(stats.textContent).toContain('41.7 tok/s');
-    expect(stats.textContent).toContain('8 tokens');
+    const figures = reply.querySelector('[data-testid="message-figures"]') as HTMLElement;
+    expect(figures.dataset.ready).toBe('true');
+    expect(figures.textContent).toContain('84 ms');
+    expect(figures.textContent).toContain('41.7 tok/s');
+    expect(figures.textContent).toContain('8 tokens');
     expect($('send-button')).not.toBeNull();
     expect(reply.querySelector('[data-testid="message-regenerate"]')).not.toBeNull();
     expect(location.hash).toBe('#/c/7');
@@ -128,7 +128,7 @@ describe('chat page', () => {
     await server({ type: 'snapshot', message: msg({ id: 2, role: 'assistant', conversation_id: 3, status: 'streaming', text: 'So far so', parent_id: 1 }) });
     await server({ type: 'delta', message_id: 2, text: ' good' });
     expect(root.querySelector('[data-message-id="2"] [data-testid="message-content"]')!.textContent).toContain('So far so good');
-    await server({ type: 'done', message_id: 2, status: 'complete', finish_reason: 'stop', stats: { ttft_ms: 10, output_tokens: 3, tokens_per_s: 20, prompt_tokens: 5, cached_tokens: 4 } });
+    await server({ type: 'done', message_id: 2, status: 'complete', finish_reason: 'stop', figures: { ttft_ms: 10, output_tokens: 3, tokens_per_s: 20, prompt_tokens: 5, cached_tokens: 4 } });
     expect((root.querySelector('[data-message-id="2"]') as HTMLElement).dataset.status).toBe('complete');
   });
 

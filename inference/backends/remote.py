@@ -37,7 +37,7 @@ from redis import Redis
 from redis import asyncio as aioredis
 
 from inference.engine.errors import EngineBusyError, EngineError, InvalidRequestError
-from inference.engine.outputs import Delta, RequestMetrics
+from inference.engine.outputs import Delta, RequestFigures
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.streaming import until_finished
 from inference.workers.protocol import (
@@ -242,10 +242,10 @@ class RemoteEngine:
                         self._note_prefix(link, prefix[-1], worker.id)
                         prefix = []
                     output_tokens += len(item.token_ids)
-                    if item.finished and item.metrics is None:
+                    if item.finished and item.figures is None:
                         # An error delta (the worker died, stopped or went out of reach)
                         # brings no figures; the request's record still names its worker.
-                        item.metrics = lost_metrics(
+                        item.figures = lost_figures(
                             worker.id, arrival, len(prompt_token_ids), output_tokens
                         )
                     yield item
@@ -426,7 +426,7 @@ class RemoteEngine:
                 log.warning("request %s on engine worker %s ended: %s", rid, p.worker_id, why)
                 p.queue.put_nowait(lost_delta(rid, why))
 
-    # --- figures and shutdown ---------------------------------------------------------
+    # --- stats and shutdown -----------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
         """The workers' stats summed (running, waiting, KV blocks, totals), plus a
@@ -466,18 +466,18 @@ class RemoteEngine:
             await asyncio.gather(*link.tasks, return_exceptions=True)
 
 
-def lost_metrics(
+def lost_figures(
     worker_id: str, arrival: float, prompt_tokens: int, output_tokens: int
-) -> RequestMetrics:
+) -> RequestFigures:
     """What the web side knows of a request whose worker never sent its figures."""
-    m = RequestMetrics(
+    m = RequestFigures(
         arrival_time=arrival, prompt_tokens=prompt_tokens, output_tokens=output_tokens
     )
     m.worker = worker_id  # type: ignore[attr-defined]  # as delta_from_event does
     return m
 
 
-# Per-worker figures combined: most add up; these do not.
+# Per-worker stats combined: most add up; these do not.
 _LARGEST = {"last_step_seconds"}
 _SMALLEST = {"max_model_len", "kv_block_size"}
 

@@ -1,7 +1,7 @@
 """An OpenAI-compatible server as the engine: vLLM, SGLang, TGI, llama.cpp server,
 Ollama, or another instance of this product.
 
-The chat app keeps doing everything else (conversations, the UI, metrics): figures are
+The chat app keeps doing everything else (conversations, the UI, /metrics): figures are
 measured here, at the app side — arrival when the request leaves, first token when the
 first text arrives, one timestamp per streamed chunk. Prompts go out as chat messages
 (the upstream applies its own model's template), so token ids are not known here and
@@ -29,7 +29,7 @@ from inference.engine import (
     EngineBusyError,
     EngineError,
     PromptTooLongError,
-    RequestMetrics,
+    RequestFigures,
     SamplingParams,
 )
 from inference.engine.errors import InvalidRequestError
@@ -219,9 +219,9 @@ class UpstreamClient:
             path, body["messages"] = "/chat/completions", prompt.messages
         else:
             path, body["prompt"] = "/completions", prompt.text
-        metrics = RequestMetrics(arrival_time=time.time())
+        figures = RequestFigures(arrival_time=time.time())
         queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
-        task = asyncio.get_running_loop().create_task(self._pump(path, body, rid, metrics, queue))
+        task = asyncio.get_running_loop().create_task(self._pump(path, body, rid, figures, queue))
         self._streams[rid] = task
         self.requests_total += 1
         try:
@@ -238,7 +238,7 @@ class UpstreamClient:
         path: str,
         body: dict[str, Any],
         rid: str,
-        m: RequestMetrics,
+        m: RequestFigures,
         queue: asyncio.Queue[Delta | BaseException],
     ) -> None:
         finish, output_tokens = "stop", 0
@@ -296,7 +296,7 @@ class UpstreamClient:
                 rid,
                 finished=True,
                 finish_reason=finish,
-                metrics=m,
+                figures=m,
                 error="upstream stream broke" if finish == "error" else None,
             )
         )

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from inference.engine.config import EngineConfig
 from inference.engine.errors import EngineBusyError, EngineError, PromptTooLongError
-from inference.engine.outputs import Delta, RequestMetrics
+from inference.engine.outputs import Delta, RequestFigures
 from inference.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # imported lazily at run time (__getattr__ below)
@@ -25,7 +25,7 @@ __all__ = [
     "EngineConfig",
     "EngineError",
     "PromptTooLongError",
-    "RequestMetrics",
+    "RequestFigures",
     "SamplingParams",
 ]
 

@@ -349,7 +349,7 @@ class LLMEngine:
                 merged.text_job = _joined(merged.text_job, delta.text_job)
                 merged.token_ids += delta.token_ids
                 merged.finished, merged.finish_reason = delta.finished, delta.finish_reason
-                merged.metrics = delta.metrics
+                merged.figures = delta.figures
             if seq.is_finished:
                 break
         assert merged is not None
@@ -357,7 +357,7 @@ class LLMEngine:
 
     def _on_token(self, seq: Sequence, token: int, now: float) -> Delta:
         seq.append_token(token)
-        m = seq.metrics
+        m = seq.figures
         if m.first_token_time is None:
             m.first_token_time = now
         m.token_times.append(now)
@@ -408,8 +408,8 @@ class LLMEngine:
             self.speculator.release(seq)
         seq.finish_reason = reason
         seq.error = error
-        seq.metrics.finish_time = time.time()
-        seq.metrics.output_tokens = seq.num_output_tokens
+        seq.figures.finish_time = time.time()
+        seq.figures.output_tokens = seq.num_output_tokens
         self.seqs.pop(seq.request_id, None)
         self.totals["finished"] += 1
         self.totals["prompt_tokens"] += seq.num_prompt_tokens
@@ -419,7 +419,7 @@ class LLMEngine:
             finished=True,
             finish_reason=reason,
             error=error,
-            metrics=seq.metrics,
+            figures=seq.figures,
         )
 
     def _fail(self, batch: ScheduledBatch, exc: Exception) -> list[Delta]:
@@ -531,7 +531,7 @@ class LLMEngine:
             ids = [block_id for block_id, _ in evicted]
             tier.save([e for _, e in evicted], lambda: self.runner.read_blocks(ids))
 
-    # -- figures ----------------------------------------------------------------------
+    # -- stats ------------------------------------------------------------------------
 
     def stats(self) -> dict[str, object]:
         kv = self.kv

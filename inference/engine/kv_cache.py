@@ -91,7 +91,7 @@ class KVCacheManager:
         self.index: dict[int, int] = {}  # block hash -> block id
         # Called with an indexed block the Redis tier lacks, just before it is reused.
         self.on_evict: Callable[[Block], None] | None = None
-        # Prefix cache figures, in tokens.
+        # Prefix cache counters (for stats()), in tokens.
         self.query_tokens = 0
         self.hit_tokens = 0
 

@@ -8,8 +8,11 @@ from dataclasses import dataclass, field
 
 
 @dataclass
-class RequestMetrics:
-    """Timestamps are wall-clock seconds (time.time()); definitions follow vLLM's."""
+class RequestFigures:
+    """The figures of one request: its times and token counts (README.md, "Words":
+    figures are one request's numbers, stats the engine's live snapshot).
+
+    Timestamps are wall-clock seconds (time.time()); definitions follow vLLM's."""
 
     arrival_time: float
     scheduled_time: float | None = None
@@ -82,7 +85,7 @@ class Delta:
     """New output of one request since its previous delta.
 
     The last delta of a request has finished=True, a finish_reason
-    ("stop", "length", "abort" or "error"), and its metrics.
+    ("stop", "length", "abort" or "error"), and its figures.
     """
 
     request_id: str
@@ -91,13 +94,24 @@ class Delta:
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
-    metrics: RequestMetrics | None = None
+    figures: RequestFigures | None = None
     # The text of these tokens, not decoded yet (LLMEngine.defer_text: the consumer decodes
     # it, off the step's path); `resolve_text()` appends it to `text`, in order.
     text_job: Callable[[], str] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def metrics(self) -> RequestFigures | None:
+        """The old name of `figures`, read-only, for inference/bench/ until it moves over
+        (driver.py, workers.py); remove with its last use."""
+        return self.figures
 
     def resolve_text(self) -> Delta:
         if self.text_job is not None:
             job, self.text_job = self.text_job, None
             self.text += job()
         return self
+
+
+# The old name of RequestFigures, for inference/bench/ until it moves over (driver.py,
+# followup.py); remove with its last use.
+RequestMetrics = RequestFigures

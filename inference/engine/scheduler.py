@@ -123,7 +123,7 @@ class Scheduler:
             ready = (s for s in self.waiting if not s.kv_lookup_pending)
             for i, seq in enumerate(itertools.islice(ready, seats)):
                 # Preempted sequences (back at the head of the queue) keep their turn.
-                key = 0 if seq.metrics.preemptions else len(seq) - self._prefix_tokens(seq)
+                key = 0 if seq.figures.preemptions else len(seq) - self._prefix_tokens(seq)
                 candidates.append((key, 1 + i, seq))
         candidates.sort(key=lambda c: (c[0], c[1]))
         whole_prompts = 0
@@ -194,7 +194,7 @@ class Scheduler:
 
         Keeps a block in reserve for every running sequence, so that admitting does not
         force a preemption at the next decode step (that would only thrash the pool)."""
-        first_time = seq.metrics.scheduled_time is None
+        first_time = seq.figures.scheduled_time is None
         cached = self.kv.match_prefix(seq)
         restore = self._restorable(seq, cached)
         restored = restore[1] * self.kv.block_size if restore else 0
@@ -220,9 +220,9 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
         if first_time:
-            seq.metrics.scheduled_time = time.time()
-            seq.metrics.cached_tokens = cached
-            seq.metrics.cached_tokens_redis = restored
+            seq.figures.scheduled_time = time.time()
+            seq.figures.cached_tokens = cached
+            seq.figures.cached_tokens_redis = restored
         return n
 
     def _prefill_cap(self, batch: ScheduledBatch, budget: int) -> int:
@@ -246,7 +246,7 @@ class Scheduler:
         self.running.remove(seq)
         self.kv.free(seq)
         seq.status = SequenceStatus.WAITING
-        seq.metrics.preemptions += 1
+        seq.figures.preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 

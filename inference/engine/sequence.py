@@ -10,7 +10,7 @@ import torch
 
 from inference.engine.cache_scope import UNSALTED, CacheScope
 from inference.engine.kv_tier.blocks import RestoredPrefix
-from inference.engine.outputs import RequestMetrics
+from inference.engine.outputs import RequestFigures
 from inference.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.error: str | None = None
-        self.metrics = RequestMetrics(
+        self.figures = RequestFigures(
             arrival_time=arrival_time if arrival_time is not None else time.time(),
             prompt_tokens=len(prompt_token_ids),
         )

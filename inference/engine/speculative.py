@@ -295,7 +295,7 @@ class Speculator:
         self.drafted += len(draft)
         self.accepted += accepted
         self.verifications += 1
-        m = seq.metrics
+        m = seq.figures
         m.drafted_tokens += len(draft)
         m.accepted_tokens += accepted
         seq.spec_window_drafted += len(draft)

@@ -304,7 +304,7 @@ def _exit_with_parent() -> None:
 
 
 class _AllReduceTimer:
-    enabled = False  # only rank 0 keeps figures
+    enabled = False  # only rank 0 keeps the timings
     sync = False
     seconds = 0.0
     calls = 0

@@ -1,7 +1,7 @@
 """Engine workers that scale out: `manage.py run_engine` processes serve requests over the
 Redis channel layer; web processes route to them (docs/workers.md).
 
-    protocol.py  the messages, and (de)serialising deltas, metrics, sampling, errors
+    protocol.py  the messages, and (de)serialising deltas and their figures, sampling, errors
     registry.py  heartbeats with each worker's load; session affinity
     server.py    the worker loop around an AsyncEngine
 

@@ -12,10 +12,10 @@ To a web process, on the reply channel it named (one per process and event loop)
     {"type": "events", "worker": str, "events": [event, ...]}
 
 An event is either a delta (the engine's Delta as a dict; the finished one carries the
-request's metrics, token_times included) or a refusal raised before the first delta::
+request's figures, token_times included) or a refusal raised before the first delta::
 
     {"request_id": str, "text": str, "token_ids": [int], "finished": bool,
-     "finish_reason": str | None, "error": str | None, "metrics": {...} | None}
+     "finish_reason": str | None, "error": str | None, "figures": {...} | None}
     {"request_id": str, "refused": "busy" | "prompt_too_long" | ..., "error": str}
 
 The channel layer packs messages with msgpack: plain dicts, lists, str, int, float, None.
@@ -42,7 +42,7 @@ from inference.engine.errors import (
     InvalidRequestError,
     PromptTooLongError,
 )
-from inference.engine.outputs import Delta, RequestMetrics
+from inference.engine.outputs import Delta, RequestFigures
 from inference.engine.sampling_params import SamplingParams
 
 
@@ -244,7 +244,7 @@ def delta_event(delta: Delta) -> dict[str, Any]:
         "finished": delta.finished,
         "finish_reason": delta.finish_reason,
         "error": delta.error,
-        "metrics": None if delta.metrics is None else dataclasses.asdict(delta.metrics),
+        "figures": None if delta.figures is None else dataclasses.asdict(delta.figures),
     }
 
 
@@ -263,13 +263,13 @@ def error_from_event(event: dict[str, Any]) -> EngineError:
 
 
 def delta_from_event(event: dict[str, Any], worker_id: str = "") -> Delta:
-    m = event.get("metrics")
-    metrics = None
+    m = event.get("figures")
+    figures = None
     if m is not None:
-        known = {f.name for f in dataclasses.fields(RequestMetrics)}
-        metrics = RequestMetrics(**{k: v for k, v in m.items() if k in known})
+        known = {f.name for f in dataclasses.fields(RequestFigures)}
+        figures = RequestFigures(**{k: v for k, v in m.items() if k in known})
         # Which worker served it, for the request's record (RequestRecord.worker).
-        metrics.worker = worker_id  # type: ignore[attr-defined]
+        figures.worker = worker_id  # type: ignore[attr-defined]
     return Delta(
         request_id=event["request_id"],
         text=event.get("text") or "",
@@ -277,7 +277,7 @@ def delta_from_event(event: dict[str, Any], worker_id: str = "") -> Delta:
         finished=bool(event.get("finished")),
         finish_reason=event.get("finish_reason"),
         error=event.get("error"),
-        metrics=metrics,
+        figures=figures,
     )
 
 

@@ -258,8 +258,8 @@ async def reply(client: EmbeddedClient, ids: list[int], max_tokens: int = 8) -> 
     async for delta in client.stream(Prompt(token_ids=ids), sampling, cache_salt="owner"):
         tokens.extend(delta.token_ids)
         last = delta
-    assert last is not None and last.finished and last.metrics is not None
-    return tokens, last.metrics
+    assert last is not None and last.finished and last.figures is not None
+    return tokens, last.figures
 
 
 @pytest.fixture

@@ -55,7 +55,7 @@ def test_the_chat_ui_socket_streams_through_the_upstream(
 ) -> None:
     done = chat_through_the_socket(front, max_tokens=12)
     # Figures are measured at the app side.
-    assert done["stats"]["ttft_ms"] > 0 and done["stats"]["output_tokens"] >= 1
+    assert done["figures"]["ttft_ms"] > 0 and done["figures"]["output_tokens"] >= 1
 
 
 def test_upstream_refusals_become_clear_errors(front: LiveServer, model_id: str) -> None:

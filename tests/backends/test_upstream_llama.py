@@ -156,4 +156,4 @@ def test_text_completions_pass_and_token_id_prompts_are_refused_by_the_front(
 def test_the_chat_ui_socket_streams_through_llama_server(front: LiveServer) -> None:
     done = chat_through_the_socket(front, max_tokens=8)
     # Measured at the app side; the token count is llama-server's usage figure.
-    assert done["stats"]["ttft_ms"] > 0 and 1 <= done["stats"]["output_tokens"] <= 8
+    assert done["figures"]["ttft_ms"] > 0 and 1 <= done["figures"]["output_tokens"] <= 8

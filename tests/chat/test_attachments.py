@@ -294,7 +294,7 @@ def test_exports_carry_each_document_with_its_message(alice: Any) -> None:
     user_msg, reply = add_exchange(conv, None, "What does it print?", [], documents=[doc])
     Message.objects.filter(pk=reply.pk).update(text="Three backticks.", status="complete")
     data = c.get(f"/api/conversations/{conv.pk}/export.json").json()
-    assert data["format"] == "chatapp.conversation/2"
+    assert data["format"] == "chatapp.conversation/3"
     first = data["messages"][0]
     assert first["attachments"] == [
         {

@@ -66,7 +66,7 @@ async def test_a_document_is_stored_with_the_message_and_read_before_its_words(
     assert user_msg.token_ids == expected
     assert tiny_engine.tokenizer.decode(expected).count('<document name="notes.md">') == 1
     done = frames[-1]
-    assert done["stats"]["prompt_tokens"] == len(
+    assert done["figures"]["prompt_tokens"] == len(
         await prompt_ids(start["conversation_id"], None, "Summarise.", stored)
     )
 
@@ -96,14 +96,14 @@ async def test_the_next_turn_extends_the_documents_turn_token_for_token(
     second = await alice_socket.recv_until("done")
     turn2 = await prompt_ids(conv_id, reply_id, "Who owns the slides?", [])
     assert turn2[: len(turn1) + len(reply.token_ids)] == turn1 + reply.token_ids
-    stats = second[-1]["stats"]
-    assert stats["prompt_tokens"] == len(turn2)
+    figures = second[-1]["figures"]
+    assert figures["prompt_tokens"] == len(turn2)
     # The engine reused every full block of what it already held: the document was not
     # read again.
     block = tiny_engine.engine.config.block_size
     held = len(turn1) + len(reply.token_ids) - 1  # the last sampled token was never fed
-    assert stats["cached_tokens"] >= held // block * block
-    assert stats["prompt_tokens"] - stats["cached_tokens"] < len(turn2) - len(turn1) + block
+    assert figures["cached_tokens"] >= held // block * block
+    assert figures["prompt_tokens"] - figures["cached_tokens"] < len(turn2) - len(turn1) + block
 
 
 async def test_a_message_may_be_its_documents_alone(alice_socket: ChatSocket) -> None:
@@ -183,7 +183,7 @@ async def test_an_edit_keeps_the_documents_unless_told_otherwise(
     assert kept["id"] != user_id and kept["parent_id"] is None
     assert [a["name"] for a in kept["attachments"]] == ["notes.md"]
     assert kept["attachments"][0]["id"] != doc.pk  # a copy: each message owns its documents
-    assert edited[-1]["stats"]["prompt_tokens"] > 40
+    assert edited[-1]["figures"]["prompt_tokens"] > 40
 
     await alice_socket.send(
         {"type": "edit", "message_id": user_id, "text": "Just say hi.", "attachments": []}
@@ -203,9 +203,9 @@ async def test_a_regenerated_reply_reads_the_same_documents(alice_socket: ChatSo
     await alice_socket.send({"type": "regenerate", "message_id": first[-1]["message_id"]})
     again = await alice_socket.recv_until("done")
     assert of_type(again, "start")["user_message"] is None
-    assert again[-1]["stats"]["prompt_tokens"] == first[-1]["stats"]["prompt_tokens"]
+    assert again[-1]["figures"]["prompt_tokens"] == first[-1]["figures"]["prompt_tokens"]
     # ... and the KV of the prompt is reused: the regenerate pays for no document again.
-    assert again[-1]["stats"]["cached_tokens"] >= first[-1]["stats"]["prompt_tokens"] - 16
+    assert again[-1]["figures"]["cached_tokens"] >= first[-1]["figures"]["prompt_tokens"] - 16
 
 
 async def test_a_document_past_the_context_window_is_refused_and_stays_attachable(

@@ -23,7 +23,7 @@ async def cached(client: EmbeddedClient, turns: list[Turn], owner: int) -> int:
     prompt = client.chat_prompt(turns, cache_salt=salt)
     sampling = SamplingParams(max_tokens=1, temperature=0.0)
     deltas = [d async for d in client.stream(prompt, sampling, cache_salt=salt)]
-    return deltas[-1].metrics.cached_tokens
+    return deltas[-1].figures.cached_tokens
 
 
 def test_the_salt_is_per_user_keyed_by_the_secret_key_and_a_client_salt_only_splits_it() -> None:

@@ -1,4 +1,4 @@
-"""The chat's `done` stats count the prompt tokens reused from both KV tiers: a turn whose
+"""The chat's `done` figures count the prompt tokens reused from both KV tiers: a turn whose
 prefix came back from the Redis tier (after an engine restart) says so, instead of
 reporting 0 cached tokens. Real engine on the tiny model, real Redis (db 4)."""
 
@@ -13,11 +13,11 @@ import pytest
 import redis
 from channels.db import database_sync_to_async
 
-from chatapp.chat.generation import stats_from_metrics
+from chatapp.chat.generation import message_figures
 from chatapp.chat.models import Message
 from chatapp.openai_api.views import usage
 from inference.client import set_engine_client
-from inference.engine import Delta, RequestMetrics
+from inference.engine import Delta, RequestFigures
 from tests.engines import make_engine_client
 from tests.sockets import open_socket
 
@@ -25,20 +25,20 @@ REDIS_URL = "redis://127.0.0.1:6379/4"
 
 
 def test_stats_count_both_tiers_and_name_the_redis_part() -> None:
-    m = RequestMetrics(arrival_time=1.0, prompt_tokens=1850, cached_tokens=512)
+    m = RequestFigures(arrival_time=1.0, prompt_tokens=1850, cached_tokens=512)
     m.cached_tokens_redis = 1248
-    stats = stats_from_metrics(m)
-    assert (stats["cached_tokens"], stats["cached_tokens_redis"]) == (1760, 1248)
-    memory_only = stats_from_metrics(RequestMetrics(arrival_time=1.0, cached_tokens=32))
+    figures = message_figures(m)
+    assert (figures["cached_tokens"], figures["cached_tokens_redis"]) == (1760, 1248)
+    memory_only = message_figures(RequestFigures(arrival_time=1.0, cached_tokens=32))
     assert (memory_only["cached_tokens"], memory_only["cached_tokens_redis"]) == (32, 0)
 
 
 def test_the_api_usage_counts_both_tiers_as_the_chat_does() -> None:
-    m = RequestMetrics(arrival_time=1.0, prompt_tokens=1850, cached_tokens=512, output_tokens=3)
+    m = RequestFigures(arrival_time=1.0, prompt_tokens=1850, cached_tokens=512, output_tokens=3)
     m.cached_tokens_redis = 1248
-    last = Delta("r", finished=True, finish_reason="stop", metrics=m)
+    last = Delta("r", finished=True, finish_reason="stop", figures=m)
     assert usage(last, None, [1, 2, 3])["prompt_tokens_details"]["cached_tokens"] == 1760
-    assert stats_from_metrics(m)["cached_tokens"] == 1760
+    assert message_figures(m)["cached_tokens"] == 1760
 
 
 @pytest.fixture
@@ -85,11 +85,11 @@ async def test_a_turn_restored_from_redis_shows_its_cached_tokens(
             await sock.close()
     finally:
         set_engine_client(None)
-    stats = done["stats"]
+    figures = done["figures"]
     assert done["status"] == "complete"
-    assert stats["cached_tokens_redis"] >= 16, stats
+    assert figures["cached_tokens_redis"] >= 16, figures
     # Nothing was in memory: every reused token came from Redis, and both figures say so.
-    assert stats["cached_tokens"] == stats["cached_tokens_redis"]
-    assert stats["cached_tokens"] < stats["prompt_tokens"]
+    assert figures["cached_tokens"] == figures["cached_tokens_redis"]
+    assert figures["cached_tokens"] < figures["prompt_tokens"]
     reply = await Message.objects.aget(pk=done["message_id"])
-    assert reply.stats["cached_tokens_redis"] == stats["cached_tokens_redis"]
+    assert reply.figures["cached_tokens_redis"] == figures["cached_tokens_redis"]

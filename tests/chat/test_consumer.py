@@ -43,16 +43,16 @@ async def test_reply_streams_in_several_deltas_and_is_saved(
     done = frames[-1]
     assert done["status"] == "complete"
     assert done["finish_reason"] in {"stop", "length"}
-    stats = done["stats"]
-    assert stats["output_tokens"] >= 1
-    assert stats["ttft_ms"] > 0 and stats["prompt_tokens"] > 0
+    figures = done["figures"]
+    assert figures["output_tokens"] >= 1
+    assert figures["ttft_ms"] > 0 and figures["prompt_tokens"] > 0
     conv_id = frames[0]["conversation"]["id"]
     user_msg, reply = await messages_of(conv_id)
     assert user_msg.role == "user" and user_msg.text == "Hello!" and user_msg.token_ids
     assert reply.role == "assistant" and reply.status == "complete"
     assert reply.text == "".join(d["text"] for d in deltas)
-    assert len(reply.token_ids) == stats["output_tokens"]
-    assert reply.stats["ttft_ms"] == stats["ttft_ms"]
+    assert len(reply.token_ids) == figures["output_tokens"]
+    assert reply.figures["ttft_ms"] == figures["ttft_ms"]
     assert [d["seq"] for d in deltas] == sorted(d["seq"] for d in deltas)
 
 
@@ -62,7 +62,7 @@ async def test_deltas_are_coalesced_by_the_flush_interval(
     settings.CHAT_FLUSH_INTERVAL_MS = 250
     frames = await send_and_finish(alice_socket, settings={"max_tokens": 60, "temperature": 0})
     deltas = of_type(frames, "delta")
-    tokens = frames[-1]["stats"]["output_tokens"]
+    tokens = frames[-1]["figures"]["output_tokens"]
     assert 1 <= len(deltas) < tokens, (len(deltas), tokens)
 
 
@@ -76,7 +76,7 @@ async def test_next_turn_continues_the_same_conversation(alice_socket: ChatSocke
     assert [m.role for m in msgs] == ["user", "assistant", "user", "assistant"]
     assert msgs[2].parent_id == msgs[1].pk
     # The second prompt extends the first prompt and reply, so the engine reuses it.
-    assert second[-1]["stats"]["prompt_tokens"] > first[-1]["stats"]["prompt_tokens"]
+    assert second[-1]["figures"]["prompt_tokens"] > first[-1]["figures"]["prompt_tokens"]
 
 
 async def test_stop_mid_reply_saves_what_was_generated(

@@ -60,7 +60,7 @@ async def two_turns(user: Any, doc: attachments.Attachment | None) -> tuple[dict
     await sock.send({"type": "send", "conversation_id": conv_id, "text": QUESTION_2})
     second = await sock.recv_until("done", timeout=300)
     await sock.close()
-    return first[-1]["stats"], second[-1]["stats"]
+    return first[-1]["figures"], second[-1]["figures"]
 
 
 async def test_a_follow_up_about_a_long_document_does_not_read_it_again(

@@ -162,7 +162,7 @@ def finish(reply: Message, text: str) -> None:
 
 def tree_of(conv: Conversation) -> list[tuple[Any, ...]]:
     """A conversation's whole tree, ids left out: each message's place, role, text and
-    documents, and which branch is on screen."""
+    documents and figures, and which branch is on screen."""
     by_id = {m.pk: m for m in Message.objects.filter(conversation=conv).order_by("id")}
     on_screen = {m.pk for m in conversations.active_branch(conv)}
 
@@ -180,6 +180,7 @@ def tree_of(conv: Conversation) -> list[tuple[Any, ...]]:
             m.role,
             m.pk in on_screen,
             tuple((a.name, a.kind, a.size, a.tokens, a.text) for a in m.attachments.all()),
+            m.figures,
         )
         for m in by_id.values()
     )
@@ -196,6 +197,9 @@ def test_export_then_import_gives_the_same_conversation(make_user: Any) -> None:
     finish(a1, "Friday.")
     _, a1b = conversations.add_exchange(conv, u1, None, [])  # regenerated
     finish(a1b, "On Friday.")
+    Message.objects.filter(pk=a1b.pk).update(
+        figures={"ttft_ms": 81.5, "tokens_per_s": 42.25, "output_tokens": 3, "replayed": True}
+    )
     _, a2 = conversations.add_exchange(conv, None, "When exactly?", [])  # an edit
     finish(a2, "Friday at noon.")
     conversations.update_conversation(conv, {"active_message": a1b.pk})
@@ -251,6 +255,43 @@ def test_an_old_export_without_other_branches_still_imports(make_user: Any) -> N
     assert send_file(client_for(alice), json.dumps(old).encode()).status_code == 201
     conv = Conversation.objects.get()
     assert shown(conv) == [("user", "Hi"), ("assistant", "Hello")] and conv.temperature == 0.5
+
+
+@pytest.mark.django_db
+def test_an_export_from_before_figures_were_named_so_keeps_its_stats(make_user: Any) -> None:
+    """Exports written before the rename carry a reply's figures as `stats`: read either."""
+    alice = make_user("alice")
+    old = {
+        "conversation": {"id": 3, "title": "Old"},
+        "messages": [
+            {"id": 10, "role": "user", "text": "Hi", "parent_id": None, "stats": {}},
+            {
+                "id": 11,
+                "role": "assistant",
+                "text": "Hello",
+                "parent_id": 10,
+                "stats": {"ttft_ms": 12.5, "output_tokens": 2, "tokens_per_s": None},
+            },
+        ],
+        "other_messages": [
+            {
+                "id": 12,
+                "role": "assistant",
+                "text": "Hey",
+                "parent_id": 10,
+                # Not numbers, or not figures: left out, the reply still comes in.
+                "figures": {"ttft_ms": "fast", "output_tokens": True, "secret": 1, "e2e_ms": 9},
+            },
+        ],
+    }
+    assert send_file(client_for(alice), json.dumps(old).encode()).status_code == 201
+    figures = dict(Message.objects.filter(role="assistant").values_list("text", "figures"))
+    assert figures == {
+        "Hello": {"ttft_ms": 12.5, "output_tokens": 2, "tokens_per_s": None},
+        "Hey": {"e2e_ms": 9},
+    }
+    reply = Message.objects.get(text="Hello")
+    assert conversations.message_json(reply)["figures"] == figures["Hello"]
 
 
 # --- refused files: nothing imported ------------------------------------------------------
@@ -427,12 +468,12 @@ async def test_an_imported_conversation_goes_on_and_its_next_turns_reuse_the_cac
     first = (await sock.recv_until("done"))[-1]
     assert first["status"] == "complete"
     # The history had no token ids: the engine read all of it once ...
-    assert first["stats"]["prompt_tokens"] > 60
+    assert first["figures"]["prompt_tokens"] > 60
     await sock.send({**greedy, "text": "One more?"})
     second = (await sock.recv_until("done"))[-1]
     await sock.close()
     # ... and the next turn reuses it, since the history tokenizes the same each time.
-    assert second["stats"]["cached_tokens"] >= first["stats"]["prompt_tokens"] - 16
+    assert second["figures"]["cached_tokens"] >= first["figures"]["prompt_tokens"] - 16
 
 
 @pytest.mark.django_db

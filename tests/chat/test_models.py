@@ -131,9 +131,9 @@ async def test_a_model_with_another_tokenizer_gets_the_replies_as_text_never_the
     turns = conversations.turns_for(conv, branch, engines[MAIN].tokenizer_id)
     assert [t.token_ids for t in turns if t.role == "assistant"] == [messages[1].token_ids, None]
     third = await turn(sock, conv_id, "Thanks", model=MAIN)
-    stats = third[-1]["stats"]
-    assert third[-1]["status"] == "complete" and stats["cached_tokens"] > 0
-    assert stats["cached_tokens"] >= first[-1]["stats"]["prompt_tokens"] // 16 * 16
+    figures = third[-1]["figures"]
+    assert third[-1]["status"] == "complete" and figures["cached_tokens"] > 0
+    assert figures["cached_tokens"] >= first[-1]["figures"]["prompt_tokens"] // 16 * 16
 
 
 async def test_a_twin_tokenizer_takes_the_replies_ids_as_they_are(

@@ -44,4 +44,4 @@ async def test_capital_of_france_streams_back_paris(
     assert len(deltas) >= 3, "streamed word by word"
     assert "Paris" in "".join(d["text"] for d in deltas)
     assert done["status"] == "complete" and done["finish_reason"] == "stop"
-    assert done["stats"]["ttft_ms"] > 0 and done["stats"]["tokens_per_s"] > 0
+    assert done["figures"]["ttft_ms"] > 0 and done["figures"]["tokens_per_s"] > 0

@@ -101,11 +101,11 @@ async def test_a_greedy_request_answered_before_is_replayed_without_the_engine(
     assert len(second["ids"]) == 12
     # Replayed as a stream, delta by delta as the engine sent them.
     assert [d.token_ids for d in second["deltas"]] == [d.token_ids for d in first["deltas"]]
-    m = second["last"].metrics
+    m = second["last"].figures
     assert second["last"].finished and second["last"].finish_reason == "length"
-    assert m.replayed and not first["last"].metrics.replayed
+    assert m.replayed and not first["last"].figures.replayed
     assert m.prompt_tokens == len(PROMPT) and m.output_tokens == 12 and len(m.token_times) == 12
-    assert m.ttft is not None and m.ttft < first["last"].metrics.ttft
+    assert m.ttft is not None and m.ttft < first["last"].figures.ttft
     assert cache.counts["hits"] == 1 and cache.counts["stores"] == 1
 
 
@@ -313,12 +313,12 @@ async def test_a_repeated_greedy_conversation_is_replayed_and_marked_in_the_chat
     second = await chat(alice_socket, greedy_chat)
 
     assert tiny_engine.stats()["total_requests"] == before
-    assert "replayed" not in first["stats"]
-    assert second["stats"]["replayed"] is True
-    assert second["message"]["stats"]["replayed"] is True
+    assert "replayed" not in first["figures"]
+    assert second["figures"]["replayed"] is True
+    assert second["message"]["figures"]["replayed"] is True
     assert second["message"]["text"] == first["message"]["text"]
     saved = await database_sync_to_async(Message.objects.get)(pk=second["message_id"])
-    assert saved.stats["replayed"] is True
+    assert saved.figures["replayed"] is True
     assert (
         saved.token_ids
         == (await database_sync_to_async(Message.objects.get)(pk=first["message_id"])).token_ids
@@ -335,7 +335,7 @@ async def test_a_repeated_greedy_conversation_is_replayed_and_marked_in_the_chat
 
     # The chat's default sampling is random: never replayed.
     sampled = await chat(alice_socket, {"max_tokens": 10, "temperature": 0.7})
-    assert "replayed" not in sampled["stats"]
+    assert "replayed" not in sampled["figures"]
 
 
 def metric_value(name: str, model: str) -> float:

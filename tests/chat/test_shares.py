@@ -33,7 +33,7 @@ def exchange(conv: Conversation, question: str, answer: str, parent: Message | N
     """A user message and its finished reply, as the chat stores them."""
     _, reply = add_exchange(conv, parent, question, [])
     reply.text, reply.status, reply.finish_reason = answer, "complete", "stop"
-    reply.stats = {"ttft_ms": 81.5, "tokens_per_s": 42.25, "output_tokens": 60}
+    reply.figures = {"ttft_ms": 81.5, "tokens_per_s": 42.25, "output_tokens": 60}
     reply.save()
     return reply
 

@@ -132,7 +132,7 @@ async def test_a_reply_whose_conversation_is_deleted_mid_stream_stops_and_stays_
     assert deleted.status_code == 204
     done = (await alice_socket.recv_until("done", timeout=10))[-1]
     assert done["status"] == "stopped" and done["finish_reason"] == "abort"
-    assert done["stats"]["output_tokens"] < 2000
+    assert done["figures"]["output_tokens"] < 2000
     assert not await database_sync_to_async(Conversation.objects.filter(pk=conv_id).exists)()
     assert not await database_sync_to_async(Message.objects.exists)()
     assert tiny_engine.stats()["running"] == 0

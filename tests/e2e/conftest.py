@@ -50,7 +50,7 @@ SETUP_CODE = (
     "c = C.objects.create(owner=r, title='Markdown demo'); "
     f"u = M.objects.create(conversation=c, role='user', text={XSS_USER!r}); "
     f"a = M.objects.create(conversation=c, role='assistant', parent=u, text={MARKDOWN_REPLY!r}, "
-    "finish_reason='stop', stats={'ttft_ms': 80.0, 'tokens_per_s': 40.0, 'output_tokens': 60, "
+    "finish_reason='stop', figures={'ttft_ms': 80.0, 'tokens_per_s': 40.0, 'output_tokens': 60, "
     "'prompt_tokens': 30, 'cached_tokens': 0}); "
     "c.active_leaf = a; c.save()"
 )

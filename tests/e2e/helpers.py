@@ -104,7 +104,7 @@ def seed_reply(server: LiveServer, username: str, title: str, question: str, rep
         f"c = C.objects.create(owner=g().objects.get(username={username!r}), title={title!r}); "
         f"u = M.objects.create(conversation=c, role='user', text={question!r}); "
         f"a = M.objects.create(conversation=c, role='assistant', parent=u, text={reply!r}, "
-        "finish_reason='stop', stats={'ttft_ms': 80.0, 'tokens_per_s': 40.0, "
+        "finish_reason='stop', figures={'ttft_ms': 80.0, 'tokens_per_s': 40.0, "
         "'output_tokens': 60, 'prompt_tokens': 30, 'cached_tokens': 12}); "
         "c.active_leaf = a; c.save(); print(c.pk)"
     )

@@ -77,12 +77,12 @@ def test_logged_in_user_sees_the_reply_stream_in_and_its_figures(context: Browse
         assert lengths == sorted(lengths), samples
     assert "Paris" in final
 
-    stats = reply.get_by_test_id("message-stats")
-    expect(stats).to_have_attribute("data-ready", "true")
+    figures = reply.get_by_test_id("message-figures")
+    expect(figures).to_have_attribute("data-ready", "true")
     for figure in ("ttft", "rate", "tokens", "cached"):
-        expect(stats.locator(f"[data-figure={figure}]")).to_be_visible()
-    expect(stats.locator("[data-figure=ttft]")).to_contain_text("TTFT")
-    expect(stats.locator("[data-figure=tokens]")).to_contain_text("token")
+        expect(figures.locator(f"[data-figure={figure}]")).to_be_visible()
+    expect(figures.locator("[data-figure=ttft]")).to_contain_text("TTFT")
+    expect(figures.locator("[data-figure=tokens]")).to_contain_text("token")
     assert int(reply.get_attribute("data-client-ttft-ms") or "-1") >= 0
     shot(page, "04-reply-with-figures")
 
@@ -90,7 +90,7 @@ def test_logged_in_user_sees_the_reply_stream_in_and_its_figures(context: Browse
     saved = saved_messages(page, current_id(page))
     assert saved[-1]["role"] == "assistant" and saved[-1]["status"] == "complete"
     assert "Paris" in saved[-1]["text"]
-    assert saved[-1]["stats"]["output_tokens"] <= 16
+    assert saved[-1]["figures"]["output_tokens"] <= 16
     # Titled automatically (first words, or the title job's summary).
     expect(page.get_by_test_id("conversation-title")).not_to_have_text(re.compile(r"^(New chat)?$"))
     assert not errors, errors
@@ -115,7 +115,7 @@ def test_stop_button_and_escape_stop_a_reply_midway(page: Page) -> None:
     assert wait_finished(reply, 20_000) == "stopped"
     saved = saved_messages(page, current_id(page))
     assert [m["status"] for m in saved if m["role"] == "assistant"] == ["stopped", "stopped"]
-    assert all(m["stats"]["output_tokens"] < 300 for m in saved if m["role"] == "assistant")
+    assert all(m["figures"]["output_tokens"] < 300 for m in saved if m["role"] == "assistant")
 
 
 def test_regenerate_keeps_both_replies_as_alternatives(page: Page) -> None:
@@ -182,7 +182,7 @@ def test_refresh_mid_reply_resumes_and_finishes_with_the_saved_text(page: Page) 
     # the refresh lands mid-reply on a fast machine and the test stays short on a slow one.
     new_chat(page, temperature=0, max_tokens=8)
     wait_finished(send(page, "What is the capital of France?"))
-    rate = saved_messages(page, current_id(page))[-1]["stats"]["tokens_per_s"]
+    rate = saved_messages(page, current_id(page))[-1]["figures"]["tokens_per_s"]
     new_chat(page, temperature=0, max_tokens=max(24, min(200, round(rate * 5))))
     reply = send(page, "Tell me about the history of Paris in detail.")
     expect(reply.get_by_test_id("message-content")).not_to_have_text("", timeout=60_000)
@@ -258,7 +258,7 @@ def test_ttft_a_person_sees_from_enter_to_first_painted_token(page: Page) -> Non
         probe = page.evaluate("window.__probe")
         page.keyboard.press("Escape")  # the rest of the reply does not matter here
         wait_finished(reply)
-        server = saved_messages(page, current_id(page))[-1]["stats"]
+        server = saved_messages(page, current_id(page))[-1]["figures"]
         runs.append(
             {
                 "ui_ms": int(reply.get_attribute("data-client-ttft-ms") or 0),

@@ -153,7 +153,7 @@ def test_settings_dialog_changes_this_conversations_settings(page: Page) -> None
     reply = send(page, "Tell me a long story about the sea.")
     wait_finished(reply)
     expect(reply.get_by_test_id("message-note")).to_contain_text("length limit")
-    assert saved_messages(page, cid)[-1]["stats"]["output_tokens"] == 3
+    assert saved_messages(page, cid)[-1]["figures"]["output_tokens"] == 3
     # Kept after a reload; Esc closes the dialog.
     page.reload()
     page.get_by_test_id("settings-button").click()

@@ -38,7 +38,7 @@ def test_figures_are_off_for_a_new_user_until_turned_on_and_stay_on(page: Page) 
     reply = send(page, "What is the capital of France?")
     wait_finished(reply)
     expect(reply.get_by_test_id("message-content")).not_to_be_empty()
-    expect(reply.get_by_test_id("message-stats")).to_have_count(0)
+    expect(reply.get_by_test_id("message-figures")).to_have_count(0)
 
     page.get_by_test_id("settings-button").click()
     dialog = page.get_by_test_id("settings-dialog")
@@ -48,15 +48,15 @@ def test_figures_are_off_for_a_new_user_until_turned_on_and_stay_on(page: Page) 
     shot(page, "50-figures-setting")
     dialog.get_by_test_id("settings-save").click()
     expect(dialog).to_be_hidden()
-    stats = reply.get_by_test_id("message-stats")
-    expect(stats).to_have_attribute("data-ready", "true")
+    figures = reply.get_by_test_id("message-figures")
+    expect(figures).to_have_attribute("data-ready", "true")
     for figure in ("ttft", "rate", "tokens", "cached"):
-        expect(stats.locator(f"[data-figure={figure}]")).to_be_visible()
+        expect(figures.locator(f"[data-figure={figure}]")).to_be_visible()
     shot(page, "51-figures-on")
 
     # Remembered in this browser: still on after a reload, and the box says so.
     page.reload()
-    expect(replies(page).last.get_by_test_id("message-stats")).to_have_attribute(
+    expect(replies(page).last.get_by_test_id("message-figures")).to_have_attribute(
         "data-ready", "true"
     )
     assert page.evaluate("localStorage.getItem('chat.figures')") == "on"
@@ -64,7 +64,7 @@ def test_figures_are_off_for_a_new_user_until_turned_on_and_stay_on(page: Page) 
     expect(page.get_by_test_id("settings-show-figures")).to_be_checked()
     page.get_by_test_id("settings-show-figures").uncheck()
     page.get_by_test_id("settings-save").click()
-    expect(replies(page).last.get_by_test_id("message-stats")).to_have_count(0)
+    expect(replies(page).last.get_by_test_id("message-figures")).to_have_count(0)
 
 
 def test_math_tasks_and_removed_links_render_and_hostile_math_stays_inert(

@@ -126,7 +126,7 @@ def test_a_shared_link_shows_the_conversation_as_the_chat_renders_it(
     expect(reply.locator(".link-removed")).to_have_count(2)
     # Nothing private: no username, no figures.
     assert username not in shared.content()
-    expect(shared.locator("[data-testid=message-stats]")).to_have_count(0)
+    expect(shared.locator("[data-testid=message-figures]")).to_have_count(0)
     expect(shared.get_by_test_id("shared-settings")).to_have_count(0)
     # The page works under the app's CSP: its script, styles and fonts all load. The one
     # thing the policy refuses is the reply's own event handler, seen (never run) while the

@@ -30,7 +30,7 @@ async def _collect(engine, prompt, sampling, **kw):
     return [d async for d in engine.generate(prompt, sampling, **kw)]
 
 
-async def test_concurrent_streams_each_end_with_metrics(engine):
+async def test_concurrent_streams_each_end_with_figures(engine):
     sampling = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     results = await asyncio.gather(
         *[_collect(engine, _prompt(9 + i, i), sampling) for i in range(5)]
@@ -39,7 +39,7 @@ async def test_concurrent_streams_each_end_with_metrics(engine):
         assert [d.finished for d in deltas] == [False] * 11 + [True]
         final = deltas[-1]
         assert final.finish_reason == "length"
-        m = final.metrics
+        m = final.figures
         assert m.output_tokens == 12 and len(m.token_times) == 12
         assert m.arrival_time <= m.scheduled_time <= m.first_token_time <= m.finish_time
     assert engine.tokenizer is not None and engine.eos_token_ids == [2]

@@ -66,7 +66,7 @@ def test_the_engine_scopes_requests_by_cache_salt(make_engine) -> None:  # type:
 
     def cached(salt: str | None, **kw: object) -> int:
         rid = engine.add_request(prompt, greedy(2, ignore_eos=True), cache_salt=salt, **kw)
-        return run_to_completion(engine)[rid][-1].metrics.cached_tokens
+        return run_to_completion(engine)[rid][-1].figures.cached_tokens
 
     assert cached("alice") == 0
     assert cached("bob") == 0 and cached(None) == 0

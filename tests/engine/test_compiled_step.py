@@ -82,7 +82,7 @@ def test_second_turn_reuses_first_turn_kv_on_the_compiled_step(make_engine):
     turn2 = turn1 + reply + _prompt(7, seed=12)
     engine.add_request(turn2, greedy(12, ignore_eos=True), request_id="t2")
     out = run_to_completion(engine)["t2"]
-    assert out[-1].metrics.cached_tokens >= 48
+    assert out[-1].figures.cached_tokens >= 48
     cold = make_engine(compile="off", enable_prefix_caching=False)
     assert token_ids_of(out) == _generate(cold, {"t2": turn2}, 12)["t2"]
 
@@ -141,7 +141,7 @@ def test_a_turn_restored_from_redis_on_the_compiled_step_equals_a_cold_start(
     restarted.add_request(turn2, greedy(12, ignore_eos=True), request_id="t2")
     out = run_to_completion(restarted)["t2"]
     restarted.close()
-    assert out[-1].metrics.cached_tokens_redis > 0
+    assert out[-1].figures.cached_tokens_redis > 0
     cold = make_engine(compile="off", enable_prefix_caching=False, block_size=8)
     assert token_ids_of(out) == _generate(cold, {"t2": turn2}, 12)["t2"]
 

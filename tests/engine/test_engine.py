@@ -50,9 +50,9 @@ def test_second_turn_reuses_first_turn_kv(make_engine):
     final = run_to_completion(engine)["t2"][-1]
     # Every full block of turn 1 (prompt and reply but the last token, not yet computed).
     computed_in_turn1 = len(turn1) + len(reply) - 1
-    assert final.metrics.cached_tokens == computed_in_turn1 // 8 * 8
-    assert final.metrics.cached_tokens > len(turn1)  # generated tokens were reused too
-    assert engine.stats()["prefix_cache_hits"] >= final.metrics.cached_tokens
+    assert final.figures.cached_tokens == computed_in_turn1 // 8 * 8
+    assert final.figures.cached_tokens > len(turn1)  # generated tokens were reused too
+    assert engine.stats()["prefix_cache_hits"] >= final.figures.cached_tokens
 
 
 def test_cached_prefix_gives_the_same_output_as_a_cold_run(make_engine):
@@ -65,7 +65,7 @@ def test_cached_prefix_gives_the_same_output_as_a_cold_run(make_engine):
         warm.add_request(prompt, greedy(16, ignore_eos=True), request_id=rid)
         out = run_to_completion(warm)[rid]
         assert token_ids_of(out) == expected
-    assert out[-1].metrics.cached_tokens == 48
+    assert out[-1].figures.cached_tokens == 48
 
 
 def test_preemption_and_resume_give_the_same_output(make_engine):
@@ -78,7 +78,7 @@ def test_preemption_and_resume_give_the_same_output(make_engine):
         engine.add_request(p, greedy(30, ignore_eos=True), request_id=rid)
     out = run_to_completion(engine)
     assert engine.stats()["preemptions"] > 0
-    assert sum(d[-1].metrics.preemptions for d in out.values()) > 0
+    assert sum(d[-1].figures.preemptions for d in out.values()) > 0
     reference = make_engine()
     for rid, p in prompts.items():
         reference.add_request(p, greedy(30, ignore_eos=True), request_id=rid)

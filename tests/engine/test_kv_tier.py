@@ -82,7 +82,7 @@ def _generate(engine: LLMEngine, prompt: list[int], max_tokens: int = 12, **kw):
     rid = uuid.uuid4().hex
     engine.add_request(prompt, greedy(max_tokens, ignore_eos=True), request_id=rid, **kw)
     deltas = run_to_completion(engine)[rid]
-    return token_ids_of(deltas), deltas[-1].metrics
+    return token_ids_of(deltas), deltas[-1].figures
 
 
 def _first_turn(engine: LLMEngine) -> list[int]:
@@ -108,14 +108,14 @@ def test_next_turn_after_a_restart_is_restored_from_redis_and_equals_a_cold_star
     turn2 = _first_turn(first)
     first.close()
     restarted = tier_engine()
-    tokens, metrics = _generate(restarted, turn2)
+    tokens, figures = _generate(restarted, turn2)
     # Every full block of turn 1 (prompt and reply but its last token) came from Redis.
-    assert metrics.cached_tokens == 0
-    assert metrics.cached_tokens_redis == (70 + 20 - 1) // 8 * 8
+    assert figures.cached_tokens == 0
+    assert figures.cached_tokens_redis == (70 + 20 - 1) // 8 * 8
     assert tokens == _cold(make_engine, turn2)
     stats = restarted.stats()
     assert stats["kv_tier_hits"] == 1
-    assert stats["kv_tier_hit_tokens"] == metrics.cached_tokens_redis
+    assert stats["kv_tier_hit_tokens"] == figures.cached_tokens_redis
     assert stats["kv_tier_bytes_read"] > 0 and stats["kv_tier_restore_seconds_total"] > 0
     # A third turn finds everything in memory, restored blocks included.
     _, m3 = _generate(restarted, turn2 + tokens + _prompt(9, seed=3))
@@ -124,16 +124,16 @@ def test_next_turn_after_a_restart_is_restored_from_redis_and_equals_a_cold_star
 
 def test_a_turn_served_by_both_tiers_counts_each_tier_s_tokens(tier_engine, make_engine):
     """Memory holds the first blocks, Redis the rest: the figures say which came from where
-    (the chat's stats and the API's usage add them up)."""
+    (the chat's figures and the API's usage add them up)."""
     first = tier_engine()
     turn2 = _first_turn(first)
     first.close()
     restarted = tier_engine()
     # Another request that opens like turn 1 leaves its first 3 blocks in memory.
     _generate(restarted, turn2[:24] + _prompt(5, seed=7), 2)
-    tokens, metrics = _generate(restarted, turn2)
-    assert metrics.cached_tokens == 24
-    assert metrics.cached_tokens_redis == (70 + 20 - 1) // 8 * 8 - 24
+    tokens, figures = _generate(restarted, turn2)
+    assert figures.cached_tokens == 24
+    assert figures.cached_tokens_redis == (70 + 20 - 1) // 8 * 8 - 24
     assert tokens == _cold(make_engine, turn2)
 
 
@@ -150,8 +150,8 @@ def test_corrupted_entries_are_ignored_deleted_and_output_equals_a_cold_start(
         corrupted[key] = bytes(value)
         store.set(key, corrupted[key])
     restarted = tier_engine()
-    tokens, metrics = _generate(restarted, turn2)
-    assert metrics.cached_tokens_redis == 0
+    tokens, figures = _generate(restarted, turn2)
+    assert figures.cached_tokens_redis == 0
     assert tokens == _cold(make_engine, turn2)
     stats = restarted.stats()
     assert stats["kv_tier_rejected"] >= 1 and stats["kv_tier_hits"] == 0
@@ -172,16 +172,16 @@ def test_a_different_model_finds_nothing(
         initializer_range=0.2,
     )  # fmt: skip
     engine = tier_engine(model=str(other))
-    tokens, metrics = _generate(engine, turn2)
-    assert metrics.cached_tokens_redis == 0 and engine.stats()["kv_tier_hits"] == 0
+    tokens, figures = _generate(engine, turn2)
+    assert figures.cached_tokens_redis == 0 and engine.stats()["kv_tier_hits"] == 0
     assert tokens == _cold(make_engine, turn2, model=str(other))
 
 
 def test_a_different_dtype_finds_nothing(tier_engine, make_engine):
     turn2 = _first_turn(tier_engine())
     engine = tier_engine(dtype="bfloat16")
-    tokens, metrics = _generate(engine, turn2)
-    assert metrics.cached_tokens_redis == 0 and engine.stats()["kv_tier_hits"] == 0
+    tokens, figures = _generate(engine, turn2)
+    assert figures.cached_tokens_redis == 0 and engine.stats()["kv_tier_hits"] == 0
     assert tokens == _cold(make_engine, turn2, dtype="bfloat16")
 
 
@@ -193,8 +193,8 @@ def test_entries_expire_after_their_ttl(tier_engine, store, namespace):
     assert _entries(store, namespace) == []
     report = upkeep(store, namespace, 2**30)
     assert report["entries"] == 0 and report["bytes"] == 0 and report["expired_dropped"] > 0
-    _, metrics = _generate(tier_engine(), turn2)
-    assert metrics.cached_tokens_redis == 0
+    _, figures = _generate(tier_engine(), turn2)
+    assert figures.cached_tokens_redis == 0
 
 
 def test_the_tier_stays_under_its_size_cap_oldest_out_first(tier_engine, store, namespace):
@@ -290,16 +290,16 @@ def test_blocks_evicted_from_memory_before_being_written_reach_redis(tier_engine
         block.persisted = False
     _generate(engine, _prompt(150, seed=22), 4)  # needs the whole pool: evicts them
     assert engine.kv_tier.flush(5)
-    _, metrics = _generate(tier_engine(), [*first, 1, 2, 3])
-    assert metrics.cached_tokens_redis == 56
+    _, figures = _generate(tier_engine(), [*first, 1, 2, 3])
+    assert figures.cached_tokens_redis == 56
 
 
 def test_compressed_entries_restore_the_same_kv(tier_engine, make_engine):
     first = tier_engine(kv_tier_compression="zlib")
     turn2 = _first_turn(first)
     first.close()
-    tokens, metrics = _generate(tier_engine(), turn2)  # reads them whatever its own setting
-    assert metrics.cached_tokens_redis == (70 + 20 - 1) // 8 * 8
+    tokens, figures = _generate(tier_engine(), turn2)  # reads them whatever its own setting
+    assert figures.cached_tokens_redis == (70 + 20 - 1) // 8 * 8
     assert tokens == _cold(make_engine, turn2)
 
 
@@ -315,7 +315,7 @@ async def test_the_async_engine_serves_a_restored_turn_and_flushes_at_shutdown(
 
     async def reply(engine: AsyncEngine, prompt: list[int]):  # type: ignore[no-untyped-def]
         deltas = [d async for d in engine.generate(prompt, greedy(12, ignore_eos=True))]
-        return token_ids_of(deltas), deltas[-1].metrics
+        return token_ids_of(deltas), deltas[-1].figures
 
     turn1 = _prompt(70, seed=30)
     first = AsyncEngine(config)
@@ -325,10 +325,10 @@ async def test_the_async_engine_serves_a_restored_turn_and_flushes_at_shutdown(
     turn2 = turn1 + answer + _prompt(10, seed=31)
     second = AsyncEngine(config)
     try:
-        tokens, metrics = await reply(second, turn2)
+        tokens, figures = await reply(second, turn2)
     finally:
         second.shutdown()
-    assert metrics.cached_tokens_redis == (70 + 12 - 1) // 8 * 8
+    assert figures.cached_tokens_redis == (70 + 12 - 1) // 8 * 8
     assert tokens == _cold(make_engine, turn2)
 
 
@@ -353,10 +353,10 @@ def test_a_long_conversation_of_the_real_model_restored_from_redis_equals_cold(
     turn2 = turn1 + reply + tok.encode("<|im_end|>\n<|im_start|>user\nAnd then?<|im_end|>\n")
     restarted = LLMEngine(EngineConfig(**tier))  # type: ignore[arg-type]
     try:
-        tokens, metrics = _generate(restarted, turn2, 24)
+        tokens, figures = _generate(restarted, turn2, 24)
     finally:
         restarted.close()
-    assert metrics.cached_tokens_redis >= len(turn1) // 16 * 16
+    assert figures.cached_tokens_redis >= len(turn1) // 16 * 16
     cold = LLMEngine(EngineConfig(**base, enable_prefix_caching=False))  # type: ignore[arg-type]
     assert tokens == _generate(cold, turn2, 24)[0]
 

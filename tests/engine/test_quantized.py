@@ -192,7 +192,7 @@ def test_chunks_on_the_native_path_attend_in_tiles_like_the_torch_path(make_engi
         run_to_completion(engine)
         engine.add_request(follow, SamplingParams(max_tokens=16, temperature=0.0), "b")
         out = run_to_completion(engine)["b"]
-        assert out[-1].metrics is not None and out[-1].metrics.cached_tokens == 288
+        assert out[-1].figures is not None and out[-1].figures.cached_tokens == 288
         return token_ids_of(out)
 
     assert run(True) == run(False)

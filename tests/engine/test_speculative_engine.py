@@ -71,7 +71,7 @@ def test_kept_and_rejected_guesses_leave_greedy_output_unchanged(
     assert 0 < stats["spec_accepted_tokens"] <= stats["spec_drafted_tokens"]
     if wrong_every == 1000:  # nearly every guess right: ~5 tokens per forward
         assert stats["spec_acceptance_rate"] > 0.9
-    m = out["r0"][-1].metrics
+    m = out["r0"][-1].figures
     assert m.drafted_tokens > 0 and m.accepted_tokens > 0
     assert m.output_tokens == 37 == len(m.token_times)
     # The prefix index only ever holds computed, right tokens: a second run hits it.

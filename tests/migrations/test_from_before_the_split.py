@@ -67,11 +67,11 @@ rec = RequestRecord.objects.get()
 print(json.dumps({
     "conversation": [conv.pk, conv.title, conv.system_prompt, conv.owner_id == alice.pk],
     "active_leaf": conv.active_leaf_id,
-    "messages": [[m.role, m.text, m.token_ids, m.stats] for m in Message.objects.order_by("id")],
+    "messages": [[m.role, m.text, m.token_ids, m.figures] for m in Message.objects.order_by("id")],
     "api_keys": list(ApiKey.objects.values_list("name", "prefix")),
     "record": [rec.request_id, rec.ttft, rec.itl_hist, rec.replayed, rec.conversation_id],
     "samples": list(EngineSample.objects.values_list("worker", "running", "kv_usage")),
-    "rollups": list(MinuteRollup.objects.values_list("requests", "stats")),
+    "rollups": list(MinuteRollup.objects.values_list("requests", "percentiles")),
     "jobs": list(Job.objects.values_list("kind", "params", "result")),
     "may_view_conversations": alice.has_perm("chat.view_conversation"),
     "old_content_types": list(ContentType.objects.filter(app_label__in=["chatapp", "inference"])

@@ -16,7 +16,7 @@ from chatapp.observability.models import RequestRecord
 from chatapp.openai_api import streams
 from inference import metrics
 from inference.catalog import model_name
-from inference.engine import RequestMetrics, SamplingParams
+from inference.engine import RequestFigures, SamplingParams
 from tests.engines import make_engine_client
 
 pytestmark = pytest.mark.django_db
@@ -52,9 +52,9 @@ def sample_value(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-def fake_metrics(ttft: float = 0.25, tokens: int = 5) -> RequestMetrics:
+def fake_figures(ttft: float = 0.25, tokens: int = 5) -> RequestFigures:
     t0 = time.time() - 2
-    m = RequestMetrics(arrival_time=t0, scheduled_time=t0 + 0.05)
+    m = RequestFigures(arrival_time=t0, scheduled_time=t0 + 0.05)
     m.first_token_time = t0 + ttft
     m.token_times = [m.first_token_time + 0.02 * i for i in range(tokens)]
     m.finish_time = m.token_times[-1]
@@ -94,7 +94,7 @@ async def test_a_recorded_request_shows_in_the_histograms_and_is_stored(settings
     before = metrics.exposition()[0].decode()
     model = model_name(settings.ENGINE["MODEL"])
     ttft_count = "vllm:time_to_first_token_seconds_count"
-    await recording.record_request("chat", "req-1", fake_metrics(0.25, 5), "stop")
+    await recording.record_request("chat", "req-1", fake_figures(0.25, 5), "stop")
     after = metrics.exposition()[0].decode()
     assert sample_value(after, ttft_count, model_name=model) == (
         sample_value(before, ttft_count, model_name=model) + 1

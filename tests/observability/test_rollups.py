@@ -29,11 +29,11 @@ def test_rollup_percentiles_and_sums_match_the_raw_rows() -> None:
         for name in ("ttft", "e2e", "queue_time", "tpot"):
             values = [getattr(x, name) for x in raw]
             for q in (50, 90, 99):
-                assert r.stats[f"{name}_p{q}"] == pytest.approx(np.percentile(values, q))
+                assert r.percentiles[f"{name}_p{q}"] == pytest.approx(np.percentile(values, q))
         # ITL over all the minute's gaps: from merged histograms, within a bucket's width.
         gaps_hist = percentiles.merge(x.itl_hist for x in raw)
         assert sum(gaps_hist.values()) == sum(x.output_tokens - 1 for x in raw)
-        assert r.stats["itl_p50"] == pytest.approx(percentiles.hist_percentile(gaps_hist, 50))
+        assert r.percentiles["itl_p50"] == pytest.approx(percentiles.hist_percentile(gaps_hist, 50))
 
 
 def test_itl_from_histograms_is_within_a_bucket_of_the_exact_percentile() -> None:
@@ -107,7 +107,7 @@ def test_dashboard_hour_window_shows_the_rollups_and_coarse_windows_merge_them()
     hour = dashboard.data("1h", now=now)
     by_t = dict(zip(hour["series"]["t"], hour["series"]["ttft_p99"], strict=True))
     for r in MinuteRollup.objects.all():
-        assert by_t[int(r.minute.timestamp())] == pytest.approx(r.stats["ttft_p99"])
+        assert by_t[int(r.minute.timestamp())] == pytest.approx(r.percentiles["ttft_p99"])
     assert hour["summary"]["requests"] == len(rows)
     day = dashboard.data("24h", now=now)
     assert sum(v or 0 for v in day["series"]["requests"]) == len(rows)

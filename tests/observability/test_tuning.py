@@ -16,7 +16,7 @@ from django.test import Client
 from chatapp.jobs.models import Job
 from chatapp.observability import tuning
 from inference.client import engine_config_from_settings, get_engine_client, set_engine_client
-from inference.engine import RequestMetrics
+from inference.engine import RequestFigures
 
 pytestmark = pytest.mark.django_db
 
@@ -37,9 +37,9 @@ SMALL = {
 }
 
 
-def finished(ttft: float, tpot: float, tokens: int = 11) -> RequestMetrics:
+def finished(ttft: float, tpot: float, tokens: int = 11) -> RequestFigures:
     t0 = time.time()
-    m = RequestMetrics(arrival_time=t0, scheduled_time=t0)
+    m = RequestFigures(arrival_time=t0, scheduled_time=t0)
     m.first_token_time = t0 + ttft
     m.finish_time = m.first_token_time + tpot * (tokens - 1)
     m.output_tokens = tokens

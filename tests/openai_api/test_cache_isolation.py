@@ -1,6 +1,6 @@
 """No user learns another's text from the prefix cache (issue 14, item 1).
 
-`usage.prompt_tokens_details.cached_tokens` and the chat's `stats.cached_tokens` count the
+`usage.prompt_tokens_details.cached_tokens` and the chat's `figures.cached_tokens` count the
 prompt tokens the KV cache already held. Were the cache shared, they would tell bob, block
 by block, whether anyone recently sent the same leading text: guess a secret, read the
 count. Prefix reuse is scoped by owner (docs/kv-tier.md, "Whose blocks"), so bob's count
@@ -91,7 +91,7 @@ def test_bob_cannot_tell_whether_alice_sent_a_text_from_cached_tokens(
     server: LiveServer, people: dict[str, str]
 ) -> None:
     done = chat_send(server, "alice", NOTE.format(code=SECRET))
-    assert done["stats"]["prompt_tokens"] > 48  # several whole KV blocks to give away
+    assert done["figures"]["prompt_tokens"] > 48  # several whole KV blocks to give away
 
     # Shared, the counts grew with each digit guessed right (the issue saw 32, 48, 64).
     # Scoped by owner, the count is 0 for every guess, the right one included.
@@ -99,7 +99,7 @@ def test_bob_cannot_tell_whether_alice_sent_a_text_from_cached_tokens(
     counts = [cached_over_api(server, people[who], code) for who, code in probes]
     assert counts == [0, 0, 0]
     # Over the chat socket too, in a conversation of another user's own.
-    assert chat_send(server, "erin", NOTE.format(code=SECRET))["stats"]["cached_tokens"] == 0
+    assert chat_send(server, "erin", NOTE.format(code=SECRET))["figures"]["cached_tokens"] == 0
 
 
 def test_alice_still_reuses_her_own_prefix_in_the_chat_and_over_the_api(
@@ -109,8 +109,8 @@ def test_alice_still_reuses_her_own_prefix_in_the_chat_and_over_the_api(
     again = chat_send(server, "alice", "And what was the code?", first["conversation_id"])
     # Her next turn finds everything up to the last whole block of turn one.
     block = 16
-    turn_one = first["stats"]["prompt_tokens"] + first["stats"]["output_tokens"]
-    assert again["stats"]["cached_tokens"] >= turn_one - 2 * block, (again, first)
+    turn_one = first["figures"]["prompt_tokens"] + first["figures"]["output_tokens"]
+    assert again["figures"]["cached_tokens"] >= turn_one - 2 * block, (again, first)
     # Her API key is hers: the same text over the API reuses what her chat computed.
     assert cached_over_api(server, people["alice"], "12-34-56") > 48
 

@@ -67,7 +67,7 @@ async def served_by(client: Any, ids: list[int], **kw: Any) -> str:
     async for delta in client.generate(ids, GREEDY, **kw):
         last = delta
     assert last is not None and last.finished and last.finish_reason != "error", last
-    return str(last.metrics.worker)
+    return str(last.figures.worker)
 
 
 def registration(redis: Redis, namespace: str, worker_id: str) -> WorkerInfo:

@@ -73,7 +73,7 @@ async def run(client: Any, ids: list[int], **kw: Any) -> tuple[list[int], Any]:
         out.extend(delta.token_ids)
         last = delta
     assert last is not None and last.finished
-    return out, last.metrics
+    return out, last.figures
 
 
 def encode(client: Any, text: str) -> list[int]:

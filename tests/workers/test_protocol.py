@@ -14,7 +14,7 @@ from inference.engine import (
     Delta,
     EngineBusyError,
     PromptTooLongError,
-    RequestMetrics,
+    RequestFigures,
     SamplingParams,
 )
 from inference.workers import protocol
@@ -29,18 +29,18 @@ def through_the_layer(message: dict) -> dict:
 
 
 def test_a_finished_delta_arrives_with_its_figures_and_worker() -> None:
-    m = RequestMetrics(arrival_time=1.0, scheduled_time=1.1, first_token_time=1.2,
+    m = RequestFigures(arrival_time=1.0, scheduled_time=1.1, first_token_time=1.2,
                        finish_time=1.5, token_times=[1.2, 1.3, 1.5], prompt_tokens=40,
                        cached_tokens=16, cached_tokens_redis=16, output_tokens=3)  # fmt: skip
     delta = Delta("r1", text="hi", token_ids=[5, 6], finished=True, finish_reason="stop",
-                  metrics=m)  # fmt: skip
+                  figures=m)  # fmt: skip
     event = through_the_layer(protocol.delta_event(delta))
     back = protocol.delta_from_event(event, "worker-7")
-    assert back.metrics is not None and back.metrics.worker == "worker-7"
-    back.metrics.__dict__.pop("worker")
+    assert back.figures is not None and back.figures.worker == "worker-7"
+    back.figures.__dict__.pop("worker")
     assert back == delta
-    assert back.metrics.itl == m.itl and back.metrics.ttft == m.ttft
-    assert (back.metrics.cached_tokens, back.metrics.cached_tokens_redis) == (16, 16)
+    assert back.figures.itl == m.itl and back.figures.ttft == m.ttft
+    assert (back.figures.cached_tokens, back.figures.cached_tokens_redis) == (16, 16)
 
 
 def test_sampling_settings_survive_and_unknown_fields_are_dropped() -> None:

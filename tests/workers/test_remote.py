@@ -65,7 +65,7 @@ async def test_a_reply_over_a_worker_is_the_embedded_engine_s_reply(
     finally:
         embedded.shutdown()
     assert remote_ids == local_ids and remote_text == local_text
-    m = last.metrics
+    m = last.figures
     assert last.finish_reason in ("stop", "length")
     assert m.output_tokens == len(remote_ids) == len(m.token_times)
     assert m.prompt_tokens == len(ids) and m.ttft is not None
@@ -78,13 +78,13 @@ async def test_a_session_stays_on_its_worker_and_a_new_one_goes_to_the_less_load
 ) -> None:
     ids = prompt(client, "First turn of a conversation")
     ids1, _, first = await run(client, ids, session_id="conv-affinity")
-    home = first.metrics.worker
+    home = first.figures.worker
     history = ids + ids1
     for turn in range(2):
         history += prompt(client, f" Turn {turn + 2} of the same conversation")
         more, _, last = await run(client, history, session_id="conv-affinity")
-        assert last.metrics.worker == home, "the session's KV lives there"
-        assert last.metrics.cached_tokens > 0, "so its prefix is reused"
+        assert last.figures.worker == home, "the session's KV lives there"
+        assert last.figures.cached_tokens > 0, "so its prefix is reused"
         history += more
     # Keep the home worker busy with a long reply; a new conversation goes elsewhere.
     long = SamplingParams(max_tokens=1500, temperature=0, ignore_eos=True)
@@ -92,10 +92,10 @@ async def test_a_session_stays_on_its_worker_and_a_new_one_goes_to_the_less_load
     assert (await stream.__anext__()).token_ids
     try:
         _, _, other = await run(client, prompt(client, "Somebody new"), session_id="conv-new")
-        assert other.metrics.worker != home
+        assert other.figures.worker != home
         # ... and the busy session's next turn still goes home.
         _, _, back = await run(client, history, session_id="conv-affinity")
-        assert back.metrics.worker == home
+        assert back.figures.worker == home
     finally:
         await stream.aclose()
 
@@ -106,8 +106,8 @@ async def test_a_worker_scopes_prefix_reuse_by_the_request_s_cache_salt(client: 
     await run(client, ids, cache_salt="alice-salt", **on_one_worker)
     _, _, bob = await run(client, ids, cache_salt="bob-salt", **on_one_worker)
     _, _, alice = await run(client, ids, cache_salt="alice-salt", **on_one_worker)
-    assert bob.metrics.cached_tokens + bob.metrics.cached_tokens_redis == 0
-    assert alice.metrics.cached_tokens + alice.metrics.cached_tokens_redis >= 48
+    assert bob.figures.cached_tokens + bob.figures.cached_tokens_redis == 0
+    assert alice.figures.cached_tokens + alice.figures.cached_tokens_redis >= 48
 
 
 async def test_deltas_travel_coalesced_not_one_message_per_token(client: Any) -> None:
@@ -151,7 +151,7 @@ async def test_stopping_a_reply_stops_it_on_the_worker(client: Any) -> None:
     client.abort("stop-me")
     async for delta in stream:
         got.append(delta)
-    assert got[-1].finish_reason == "abort" and got[-1].metrics.output_tokens >= 1
+    assert got[-1].finish_reason == "abort" and got[-1].figures.output_tokens >= 1
     # The web side walks away (socket gone, cancelled): the worker drops it too.
     stream = client.generate(ids, long)
     await stream.__anext__()

@@ -1,6 +1,6 @@
 import { memo } from 'preact/compat';
 import { useLayoutEffect, useMemo, useRef, useState } from 'preact/hooks';
-import { formatStats, hasStats } from '../format';
+import { formatFigures, hasFigures } from '../format';
 import { renderMarkdown } from '../markdown';
 import { applyMathStyles } from '../math';
 import type { Message } from '../types';
@@ -53,12 +53,12 @@ function ReplayedMark() {
 
 function Figures({ m }: { m: Message }) {
   if (m.role !== 'assistant') return null;
-  const show = hasStats(m.stats);
+  const show = hasFigures(m.figures);
   return (
-    <div class="figures" data-testid="message-stats" data-ready={show ? 'true' : 'false'} aria-label="Reply figures">
-      {show && m.stats?.replayed ? <ReplayedMark /> : null}
+    <div class="figures" data-testid="message-figures" data-ready={show ? 'true' : 'false'} aria-label="Reply figures">
+      {show && m.figures?.replayed ? <ReplayedMark /> : null}
       {show
-        ? formatStats(m.stats).map((f) => (
+        ? formatFigures(m.figures).map((f) => (
             <span class="figure" key={f.key} data-figure={f.key} title={f.title}>
               <span class="figure-label">{f.label}</span> {f.value}
             </span>

@@ -25,7 +25,7 @@ from inference.engine.kernels.build import compiled_library
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(n) for n in ("quant_gemm.c", "sample.c")]
+SOURCES = [Path(__file__).with_name(n) for n in ("quant_gemm.c", "sample.c", "chunk_attention.c")]
 HEADER = Path(__file__).with_name("simd.h")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC"]
 _REQUIRED_CPU_FLAGS = {"avx2", "fma", "f16c"}
@@ -77,7 +77,9 @@ def build_flags(cpu_flags: frozenset[str]) -> list[str]:
     there (ENGINE_KERNELS_AVX512=0 keeps the AVX2 build, for comparisons)."""
     wanted = os.environ.get("ENGINE_KERNELS_AVX512", "1") not in ("0", "false", "no")
     if wanted and set(_AVX512_FLAGS) <= cpu_flags:
-        return [*FLAGS, *_AVX512_FLAGS.values()]
+        # AVX512-BF16's pair products, for the prompts' attention (chunk_attention.c).
+        bf16 = ["-mavx512bf16"] if "avx512_bf16" in cpu_flags else []
+        return [*FLAGS, *_AVX512_FLAGS.values(), *bf16]
     return list(FLAGS)
 
 
@@ -108,6 +110,8 @@ def load() -> ctypes.CDLL | None:
         ctypes.POINTER(LayerShape), ctypes.POINTER(LayerWeights), i, p, i, p, p, p, p, i, p, i
     ]  # fmt: skip
     lib.decode_layers.restype = i
+    lib.chunk_attention.argtypes = [ctypes.POINTER(ChunkShape), p, i, p, p, i, p, p, i]
+    lib.chunk_attention.restype = i
     lib.sample_rows.argtypes = [p, i, i, p, p, p, p, p, p, i]
     lib.sample_rows.restype = None
     f = ctypes.c_float
@@ -149,6 +153,45 @@ class LayerShape(ctypes.Structure):
         ("block_size", ctypes.c_int),
         ("num_blocks", ctypes.c_int),
     ]
+
+
+class ChunkShape(ctypes.Structure):
+    _fields_ = [
+        ("heads", ctypes.c_int),
+        ("kv_heads", ctypes.c_int),
+        ("head_dim", ctypes.c_int),
+        ("block_size", ctypes.c_int),
+        ("num_blocks", ctypes.c_int),
+        ("scale", ctypes.c_float),
+        ("bf16", ctypes.c_int),
+    ]
+
+
+def chunk_attention(
+    lib: ctypes.CDLL,
+    shape: ChunkShape,
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    table: torch.Tensor,
+    pool: torch.Tensor,
+    nthreads: int,
+) -> torch.Tensor | None:
+    """One sequence's chunk of rows over its paged context (chunk_attention.c): qkv [rows,
+    heads + 2 * kv_heads, head_dim] float32 contiguous, its rows' K/V already in `pool`
+    (float32 [2 * kv_heads, blocks, block_size, head_dim]); positions int64 [rows], table
+    int64 [blocks of the sequence]. Returns [rows, heads, head_dim], or None for a shape the
+    kernel does not take."""
+    rows = qkv.shape[0]
+    out = torch.empty(rows, shape.heads, shape.head_dim, dtype=torch.float32)
+    rc = lib.chunk_attention(
+        ctypes.byref(shape), qkv.data_ptr(), rows, positions.data_ptr(), table.data_ptr(),
+        table.shape[0], pool.data_ptr(), out.data_ptr(), nthreads,
+    )  # fmt: skip
+    if rc == -1:
+        return None
+    if rc:
+        raise RuntimeError("chunk_attention: a row's position is past its block table")
+    return out
 
 
 def q4_1_gemm(

@@ -9,7 +9,7 @@ One idea per file:
     connection.py  the Redis client the tier and its upkeep use (redis imported here)
     upkeep.py      the periodic pass: expired entries' books dropped, the cap enforced
     redaction.py   a Redis URL without its password, for logs
-    counters.py    the tier's figures in the engine's stats
+    counters.py    the tier's counters in the engine's stats
 
 Only tier.py, connection.py, keys.py and upkeep.py need redis (the `kv-tier` extra): the
 engine imports them when the tier is on, so `import inference.engine` works without it.

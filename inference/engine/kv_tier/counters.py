@@ -1,4 +1,4 @@
-"""The tier's figures, as the engine's stats() reports them (kv_tier_<name>)."""
+"""The tier's counters, as the engine's stats() reports them (kv_tier_<name>)."""
 
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ class _Write:
     kv: list[torch.Tensor] | None  # per layer [2 * kv_heads, len(entries), block, head_dim]
     touches: list[bytes]
     nbytes: int
-    queued_by_save: bool = False  # counted in the pending figures flush() waits on
+    queued_by_save: bool = False  # counted in the pending saves flush() waits on
 
 
 class KVTier:
@@ -104,7 +104,7 @@ class KVTier:
         for t in self._threads:
             t.start()
 
-    # -- state and figures ------------------------------------------------------------
+    # -- state and stats --------------------------------------------------------------
 
     @property
     def available(self) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from inference.engine.engine import LLMEngine
 from inference.engine.errors import EngineBusyError
-from inference.engine.outputs import RequestMetrics
+from inference.engine.outputs import RequestFigures
 from inference.engine.sampling_params import SamplingParams
 
 
@@ -26,7 +26,7 @@ class Arrival:
 
 @dataclass
 class Finished:
-    metrics: RequestMetrics
+    figures: RequestFigures
     token_ids: list[int]
     finish_reason: str | None
     arrival_step: int
@@ -77,9 +77,9 @@ def drive(
         for d in engine.step():
             tokens[d.request_id].extend(d.token_ids)
             if d.finished:
-                assert d.metrics is not None  # a finished delta carries its figures
+                assert d.figures is not None  # a finished delta carries its figures
                 done = Finished(
-                    d.metrics, tokens.pop(d.request_id), d.finish_reason, arrived_at[d.request_id]
+                    d.figures, tokens.pop(d.request_id), d.finish_reason, arrived_at[d.request_id]
                 )
                 result.finished[d.request_id] = done
                 if on_finish is not None:

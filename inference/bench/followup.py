@@ -27,7 +27,7 @@ from inference.bench.workloads import greedy
 from inference.chat_template import PromptBuilder, Turn
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
-from inference.engine.outputs import RequestMetrics
+from inference.engine.outputs import RequestFigures
 from inference.model_files import default_model_path, ensure_default_model
 
 QUESTION_1 = "What does item 7 weigh?"
@@ -55,7 +55,7 @@ def wrapped(name: str, text: str) -> str:
 
 def two_turns(
     engine: LLMEngine, builder: PromptBuilder, first_user: str, tag: str, cold_turn2: bool
-) -> tuple[RequestMetrics, RequestMetrics]:
+) -> tuple[RequestFigures, RequestFigures]:
     turn1 = [Turn("user", first_user)]
     ids1 = builder.build(turn1)
     rid = f"{tag}-1-{uuid.uuid4().hex[:6]}"
@@ -71,7 +71,7 @@ def two_turns(
         engine.kv.reset_prefix_cache()
     rid = f"{tag}-2-{uuid.uuid4().hex[:6]}"
     second = drive(engine, [Arrival(0, rid, ids2, greedy(8))]).finished[rid]
-    return first.metrics, second.metrics
+    return first.figures, second.figures
 
 
 def run(

@@ -48,7 +48,7 @@ def _config(model: str, quantization: str, threads: int, **kw: Any) -> EngineCon
 def _turn(engine: LLMEngine, prompt: list[int], max_tokens: int) -> tuple[list[int], Any]:
     rid = uuid.uuid4().hex
     done = drive(engine, [Arrival(0, rid, prompt, greedy(max_tokens))]).finished[rid]
-    return done.token_ids, done.metrics
+    return done.token_ids, done.figures
 
 
 def restore_ttft(
@@ -190,7 +190,7 @@ def _write_back_cost(
             before = tier.stats()["kv_tier_bytes_written"]
             res = drive(engine, arrivals)
             tier.flush(60)
-            ms = [res.finished[f"s{i}"].metrics for i in range(streams)]
+            ms = [res.finished[f"s{i}"].figures for i in range(streams)]
             span = max(m.finish_time for m in ms) - min(m.first_token_time for m in ms)
             rates[mode].append(sum(m.output_tokens - 1 for m in ms) / span)
             if mode == "on":

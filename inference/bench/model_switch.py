@@ -59,7 +59,7 @@ def question(words: int, seed: int) -> str:
 def ask(engine: LLMEngine, ids: list[int], max_tokens: int, rid: str) -> tuple[list[int], Any]:
     greedy = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     done = drive(engine, [Arrival(0, rid, ids, greedy)]).finished[rid]
-    return done.token_ids, done.metrics
+    return done.token_ids, done.figures
 
 
 def one_repeat(a: LLMEngine, b: LLMEngine, args: argparse.Namespace, r: int) -> dict[str, Any]:

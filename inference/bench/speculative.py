@@ -111,7 +111,7 @@ def one_by_one(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> 
         engine.kv.reset_prefix_cache()
         res = drive(engine, [Arrival(0, f"q{i}", prompt, _greedy(max_tokens))])
         done = res.finished[f"q{i}"]
-        m = done.metrics
+        m = done.figures
         decode_tokens += m.output_tokens - 1
         decode_seconds += m.finish_time - m.first_token_time
         tokens.append(done.token_ids)
@@ -130,7 +130,7 @@ def concurrent(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> 
         Arrival(0, f"c{i}", p, _greedy(max_tokens, ignore_eos=True)) for i, p in enumerate(prompts)
     ]
     res = drive(engine, arrivals)
-    ms = [f.metrics for f in res.finished.values()]
+    ms = [f.figures for f in res.finished.values()]
     produced = sum(m.output_tokens for m in ms)
     return {
         "tok_s": produced / res.wall,

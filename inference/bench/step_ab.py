@@ -77,7 +77,7 @@ def _variants(
     step = runner.compiled
     if step is not None and step.handles(rows, flat):
         out["compiled"] = lambda: step.forward(ids, flat)
-    runner._set_threads(False)
+    runner._set_threads(False, len(seqs))
     return out
 
 

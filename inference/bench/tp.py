@@ -86,7 +86,7 @@ def _run(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> dict[s
         model.reset_tp_stats()
     arrivals = [Arrival(0, f"r{i}", p, greedy(max_tokens)) for i, p in enumerate(prompts)]
     res = drive(engine, arrivals)
-    ms = [f.metrics for f in res.finished.values()]
+    ms = [f.figures for f in res.finished.values()]
     produced = sum(m.output_tokens for m in ms)
     out: dict[str, Any] = {
         "tok_s": produced / res.wall,

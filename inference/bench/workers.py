@@ -107,8 +107,8 @@ async def one_stream(engine: Any, ids: list[int], sampling: SamplingParams, sess
         if ttft is None:
             ttft = time.perf_counter() - started
         tokens += len(delta.token_ids)
-        if delta.finished and delta.metrics is not None:
-            worker = getattr(delta.metrics, "worker", "")
+        if delta.finished and delta.figures is not None:
+            worker = getattr(delta.figures, "worker", "")
     return {"ttft": ttft, "tokens": tokens, "worker": worker}
 
 

@@ -37,7 +37,7 @@ def greedy(max_tokens: int) -> SamplingParams:
 def single_stream(engine: LLMEngine, prompt: list[int], max_tokens: int) -> dict[str, float]:
     engine.kv.reset_prefix_cache()
     res = drive(engine, [Arrival(0, "s", prompt, greedy(max_tokens))])
-    m = res.finished["s"].metrics
+    m = res.finished["s"].figures
     return {"ttft": m.ttft, "decode_tok_s": 1.0 / m.tpot, "tpot": m.tpot}
 
 
@@ -45,7 +45,7 @@ def concurrent(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> 
     engine.kv.reset_prefix_cache()
     arrivals = [Arrival(0, f"c{i}", p, greedy(max_tokens)) for i, p in enumerate(prompts)]
     res = drive(engine, arrivals)
-    ms = [f.metrics for f in res.finished.values()]
+    ms = [f.figures for f in res.finished.values()]
     span = max(m.finish_time for m in ms) - min(m.arrival_time for m in ms)
     produced = sum(m.output_tokens for m in ms)
     return {
@@ -78,8 +78,8 @@ def multi_turn(
 
     def on_finish(rid: str, done: Finished, step: int) -> list[Arrival]:
         c, t = (int(x) for x in rid.split("-"))
-        ttft[t].append(done.metrics.ttft)
-        cached[t].append(done.metrics.cached_tokens)
+        ttft[t].append(done.figures.ttft)
+        cached[t].append(done.figures.cached_tokens)
         if t == turns:
             return []
         history[c] = history[c] + done.token_ids + tok.encode("<|im_end|>\n")
@@ -114,7 +114,7 @@ def busy_streams(
     for i in range(3):
         prompt = [*probe_prompt[:-1], 100 + i]
         res = drive(engine, [Arrival(0, "alone", prompt, greedy(4))])
-        alone.append(res.finished["alone"].metrics.ttft)
+        alone.append(res.finished["alone"].figures.ttft)
     ttft_alone = statistics.median(alone)
 
     # The same short request arriving every few steps while the streams decode.
@@ -122,14 +122,14 @@ def busy_streams(
         Arrival(6 + 3 * i, f"p{i}", [*probe_prompt[:-1], 200 + i], greedy(4)) for i in range(8)
     ]
     res = drive(engine, streams_at_zero() + probes)
-    probe_ttft = [res.finished[f"p{i}"].metrics.ttft for i in range(8)]
+    probe_ttft = [res.finished[f"p{i}"].figures.ttft for i in range(8)]
 
     # A long prompt arriving while the streams decode: their gaps while it prefills.
     res = drive(engine, [*streams_at_zero(), Arrival(8, "long", long_prompt, greedy(4))])
-    long_m = res.finished["long"].metrics
+    long_m = res.finished["long"].figures
     during, before = [], []
     for i in range(streams):
-        m = res.finished[f"s{i}"].metrics
+        m = res.finished[f"s{i}"].figures
         times = m.token_times
         for a, b in itertools.pairwise(times):
             if long_m.arrival_time <= b <= long_m.first_token_time:

@@ -99,19 +99,8 @@ class Delta:
     # it, off the step's path); `resolve_text()` appends it to `text`, in order.
     text_job: Callable[[], str] | None = field(default=None, repr=False, compare=False)
 
-    @property
-    def metrics(self) -> RequestFigures | None:
-        """The old name of `figures`, read-only, for inference/bench/ until it moves over
-        (driver.py, workers.py); remove with its last use."""
-        return self.figures
-
     def resolve_text(self) -> Delta:
         if self.text_job is not None:
             job, self.text_job = self.text_job, None
             self.text += job()
         return self
-
-
-# The old name of RequestFigures, for inference/bench/ until it moves over (driver.py,
-# followup.py); remove with its last use.
-RequestMetrics = RequestFigures

@@ -45,7 +45,7 @@ class PrefillChunk:
     context_len: int  # tokens the sequence holds after this step (cached + chunk)
     block_table: torch.Tensor  # [num_blocks] block ids covering context_len
     # Where the chunk's K/V go, when the step's slot_mapping does not cover it (steps with
-    # the native paged attention, whose longer chunks still take SDPA).
+    # the native paged attention, whose longer chunks take the chunk attention).
     slots: torch.Tensor | None = None
 
 
@@ -79,7 +79,7 @@ class AttentionMetadata:
     row_seq: torch.Tensor | None = None  # [T] int32
     tables: torch.Tensor | None = None  # [sequences, width] int64
     # The first paged_rows rows take the native paged attention; the rest are `prefills`,
-    # chunks longer than PAGED_MAX_CHUNK rows, where SDPA's tiles win.
+    # chunks longer than PAGED_MAX_CHUNK rows, where tiles of rows win (_prefill_attention).
     paged_rows: int = 0
 
 
@@ -122,10 +122,11 @@ def head_block_rows(large: str | None, native_max_rows: int) -> int:
     return min(native_max_rows, HEAD_BLOCK_ROWS_BF16 if large == "bf16" else HEAD_BLOCK_ROWS)
 
 
-# The native paged attention takes a sequence's rows one by one; SDPA takes a chunk's rows
-# as tiles and, measured per layer (docs/performance.md), wins from about this many rows of
-# one sequence: at 2 rows over 512 cached tokens the native kernel took 0.15 ms against
-# SDPA's 0.26 (gather included), at 8 rows 0.59 against 0.36.
+# The native paged attention takes a sequence's rows one by one; the chunk attention
+# (kernels/chunk_attention.c, or SDPA where it does not build) takes a chunk's rows as tiles
+# and, measured per layer (docs/performance.md), wins from about this many rows of one
+# sequence: at 2 rows over 512 cached tokens the native kernel took 0.15 ms against SDPA's
+# 0.26 (gather included), at 8 rows 0.59 against 0.36 (the tiles are faster than SDPA).
 PAGED_MAX_CHUNK = 4
 
 
@@ -456,6 +457,12 @@ class LlamaModel:
         lib = kernels.load() if formats.blocks is not None else None
         if lib is not None and NativeDecoder.usable(self):
             self.native = NativeDecoder(self, lib, native_rows, HYBRID_MAX_ROWS)
+        # Prompts' chunks over their context: tiles over the paged pool where the kernels
+        # build (CPU, float32), else a gather of the context and SDPA. Their products run
+        # in bf16 where the prompts' matrix products already do (formats.large).
+        self.chunk_kernel = kernels.load() if self.device.type == "cpu" else None
+        self.chunk_bf16 = formats.large == "bf16"
+        self._chunk_shape: kernels.ChunkShape | None = None
         # The torch path's attention: straight over the paged pool where it builds (CPU,
         # float32), else a gather of each group's blocks and SDPA.
         self.paged: PagedAttention | None = None
@@ -535,7 +542,7 @@ class LlamaModel:
                 assert p.slots is not None  # set for every chunk of such a step
                 new_kv = qkv[rows, self.num_heads :].transpose(0, 1)
                 kv_cache.view(2 * hkv, -1, d).index_copy_(1, p.slots, new_kv)
-                out[rows] = self._prefill_attention(qkv[rows], kv_cache, p)
+                out[rows] = self._prefill_attention(qkv[rows], kv_cache, p, meta.positions[rows])
             return out
         new_kv = qkv[:, self.num_heads :].transpose(0, 1)  # [2 * hkv, T, d]
         kv_cache.view(2 * hkv, -1, d).index_copy_(1, meta.slot_mapping, new_kv)
@@ -562,7 +569,7 @@ class LlamaModel:
             out[rows] = self._decode_attention(qkv[rows, :hq], kv_cache, g)
         for p in meta.prefills:
             rows = slice(p.start, p.start + p.length)
-            out[rows] = self._prefill_attention(qkv[rows], kv_cache, p)
+            out[rows] = self._prefill_attention(qkv[rows], kv_cache, p, meta.positions[rows])
         return out
 
     def _decode_attention(
@@ -587,9 +594,14 @@ class LlamaModel:
         return out.reshape(nd, hkv * per_kv, d)
 
     def _prefill_attention(
-        self, qkv: torch.Tensor, kv_cache: torch.Tensor, p: PrefillChunk
+        self, qkv: torch.Tensor, kv_cache: torch.Tensor, p: PrefillChunk, positions: torch.Tensor
     ) -> torch.Tensor:
-        """Causal attention of a chunk over its context: [n, heads, head_dim]."""
+        """Causal attention of a chunk over its context: [n, heads, head_dim]. `positions`
+        are the chunk's rows' (the chunk's K/V are in the pool already)."""
+        if self.chunk_kernel is not None:
+            out = self._chunk_kernel_attention(qkv, kv_cache, p, positions)
+            if out is not None:
+                return out
         n, hq, hkv, d = qkv.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         q = qkv[:, :hq].transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
         if p.context_len == n:
@@ -611,6 +623,25 @@ class LlamaModel:
             enable_gqa=True,
         )
         return out[0].transpose(0, 1)
+
+    def _chunk_kernel_attention(
+        self, qkv: torch.Tensor, kv_cache: torch.Tensor, p: PrefillChunk, positions: torch.Tensor
+    ) -> torch.Tensor | None:
+        """The chunk over its context read where it lies in the pool (kernels/
+        chunk_attention.c); None where the pool or shape is not the kernel's."""
+        assert self.chunk_kernel is not None
+        if kv_cache.dtype != torch.float32 or not kv_cache.is_contiguous():
+            return None
+        shape = self._chunk_shape
+        if shape is None or (shape.num_blocks, shape.block_size) != kv_cache.shape[1:3]:
+            shape = self._chunk_shape = kernels.ChunkShape(
+                self.num_heads, self.num_kv_heads, self.head_dim, kv_cache.shape[2],
+                kv_cache.shape[1], self.scale, int(self.chunk_bf16),
+            )  # fmt: skip
+        return kernels.chunk_attention(
+            self.chunk_kernel, shape, qkv.contiguous(), positions.contiguous(),
+            p.block_table.contiguous(), kv_cache, kernels.threads(),
+        )  # fmt: skip
 
 
 def _large_format(dtype: torch.dtype) -> str:

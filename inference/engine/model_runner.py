@@ -34,6 +34,10 @@ from inference.engine.tensor_parallel import build_model
 
 log = logging.getLogger(__name__)
 
+# Steps on the torch path from at most this many streams give the kernels' pool every core
+# (small_step_threads), as steps on the native path do; larger ones keep num_threads.
+FEW_STREAMS = 2
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -229,7 +233,7 @@ class ModelRunner:
             seqs.append(seq)
         # The torch path's inputs, whichever path a real step of these rows would take.
         input_ids, meta, _ = self._prepare(seqs, [1] * rows, False)
-        self._set_threads(False)
+        self._set_threads(False, rows)
         step.forward(input_ids, meta)
 
     def _forward(
@@ -290,7 +294,7 @@ class ModelRunner:
         counts = [batch.num_tokens[i] for i in order]
         native = self._native_step(seqs, counts)
         input_ids, meta, sample_rows = self._prepare(seqs, counts, native)
-        self._set_threads(native)
+        self._set_threads(native, len(seqs))
         hidden = self._forward(input_ids, meta, native)
         if all_logits:
             return seqs, self.model.compute_logits(hidden)
@@ -316,7 +320,7 @@ class ModelRunner:
             return False
         return bool(native.handles(sum(counts), [n for n in counts if n > 1]))
 
-    def _set_threads(self, native: bool) -> None:
+    def _set_threads(self, native: bool, streams: int) -> None:
         if self.device.type != "cpu":
             return
         if native:
@@ -327,7 +331,11 @@ class ModelRunner:
             want = 1
         else:
             want = self.config.cpu_threads()
-            kernels.set_threads(want)
+            # A prompt's chunk from one or two streams (a follow-up question over a long
+            # document): the web side is as light as in a small step, so the chunk's
+            # attention (kernels/chunk_attention.c, in the kernels' pool) takes every core.
+            few = streams <= FEW_STREAMS
+            kernels.set_threads(self.config.small_step_cpu_threads() if few else want)
         if torch.get_num_threads() != want:
             torch.set_num_threads(want)
 

@@ -1,0 +1,411 @@
+/* Attention of one sequence's chunk of rows over its paged context, as small matrix
+ * products in registers (flash attention's tiling, for a CPU).
+ *
+ * Why: a follow-up question about a long document is a chunk of a few dozen rows over
+ * thousands of cached positions. The torch path gathered the context out of the pool and ran
+ * SDPA over it with a mask; both the gather and SDPA's kernel (~70 GFLOP/s on one core)
+ * made turn 2 pay ~4x a turn without the document (docs/performance.md). Here the context is
+ * read where it lies, block by block, once per tile of query lanes.
+ *
+ * A tile is up to TL (row, query head) lanes of one KV head, the lanes of two vectors:
+ * the scores of KJ keys against all its lanes are 2 * KJ accumulators, each key element
+ * broadcast once for both vectors; the values are folded in DI output dimensions at a time
+ * the same way. Each lane sees the positions up to its own row's (causal within the chunk),
+ * with the running softmax (maximum, sum, output rescaled as the maximum grows).
+ *
+ * Pool layout (as paged_attention.c): [2 * kv_heads, num_blocks, block_size, head_dim],
+ * keys are heads [0, kv_heads), values the rest. Tiles run in the kernels' pool
+ * (quant_gemm.c). AVX512 where the build has it (16 lanes a vector), else AVX2 (8).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "simd.h"
+
+typedef void (*chunk_fn)(void *arg, int chunk);
+void pool_run(chunk_fn fn, void *arg, int chunks, int nth);
+
+#ifdef __AVX512F__
+#define VL 16
+#define KJ 8 /* 16 score accumulators + 2 queries + a broadcast: 19 of 32 registers */
+#define DI 8
+typedef __m512 vec;
+typedef __m512i ivec;
+static inline vec vload(const float *p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float *p, vec v) { _mm512_storeu_ps(p, v); }
+static inline vec vset1(float x) { return _mm512_set1_ps(x); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+static inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
+static inline vec vexp(vec x) { return exp512(x); }
+static inline ivec iload(const int32_t *p) { return _mm512_loadu_si512(p); }
+/* -inf in the lanes whose position is before p (they do not see key p). */
+static inline vec vmask_before(vec s, ivec pos, int p) {
+    __mmask16 seen = _mm512_cmpge_epi32_mask(pos, _mm512_set1_epi32(p));
+    return _mm512_mask_blend_ps(seen, _mm512_set1_ps(-INFINITY), s);
+}
+#else
+#define VL 8
+#define KJ 4 /* AVX2 has 16 registers: 8 accumulators + 2 queries + a broadcast */
+#define DI 4
+typedef __m256 vec;
+typedef __m256i ivec;
+static inline vec vload(const float *p) { return _mm256_loadu_ps(p); }
+static inline void vstore(float *p, vec v) { _mm256_storeu_ps(p, v); }
+static inline vec vset1(float x) { return _mm256_set1_ps(x); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+static inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+static inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
+static inline vec vexp(vec x) { return exp256(x); }
+static inline ivec iload(const int32_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline vec vmask_before(vec s, ivec pos, int p) {
+    __m256 seen = _mm256_castsi256_ps(_mm256_cmpgt_epi32(pos, _mm256_set1_epi32(p - 1)));
+    return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, seen);
+}
+#endif
+
+#define TL (2 * VL)
+#define MAX_BLOCK 256 /* keys per paged block this kernel takes */
+
+typedef struct {
+    int heads, kv_heads, head_dim, block_size, num_blocks;
+    float scale;
+    int bf16; /* products in bfloat16 (float32 sums) where the build has AVX512-BF16 */
+} ChunkShape;
+
+typedef struct {
+    const ChunkShape *s;
+    const float *qkv; /* [rows, heads + 2 * kv_heads, head_dim] */
+    int rows;
+    const int64_t *positions; /* [rows] */
+    const int64_t *table;     /* the sequence's blocks, covering its longest position */
+    int table_len;
+    const float *pool;
+    float *out; /* [rows, heads, head_dim] */
+    int tiles;  /* per KV head */
+} ChunkTask;
+
+/* The scores of keys k[0..KJ) against the tile's queries, stored to sc[j * TL ...]. */
+static inline __attribute__((always_inline)) void scores(const float *qt, const float *const k[KJ],
+                                                         int d, float *sc) {
+    vec s0[KJ], s1[KJ];
+    for (int j = 0; j < KJ; j++) s0[j] = s1[j] = vset1(0.0f);
+    for (int i = 0; i < d; i++) {
+        vec q0 = vload(qt + i * TL), q1 = vload(qt + i * TL + VL);
+        for (int j = 0; j < KJ; j++) {
+            vec b = vset1(k[j][i]);
+            s0[j] = vfma(q0, b, s0[j]);
+            s1[j] = vfma(q1, b, s1[j]);
+        }
+    }
+    for (int j = 0; j < KJ; j++) {
+        vstore(sc + j * TL, s0[j]);
+        vstore(sc + j * TL + VL, s1[j]);
+    }
+}
+
+static void tile(void *arg, int index) {
+    const ChunkTask *t = (const ChunkTask *)arg;
+    const ChunkShape *s = t->s;
+    int d = s->head_dim, hq = s->heads, hkv = s->kv_heads, bs = s->block_size;
+    int group = hq / hkv, nqkv = (hq + 2 * hkv) * d, lanes_all = t->rows * group;
+    /* The last tiles hold the latest rows, which see the most keys: they go first. */
+    int g = index % hkv, first = (t->tiles - 1 - index / hkv) * TL;
+    int lanes = lanes_all - first < TL ? lanes_all - first : TL;
+    size_t head_stride = (size_t)s->num_blocks * bs * d;
+    const float *keys = t->pool + g * head_stride, *vals = t->pool + (hkv + g) * head_stride;
+
+    float qt[d * TL] __attribute__((aligned(64)));
+    float acc[d * TL] __attribute__((aligned(64)));
+    float sc[(MAX_BLOCK + KJ) * TL] __attribute__((aligned(64)));
+    int32_t pos[TL] __attribute__((aligned(64)));
+    int minpos = INT32_MAX, maxpos = 0;
+    for (int l = 0; l < TL; l++) {
+        /* Spare lanes repeat lane 0's row with a zero query: finite, then ignored. */
+        int lane = first + (l < lanes ? l : 0);
+        int r = lane / group, head = g * group + lane % group;
+        const float *q = t->qkv + (size_t)r * nqkv + head * d;
+        for (int i = 0; i < d; i++) qt[i * TL + l] = l < lanes ? q[i] * s->scale : 0.0f;
+        pos[l] = (int32_t)t->positions[r];
+        if (pos[l] < minpos) minpos = pos[l];
+        if (pos[l] > maxpos) maxpos = pos[l];
+    }
+    memset(acc, 0, sizeof(float) * d * TL);
+    const ivec pos0 = iload(pos), pos1 = iload(pos + VL);
+    const vec neg_inf = vset1(-INFINITY);
+    vec m0 = neg_inf, m1 = neg_inf, sum0 = vset1(0.0f), sum1 = vset1(0.0f);
+    int ctx = maxpos + 1;
+    for (int b = 0; b * bs < ctx; b++) {
+        int p0 = b * bs, nk = ctx - p0 < bs ? ctx - p0 : bs;
+        int nj = (nk + KJ - 1) / KJ * KJ;
+        const float *kb = keys + (size_t)t->table[b] * bs * d;
+        const float *vb = vals + (size_t)t->table[b] * bs * d;
+        for (int j0 = 0; j0 < nk; j0 += KJ) {
+            const float *k[KJ];
+            for (int j = 0; j < KJ; j++) k[j] = kb + (size_t)(j0 + j < nk ? j0 + j : nk - 1) * d;
+            scores(qt, k, d, sc + j0 * TL);
+            if (nk - j0 < KJ || p0 + j0 + KJ - 1 > minpos) {
+                /* Some lane does not see some of these keys (or they are past nk). */
+                for (int j = 0; j < KJ; j++) {
+                    float *row = sc + (j0 + j) * TL;
+                    if (j0 + j >= nk) {
+                        vstore(row, neg_inf);
+                        vstore(row + VL, neg_inf);
+                    } else {
+                        vstore(row, vmask_before(vload(row), pos0, p0 + j0 + j));
+                        vstore(row + VL, vmask_before(vload(row + VL), pos1, p0 + j0 + j));
+                    }
+                }
+            }
+        }
+        /* Key p0 <= every lane's own position in the first block, so the maxima are
+         * finite from there on. */
+        vec c0 = m0, c1 = m1;
+        for (int j = 0; j < nj; j++) {
+            c0 = vmax(c0, vload(sc + j * TL));
+            c1 = vmax(c1, vload(sc + j * TL + VL));
+        }
+        vec a0 = vexp(vsub(m0, c0)), a1 = vexp(vsub(m1, c1));
+        sum0 = vmul(sum0, a0);
+        sum1 = vmul(sum1, a1);
+        for (int j = 0; j < nj; j++) {
+            vec e0 = vexp(vsub(vload(sc + j * TL), c0));
+            vec e1 = vexp(vsub(vload(sc + j * TL + VL), c1));
+            vstore(sc + j * TL, e0);
+            vstore(sc + j * TL + VL, e1);
+            sum0 = vadd(sum0, e0);
+            sum1 = vadd(sum1, e1);
+        }
+        m0 = c0;
+        m1 = c1;
+        for (int i0 = 0; i0 < d; i0 += DI) {
+            vec o0[DI], o1[DI];
+            for (int i = 0; i < DI; i++) {
+                o0[i] = vmul(vload(acc + (i0 + i) * TL), a0); /* rescaled as it is read */
+                o1[i] = vmul(vload(acc + (i0 + i) * TL + VL), a1);
+            }
+            for (int j = 0; j < nk; j++) {
+                vec e0 = vload(sc + j * TL), e1 = vload(sc + j * TL + VL);
+                const float *v = vb + (size_t)j * d + i0;
+                for (int i = 0; i < DI; i++) {
+                    vec bv = vset1(v[i]);
+                    o0[i] = vfma(e0, bv, o0[i]);
+                    o1[i] = vfma(e1, bv, o1[i]);
+                }
+            }
+            for (int i = 0; i < DI; i++) {
+                vstore(acc + (i0 + i) * TL, o0[i]);
+                vstore(acc + (i0 + i) * TL + VL, o1[i]);
+            }
+        }
+    }
+    float total[TL] __attribute__((aligned(64)));
+    vstore(total, sum0);
+    vstore(total + VL, sum1);
+    for (int l = 0; l < lanes; l++) {
+        int lane = first + l, r = lane / group, head = g * group + lane % group;
+        float *o = t->out + ((size_t)r * hq + head) * d, inv = 1.0f / total[l];
+        for (int i = 0; i < d; i++) o[i] = acc[i * TL + l] * inv;
+    }
+}
+
+#ifdef __AVX512BF16__
+/* The same tile with its products in bfloat16: VDPBF16PS multiplies pairs of bf16 and adds
+ * both products to a float32 lane, so each instruction does the work of two FMAs. Queries
+ * and keys pair along head_dim (a key's row converts as it lies); weights and values pair
+ * along the keys (two keys' rows interleaved). Sums, the softmax and the output stay
+ * float32, as in flash attention on a GPU. */
+static inline __m512i interleave_bf16(__m512 a, __m512 b) {
+    /* 32-bit lanes (a[i], b[i]) as bf16 pairs, a in the low half. */
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17,
+                                         1, 16, 0);
+    return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}
+
+/* exp(x) for x <= 0 to about bf16's precision (relative error ~1e-4, the weights are
+ * rounded to bf16 next): 2^(x log2 e) as 2^n times a degree-4 polynomial of the fraction. */
+static inline __m512 exp_bf16(__m512 x) {
+    __m512 t = _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _mm512_set1_ps(-126.0f));
+    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(t, n); /* [-0.5, 0.5] */
+    __m512 p = _mm512_set1_ps(1.3333558e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    /* -inf (a masked key) gives t = -126 and a weight of ~1e-38 against a maximum of 1:
+     * flushed below as 0 by the bf16 rounding of the tiny product. */
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ),
+                               _mm512_scalef_ps(p, n));
+}
+
+static inline __m512 dpbf16(__m512 acc, __m512i a, __m512i b) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+
+static void tile_bf16(void *arg, int index) {
+    const ChunkTask *t = (const ChunkTask *)arg;
+    const ChunkShape *s = t->s;
+    int d = s->head_dim, hq = s->heads, hkv = s->kv_heads, bs = s->block_size;
+    int group = hq / hkv, nqkv = (hq + 2 * hkv) * d, lanes_all = t->rows * group, d2 = d / 2;
+    int g = index % hkv, first = (t->tiles - 1 - index / hkv) * TL;
+    int lanes = lanes_all - first < TL ? lanes_all - first : TL;
+    size_t head_stride = (size_t)s->num_blocks * bs * d;
+    const float *keys = t->pool + g * head_stride, *vals = t->pool + (hkv + g) * head_stride;
+
+    float qt[d * TL] __attribute__((aligned(64)));
+    uint32_t q2[d2 * TL] __attribute__((aligned(64)));          /* query pairs, per lane */
+    float acc[d * TL] __attribute__((aligned(64)));
+    float sc[(MAX_BLOCK + KJ) * TL] __attribute__((aligned(64)));
+    uint32_t p2[(MAX_BLOCK / 2 + KJ) * TL] __attribute__((aligned(64))); /* weight pairs */
+    uint32_t kq[KJ * d2] __attribute__((aligned(64)));           /* KJ keys as bf16 pairs */
+    uint32_t v2[(MAX_BLOCK / 2 + 1) * d] __attribute__((aligned(64))); /* value pairs */
+    int32_t pos[TL] __attribute__((aligned(64)));
+    int minpos = INT32_MAX, maxpos = 0;
+    for (int l = 0; l < TL; l++) {
+        int lane = first + (l < lanes ? l : 0);
+        int r = lane / group, head = g * group + lane % group;
+        const float *q = t->qkv + (size_t)r * nqkv + head * d;
+        for (int i = 0; i < d; i++) qt[i * TL + l] = l < lanes ? q[i] * s->scale : 0.0f;
+        pos[l] = (int32_t)t->positions[r];
+        if (pos[l] < minpos) minpos = pos[l];
+        if (pos[l] > maxpos) maxpos = pos[l];
+    }
+    for (int i2 = 0; i2 < d2; i2++)
+        for (int h = 0; h < 2; h++)
+            _mm512_store_si512(q2 + i2 * TL + h * VL,
+                               interleave_bf16(vload(qt + 2 * i2 * TL + h * VL),
+                                               vload(qt + (2 * i2 + 1) * TL + h * VL)));
+    memset(acc, 0, sizeof(float) * d * TL);
+    const ivec pos0 = iload(pos), pos1 = iload(pos + VL);
+    const vec neg_inf = vset1(-INFINITY);
+    vec m0 = neg_inf, m1 = neg_inf, sum0 = vset1(0.0f), sum1 = vset1(0.0f);
+    int ctx = maxpos + 1;
+    for (int b = 0; b * bs < ctx; b++) {
+        int p0 = b * bs, nk = ctx - p0 < bs ? ctx - p0 : bs;
+        int nj = (nk + KJ - 1) / KJ * KJ;
+        const float *kb = keys + (size_t)t->table[b] * bs * d;
+        const float *vb = vals + (size_t)t->table[b] * bs * d;
+        for (int j0 = 0; j0 < nk; j0 += KJ) {
+            for (int j = 0; j < KJ; j++) {
+                const float *k = kb + (size_t)(j0 + j < nk ? j0 + j : nk - 1) * d;
+                for (int i = 0; i < d; i += 2 * VL)
+                    _mm512_store_si512(kq + j * d2 + i / 2,
+                                       (__m512i)_mm512_cvtne2ps_pbh(vload(k + i + VL), vload(k + i)));
+            }
+            vec s0[KJ], s1[KJ];
+            for (int j = 0; j < KJ; j++) s0[j] = s1[j] = vset1(0.0f);
+            for (int i2 = 0; i2 < d2; i2++) {
+                __m512i a0 = _mm512_load_si512(q2 + i2 * TL), a1 = _mm512_load_si512(q2 + i2 * TL + VL);
+                for (int j = 0; j < KJ; j++) {
+                    __m512i bk = _mm512_set1_epi32((int)kq[j * d2 + i2]);
+                    s0[j] = dpbf16(s0[j], a0, bk);
+                    s1[j] = dpbf16(s1[j], a1, bk);
+                }
+            }
+            for (int j = 0; j < KJ; j++) {
+                float *row = sc + (j0 + j) * TL;
+                int p = p0 + j0 + j;
+                if (j0 + j >= nk) {
+                    s0[j] = s1[j] = neg_inf;
+                } else if (p > minpos) {
+                    s0[j] = vmask_before(s0[j], pos0, p);
+                    s1[j] = vmask_before(s1[j], pos1, p);
+                }
+                vstore(row, s0[j]);
+                vstore(row + VL, s1[j]);
+            }
+        }
+        vec c0 = m0, c1 = m1;
+        for (int j = 0; j < nj; j++) {
+            c0 = vmax(c0, vload(sc + j * TL));
+            c1 = vmax(c1, vload(sc + j * TL + VL));
+        }
+        vec a0 = vexp(vsub(m0, c0)), a1 = vexp(vsub(m1, c1));
+        sum0 = vmul(sum0, a0);
+        sum1 = vmul(sum1, a1);
+        int np = (nk + 1) / 2; /* key pairs; a pair's missing second key has weight 0 */
+        for (int j2 = 0; j2 < np; j2++) {
+            vec e[2][2];
+            for (int u = 0; u < 2; u++) {
+                e[u][0] = exp_bf16(vsub(vload(sc + (2 * j2 + u) * TL), c0));
+                e[u][1] = exp_bf16(vsub(vload(sc + (2 * j2 + u) * TL + VL), c1));
+                sum0 = vadd(sum0, e[u][0]);
+                sum1 = vadd(sum1, e[u][1]);
+            }
+            _mm512_store_si512(p2 + j2 * TL, interleave_bf16(e[0][0], e[1][0]));
+            _mm512_store_si512(p2 + j2 * TL + VL, interleave_bf16(e[0][1], e[1][1]));
+        }
+        m0 = c0;
+        m1 = c1;
+        for (int j2 = 0; j2 < np; j2++) {
+            const float *va = vb + (size_t)(2 * j2) * d;
+            const float *vc = 2 * j2 + 1 < nk ? va + d : va;
+            for (int i = 0; i < d; i += VL)
+                _mm512_store_si512(v2 + j2 * d + i, interleave_bf16(vload(va + i), vload(vc + i)));
+        }
+        for (int i0 = 0; i0 < d; i0 += DI) {
+            vec o0[DI], o1[DI];
+            for (int i = 0; i < DI; i++) {
+                o0[i] = vmul(vload(acc + (i0 + i) * TL), a0); /* rescaled as it is read */
+                o1[i] = vmul(vload(acc + (i0 + i) * TL + VL), a1);
+            }
+            for (int j2 = 0; j2 < np; j2++) {
+                __m512i e0 = _mm512_load_si512(p2 + j2 * TL);
+                __m512i e1 = _mm512_load_si512(p2 + j2 * TL + VL);
+                for (int i = 0; i < DI; i++) {
+                    __m512i bv = _mm512_set1_epi32((int)v2[j2 * d + i0 + i]);
+                    o0[i] = dpbf16(o0[i], e0, bv);
+                    o1[i] = dpbf16(o1[i], e1, bv);
+                }
+            }
+            for (int i = 0; i < DI; i++) {
+                vstore(acc + (i0 + i) * TL, o0[i]);
+                vstore(acc + (i0 + i) * TL + VL, o1[i]);
+            }
+        }
+    }
+    float total[TL] __attribute__((aligned(64)));
+    vstore(total, sum0);
+    vstore(total + VL, sum1);
+    for (int l = 0; l < lanes; l++) {
+        int lane = first + l, r = lane / group, head = g * group + lane % group;
+        float *o = t->out + ((size_t)r * hq + head) * d, inv = 1.0f / total[l];
+        for (int i = 0; i < d; i++) o[i] = acc[i * TL + l] * inv;
+    }
+}
+#endif
+
+/* out[r] = attention of row r's query heads over positions 0..positions[r] of the sequence
+ * whose blocks are `table`; the rows' own K/V must be in the pool already. Returns 0, or -1
+ * for a shape this kernel does not take (the caller keeps its other path), -2 for a
+ * position past the table. */
+int chunk_attention(const ChunkShape *s, const float *qkv, int rows, const int64_t *positions,
+                    const int64_t *table, int table_len, const float *pool, float *out,
+                    int nthreads) {
+    if (rows <= 0) return 0;
+    if (s->kv_heads <= 0 || s->heads % s->kv_heads || s->head_dim % DI || s->head_dim > 256 ||
+        s->block_size <= 0 || s->block_size > MAX_BLOCK)
+        return -1;
+    for (int r = 0; r < rows; r++)
+        if (positions[r] < 0 || positions[r] / s->block_size >= table_len) return -2;
+    for (int b = 0; b < table_len; b++)
+        if (table[b] < 0 || table[b] >= s->num_blocks) return -2;
+    int group = s->heads / s->kv_heads, tiles = (rows * group + TL - 1) / TL;
+    ChunkTask t = {s, qkv, rows, positions, table, table_len, pool, out, tiles};
+    chunk_fn fn = tile;
+#ifdef __AVX512BF16__
+    if (s->bf16 && s->head_dim % (2 * VL) == 0) fn = tile_bf16;
+#endif
+    pool_run(fn, &t, tiles * s->kv_heads, nthreads);
+    return 0;
+}

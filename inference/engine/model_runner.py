@@ -34,8 +34,8 @@ from inference.engine.tensor_parallel import build_model
 
 log = logging.getLogger(__name__)
 
-# Steps on the torch path from at most this many streams give the kernels' pool every core
-# (small_step_threads), as steps on the native path do; larger ones keep num_threads.
+# Steps on the torch path from at most this many streams take small_step_threads (every
+# core by default), as steps on the native path do; larger ones keep num_threads.
 FEW_STREAMS = 2
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -331,11 +331,13 @@ class ModelRunner:
             want = 1
         else:
             want = self.config.cpu_threads()
-            # A prompt's chunk from one or two streams (a follow-up question over a long
-            # document): the web side is as light as in a small step, so the chunk's
-            # attention (kernels/chunk_attention.c, in the kernels' pool) takes every core.
-            few = streams <= FEW_STREAMS
-            kernels.set_threads(self.config.small_step_cpu_threads() if few else want)
+            # A prompt's chunk from one or two streams (a new chat, a follow-up over a
+            # long document): the web side is as light as in a small step, so the step's
+            # products and its chunk attention (kernels/chunk_attention.c, in the kernels'
+            # pool) take every core, as small steps do (docs/performance.md, "Threads").
+            if streams <= FEW_STREAMS:
+                want = self.config.small_step_cpu_threads()
+            kernels.set_threads(want)
         if torch.get_num_threads() != want:
             torch.set_num_threads(want)
 

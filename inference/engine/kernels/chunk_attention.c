@@ -92,6 +92,41 @@ typedef struct {
     int tiles;  /* per KV head */
 } ChunkTask;
 
+/* The tile's queries, transposed to [head_dim][TL] and scaled, and its lanes' positions.
+ * Spare lanes repeat lane 0's row with a zero query: finite, then ignored. */
+static void load_queries(const ChunkTask *t, int g, int first, int lanes, float *qt,
+                         int32_t *pos, int *minpos, int *maxpos) {
+    const ChunkShape *s = t->s;
+    int d = s->head_dim, group = s->heads / s->kv_heads;
+    int nqkv = (s->heads + 2 * s->kv_heads) * d;
+    *minpos = INT32_MAX;
+    *maxpos = 0;
+    for (int l = 0; l < TL; l++) {
+        int lane = first + (l < lanes ? l : 0);
+        int r = lane / group, head = g * group + lane % group;
+        const float *q = t->qkv + (size_t)r * nqkv + head * d;
+        for (int i = 0; i < d; i++) qt[i * TL + l] = l < lanes ? q[i] * s->scale : 0.0f;
+        pos[l] = (int32_t)t->positions[r];
+        if (pos[l] < *minpos) *minpos = pos[l];
+        if (pos[l] > *maxpos) *maxpos = pos[l];
+    }
+}
+
+/* Each lane's output, divided by its softmax sum, to out[row][head]. */
+static void write_out(const ChunkTask *t, int g, int first, int lanes, const float *acc,
+                      vec sum0, vec sum1) {
+    const ChunkShape *s = t->s;
+    int d = s->head_dim, hq = s->heads, group = hq / s->kv_heads;
+    float total[TL] __attribute__((aligned(64)));
+    vstore(total, sum0);
+    vstore(total + VL, sum1);
+    for (int l = 0; l < lanes; l++) {
+        int lane = first + l, r = lane / group, head = g * group + lane % group;
+        float *o = t->out + ((size_t)r * hq + head) * d, inv = 1.0f / total[l];
+        for (int i = 0; i < d; i++) o[i] = acc[i * TL + l] * inv;
+    }
+}
+
 /* The scores of keys k[0..KJ) against the tile's queries, stored to sc[j * TL ...]. */
 static inline __attribute__((always_inline)) void scores(const float *qt, const float *const k[KJ],
                                                          int d, float *sc) {
@@ -115,7 +150,7 @@ static void tile(void *arg, int index) {
     const ChunkTask *t = (const ChunkTask *)arg;
     const ChunkShape *s = t->s;
     int d = s->head_dim, hq = s->heads, hkv = s->kv_heads, bs = s->block_size;
-    int group = hq / hkv, nqkv = (hq + 2 * hkv) * d, lanes_all = t->rows * group;
+    int group = hq / hkv, lanes_all = t->rows * group;
     /* The last tiles hold the latest rows, which see the most keys: they go first. */
     int g = index % hkv, first = (t->tiles - 1 - index / hkv) * TL;
     int lanes = lanes_all - first < TL ? lanes_all - first : TL;
@@ -126,17 +161,8 @@ static void tile(void *arg, int index) {
     float acc[d * TL] __attribute__((aligned(64)));
     float sc[(MAX_BLOCK + KJ) * TL] __attribute__((aligned(64)));
     int32_t pos[TL] __attribute__((aligned(64)));
-    int minpos = INT32_MAX, maxpos = 0;
-    for (int l = 0; l < TL; l++) {
-        /* Spare lanes repeat lane 0's row with a zero query: finite, then ignored. */
-        int lane = first + (l < lanes ? l : 0);
-        int r = lane / group, head = g * group + lane % group;
-        const float *q = t->qkv + (size_t)r * nqkv + head * d;
-        for (int i = 0; i < d; i++) qt[i * TL + l] = l < lanes ? q[i] * s->scale : 0.0f;
-        pos[l] = (int32_t)t->positions[r];
-        if (pos[l] < minpos) minpos = pos[l];
-        if (pos[l] > maxpos) maxpos = pos[l];
-    }
+    int minpos, maxpos;
+    load_queries(t, g, first, lanes, qt, pos, &minpos, &maxpos);
     memset(acc, 0, sizeof(float) * d * TL);
     const ivec pos0 = iload(pos), pos1 = iload(pos + VL);
     const vec neg_inf = vset1(-INFINITY);
@@ -206,14 +232,7 @@ static void tile(void *arg, int index) {
             }
         }
     }
-    float total[TL] __attribute__((aligned(64)));
-    vstore(total, sum0);
-    vstore(total + VL, sum1);
-    for (int l = 0; l < lanes; l++) {
-        int lane = first + l, r = lane / group, head = g * group + lane % group;
-        float *o = t->out + ((size_t)r * hq + head) * d, inv = 1.0f / total[l];
-        for (int i = 0; i < d; i++) o[i] = acc[i * TL + l] * inv;
-    }
+    write_out(t, g, first, lanes, acc, sum0, sum1);
 }
 
 #ifdef __AVX512BF16__
@@ -256,7 +275,7 @@ static void tile_bf16(void *arg, int index) {
     const ChunkTask *t = (const ChunkTask *)arg;
     const ChunkShape *s = t->s;
     int d = s->head_dim, hq = s->heads, hkv = s->kv_heads, bs = s->block_size;
-    int group = hq / hkv, nqkv = (hq + 2 * hkv) * d, lanes_all = t->rows * group, d2 = d / 2;
+    int group = hq / hkv, lanes_all = t->rows * group, d2 = d / 2;
     int g = index % hkv, first = (t->tiles - 1 - index / hkv) * TL;
     int lanes = lanes_all - first < TL ? lanes_all - first : TL;
     size_t head_stride = (size_t)s->num_blocks * bs * d;
@@ -270,16 +289,8 @@ static void tile_bf16(void *arg, int index) {
     uint32_t kq[KJ * d2] __attribute__((aligned(64)));           /* KJ keys as bf16 pairs */
     uint32_t v2[(MAX_BLOCK / 2 + 1) * d] __attribute__((aligned(64))); /* value pairs */
     int32_t pos[TL] __attribute__((aligned(64)));
-    int minpos = INT32_MAX, maxpos = 0;
-    for (int l = 0; l < TL; l++) {
-        int lane = first + (l < lanes ? l : 0);
-        int r = lane / group, head = g * group + lane % group;
-        const float *q = t->qkv + (size_t)r * nqkv + head * d;
-        for (int i = 0; i < d; i++) qt[i * TL + l] = l < lanes ? q[i] * s->scale : 0.0f;
-        pos[l] = (int32_t)t->positions[r];
-        if (pos[l] < minpos) minpos = pos[l];
-        if (pos[l] > maxpos) maxpos = pos[l];
-    }
+    int minpos, maxpos;
+    load_queries(t, g, first, lanes, qt, pos, &minpos, &maxpos);
     for (int i2 = 0; i2 < d2; i2++)
         for (int h = 0; h < 2; h++)
             _mm512_store_si512(q2 + i2 * TL + h * VL,
@@ -374,14 +385,7 @@ static void tile_bf16(void *arg, int index) {
             }
         }
     }
-    float total[TL] __attribute__((aligned(64)));
-    vstore(total, sum0);
-    vstore(total + VL, sum1);
-    for (int l = 0; l < lanes; l++) {
-        int lane = first + l, r = lane / group, head = g * group + lane % group;
-        float *o = t->out + ((size_t)r * hq + head) * d, inv = 1.0f / total[l];
-        for (int i = 0; i < d; i++) o[i] = acc[i * TL + l] * inv;
-    }
+    write_out(t, g, first, lanes, acc, sum0, sum1);
 }
 #endif
 

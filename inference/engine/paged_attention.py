@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from inference.engine import kernels
+from inference.engine.kernels import PagedShape
 from inference.engine.kernels.build import compiled_library
 
 log = logging.getLogger(__name__)
@@ -27,17 +28,6 @@ log = logging.getLogger(__name__)
 SOURCE = Path(kernels.__file__).with_name("paged_attention.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-pthread", "-shared", "-fPIC"]
 _REQUIRED_CPU_FLAGS = {"avx2", "fma"}
-
-
-class PagedShape(ctypes.Structure):
-    _fields_ = [
-        ("heads", ctypes.c_int),
-        ("kv_heads", ctypes.c_int),
-        ("head_dim", ctypes.c_int),
-        ("block_size", ctypes.c_int),
-        ("num_blocks", ctypes.c_int),
-        ("scale", ctypes.c_float),
-    ]
 
 
 @cache

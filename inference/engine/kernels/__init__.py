@@ -155,7 +155,10 @@ class LayerShape(ctypes.Structure):
     ]
 
 
-class ChunkShape(ctypes.Structure):
+class PagedShape(ctypes.Structure):
+    """An attention layer's heads and its KV pool's blocks, as the attention kernels over the
+    pool take them (paged_attention.c, chunk_attention.c)."""
+
     _fields_ = [
         ("heads", ctypes.c_int),
         ("kv_heads", ctypes.c_int),
@@ -163,8 +166,13 @@ class ChunkShape(ctypes.Structure):
         ("block_size", ctypes.c_int),
         ("num_blocks", ctypes.c_int),
         ("scale", ctypes.c_float),
-        ("bf16", ctypes.c_int),
     ]
+
+
+class ChunkShape(PagedShape):
+    """PagedShape, then whether the chunk attention's products run in bf16."""
+
+    _fields_ = [("bf16", ctypes.c_int)]
 
 
 def chunk_attention(

@@ -158,28 +158,44 @@ def trial_order(num_settings: int, repeats: int) -> list[tuple[int, int]]:
     return [(s, r) for r in range(repeats) for s in range(num_settings)]
 
 
-def decide(
-    goodputs: list[list[float]], current: int = 0, margin: float = DEFAULT_MARGIN
-) -> int | None:
-    """The index of the setting that beats the current one beyond the noise, or None.
+def beats(runs: list[float], others: list[float], margin: float) -> bool:
+    """Whether `runs` is ahead of `others` beyond the noise: its worst run above their best
+    by more than `margin` (a fraction of it), so the min-max ranges do not overlap, with
+    room to spare."""
+    return min(runs) > max(others) * (1 + margin)
 
-    A setting qualifies when its worst run's goodput is above the current settings' best
-    run's by more than `margin` (a fraction of it): the min-max ranges do not overlap, with
-    room to spare. Of those that qualify, the highest median wins (the earlier on a tie).
-    """
+
+def contenders(
+    goodputs: list[list[float]], current: int = 0, margin: float = DEFAULT_MARGIN
+) -> list[int]:
+    """The settings that beat the current one beyond the noise."""
     if not 0 <= current < len(goodputs):
         raise ValueError("current must index one of the settings")
     if any(not runs for runs in goodputs):
         raise ValueError("every setting needs at least one run")
     if margin < 0:
         raise ValueError("margin must be >= 0")
-    bar = max(goodputs[current])
-    qualified = [
-        i for i, runs in enumerate(goodputs) if i != current and min(runs) > bar * (1 + margin)
+    return [
+        i
+        for i, runs in enumerate(goodputs)
+        if i != current and beats(runs, goodputs[current], margin)
     ]
-    if not qualified:
-        return None
-    return max(qualified, key=lambda i: (statistics.median(goodputs[i]), -i))
+
+
+def decide(
+    goodputs: list[list[float]], current: int = 0, margin: float = DEFAULT_MARGIN
+) -> int | None:
+    """The index of the setting that beats the current one beyond the noise, or None.
+
+    A winner beats the current settings (`beats`) and every other setting that does too.
+    When two settings beat the current ones but not each other, which is ahead is the
+    noise's choice, and a second run would name the other: no clear winner then.
+    """
+    ahead = contenders(goodputs, current, margin)
+    for i in ahead:
+        if all(beats(goodputs[i], goodputs[j], margin) for j in ahead if j != i):
+            return i
+    return None
 
 
 def env_lines(setting: dict[str, Any]) -> str:
@@ -471,7 +487,8 @@ def verdict_of(
         raise ValueError("candidates must start with the current settings, one runs list each")
     repeats = min(len(r) for r in runs)
     rows = [summarize(s, current, r) for s, r in zip(candidates, runs, strict=True)]
-    won = decide([[r["goodput_rps"] for r in row["runs"]] for row in rows], 0, margin)
+    goodputs = [[r["goodput_rps"] for r in row["runs"]] for row in rows]
+    won = decide(goodputs, 0, margin)
     winner = None if won is None else candidates[won]
     if won is None:
         verdict = KEEP_CURRENT
@@ -489,8 +506,8 @@ def verdict_of(
             "kv_tier": "off",
             "memory_prefix_cache": "emptied before each trial",
             "rule": (
-                "a winner's worst goodput run beats the current settings' best run "
-                f"by more than {margin:.0%}"
+                "a winner's worst goodput run beats the best run of the current settings, "
+                f"and of every other setting that beats them, by more than {margin:.0%}"
             ),
             "margin": margin,
         },
@@ -498,6 +515,8 @@ def verdict_of(
         "rows": rows,
         "winner": winner,
         "verdict": verdict,
+        # Every setting that beat the current ones; several and no winner means they tied.
+        "contenders": [rows[i]["label"] for i in contenders(goodputs, 0, margin)],
         # What *Apply* applies: the winner, None when the current settings stay.
         "best": winner,
         "env": env_lines(winner) if winner is not None else "",

@@ -120,6 +120,23 @@ def test_a_clear_winner_is_named() -> None:
     assert tuning.decide([better, current], current=1) == 0
 
 
+def test_settings_that_beat_the_current_ones_but_not_each_other_tie() -> None:
+    # As a CI run saw it: ngram and a flush interval of 0 both beat the current settings,
+    # inside each other's range, and the higher median changed from one run to the next.
+    current = [1.00, 1.10, 1.05]
+    ngram = [1.40, 1.62, 1.50]
+    flush0 = [1.45, 1.55, 1.60]
+    assert tuning.contenders([current, ngram, flush0]) == [1, 2]
+    assert tuning.decide([current, ngram, flush0]) is None
+    assert tuning.decide([current, flush0, ngram]) is None
+    # Apart from each other too: the one ahead wins, whatever the order.
+    far = [1.80, 1.85, 1.90]
+    assert tuning.decide([current, ngram, far]) == 2
+    assert tuning.decide([current, far, ngram]) == 1
+    # One that does not beat the current settings cannot spoil a winner.
+    assert tuning.decide([current, [1.0, 1.7, 1.2], far]) == 2
+
+
 def test_differences_inside_the_noise_keep_the_current_settings() -> None:
     # The three runs: the "best" changed each time, all within each other's range.
     current = [2.10, 2.40, 2.25]

@@ -135,7 +135,7 @@ class Dashboard {
     const tuneStart = el('button', { type: 'button', id: 'ld-tune-start' }, 'Tune serving settings');
     tuneStart.addEventListener('click', () => void this.post(this.tuningUrl, tuneStart));
     tune.append(el('h2', {}, 'Serving-settings tuning'), el('p', { class: 'ld-help' },
-      'Replays the recent requests (or a synthetic stream) under the current settings and, one change at a time, other token budgets, sequence caps, speculation modes and chat flush intervals; each setting runs several times, interleaved, on an engine with the Redis KV tier off and a cold prefix cache. Goodput counts the requests per second that meet both the TTFT and the TPOT target; a winner is named only when its worst run beats the current settings\' best.'),
+      'Replays the recent requests (or a synthetic stream) under the current settings and, one change at a time, other token budgets, sequence caps, speculation modes and chat flush intervals; each setting runs several times, interleaved, on an engine with the Redis KV tier off and a cold prefix cache. Goodput counts the requests per second that meet both the TTFT and the TPOT target; a winner is named only when its worst run beats the best run of the current settings and of every other setting that beats them.'),
       tuneStart, el('div', { id: 'ld-tune-runs' }));
     this.root.append(bar, tiles, grid, slow, bench, tune);
   }

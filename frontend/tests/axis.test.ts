@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { CHAR_PX, edgeSafeLabels, tickLabel, X_TICK_SPACE, xAxis } from '../src/dashboard/axis';
+import { CHAR_PX, edgeSafeLabels, tickLabel, X_INCRS, X_TICK_SPACE, xAxis } from '../src/dashboard/axis';
 
 const at = (h: number, m: number, s = 0) => new Date(2026, 11, 1, h, m, s).getTime() / 1000;
 
@@ -15,6 +15,30 @@ describe('dashboard time axis', () => {
     // "09:05" is ~35 px wide: a tick at 10 px would reach into the y axis.
     expect(edgeSafeLabels(['09:05', '09:10', '09:15'], [10, 150, 295], 300)).toEqual(['', '09:10', '']);
     expect(edgeSafeLabels(['09:05', '09:10'], [20, 150], 300)).toEqual(['09:05', '09:10']);
+  });
+
+  it('never blanks every label: the one nearest the middle stays', () => {
+    expect(edgeSafeLabels(['09:05:00'], [12], 200)).toEqual(['09:05:00']);
+    expect(edgeSafeLabels(['09:05:00', '09:10:00'], [5, 190], 200)).toEqual(['', '09:10:00']);
+    expect(edgeSafeLabels([], [], 200)).toEqual([]);
+  });
+
+  it('steps finely enough that a narrow 5-minute window gets a label inside the plot', () => {
+    // uPlot takes the smallest step at least X_TICK_SPACE px wide.
+    for (const width of [200, 250, 300, 400, 600]) {
+      const span = 300;
+      const step = X_INCRS.find((s) => (s / span) * width >= X_TICK_SPACE)!;
+      for (let start = 0; start < step; start += 7) {
+        const ticks: number[] = [];
+        for (let t = Math.ceil(start / step) * step; t <= start + span; t += step) ticks.push(t);
+        const half = ('09:05:00'.length * CHAR_PX) / 2;
+        const inside = ticks.filter((t) => {
+          const x = ((t - start) / span) * width;
+          return x >= half && x <= width - half;
+        });
+        expect(inside.length, `width ${width}, start ${start}`).toBeGreaterThan(0);
+      }
+    }
   });
 
   it('keeps ticks far enough apart for the widest label', () => {

@@ -2,7 +2,9 @@
 // tick and centres every label on its tick, so the first label ran into the y axis's
 // numbers at the bottom-left corner. Here every label is one line, ticks are spaced for
 // the widest label, and a label that would cross the plot's left or right edge is left
-// blank (its tick and grid line stay).
+// blank (its tick and grid line stay). uPlot's own steps jump from 1 to 5 minutes, so a
+// narrow plot of a 5-minute window got a single tick, often blanked at an edge: the steps
+// below are finer, and when every label would be blanked the most central one stays.
 
 const pad = (n: number) => String(n).padStart(2, '0');
 
@@ -20,14 +22,26 @@ export function tickLabel(sec: number, spanS: number): string {
   return hm;
 }
 
+/** Tick steps in seconds: 1-2-5 and the clock's own divisions (3 minutes keeps a label inside
+ * a 5-minute window 200 px wide), up to 4 weeks. */
+export const X_INCRS = [
+  1, 2, 5, 10, 15, 30, 60, 120, 180, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
+  2 * 86400, 7 * 86400, 14 * 86400, 28 * 86400,
+];
+
 /** Blank the labels whose text, centred on its tick at `positions[i]` (CSS px from the
- * plot's left edge), would stick out of [0, plotWidth]. */
+ * plot's left edge), would stick out of [0, plotWidth]; but never all of them: an axis
+ * without any time on it says less than one label that overhangs a little. */
 export function edgeSafeLabels(labels: string[], positions: number[], plotWidth: number, charPx = CHAR_PX): string[] {
-  return labels.map((label, i) => {
+  const fits = labels.map((label, i) => {
     const half = (label.length * charPx) / 2;
-    const x = positions[i];
-    return x - half < 0 || x + half > plotWidth ? '' : label;
+    return positions[i] - half >= 0 && positions[i] + half <= plotWidth;
   });
+  if (labels.length && !fits.some(Boolean)) {
+    const off = positions.map((x) => Math.abs(x - plotWidth / 2));
+    fits[off.indexOf(Math.min(...off))] = true;
+  }
+  return labels.map((label, i) => (fits[i] ? label : ''));
 }
 
 /** Just what xAxis needs from a uPlot instance (so the tests can pass a stand-in). */
@@ -42,6 +56,7 @@ export function xAxis(stroke: string) {
   return {
     stroke,
     space: X_TICK_SPACE,
+    incrs: X_INCRS,
     size: 30,
     values: (u: AxisPlot, splits: number[]): string[] => {
       const span = (u.scales.x?.max ?? 0) - (u.scales.x?.min ?? 0);

@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 # Fields we honour, and fields clients commonly send that we accept at their defaults.
 COMMON_FIELDS = {
     "model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream",
-    "stream_options", "user", "cache_salt",
+    "stream_options", "user", "cache_salt", "ignore_eos",
 }  # fmt: skip
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens"}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt"}
@@ -254,12 +254,18 @@ def parse_common(body: dict, allowed: set[str], default_max_tokens: int | None) 
     if max_tokens is not None and max_tokens > max_new:
         raise invalid(f"max_tokens must be at most {max_new}", "max_tokens")
     seed = _int(body, "seed", -(1 << 63), (1 << 63) - 1)
+    # vLLM's and llama-server's extra field: generate max_tokens whatever the model's
+    # end-of-sequence token says (benchmarks compare replies of one length).
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise invalid("'ignore_eos' must be a boolean", "ignore_eos")
     sampling = SamplingParams(
         max_tokens=max_tokens or default_max_tokens or max_new,
         temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
         top_p=_number(body, "top_p", 0.0, 1.0, 1.0) or 1.0,
         seed=seed,
         stop=_stop(body),
+        ignore_eos=ignore_eos,
     )
     if body.get("top_p") == 0:
         raise invalid("'top_p' must be greater than 0", "top_p")

@@ -209,6 +209,8 @@ class UpstreamClient:
             body["seed"] = sampling.seed
         if sampling.stop:
             body["stop"] = sampling.stop[:4]
+        if sampling.ignore_eos:
+            body["ignore_eos"] = True  # vLLM and llama-server honour it
         if session_id:
             body["user"] = session_id
         if cache_salt and self.send_cache_salt:

@@ -76,9 +76,12 @@ async def one_client(
     turns: int,
     max_tokens: int,
     i: int,
-    sampling: dict[str, float],
+    sampling: dict[str, Any],
     workload: str = "chat",
 ) -> list[dict[str, float]]:
+    # Fields beyond OpenAI's own (ignore_eos) travel in the body as they are.
+    extra = {k: sampling[k] for k in ("ignore_eos",) if k in sampling}
+    sampling = {k: v for k, v in sampling.items() if k not in extra}
     firsts, follow_ups = WORKLOADS[workload]
     out = []
     history: list[dict[str, str]] = []
@@ -99,6 +102,7 @@ async def one_client(
             stream_options={"include_usage": True},
             max_tokens=max_tokens,
             messages=history,
+            extra_body=extra or None,
             **sampling,
         )
         async for chunk in stream:
@@ -134,7 +138,7 @@ async def run_level(
     concurrency: int,
     turns: int,
     max_tokens: int,
-    sampling: dict[str, float] | None = None,
+    sampling: dict[str, Any] | None = None,
     workload: str = "chat",
 ) -> dict[str, Any]:
     import httpx

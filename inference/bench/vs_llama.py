@@ -16,6 +16,10 @@ the median of each figure with its min-max spread and each of our variants' rati
 llama-server, and writes the raw runs as JSON. llama-server's own time per token (its
 `timings`, without HTTP and the client) is the last column.
 
+Every reply is `--max-tokens` long (`ignore_eos`, which both servers honour): tok/s then
+compares the same work, where natural lengths (`--natural-lengths`) let one server's
+shorter replies, sampled differently, count as slowness, since each reply pays its TTFT.
+
 Our server is started as `make run` serves it (daphne, the embedded engine, the defaults),
 on its own SQLite file and KV-tier namespace; `--variant NAME KEY=VALUE ...` starts one
 such server per variant (each its own settings), side by side. llama-server gets `-np`
@@ -135,6 +139,7 @@ def print_table(results: dict[str, Any]) -> None:
     load = results.get("load_avg", {})
     print(
         f"\n{results['machine']}; threads: {threads}; workload {results['settings']['workload']}; "
+        f"replies {'of max_tokens' if results['settings'].get('ignore_eos') else 'to their end'}; "
         f"load (1 min) {load.get('before', 0):.2f} before, {load.get('after', 0):.2f} after; "
         f"medians (min-max) of {results['settings']['repeat']}"
     )
@@ -182,12 +187,15 @@ def run(
     variants: dict[str, dict[str, str]] | None = None,
     workload: str = "chat",
     with_llama: bool = True,
+    fixed_lengths: bool = True,
 ) -> dict[str, Any]:
     """Both servers at each level of concurrent clients; the figures as a dict. `variants`:
     one of our servers per name, each with its own settings on top of `env`."""
     binary = llama_server_binary(llama_server) if with_llama else ""
     variants = variants or {"ours": {}}
-    sampling = {"temperature": 0.7, "top_p": 0.95}
+    sampling: dict[str, Any] = {"temperature": 0.7, "top_p": 0.95}
+    if fixed_lengths:
+        sampling["ignore_eos"] = True
     results: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": cpu_model(),
@@ -235,7 +243,7 @@ def _level(
     repeat: int,
     turns: int,
     max_tokens: int,
-    sampling: dict[str, float],
+    sampling: dict[str, Any],
     workload: str,
 ) -> dict[str, Any]:
     """One level of c clients: every server `repeat` times, rotating which goes first."""
@@ -296,6 +304,10 @@ def main() -> None:
         "or to the first variant with --no-llama)",
     )  # fmt: skip
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="chat")
+    ap.add_argument(
+        "--natural-lengths", action="store_true",
+        help="let replies end at the model's end-of-sequence token (default: max-tokens each)",
+    )  # fmt: skip
     ap.add_argument("--json", default="bench_vs_llama.json")
     args = ap.parse_args()
 
@@ -309,6 +321,7 @@ def main() -> None:
     results = run(
         tuple(args.concurrency), args.repeat, args.turns, args.max_tokens, args.threads,
         args.llama_server, settings(args.env), variants, args.workload, not args.no_llama,
+        not args.natural_lengths,
     )  # fmt: skip
     Path(args.json).write_text(json.dumps(results, indent=2))
     print(f"json: {args.json}")

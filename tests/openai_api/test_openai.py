@@ -51,6 +51,29 @@ def test_max_completion_tokens_and_seed_make_a_repeatable_sample(
     assert client.chat.completions.create(**kwargs).choices[0].message.content == first
 
 
+def test_ignore_eos_asks_for_max_tokens_and_must_be_a_boolean(
+    client: openai.OpenAI, model_id: str
+) -> None:
+    from chatapp.openai_api.views import parse_chat
+
+    body = {"model": model_id, "messages": [{"role": "user", "content": "Hi"}]}
+    assert parse_chat({**body, "ignore_eos": True}).sampling.ignore_eos is True
+    assert parse_chat(body).sampling.ignore_eos is False
+    for seed in range(4):
+        reply = client.chat.completions.create(
+            model=model_id, messages=[{"role": "user", "content": f"Go {seed}"}],
+            max_tokens=9, temperature=1.5, seed=seed, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        assert reply.usage.completion_tokens == 9 and reply.choices[0].finish_reason == "length"
+    for bad in ("yes", 1, None):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(
+                model=model_id, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                extra_body={"ignore_eos": bad},
+            )  # fmt: skip
+        assert err.value.body["param"] == "ignore_eos"  # type: ignore[index]
+
+
 def test_streaming_chat_with_usage_chunk(client: openai.OpenAI, model_id: str) -> None:
     stream = client.chat.completions.create(
         model=model_id,

@@ -94,12 +94,19 @@ QUANTIZATIONS = ("none", "fp16", "int8", "int4", "hybrid")
 # hybrid: steps of at most this many rows use the Q4_1 weights (and the native path),
 # bigger ones the float format; the crossover depends on that format, so there is one per
 # format, each measured (docs/performance.md, "The crossover"). ENGINE_NATIVE_MAX_ROWS
-# overrides it.
-# - fp16 weights (fbgemm; CPUs without native bf16), on a 2-core AVX2 CPU, CPU ms per decode
-#   step of the default model: 4-bit 11.5 / 26.5 / 50.7 / 78.1 at 1 / 4 / 8 / 12 rows, fp16
-#   34.8 / 41.1 / 65.1 / 77.2: 4-bit reads a quarter of the bytes and wins while reading
-#   weights dominates; by 12 rows fp16's GEMM has caught up.
+# overrides it. HYBRID_MAX_ROWS is also where the torch path stops taking the 4-bit blocks
+# and where a step's guesses stop being nearly free (engine.py).
+# - Measured first on a 2-core AVX2 CPU in CPU ms per decode step, before the grouped
+#   4-bit kernels: 4-bit 11.5 / 26.5 / 50.7 / 78.1 at 1 / 4 / 8 / 12 rows, fp16 34.8 /
+#   41.1 / 65.1 / 77.2: 4-bit read a quarter of the bytes and won while reading weights
+#   dominated; by 12 rows fp16's GEMM had caught up.
 HYBRID_MAX_ROWS = 8
+# - fp16 weights (fbgemm; CPUs without native bf16), with the grouped kernels (each
+#   unpacked block serves 4 rows) on the same kind of AVX2 CPU (AMD EPYC Zen 3, 2 cores),
+#   wall ms per decode step, 4-bit against fp16: 41.7 / 103.3 at 12 rows, 54.0 / 122.1 at
+#   16, 102.7 / 215.0 at 32, 214.9 / 370.6 at 64 (the 4-bit path on both cores, fbgemm on
+#   one: the other is the web side's); served, 16 and 64 users 1.61x and 1.37x the tok/s.
+HYBRID_MAX_ROWS_FP16 = 64
 # - bf16 weights (oneDNN; AVX512-BF16 / AMX), on a 2-core Xeon with AMX: the grouped 4-bit
 #   kernels (each unpacked block serves 4 rows, VNNI dot products) stay ahead of oneDNN's
 #   bf16 products at every decode batch up to max_num_seqs.
@@ -110,16 +117,24 @@ HYBRID_MAX_ROWS_BF16 = 64
 # OpenMP workers spin on the cores the pool needs next (docs/performance.md).
 HEAD_BLOCK_ROWS = 8
 HEAD_BLOCK_ROWS_BF16 = 16
+# fp16 (AVX2): the blocks on both cores against fbgemm's fp16 on one, ms for the head at
+# 16 / 32 / 64 rows: 11.3 / 21.3 / 42.3 against 22.3 / 48.8 / 80.8 (Zen 3).
+HEAD_BLOCK_ROWS_FP16 = 64
 
 
 def default_native_max_rows(large: str | None) -> int:
     """The measured crossover for hybrid's float format of larger steps (None: int4)."""
-    return HYBRID_MAX_ROWS_BF16 if large == "bf16" else HYBRID_MAX_ROWS
+    return {"bf16": HYBRID_MAX_ROWS_BF16, "fp16": HYBRID_MAX_ROWS_FP16}.get(
+        large or "", HYBRID_MAX_ROWS
+    )
 
 
 def head_block_rows(large: str | None, native_max_rows: int) -> int:
     """Up to how many rows the lm_head takes its 8-bit blocks: at most the native path's."""
-    return min(native_max_rows, HEAD_BLOCK_ROWS_BF16 if large == "bf16" else HEAD_BLOCK_ROWS)
+    rows = {"bf16": HEAD_BLOCK_ROWS_BF16, "fp16": HEAD_BLOCK_ROWS_FP16}.get(
+        large or "", HEAD_BLOCK_ROWS
+    )
+    return min(native_max_rows, rows)
 
 
 # The native paged attention takes a sequence's rows one by one; the chunk attention

@@ -22,11 +22,13 @@ export function tickLabel(sec: number, spanS: number): string {
   return hm;
 }
 
-/** Tick steps in seconds: 1-2-5 and the clock's own divisions (3 minutes keeps a label inside
- * a 5-minute window 200 px wide), up to 4 weeks. */
+/** Tick steps in seconds: the clock's own divisions, finer than uPlot's (2 and 3 minutes
+ * keep a label inside a 5-minute window 200 px wide), up to 4 weeks. */
 export const X_INCRS = [
-  1, 2, 5, 10, 15, 30, 60, 120, 180, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
-  2 * 86400, 7 * 86400, 14 * 86400, 28 * 86400,
+  1, 2, 5, 10, 15, 30,
+  60, 120, 180, 300, 600, 900, 1200, 1800,
+  3600, 7200, 10800, 14400, 21600, 28800, 43200,
+  86400, 2 * 86400, 3 * 86400, 7 * 86400, 14 * 86400, 28 * 86400,
 ];
 
 /** Blank the labels whose text, centred on its tick at `positions[i]` (CSS px from the

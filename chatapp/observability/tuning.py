@@ -191,7 +191,11 @@ def decide(
     When two settings beat the current ones but not each other, which is ahead is the
     noise's choice, and a second run would name the other: no clear winner then.
     """
-    ahead = contenders(goodputs, current, margin)
+    return clear_winner(goodputs, contenders(goodputs, current, margin), margin)
+
+
+def clear_winner(goodputs: list[list[float]], ahead: list[int], margin: float) -> int | None:
+    """The one of `ahead` (the `contenders`) that beats all the others, or None."""
     for i in ahead:
         if all(beats(goodputs[i], goodputs[j], margin) for j in ahead if j != i):
             return i
@@ -488,7 +492,8 @@ def verdict_of(
     repeats = min(len(r) for r in runs)
     rows = [summarize(s, current, r) for s, r in zip(candidates, runs, strict=True)]
     goodputs = [[r["goodput_rps"] for r in row["runs"]] for row in rows]
-    won = decide(goodputs, 0, margin)
+    ahead = contenders(goodputs, 0, margin)
+    won = clear_winner(goodputs, ahead, margin)
     winner = None if won is None else candidates[won]
     if won is None:
         verdict = KEEP_CURRENT
@@ -516,7 +521,7 @@ def verdict_of(
         "winner": winner,
         "verdict": verdict,
         # Every setting that beat the current ones; several and no winner means they tied.
-        "contenders": [rows[i]["label"] for i in contenders(goodputs, 0, margin)],
+        "contenders": [rows[i]["label"] for i in ahead],
         # What *Apply* applies: the winner, None when the current settings stay.
         "best": winner,
         "env": env_lines(winner) if winner is not None else "",

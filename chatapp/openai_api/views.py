@@ -154,6 +154,14 @@ def _int(body: dict, name: str, lo: int, hi: int) -> int | None:
     return value
 
 
+def _bool(body: dict, name: str) -> bool:
+    """A flag, false when absent (an explicit null is refused, as any other non-boolean)."""
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise invalid(f"'{name}' must be a boolean", name)
+    return value
+
+
 def _stop(body: dict) -> list[str]:
     stop = body.get("stop")
     if stop is None:
@@ -220,9 +228,7 @@ def parse_common(body: dict, allowed: set[str], default_max_tokens: int | None) 
     n = _int(body, "n", 1, 128)
     if n not in (None, 1):
         raise invalid("only n=1 is supported", "n")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise invalid("'stream' must be a boolean", "stream")
+    stream = _bool(body, "stream")
     options = body.get("stream_options")
     include_usage = False
     if options is not None:
@@ -254,18 +260,15 @@ def parse_common(body: dict, allowed: set[str], default_max_tokens: int | None) 
     if max_tokens is not None and max_tokens > max_new:
         raise invalid(f"max_tokens must be at most {max_new}", "max_tokens")
     seed = _int(body, "seed", -(1 << 63), (1 << 63) - 1)
-    # vLLM's and llama-server's extra field: generate max_tokens whatever the model's
-    # end-of-sequence token says (benchmarks compare replies of one length).
-    ignore_eos = body.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise invalid("'ignore_eos' must be a boolean", "ignore_eos")
     sampling = SamplingParams(
         max_tokens=max_tokens or default_max_tokens or max_new,
         temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
         top_p=_number(body, "top_p", 0.0, 1.0, 1.0) or 1.0,
         seed=seed,
         stop=_stop(body),
-        ignore_eos=ignore_eos,
+        # vLLM's and llama-server's extra field: generate max_tokens whatever the model's
+        # end-of-sequence token says (benchmarks compare replies of one length).
+        ignore_eos=_bool(body, "ignore_eos"),
     )
     if body.get("top_p") == 0:
         raise invalid("'top_p' must be greater than 0", "top_p")

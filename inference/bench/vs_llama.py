@@ -22,7 +22,9 @@ shorter replies, sampled differently, count as slowness, since each reply pays i
 
 Our server is started as `make run` serves it (daphne, the embedded engine, the defaults),
 on its own SQLite file and KV-tier namespace; `--variant NAME KEY=VALUE ...` starts one
-such server per variant (each its own settings), side by side. llama-server gets `-np`
+such server per variant (each its own settings), side by side; `TREE=path` among a
+variant's settings runs another checkout's code (`git worktree add /tmp/base HEAD`: the
+last commit against the working tree, in one interleaved run). llama-server gets `-np`
 slots equal to the clients, 2048 tokens of context each.
 """
 
@@ -66,6 +68,10 @@ class OurServer:
         workdir = workdir / name
         workdir.mkdir(parents=True, exist_ok=True)
         self.name = name
+        # TREE=path: that checkout's code (a commit to compare with, `git worktree add`),
+        # run with this environment's packages and model.
+        env = dict(env)
+        self.root = Path(env.pop("TREE")).resolve() if "TREE" in env else ROOT
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / "ours.log"
@@ -87,7 +93,7 @@ class OurServer:
 
     def manage(self, *args: str) -> str:
         out = subprocess.run(
-            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env,
+            [sys.executable, "manage.py", *args], cwd=self.root, env=self.env,
             capture_output=True, text=True, timeout=300, check=True,
         )  # fmt: skip
         return out.stdout.strip()
@@ -107,7 +113,7 @@ class OurServer:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
                  "chatapp.asgi:application"],
-                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         wait_for(f"{self.url}/healthz?engine=1", self.proc, self.log)
         return self

@@ -116,7 +116,13 @@ HYBRID_MAX_ROWS_BF16 = 64
 # measured no faster on one thread (fp16) or 2-3x slower (bf16), and on more threads their
 # OpenMP workers spin on the cores the pool needs next (docs/performance.md).
 HEAD_BLOCK_ROWS = 8
-HEAD_BLOCK_ROWS_BF16 = 16
+# bf16 with AMX (a 2-core Xeon): oneDNN's head caught up at 24 rows (10.44 against 9.64 ms).
+HEAD_BLOCK_ROWS_AMX = 16
+# bf16 on AVX512-BF16 without AMX (AMD EPYC Zen 4, 2 cores): the blocks on both cores
+# against oneDNN's bf16 on one, ms for the head at 24 / 32 / 48 / 64 rows: 7.1 / 9.3 /
+# 14.2 / 21.0 against 13.4 / 15.1 / 22.2 / 23.6; in a whole decode step of 64 streams
+# 79.5 against 96.6 ms (docs/performance.md).
+HEAD_BLOCK_ROWS_BF16 = 64
 # fp16 (AVX2): the blocks on both cores against fbgemm's fp16 on one, ms for the head at
 # 16 / 32 / 64 rows: 11.3 / 21.3 / 42.3 against 22.3 / 48.8 / 80.8 (Zen 3).
 HEAD_BLOCK_ROWS_FP16 = 64
@@ -131,9 +137,8 @@ def default_native_max_rows(large: str | None) -> int:
 
 def head_block_rows(large: str | None, native_max_rows: int) -> int:
     """Up to how many rows the lm_head takes its 8-bit blocks: at most the native path's."""
-    rows = {"bf16": HEAD_BLOCK_ROWS_BF16, "fp16": HEAD_BLOCK_ROWS_FP16}.get(
-        large or "", HEAD_BLOCK_ROWS
-    )
+    bf16 = HEAD_BLOCK_ROWS_AMX if kernels.cpu_has_amx() else HEAD_BLOCK_ROWS_BF16
+    rows = {"bf16": bf16, "fp16": HEAD_BLOCK_ROWS_FP16}.get(large or "", HEAD_BLOCK_ROWS)
     return min(native_max_rows, rows)
 
 

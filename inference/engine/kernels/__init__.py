@@ -72,6 +72,11 @@ def cpu_has_native_bf16() -> bool:
     return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
+def cpu_has_amx() -> bool:
+    """AMX tiles for bf16: there oneDNN's bf16 products outrun the 8-bit blocks early."""
+    return "amx_bf16" in _cpu_flags()
+
+
 def build_flags(cpu_flags: frozenset[str]) -> list[str]:
     """The compiler flags for this CPU: AVX2 always, the AVX512 set only when all of it is
     there (ENGINE_KERNELS_AVX512=0 keeps the AVX2 build, for comparisons)."""

@@ -42,9 +42,9 @@ class EngineConfig:
     num_threads: int = 0
 
     # Threads for steps of a few rows (those the 4-bit native path takes, when it is on)
-    # and for torch-path steps of one or two streams (a prompt's chunk while nobody else
-    # is served: model_runner.FEW_STREAMS): such steps come from few streams, whose web
-    # side is light. They run in the kernels'
+    # and for torch-path steps beside at most two decoding streams (prompts' chunks while
+    # nobody else is streamed to: model_runner.FEW_STREAMS): the web side is light then.
+    # The native steps run in the kernels'
     # own pool, whose workers sleep between steps, so they may take every core: 0 means
     # all of them (measured on 2 cores: one user's time per token 0.72x of one thread's
     # against llama-server; 16 and 64 users level, docs/performance.md).
@@ -64,6 +64,13 @@ class EngineConfig:
     # 4-bit blocks and the native path, larger ones the float format. 0: the crossover
     # measured for this CPU's float format (model.default_native_max_rows).
     native_max_rows: int = 0
+    # With the native path on: "on" runs a step that mixes prompts' chunks with decodes
+    # (at least model_runner.SPLIT_MIN_ROWS rows of them) as two forwards, the decodes on
+    # the native path (4-bit blocks, every core), the chunks on the float path, instead of
+    # every row on the float path; "off" never; "auto": on, except on CPUs with AMX, whose
+    # bf16 products take extra rows beside a chunk for less than the native path
+    # (docs/performance.md, "Mixed steps").
+    split_mixed_steps: str = "auto"
 
     seed: int = 0
     # The torch path's steps (those of more rows than the native small-step path takes) as

@@ -34,8 +34,14 @@ from inference.engine.tensor_parallel import build_model
 
 log = logging.getLogger(__name__)
 
-# Steps on the torch path from at most this many streams take small_step_threads (every
-# core by default), as steps on the native path do; larger ones keep num_threads.
+# A mixed step splits (EngineConfig.split_mixed_steps) from this many rows of decodes: one
+# decoding row on the torch path cost less than a native step's fixed part below it
+# (docs/performance.md, "Mixed steps").
+SPLIT_MIN_ROWS = 8
+SPLIT_MODES = ("auto", "on", "off")
+
+# Steps on the torch path beside at most this many decoding streams take small_step_threads
+# (every core by default), as steps on the native path do; others keep num_threads.
 FEW_STREAMS = 2
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -83,6 +89,13 @@ def resolve_quantization(
     return "fp16" if dtype == torch.float32 else "none"
 
 
+def split_mixed(mode: str) -> bool:
+    """Whether mixed steps split (EngineConfig.split_mixed_steps)."""
+    if mode not in SPLIT_MODES:
+        raise ValueError(f"split_mixed_steps must be one of {', '.join(SPLIT_MODES)}; got {mode!r}")
+    return mode == "on" or (mode == "auto" and not kernels.cpu_has_amx())
+
+
 def describe_engine(
     config: EngineConfig,
     device: torch.device,
@@ -91,6 +104,7 @@ def describe_engine(
     num_blocks: int,
     block_bytes: int,
     native_rows: int | None = None,
+    split: bool = False,
 ) -> str:
     """The resolved configuration, as the one line an engine logs when it starts: what
     `auto` chose, and why, is visible without reading the code."""
@@ -103,6 +117,8 @@ def describe_engine(
     else:
         why = "auto"
     native = f", 4-bit native path up to {native_rows} rows" if native_rows else ""
+    if native_rows:
+        native += f", mixed steps {'split' if split else 'whole'}"
     pool_mb = num_blocks * block_bytes / 2**20
     tier = redacted(config.kv_tier_url) if config.kv_tier_url else "off"
     if config.kv_tier_url and config.tensor_parallel_size > 1:
@@ -148,11 +164,12 @@ class ModelRunner:
         )
         self.num_blocks = max(2, config.kv_cache_memory_mb * 2**20 // block_bytes)
         native = getattr(m, "native", None)
+        self.split_mixed = split_mixed(config.split_mixed_steps)
         log.info(
             "%s",
             describe_engine(
                 config, self.device, self.dtype, self.quantization, self.num_blocks,
-                block_bytes, native.max_rows if native is not None else None,
+                block_bytes, native.max_rows if native is not None else None, self.split_mixed,
             ),
         )  # fmt: skip
         # Per layer one pool, head-major: keys are heads [0, kv_heads), values the rest, so
@@ -292,9 +309,48 @@ class ModelRunner:
         )
         seqs = [batch.seqs[i] for i in order]
         counts = [batch.num_tokens[i] for i in order]
+        decoding = batch.num_decodes
+        parts = self._split(seqs, counts)
+        if parts is None:
+            return self._run_part(seqs, counts, decoding, all_logits)
+        # The decodes' forward, then the chunks': each part's sampling rows in its order.
+        done = [self._run_part(s, c, decoding, all_logits) for s, c in parts]
+        sampled = [seq for part_seqs, _ in done for seq in part_seqs]
+        logits = [part_logits for _, part_logits in done if part_logits.numel()]
+        return sampled, torch.cat(logits) if logits else torch.empty(0)
+
+    def _split(
+        self, seqs: list[Sequence], counts: list[int]
+    ) -> list[tuple[list[Sequence], list[int]]] | None:
+        """A step mixing prompts' chunks with decodes, as (decodes, chunks) to run as two
+        forwards: the decodes (and speculative guesses) on the native path, the chunks on the
+        torch path; None: one forward. On the torch path every row costs a float row of
+        products, while the native path serves its rows from the 4-bit blocks on every core:
+        past a few rows of decodes, two forwards take less than one (docs/performance.md,
+        "Mixed steps")."""
+        native = getattr(self.model, "native", None)
+        if native is None or not self.split_mixed or self._native_step(seqs, counts):
+            return None
+        small = [i for i, n in enumerate(counts) if n <= native.any_chunk_rows]
+        small_rows = sum(counts[i] for i in small)
+        if len(small) == len(counts) or small_rows < SPLIT_MIN_ROWS:
+            return None
+        if not native.handles(small_rows, [counts[i] for i in small if counts[i] > 1]):
+            return None
+        large = [i for i, n in enumerate(counts) if n > native.any_chunk_rows]
+        return [
+            ([seqs[i] for i in small], [counts[i] for i in small]),
+            ([seqs[i] for i in large], [counts[i] for i in large]),
+        ]
+
+    def _run_part(
+        self, seqs: list[Sequence], counts: list[int], decoding: int, all_logits: bool
+    ) -> tuple[list[Sequence], torch.Tensor]:
+        """One forward over these sequences (ordered as run() orders them) and the logits of
+        their sampling rows; `decoding`: the whole step's decoding streams (_set_threads)."""
         native = self._native_step(seqs, counts)
         input_ids, meta, sample_rows = self._prepare(seqs, counts, native)
-        self._set_threads(native, len(seqs))
+        self._set_threads(native, decoding)
         hidden = self._forward(input_ids, meta, native)
         if all_logits:
             return seqs, self.model.compute_logits(hidden)
@@ -320,7 +376,7 @@ class ModelRunner:
             return False
         return bool(native.handles(sum(counts), [n for n in counts if n > 1]))
 
-    def _set_threads(self, native: bool, streams: int) -> None:
+    def _set_threads(self, native: bool, decoding: int) -> None:
         if self.device.type != "cpu":
             return
         if native:
@@ -331,11 +387,13 @@ class ModelRunner:
             want = 1
         else:
             want = self.config.cpu_threads()
-            # A prompt's chunk from one or two streams (a new chat, a follow-up over a
-            # long document): the web side is as light as in a small step, so the step's
-            # products and its chunk attention (kernels/chunk_attention.c, in the kernels'
-            # pool) take every core, as small steps do (docs/performance.md, "Threads").
-            if streams <= FEW_STREAMS:
+            # Prompts' chunks beside at most two decoding streams (a new chat, a follow-up
+            # over a long document, a wave of new turns arriving together): the web side
+            # streams tokens to at most those two meanwhile, as light as in a small step,
+            # so the step's products and its chunk attention (kernels/chunk_attention.c,
+            # in the kernels' pool) take every core, as small steps do (docs/performance.md,
+            # "Threads").
+            if decoding <= FEW_STREAMS:
                 want = self.config.small_step_cpu_threads()
             kernels.set_threads(want)
         if torch.get_num_threads() != want:

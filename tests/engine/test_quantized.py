@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference.engine import kernels
+from inference.engine import kernels, model_runner
 from inference.engine.model import (
     HYBRID_MAX_ROWS,
     Linear,
@@ -16,6 +16,8 @@ from inference.engine.model import (
 )
 from inference.engine.quantized import Q4_1, Q8_0
 from inference.engine.sampling_params import SamplingParams
+from inference.engine.scheduler import ScheduledBatch
+from inference.engine.sequence import Sequence
 from tests.engine.conftest import run_to_completion, token_ids_of
 
 needs_kernels = pytest.mark.skipif(
@@ -269,3 +271,89 @@ def test_auto_keeps_float_weights_for_a_model_the_4bit_kernels_cannot_tile():
     assert resolve_quantization("auto", cpu, torch.float32, model_fits_blocks=False) == "fp16"
     fits = resolve_quantization("auto", cpu, torch.float32, model_fits_blocks=True)
     assert fits == ("hybrid" if kernels.load() is not None else "fp16")
+
+
+def _mixed_batch(engine):
+    """Three sequences with one token left (decodes) and one 40-token prompt with nothing
+    computed, their context in the cache: a step the native path alone cannot take."""
+    seqs = [
+        Sequence(f"s{i}", [(13 * i + 7 * j) % 900 + 5 for j in range(n)], SamplingParams())
+        for i, n in enumerate((20, 33, 12, 40))
+    ]
+    for seq in seqs[:3]:
+        n = len(seq) - 1
+        assert engine.kv.allocate(seq, n)
+        engine.runner.run(ScheduledBatch([seq], [n]))
+        seq.num_computed_tokens = n
+    for seq in seqs:
+        assert engine.kv.allocate(seq, len(seq))
+    return seqs, [seq.num_uncomputed_tokens for seq in seqs]
+
+
+@needs_kernels
+def test_a_mixed_step_runs_its_decodes_natively_and_its_chunk_on_the_float_path(
+    make_engine, monkeypatch
+):
+    """With split_mixed_steps on, a step of decodes and a long prompt's chunk is two
+    forwards: its logits are those of the decodes' step alone (the native path) followed by
+    the chunk's step alone (the torch path)."""
+    monkeypatch.setattr(model_runner, "SPLIT_MIN_ROWS", 3)
+    one_thread = {"num_threads": 1, "small_step_threads": 1}  # the same sums either way
+    split = make_engine(quantization="hybrid", split_mixed_steps="on", **one_thread)
+    paths: list[tuple[int, bool]] = []
+    forward = split.runner._forward
+
+    def traced(ids, meta, native):
+        paths.append((ids.shape[0], native))
+        return forward(ids, meta, native)
+
+    split.runner._forward = traced
+    seqs, counts = _mixed_batch(split)
+    paths.clear()
+    got_seqs, got = split.runner.run(ScheduledBatch(seqs, counts))
+    assert paths == [(3, True), (40, False)]
+    assert [s.request_id for s in got_seqs] == ["s2", "s0", "s1", "s3"]
+
+    alone = make_engine(quantization="hybrid", split_mixed_steps="off", **one_thread)
+    seqs, _ = _mixed_batch(alone)
+    decodes = alone.runner.run(ScheduledBatch(seqs[:3], [1, 1, 1]))
+    chunk = alone.runner.run(ScheduledBatch(seqs[3:], [40]))
+    torch.testing.assert_close(got, torch.cat([decodes[1], chunk[1]]))
+
+
+@needs_kernels
+def test_a_mixed_step_stays_one_forward_when_off_or_below_its_rows(make_engine, monkeypatch):
+    monkeypatch.setattr(model_runner, "SPLIT_MIN_ROWS", 4)  # above the batch's 3 decodes
+    for mode in ("off", "on"):
+        engine = make_engine(quantization="hybrid", split_mixed_steps=mode)
+        seqs, counts = _mixed_batch(engine)
+        assert engine.runner._split(seqs, counts) is None
+    monkeypatch.setattr(model_runner, "SPLIT_MIN_ROWS", 1)
+    engine = make_engine(quantization="hybrid", split_mixed_steps="on")
+    seqs, counts = _mixed_batch(engine)
+    assert engine.runner._split(seqs[:3], counts[:3]) is None  # decodes alone: native already
+    parts = engine.runner._split(seqs, counts)
+    assert parts is not None and [c for _, c in parts] == [[1, 1, 1], [40]]
+
+
+@needs_kernels
+def test_torch_path_steps_take_every_core_beside_at_most_two_decoding_streams(make_engine):
+    """A wave of new prompts with nobody decoding (the web side idle meanwhile) takes the
+    small steps' threads; prompts beside three or more decoding streams keep num_threads."""
+    before = torch.get_num_threads()
+    engine = make_engine(quantization="hybrid", num_threads=1, small_step_threads=2)
+    seqs, counts = _mixed_batch(engine)
+    try:
+        engine.runner.run(ScheduledBatch(seqs[3:], counts[3:], num_decodes=0))
+        assert torch.get_num_threads() == 2
+        engine.runner.run(ScheduledBatch(seqs, counts, num_decodes=3))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_split_mixed_steps_takes_auto_on_or_off():
+    assert model_runner.split_mixed("on") and not model_runner.split_mixed("off")
+    assert model_runner.split_mixed("auto") == (not kernels.cpu_has_amx())
+    with pytest.raises(ValueError, match="split_mixed_steps must be one of auto, on, off"):
+        model_runner.split_mixed("yes")

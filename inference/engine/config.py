@@ -42,9 +42,9 @@ class EngineConfig:
     num_threads: int = 0
 
     # Threads for steps of a few rows (those the 4-bit native path takes, when it is on)
-    # and for torch-path steps beside at most two decoding streams (prompts' chunks while
-    # nobody else is streamed to: model_runner.FEW_STREAMS): the web side is light then.
-    # The native steps run in the kernels'
+    # and for torch-path steps of one or two streams (a prompt's chunk while nobody else
+    # is served: model_runner.FEW_STREAMS): such steps come from few streams, whose web
+    # side is light. The native steps run in the kernels'
     # own pool, whose workers sleep between steps, so they may take every core: 0 means
     # all of them (measured on 2 cores: one user's time per token 0.72x of one thread's
     # against llama-server; 16 and 64 users level, docs/performance.md).

@@ -40,8 +40,8 @@ log = logging.getLogger(__name__)
 SPLIT_MIN_ROWS = 8
 SPLIT_MODES = ("auto", "on", "off")
 
-# Steps on the torch path beside at most this many decoding streams take small_step_threads
-# (every core by default), as steps on the native path do; others keep num_threads.
+# Steps on the torch path from at most this many streams take small_step_threads (every
+# core by default), as steps on the native path do; larger ones keep num_threads.
 FEW_STREAMS = 2
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -309,12 +309,11 @@ class ModelRunner:
         )
         seqs = [batch.seqs[i] for i in order]
         counts = [batch.num_tokens[i] for i in order]
-        decoding = batch.num_decodes
         parts = self._split(seqs, counts)
         if parts is None:
-            return self._run_part(seqs, counts, decoding, all_logits)
+            return self._run_part(seqs, counts, len(seqs), all_logits)
         # The decodes' forward, then the chunks': each part's sampling rows in its order.
-        done = [self._run_part(s, c, decoding, all_logits) for s, c in parts]
+        done = [self._run_part(s, c, len(seqs), all_logits) for s, c in parts]
         sampled = [seq for part_seqs, _ in done for seq in part_seqs]
         logits = [part_logits for _, part_logits in done if part_logits.numel()]
         return sampled, torch.cat(logits) if logits else torch.empty(0)
@@ -344,13 +343,13 @@ class ModelRunner:
         ]
 
     def _run_part(
-        self, seqs: list[Sequence], counts: list[int], decoding: int, all_logits: bool
+        self, seqs: list[Sequence], counts: list[int], streams: int, all_logits: bool
     ) -> tuple[list[Sequence], torch.Tensor]:
         """One forward over these sequences (ordered as run() orders them) and the logits of
-        their sampling rows; `decoding`: the whole step's decoding streams (_set_threads)."""
+        their sampling rows; `streams`: the whole step's, which set its threads."""
         native = self._native_step(seqs, counts)
         input_ids, meta, sample_rows = self._prepare(seqs, counts, native)
-        self._set_threads(native, decoding)
+        self._set_threads(native, streams)
         hidden = self._forward(input_ids, meta, native)
         if all_logits:
             return seqs, self.model.compute_logits(hidden)
@@ -376,7 +375,7 @@ class ModelRunner:
             return False
         return bool(native.handles(sum(counts), [n for n in counts if n > 1]))
 
-    def _set_threads(self, native: bool, decoding: int) -> None:
+    def _set_threads(self, native: bool, streams: int) -> None:
         if self.device.type != "cpu":
             return
         if native:
@@ -387,13 +386,13 @@ class ModelRunner:
             want = 1
         else:
             want = self.config.cpu_threads()
-            # Prompts' chunks beside at most two decoding streams (a new chat, a follow-up
-            # over a long document, a wave of new turns arriving together): the web side
-            # streams tokens to at most those two meanwhile, as light as in a small step,
-            # so the step's products and its chunk attention (kernels/chunk_attention.c,
-            # in the kernels' pool) take every core, as small steps do (docs/performance.md,
-            # "Threads").
-            if decoding <= FEW_STREAMS:
+            # A prompt's chunk from one or two streams (a new chat, a follow-up over a
+            # long document): the web side is as light as in a small step, so the step's
+            # products and its chunk attention (kernels/chunk_attention.c, in the kernels'
+            # pool) take every core, as small steps do. Counting only the decoding streams
+            # (a wave of new prompts on every core) made served TTFT worse: the web side is
+            # busiest exactly while a wave arrives (docs/performance.md, "Threads").
+            if streams <= FEW_STREAMS:
                 want = self.config.small_step_cpu_threads()
             kernels.set_threads(want)
         if torch.get_num_threads() != want:

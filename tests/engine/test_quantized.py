@@ -337,14 +337,14 @@ def test_a_mixed_step_stays_one_forward_when_off_or_below_its_rows(make_engine, 
 
 
 @needs_kernels
-def test_torch_path_steps_take_every_core_beside_at_most_two_decoding_streams(make_engine):
-    """A wave of new prompts with nobody decoding (the web side idle meanwhile) takes the
-    small steps' threads; prompts beside three or more decoding streams keep num_threads."""
+def test_torch_path_steps_of_one_or_two_streams_take_every_core(make_engine):
+    """A prompt's chunk with at most one other stream takes the small steps' threads; a
+    step of more streams keeps num_threads (the web side is busy serving them)."""
     before = torch.get_num_threads()
     engine = make_engine(quantization="hybrid", num_threads=1, small_step_threads=2)
     seqs, counts = _mixed_batch(engine)
     try:
-        engine.runner.run(ScheduledBatch(seqs[3:], counts[3:], num_decodes=0))
+        engine.runner.run(ScheduledBatch(seqs[2:], counts[2:], num_decodes=1))
         assert torch.get_num_threads() == 2
         engine.runner.run(ScheduledBatch(seqs, counts, num_decodes=3))
         assert torch.get_num_threads() == 1

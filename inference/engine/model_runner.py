@@ -349,7 +349,7 @@ class ModelRunner:
         their sampling rows; `streams`: the whole step's, which set its threads."""
         native = self._native_step(seqs, counts)
         input_ids, meta, sample_rows = self._prepare(seqs, counts, native)
-        self._set_threads(native, streams)
+        self._set_threads(native, streams, pooled=native or self._pooled(sum(counts)))
         hidden = self._forward(input_ids, meta, native)
         if all_logits:
             return seqs, self.model.compute_logits(hidden)
@@ -375,8 +375,27 @@ class ModelRunner:
             return False
         return bool(native.handles(sum(counts), [n for n in counts if n > 1]))
 
-    def _set_threads(self, native: bool, streams: int) -> None:
+    def _pooled(self, rows: int) -> bool:
+        """Whether a torch-path step of `rows` rows has its products in the kernels' pool
+        (the 4-bit blocks with bf16 activations, model.BF16_BLOCK_ROWS)."""
+        layers = getattr(self.model, "layers", None)
+        if not layers:
+            return False
+        return rows <= int(layers[0].qkv.bf16_rows)
+
+    def _set_threads(self, native: bool, streams: int, pooled: bool = False) -> None:
         if self.device.type != "cpu":
+            return
+        if pooled and not native:
+            # The products and the chunk attention run in the kernels' pool; torch's few
+            # elementwise ops stay on this thread, so no OpenMP worker spins on a core the
+            # pool needs next (as for native steps), with the threads of the rule below.
+            want = self.config.cpu_threads()
+            if streams <= FEW_STREAMS:
+                want = self.config.small_step_cpu_threads()
+            kernels.set_threads(want)
+            if torch.get_num_threads() != 1:
+                torch.set_num_threads(1)
             return
         if native:
             # The step runs in the kernels' own pool (layers and, for a row or two, the

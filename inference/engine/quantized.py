@@ -154,12 +154,14 @@ class Q4_1:
             torch.cat([p.m for p in parts]),
         )
 
-    def matmul_t(self, x: torch.Tensor) -> torch.Tensor:
-        """x [rows, K] @ W.T in float32 (the kernel wants `for_kernel()` weights)."""
+    def matmul_t(self, x: torch.Tensor, bf16: bool = False) -> torch.Tensor:
+        """x [rows, K] @ W.T in float32 (the kernel wants `for_kernel()` weights); x at 8
+        bits a block, or with bf16=True rounded to bf16 (kernels.bf16_gemm_available())."""
         lib = kernels.load()
         if lib is None or not self.kernel:
             return x.float() @ self.dequantize().T
-        return kernels.q4_1_gemm(lib, self.qs, self.d, self.m, x.float().contiguous(), self.n)
+        x = x.float().contiguous()
+        return kernels.q4_1_gemm(lib, self.qs, self.d, self.m, x, self.n, bf16=bf16)
 
 
 @dataclass

@@ -7,6 +7,7 @@ import torch
 
 from inference.engine import kernels, model_runner
 from inference.engine.model import (
+    BF16_BLOCK_ROWS,
     HYBRID_MAX_ROWS,
     Linear,
     default_native_max_rows,
@@ -339,17 +340,50 @@ def test_a_mixed_step_stays_one_forward_when_off_or_below_its_rows(make_engine, 
 @needs_kernels
 def test_torch_path_steps_of_one_or_two_streams_take_every_core(make_engine):
     """A prompt's chunk with at most one other stream takes the small steps' threads; a
-    step of more streams keeps num_threads (the web side is busy serving them)."""
+    step of more streams keeps num_threads (the web side is busy serving them). Where its
+    products run in the kernels' pool (4-bit blocks, bf16 activations), torch stays on one
+    thread and the pool gets that count."""
     before = torch.get_num_threads()
     engine = make_engine(quantization="hybrid", num_threads=1, small_step_threads=2)
+    runner = engine.runner
     seqs, counts = _mixed_batch(engine)
+
+    def threads_of(rows: int) -> int:
+        if runner._pooled(rows):
+            assert torch.get_num_threads() == 1
+            return kernels.threads()
+        return torch.get_num_threads()
+
     try:
-        engine.runner.run(ScheduledBatch(seqs[2:], counts[2:], num_decodes=1))
-        assert torch.get_num_threads() == 2
-        engine.runner.run(ScheduledBatch(seqs, counts, num_decodes=3))
-        assert torch.get_num_threads() == 1
+        runner.run(ScheduledBatch(seqs[2:], counts[2:], num_decodes=1))
+        assert threads_of(41) == 2
+        runner.run(ScheduledBatch(seqs, counts, num_decodes=3))
+        assert threads_of(43) == 1
     finally:
         torch.set_num_threads(before)
+        kernels.set_threads(None)
+
+
+@needs_kernels
+def test_prompt_rows_take_the_blocks_with_bf16_activations_where_built(make_engine):
+    """Past the 8-bit rows and up to BF16_BLOCK_ROWS, a layer's product takes the 4-bit
+    blocks with bf16 activations where the kernels have them (AVX512-BF16): the weights
+    exact, x rounded to bf16 as torch's bf16 products round it, float32 sums."""
+    lin = make_engine(quantization="hybrid").runner.model.layers[0].gate_up
+    if not kernels.bf16_gemm_available():
+        assert lin.bf16_rows == 0
+        pytest.skip("the kernels have no bf16 products on this CPU (no AVX512-BF16)")
+    assert lin.bf16_rows == BF16_BLOCK_ROWS
+    w = lin.blocks.dequantize().double()  # type: ignore[union-attr]
+    for rows in (9, 21, BF16_BLOCK_ROWS):
+        x = torch.randn(rows, w.shape[1])
+        want = (x.bfloat16().double() @ w.T).float()
+        assert _rel_err(lin(x), want) < 1e-5
+    x = torch.randn(BF16_BLOCK_ROWS + 1, w.shape[1])  # beyond: the float weights
+    assert lin.weight is not None
+    torch.testing.assert_close(
+        lin(x), torch.nn.functional.linear(x.to(lin.weight.dtype), lin.weight).float()
+    )
 
 
 def test_split_mixed_steps_takes_auto_on_or_off():

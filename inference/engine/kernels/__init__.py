@@ -105,6 +105,10 @@ def load() -> ctypes.CDLL | None:
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.q4_1_gemm.argtypes = [p, p, p, i, i, p, i, p, i]
     lib.q4_1_gemm.restype = i
+    lib.q4_1_gemm_bf16.argtypes = [p, p, p, i, i, p, i, p, i]
+    lib.q4_1_gemm_bf16.restype = i
+    lib.q4_1_bf16_available.argtypes = []
+    lib.q4_1_bf16_available.restype = i
     lib.q8_0_gemm.argtypes = [p, p, i, i, p, i, p, i]
     lib.q8_0_gemm.restype = i
     lib.decode_layer.argtypes = [
@@ -214,18 +218,28 @@ def q4_1_gemm(
     m: torch.Tensor,
     x: torch.Tensor,
     n: int,
+    bf16: bool = False,
 ) -> torch.Tensor:
     """x [rows, K] float32 contiguous @ the n columns of Q4_1 weights in the kernel layout
-    (quantized.Q4_1.for_kernel: qs [N', K/2], d and m [N', K/32], N' = n rounded up to 8).T"""
+    (quantized.Q4_1.for_kernel: qs [N', K/2], d and m [N', K/32], N' = n rounded up to 8).T
+    with x quantized to int8 per block of 32, or with bf16=True rounded to bf16 (float
+    precision: prompts' rows; only where bf16_gemm_available())."""
     rows, k = x.shape
     y = torch.empty(rows, n, dtype=torch.float32)
-    rc = lib.q4_1_gemm(
+    fn = lib.q4_1_gemm_bf16 if bf16 else lib.q4_1_gemm
+    rc = fn(
         qs.data_ptr(), d.data_ptr(), m.data_ptr(), n, k, x.data_ptr(), rows, y.data_ptr(),
         threads(),
     )  # fmt: skip
     if rc:
-        raise RuntimeError(f"q4_1_gemm failed ({rc})")
+        raise RuntimeError(f"q4_1_gemm{'_bf16' if bf16 else ''} failed ({rc})")
     return y
+
+
+def bf16_gemm_available() -> bool:
+    """Whether the kernels were built with the bf16-activation 4-bit product (AVX512-BF16)."""
+    lib = load()
+    return lib is not None and bool(lib.q4_1_bf16_available())
 
 
 def q8_0_gemm(

@@ -60,7 +60,7 @@ def restore_ttft(
         return _restore_ttft(model, url, namespace, quantization, threads, tokens, reps,
                              max_tokens)  # fmt: skip
     finally:
-        _drop_namespace(url, namespace)
+        drop_namespace(url, namespace)
 
 
 def _restore_ttft(
@@ -157,7 +157,7 @@ def write_back_cost(
         return _write_back_cost(model, url, namespace, quantization, threads, streams,
                                 stream_tokens, finishing, finishing_len, reps)  # fmt: skip
     finally:
-        _drop_namespace(url, namespace)
+        drop_namespace(url, namespace)
 
 
 def _write_back_cost(
@@ -209,9 +209,12 @@ def _write_back_cost(
     }
 
 
-def _drop_namespace(url: str, namespace: str) -> None:
-    """Delete this run's keys, and only those: never FLUSHDB, the tier may be shared."""
-    if not namespace.startswith("bench-kvtier-"):
+def drop_namespace(url: str, namespace: str) -> None:
+    """Delete a benchmark run's keys, and only those: never FLUSHDB, the tier may be shared.
+    Every benchmark that writes to the tier calls it when done: left behind, each run's
+    KV blocks (up to ENGINE_KV_TIER_MAX_MB a namespace) piled up in Redis until a day of
+    runs held ~19 GB and the kernel's OOM killer stopped Redis."""
+    if not namespace.startswith("bench-"):
         raise ValueError(f"refusing to drop {namespace!r}: not a namespace of the bench's")
     client = redis.Redis.from_url(url)
     try:

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from inference.bench.api_clients import WORKLOADS, run_level
+from inference.bench.kv_tier import drop_namespace
 from inference.bench.llama_server import (
     LlamaServer,
     free_port,
@@ -54,6 +55,8 @@ from inference.bench.llama_server import (
 from inference.model_files import bundled_gguf, default_model_path
 
 ROOT = Path(__file__).resolve().parents[2]
+# The web app's KV tier when ENGINE_KV_TIER_URL is unset (chatapp/settings/engine.py).
+DEFAULT_TIER_URL = "redis://127.0.0.1:6379/4"
 
 
 THREAD_SETTINGS = ("ENGINE_NUM_THREADS", "ENGINE_SMALL_STEP_THREADS")
@@ -120,6 +123,10 @@ class OurServer:
 
     def stop(self) -> None:
         stop(self.proc)
+        # The KV blocks its requests wrote back to the tier go with it.
+        url = self.env.get("ENGINE_KV_TIER_URL", DEFAULT_TIER_URL)
+        if url:
+            drop_namespace(url, self.env["ENGINE_KV_TIER_NAMESPACE"])
 
 
 FIGURES = ("tok_s", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "server_tpot_p50_ms")

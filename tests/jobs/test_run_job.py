@@ -230,10 +230,10 @@ def test_the_bench_drops_only_its_own_namespace() -> None:
         for i in range(3):
             r.set(f"{mine}:fp:{i}", b"x")
         r.set(f"{other}:fp:0", b"y")
-        kv_tier._drop_namespace(url, mine)
+        kv_tier.drop_namespace(url, mine)
         assert not list(r.scan_iter(f"{mine}:*")) and r.get(f"{other}:fp:0") == b"y"
         with pytest.raises(ValueError, match="not a namespace of the bench's"):
-            kv_tier._drop_namespace(url, other)
+            kv_tier.drop_namespace(url, other)
         assert r.get(f"{other}:fp:0") == b"y"
     finally:
         r.delete(f"{other}:fp:0", *r.scan_iter(f"{mine}:*"))

@@ -150,6 +150,15 @@ def head_block_rows(large: str | None, native_max_rows: int) -> int:
 # against 25.1 / 26.8 / 35.6 / 56.2 / 73.1, and 121.1 against 112.0 at 128.
 BF16_BLOCK_ROWS = 64
 
+
+def prompt_blocks(large: str | None) -> bool:
+    """Whether the torch path's steps of up to BF16_BLOCK_ROWS rows take the 4-bit blocks
+    with bf16 activations: where large steps are bf16 and the kernels have the product, but
+    not with AMX, whose oneDNN bf16 products (~38 ms for a 64-row step's layers on 2
+    threads of the Xeon) were not measured against it."""
+    return large == "bf16" and kernels.bf16_gemm_available() and not kernels.cpu_has_amx()
+
+
 # The native paged attention takes a sequence's rows one by one; the chunk attention
 # (kernels/chunk_attention.c, or SDPA where it does not build) takes a chunk's rows as tiles
 # and, measured per layer (docs/performance.md), wins from about this many rows of one
@@ -460,7 +469,7 @@ class LlamaModel:
             # would take a step whatever its chunks: past that it runs prompts' chunks,
             # which keep the float format (native_decode.NativeDecoder says why).
             formats.block_rows = min(native_rows, HYBRID_MAX_ROWS)
-            if formats.large == "bf16" and kernels.bf16_gemm_available():
+            if prompt_blocks(formats.large):
                 formats.bf16_rows = BF16_BLOCK_ROWS
         self.embed = put(w["embed_tokens.weight"])
         self.norm = put(w["norm.weight"])

@@ -14,6 +14,7 @@ from inference.engine.model import (
     head_block_rows,
     load_blocks,
     load_weights,
+    prompt_blocks,
 )
 from inference.engine.quantized import Q4_1, Q8_0
 from inference.engine.sampling_params import SamplingParams
@@ -370,9 +371,9 @@ def test_prompt_rows_take_the_blocks_with_bf16_activations_where_built(make_engi
     blocks with bf16 activations where the kernels have them (AVX512-BF16): the weights
     exact, x rounded to bf16 as torch's bf16 products round it, float32 sums."""
     lin = make_engine(quantization="hybrid").runner.model.layers[0].gate_up
-    if not kernels.bf16_gemm_available():
+    if not prompt_blocks(lin.kind):
         assert lin.bf16_rows == 0
-        pytest.skip("the kernels have no bf16 products on this CPU (no AVX512-BF16)")
+        pytest.skip("no bf16 prompt products here (no AVX512-BF16, or AMX: oneDNN's)")
     assert lin.bf16_rows == BF16_BLOCK_ROWS
     w = lin.blocks.dequantize().double()  # type: ignore[union-attr]
     for rows in (9, 21, BF16_BLOCK_ROWS):

@@ -349,7 +349,7 @@ class ModelRunner:
         their sampling rows; `streams`: the whole step's, which set its threads."""
         native = self._native_step(seqs, counts)
         input_ids, meta, sample_rows = self._prepare(seqs, counts, native)
-        self._set_threads(native, streams, pooled=native or self._pooled(sum(counts)))
+        self._set_threads(native, streams, pooled=self._pooled(sum(counts)))
         hidden = self._forward(input_ids, meta, native)
         if all_logits:
             return seqs, self.model.compute_logits(hidden)
@@ -384,18 +384,8 @@ class ModelRunner:
         return rows <= int(layers[0].qkv.bf16_rows)
 
     def _set_threads(self, native: bool, streams: int, pooled: bool = False) -> None:
+        """`pooled`: a torch-path step whose products run in the kernels' pool (_pooled)."""
         if self.device.type != "cpu":
-            return
-        if pooled and not native:
-            # The products and the chunk attention run in the kernels' pool; torch's few
-            # elementwise ops stay on this thread, so no OpenMP worker spins on a core the
-            # pool needs next (as for native steps), with the threads of the rule below.
-            want = self.config.cpu_threads()
-            if streams <= FEW_STREAMS:
-                want = self.config.small_step_cpu_threads()
-            kernels.set_threads(want)
-            if torch.get_num_threads() != 1:
-                torch.set_num_threads(1)
             return
         if native:
             # The step runs in the kernels' own pool (layers and, for a row or two, the
@@ -414,6 +404,10 @@ class ModelRunner:
             if streams <= FEW_STREAMS:
                 want = self.config.small_step_cpu_threads()
             kernels.set_threads(want)
+            if pooled:
+                # Its products run in the pool too: torch's few elementwise ops stay on
+                # this thread, as in a native step.
+                want = 1
         if torch.get_num_threads() != want:
             torch.set_num_threads(want)
 

@@ -449,6 +449,12 @@ __attribute__((visibility("hidden"))) void pool_run(chunk_fn fn, void *arg, int 
 
 static int chunks_of(int n) { return ((n + GROUP - 1) / GROUP + CHUNK_GROUPS - 1) / CHUNK_GROUPS; }
 
+/* The group after chunk c's last, for n columns. */
+static inline int chunk_end(int n, int c) {
+    int groups = (n + GROUP - 1) / GROUP, end = (c + 1) * CHUNK_GROUPS;
+    return end < groups ? end : groups;
+}
+
 typedef struct {
     const Q4Matrix *w;
     const QuantizedRows *q;
@@ -460,8 +466,7 @@ typedef struct {
  * for the later tiles of rows. */
 static void q4_chunk(void *arg, int c) {
     const Q4Task *t = (const Q4Task *)arg;
-    int groups = (t->w->n + GROUP - 1) / GROUP;
-    int g0 = c * CHUNK_GROUPS, g1 = g0 + CHUNK_GROUPS < groups ? g0 + CHUNK_GROUPS : groups;
+    int g0 = c * CHUNK_GROUPS, g1 = chunk_end(t->w->n, c);
     for (int r0 = 0; r0 < t->rows; r0 += ROW_TILE)
         q4_tile(t->w, g0, g1, t->q, r0, t->rows - r0 < ROW_TILE ? t->rows - r0 : ROW_TILE, t->y);
 }
@@ -495,8 +500,7 @@ typedef struct {
 
 static void q8_chunk(void *arg, int c) {
     const Q8Task *t = (const Q8Task *)arg;
-    int groups = (t->w->n + GROUP - 1) / GROUP;
-    int g0 = c * CHUNK_GROUPS, g1 = g0 + CHUNK_GROUPS < groups ? g0 + CHUNK_GROUPS : groups;
+    int g0 = c * CHUNK_GROUPS, g1 = chunk_end(t->w->n, c);
     for (int r0 = 0; r0 < t->rows; r0 += ROW_TILE)
         q8_tile(t->w, g0, g1, t->q, r0, t->rows - r0 < ROW_TILE ? t->rows - r0 : ROW_TILE, t->y);
 }
@@ -640,8 +644,7 @@ typedef struct {
 
 static void q4bf_chunk(void *arg, int c) {
     const Q4BfTask *t = (const Q4BfTask *)arg;
-    int groups = (t->w->n + GROUP - 1) / GROUP;
-    int g0 = c * CHUNK_GROUPS, g1 = g0 + CHUNK_GROUPS < groups ? g0 + CHUNK_GROUPS : groups;
+    int g0 = c * CHUNK_GROUPS, g1 = chunk_end(t->w->n, c);
     for (int r0 = 0; r0 < t->rows; r0 += BF16_ROWS)
         q4bf_tile(t->w, g0, g1, t->q, r0,
                   t->rows - r0 < BF16_ROWS ? t->rows - r0 : BF16_ROWS, t->y);

@@ -210,8 +210,9 @@ def _write_back_cost(
 
 
 def drop_namespace(url: str, namespace: str) -> None:
-    """Delete a benchmark run's keys, and only those: never FLUSHDB, the tier may be shared.
-    Every benchmark that writes to the tier calls it when done: left behind, each run's
+    """Delete a benchmark run's keys (a KV tier's or an engine workers' namespace), and only
+    those: never FLUSHDB, Redis may be shared. Every benchmark that writes there calls it
+    when done: left behind, each run's
     KV blocks (up to ENGINE_KV_TIER_MAX_MB a namespace) piled up in Redis until a day of
     runs held ~19 GB and the kernel's OOM killer stopped Redis."""
     if not namespace.startswith("bench-"):

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from inference.bench.driver import percentile
+from inference.bench.kv_tier import drop_namespace
 from inference.engine import SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -172,8 +173,7 @@ async def bench(args: argparse.Namespace) -> dict:
         finally:
             for p in procs:
                 p.stop()
-            for key in redis.scan_iter(f"{namespace}:*"):
-                redis.delete(key)
+            drop_namespace(args.redis, namespace)
     return results
 
 

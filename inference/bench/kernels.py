@@ -1,11 +1,16 @@
-"""The native kernels alone: a decode step's 4-bit products and its 8-bit head, by rows and threads.
+"""The native kernels alone: a step's 4-bit products and its 8-bit head, by rows and threads.
 
     python -m inference.bench.kernels --rows 1 2 4 8 --threads 1 2
+    python -m inference.bench.kernels --rows 8 16 32 64 128 256 --kinds int8 bf16 amx onednn
 
 The default model's shapes (30 layers of q/k/v 960x576, o 576x576, gate/up 3072x576, down
 576x1536 in Q4_1, the head 49152x576 in Q8_0) with random weights in the kernels' layout:
 ms per step's worth of products and the rate the weights are read at (GB/s; at one row
-the products are bound by it: compare with what one core streams). Variants run
+the products are bound by it: compare with what one core streams). The layers' products
+by `--kinds`: int8 (8-bit activations, the native path's), bf16 (bf16 activations, exact
+weights; AVX512-BF16), amx (both rounded to bf16, on AMX tiles), onednn (torch's bf16
+F.linear on bf16 copies of the weights, at the same thread count); the head's by the same
+kinds (int8: its 16-bit activations' kernel; no bf16 one). Variants run
 interleaved, `--repeat` times; medians (min-max). Writes JSON.
 """
 
@@ -16,10 +21,13 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from inference.engine import kernels
 from inference.engine.quantized import Q4_1, Q8_0
@@ -29,14 +37,29 @@ SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 HEAD = (49152, 576)
 
 
+@contextmanager
+def _amx_rows(lib: Any, layers: int, head: int) -> Iterator[None]:
+    """The products' AMX row limits set for a measurement (0: never), then put back."""
+    lib.set_amx_min_rows(layers, head)
+    try:
+        yield
+    finally:
+        if kernels.amx_available():
+            lib.set_amx_min_rows(*kernels.amx_min_rows())
+
+
 def _nbytes(*tensors: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def run(rows: list[int], threads: list[int], repeat: int) -> dict[str, Any]:
+def run(rows: list[int], threads: list[int], repeat: int, kinds: list[str]) -> dict[str, Any]:
     lib = kernels.load()
     if lib is None:
         raise SystemExit("the native kernels do not build here (gcc, AVX2/FMA/F16C)")
+    if "bf16" in kinds and not kernels.bf16_gemm_available():
+        raise SystemExit("kind bf16 needs AVX512-BF16")
+    if "amx" in kinds and not kernels.amx_available():
+        raise SystemExit("kind amx needs AMX (and the kernels built with it)")
     gen = torch.Generator().manual_seed(0)
     layers = [
         Q4_1.quantize(torch.randn(n, k, generator=gen) * 0.05).for_kernel()
@@ -44,33 +67,66 @@ def run(rows: list[int], threads: list[int], repeat: int) -> dict[str, Any]:
         for n, k in SHAPES
     ]
     head = Q8_0.quantize(torch.randn(*HEAD, generator=gen) * 0.05).for_kernel()
+    head_dense = torch.randn(*HEAD, generator=gen).bfloat16()
+    dense = (
+        [torch.randn(n, k, generator=gen).bfloat16() for _ in range(LAYERS) for n, k in SHAPES]
+        if "onednn" in kinds
+        else []
+    )
     layer_bytes = sum(_nbytes(m.qs, m.d, m.m) for m in layers)
     head_bytes = _nbytes(head.qs, head.d)
     torch.set_num_threads(1)
 
-    def layers_once(r: int) -> float:
+    def layers_once(r: int, kind: str, t: int) -> float:
         xs = {k: torch.randn(r, k) for _, k in SHAPES}
-        start = time.perf_counter()
-        for m in layers:
-            kernels.q4_1_gemm(lib, m.qs, m.d, m.m, xs[m.shape[1]], m.n)
-        return time.perf_counter() - start
+        if kind == "onednn":
+            xb = {k: v.bfloat16() for k, v in xs.items()}
+            torch.set_num_threads(t)
+            try:
+                start = time.perf_counter()
+                for w in dense:
+                    F.linear(xb[w.shape[1]], w)
+                return time.perf_counter() - start
+            finally:
+                torch.set_num_threads(1)
+        # int8 alone: the native path's product moves to AMX's tiles from AMX_MIN_ROWS rows.
+        with _amx_rows(lib, 0, 0):
+            start = time.perf_counter()
+            for m in layers:
+                kernels.q4_1_gemm(lib, m.qs, m.d, m.m, xs[m.shape[1]], m.n, kind=kind)
+            return time.perf_counter() - start
 
-    def head_once(r: int) -> float:
+    def head_once(r: int, kind: str, t: int) -> float:
         x = torch.randn(r, HEAD[1])
-        start = time.perf_counter()
-        kernels.q8_0_gemm(lib, head.qs, head.d, x, head.n)
-        return time.perf_counter() - start
+        if kind == "onednn":
+            xb = x.bfloat16()
+            torch.set_num_threads(t)
+            try:
+                start = time.perf_counter()
+                F.linear(xb, head_dense)
+                return time.perf_counter() - start
+            finally:
+                torch.set_num_threads(1)
+        # int8: the 16-bit activations' kernel alone; amx: the tiles at any rows.
+        with _amx_rows(lib, 0, 1 if kind == "amx" else 0):
+            start = time.perf_counter()
+            kernels.q8_0_gemm(lib, head.qs, head.d, x, head.n)
+            return time.perf_counter() - start
 
     cases = [(t, r) for t in threads for r in rows]
+    head_kinds = [k for k in kinds if k != "bf16"]
+    parts = [f"layers:{k}" for k in kinds] + [f"head:{k}" for k in head_kinds]
     times: dict[tuple[int, int], dict[str, list[float]]] = {
-        c: {"layers": [], "head": []} for c in cases
+        c: {p: [] for p in parts} for c in cases
     }
     try:
         for rep in range(repeat):
             for t, r in cases if rep % 2 == 0 else cases[::-1]:
                 kernels.set_threads(t)
-                times[(t, r)]["layers"].append(layers_once(r))
-                times[(t, r)]["head"].append(head_once(r))
+                for kind in kinds if rep % 2 == 0 else kinds[::-1]:
+                    times[(t, r)][f"layers:{kind}"].append(layers_once(r, kind, t))
+                for kind in head_kinds:
+                    times[(t, r)][f"head:{kind}"].append(head_once(r, kind, t))
     finally:
         kernels.set_threads(None)
     out: dict[str, Any] = {
@@ -78,11 +134,17 @@ def run(rows: list[int], threads: list[int], repeat: int) -> dict[str, Any]:
         "load_before": os.getloadavg()[0],
         "layer_mb": layer_bytes / 1e6,
         "head_mb": head_bytes / 1e6,
+        "kinds": kinds,
         "rows": [],
     }
     for (t, r), v in times.items():
         row: dict[str, Any] = {"threads": t, "rows": r}
-        for part, nbytes in (("layers", layer_bytes), ("head", head_bytes)):
+        for part in parts:
+            nbytes = head_bytes if part.startswith("head") else layer_bytes
+            if part == "layers:onednn":
+                nbytes = sum(w.numel() * 2 for w in dense)
+            if part == "head:onednn":
+                nbytes = head_dense.numel() * 2
             ms = [x * 1e3 for x in v[part]]
             med = statistics.median(ms)
             row[part] = {"median_ms": med, "min_ms": min(ms), "max_ms": max(ms)}
@@ -100,17 +162,28 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeat", type=int, default=9)
+    ap.add_argument(
+        "--kinds", nargs="+", default=["int8"], choices=["int8", "bf16", "amx", "onednn"]
+    )
     ap.add_argument("--json", default="bench_kernels.json")
     args = ap.parse_args()
-    r = run(args.rows, args.threads, args.repeat)
+    r = run(args.rows, args.threads, args.repeat, args.kinds)
     print(
         f"{r['cpus']} CPUs, load (1 min) {r['load_before']:.2f}; layers {r['layer_mb']:.1f} MB, "
         f"head {r['head_mb']:.1f} MB; ms per step's worth, median (min-max), GB/s at the median"
     )
-    print("| threads | rows | 30 layers' products | GB/s | head | GB/s |\n|" + "---|" * 6)
+    head_kinds = [k for k in r["kinds"] if k != "bf16"]
+    parts = [f"layers:{k}" for k in r["kinds"]] + [f"head:{k}" for k in head_kinds]
+    names = [f"30 layers, {k}" for k in r["kinds"]] + [f"head, {k}" for k in head_kinds]
+    print(
+        "| threads | rows | "
+        + " | ".join(f"{n} | GB/s" for n in names)
+        + " |\n|"
+        + "---|" * (2 + 2 * len(parts))
+    )
     for row in r["rows"]:
         cells = []
-        for part in ("layers", "head"):
+        for part in parts:
             v = row[part]
             cells.append(
                 f"{v['median_ms']:.2f} ({v['min_ms']:.2f}-{v['max_ms']:.2f}) | {v['gb_s']:.1f}"

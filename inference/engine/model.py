@@ -118,6 +118,10 @@ HYBRID_MAX_ROWS_BF16 = 64
 HEAD_BLOCK_ROWS = 8
 # bf16 with AMX (a 2-core Xeon): oneDNN's head caught up at 24 rows (10.44 against 9.64 ms).
 HEAD_BLOCK_ROWS_AMX = 16
+# ... unless the kernels run on AMX's tiles too (kernels.amx_available(), amx_gemm.c): from
+# 4 rows the head's blocks take them, 6.4 ms at 64 rows on both cores, against oneDNN's
+# bf16 at 12.7 ms in a 64-stream step (the logits' share, one thread; docs/performance.md).
+HEAD_BLOCK_ROWS_AMX_TILES = 64
 # bf16 on AVX512-BF16 without AMX (AMD EPYC Zen 4, 2 cores): the blocks on both cores
 # against oneDNN's bf16 on one, ms for the head at 24 / 32 / 48 / 64 rows: 7.1 / 9.3 /
 # 14.2 / 21.0 against 13.4 / 15.1 / 22.2 / 23.6; in a whole decode step of 64 streams
@@ -137,7 +141,9 @@ def default_native_max_rows(large: str | None) -> int:
 
 def head_block_rows(large: str | None, native_max_rows: int) -> int:
     """Up to how many rows the lm_head takes its 8-bit blocks: at most the native path's."""
-    bf16 = HEAD_BLOCK_ROWS_AMX if kernels.cpu_has_amx() else HEAD_BLOCK_ROWS_BF16
+    bf16 = HEAD_BLOCK_ROWS_BF16
+    if kernels.cpu_has_amx():
+        bf16 = HEAD_BLOCK_ROWS_AMX_TILES if kernels.amx_available() else HEAD_BLOCK_ROWS_AMX
     rows = {"bf16": bf16, "fp16": HEAD_BLOCK_ROWS_FP16}.get(large or "", HEAD_BLOCK_ROWS)
     return min(native_max_rows, rows)
 
@@ -149,14 +155,32 @@ def head_block_rows(large: str | None, native_max_rows: int) -> int:
 # against oneDNN's bf16: 8.5 / 14.2 / 26.1 / 45.1 / 58.2 ms at 8 / 16 / 32 / 48 / 64 rows
 # against 25.1 / 26.8 / 35.6 / 56.2 / 73.1, and 121.1 against 112.0 at 128.
 BF16_BLOCK_ROWS = 64
+# With AMX, every torch-path step's products take the 4-bit blocks on AMX's tiles
+# (kernels/amx_gemm.c, q4_1_gemm_amx: weights unpacked to bf16 in the cache, x in bf16,
+# float32 sums) in the kernels' pool. 30 layers' products on a 2-core Xeon, the kernel on 2
+# threads against oneDNN's bf16 on the one thread the torch path gives it: 22.1 / 28.7 /
+# 43.7 ms at 64 / 128 / 256 rows against 42.4 / 51.9 / 69.0 (docs/performance.md).
+AMX_BLOCK_ROWS = 1 << 30
+AMX_COLUMNS = 32  # a product's outputs on the tiles: whole chunks of this many
 
 
-def prompt_blocks(large: str | None) -> bool:
-    """Whether the torch path's steps of up to BF16_BLOCK_ROWS rows take the 4-bit blocks
-    with bf16 activations: where large steps are bf16 and the kernels have the product, but
-    not with AMX, whose oneDNN bf16 products (~38 ms for a 64-row step's layers on 2
-    threads of the Xeon) were not measured against it."""
-    return large == "bf16" and kernels.bf16_gemm_available() and not kernels.cpu_has_amx()
+def prompt_blocks(large: str | None) -> str | None:
+    """Which 4-bit product the torch path's steps take ("amx" for all of them, "bf16" up to
+    BF16_BLOCK_ROWS rows; kernels.q4_1_gemm), or None: only where large steps are bf16 and
+    the kernels have the product. On a CPU with AMX whose tiles the kernels cannot use,
+    oneDNN's bf16 (on AMX) keeps them: AVX512-BF16's product was not measured against it."""
+    if large != "bf16":
+        return None
+    if kernels.amx_available():
+        return "amx"
+    if kernels.bf16_gemm_available() and not kernels.cpu_has_amx():
+        return "bf16"
+    return None
+
+
+def prompt_block_rows(kind: str | None) -> int:
+    """Up to how many rows the torch path's steps take prompt_blocks' product."""
+    return {"amx": AMX_BLOCK_ROWS, "bf16": BF16_BLOCK_ROWS}.get(kind or "", 0)
 
 
 # The native paged attention takes a sequence's rows one by one; the chunk attention
@@ -170,7 +194,8 @@ PAGED_MAX_CHUNK = 4
 class Linear:
     """y = x @ W.T: in the model dtype (exact), fp16- or int8-stored (fbgemm), and/or from
     4-bit blocks (`blocks`, used for steps of at most `block_rows` rows with 8-bit
-    activations, and up to `bf16_rows` rows with bf16 ones)."""
+    activations, and up to `bf16_rows` rows with bf16 ones: `bf16_kind`, "bf16" or "amx",
+    see kernels.q4_1_gemm)."""
 
     def __init__(
         self,
@@ -179,10 +204,14 @@ class Linear:
         blocks: Q4_1 | Q8_0 | None = None,
         block_rows: int = 0,
         bf16_rows: int = 0,
+        bf16_kind: str = "bf16",
     ) -> None:
         self.blocks = blocks.for_kernel() if blocks is not None else None
         self.block_rows = block_rows if blocks is not None else 0
         self.bf16_rows = bf16_rows if isinstance(blocks, Q4_1) else 0
+        self.bf16_kind = bf16_kind
+        if bf16_kind == "amx" and blocks is not None and blocks.shape[0] % AMX_COLUMNS:
+            self.bf16_rows = 0  # the tiles take whole chunks of columns
         # Its key for the compiled step's opaque product (compiled_step.py); -1: none yet.
         self.compile_key = -1
         self.weight: torch.Tensor | None = None
@@ -219,7 +248,7 @@ class Linear:
             return self.blocks.matmul_t(x).to(x.dtype)  # type: ignore[union-attr]
         if x.shape[0] <= self.bf16_rows:
             assert isinstance(self.blocks, Q4_1)  # bf16_rows is set for Q4_1 blocks only
-            return self.blocks.matmul_t(x, bf16=True).to(x.dtype)
+            return self.blocks.matmul_t(x, kind=self.bf16_kind).to(x.dtype)
         if self.kind == "fp16":
             if x.dtype == torch.float32:
                 # The overload itself: calling the op packet costs ~10 us of Python each.
@@ -267,7 +296,12 @@ class DecoderLayer:
             if formats.large is not None:
                 weight = torch.cat([put(shard(w[k], dim)) for k in keys])
             return Linear(
-                weight, formats.large or "none", blocks, formats.block_rows, formats.bf16_rows
+                weight,
+                formats.large or "none",
+                blocks,
+                formats.block_rows,
+                formats.bf16_rows,
+                formats.bf16_kind,
             )
 
         self.input_norm = put(w[f"{prefix}.input_layernorm.weight"])
@@ -288,8 +322,10 @@ class WeightFormats:
     large: str | None
     blocks: dict[str, Q4_1] | None = None
     block_rows: int = 0
-    # Past block_rows and up to this many, the blocks with bf16 activations (prompts).
+    # Past block_rows and up to this many, the blocks with bf16 activations (prompts), by
+    # this product (prompt_blocks).
     bf16_rows: int = 0
+    bf16_kind: str = "bf16"
 
 
 BLOCKS_FILE = "gguf-blocks.safetensors"
@@ -469,8 +505,9 @@ class LlamaModel:
             # would take a step whatever its chunks: past that it runs prompts' chunks,
             # which keep the float format (native_decode.NativeDecoder says why).
             formats.block_rows = min(native_rows, HYBRID_MAX_ROWS)
-            if prompt_blocks(formats.large):
-                formats.bf16_rows = BF16_BLOCK_ROWS
+            kind = prompt_blocks(formats.large)
+            if kind is not None:
+                formats.bf16_rows, formats.bf16_kind = prompt_block_rows(kind), kind
         self.embed = put(w["embed_tokens.weight"])
         self.norm = put(w["norm.weight"])
         # Logits are computed on rank 0 only.

@@ -154,14 +154,14 @@ class Q4_1:
             torch.cat([p.m for p in parts]),
         )
 
-    def matmul_t(self, x: torch.Tensor, bf16: bool = False) -> torch.Tensor:
+    def matmul_t(self, x: torch.Tensor, kind: str = "int8") -> torch.Tensor:
         """x [rows, K] @ W.T in float32 (the kernel wants `for_kernel()` weights); x at 8
-        bits a block, or with bf16=True rounded to bf16 (kernels.bf16_gemm_available())."""
+        bits a block, or rounded to bf16 (kinds "bf16" and "amx": kernels.q4_1_gemm)."""
         lib = kernels.load()
         if lib is None or not self.kernel:
             return x.float() @ self.dequantize().T
         x = x.float().contiguous()
-        return kernels.q4_1_gemm(lib, self.qs, self.d, self.m, x, self.n, bf16=bf16)
+        return kernels.q4_1_gemm(lib, self.qs, self.d, self.m, x, self.n, kind=kind)
 
 
 @dataclass

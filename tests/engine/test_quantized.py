@@ -7,6 +7,8 @@ import torch
 
 from inference.engine import kernels, model_runner
 from inference.engine.model import (
+    AMX_BLOCK_ROWS,
+    AMX_COLUMNS,
     BF16_BLOCK_ROWS,
     HYBRID_MAX_ROWS,
     Linear,
@@ -75,6 +77,64 @@ def test_q8_0_product_keeps_float_precision_despite_an_outlier(rows):
     q = Q8_0.quantize(_weight(75, 192))
     want = (x.double() @ q.dequantize().double().T).float()
     assert _rel_err(q.for_kernel().matmul_t(x), want) < 2e-4
+
+
+needs_amx = pytest.mark.skipif(
+    not kernels.amx_available(), reason="no AMX tiles here (CPU without AMX, or not granted)"
+)
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [1, 15, 16, 17, 33, 100])
+def test_amx_products_round_only_the_weights_and_x_to_bf16(rows):
+    """On AMX's tiles the 4-bit weights are unpacked to bf16 (d * q + m, to nearest) and x
+    rounded to bf16; sums are float32: the product is the float64 one of those roundings,
+    whatever the rows (whole and partial 16-row tiles)."""
+    x = torch.randn(rows, 256)
+    q = Q4_1.quantize(_weight(96, 256)).for_kernel()
+    want = (x.bfloat16().double() @ q.dequantize().bfloat16().double().T).float()
+    assert _rel_err(q.matmul_t(x, kind="amx"), want) < 1e-4
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [4, 16, 37])
+def test_amx_head_keeps_an_outliers_neighbours(rows):
+    """The head's Q8_0 blocks on the tiles: x in bf16 gives each value its own exponent, so
+    an input 30x the rest costs its block nothing (8-bit activations lost ~1%)."""
+    x = torch.randn(rows, 192)
+    x[:, 7] *= 30
+    q = Q8_0.quantize(_weight(96, 192))
+    want = (x.bfloat16().double() @ q.dequantize().bfloat16().double().T).float()
+    exact = (x.double() @ q.dequantize().double().T).float()
+    assert kernels.amx_min_rows()[1] <= 4
+    got = q.for_kernel().matmul_t(x)
+    assert _rel_err(got, want) < 1e-5 and _rel_err(got, exact) < 5e-3
+
+
+@needs_amx
+def test_native_products_take_the_tiles_from_amx_min_rows():
+    """The native path's product (kind int8) is the tiles' from AMX_MIN_ROWS rows, and the
+    8-bit one below; a matrix whose outputs are not whole chunks of 32 keeps the 8-bit one
+    (the tiles' own entry refuses it)."""
+    start = kernels.amx_min_rows()[0]
+    q = Q4_1.quantize(_weight(96, 256)).for_kernel()
+    x = torch.randn(start, 256)
+    assert torch.equal(q.matmul_t(x), q.matmul_t(x, kind="amx"))
+    assert not torch.equal(q.matmul_t(x[:-1]), q.matmul_t(x[:-1], kind="amx"))
+    odd = Q4_1.quantize(_weight(72, 256)).for_kernel()
+    assert _rel_err(odd.matmul_t(x), x @ odd.dequantize().T) < 0.01
+    with pytest.raises(RuntimeError, match=r"q4_1_gemm_amx failed \(-2\)"):
+        odd.matmul_t(x, kind="amx")
+
+
+def test_amx_min_rows_reads_its_setting(monkeypatch):
+    monkeypatch.setenv("ENGINE_AMX_MIN_ROWS", "0")
+    assert kernels.amx_min_rows() == (0, 0)
+    monkeypatch.setenv("ENGINE_AMX_MIN_ROWS", "")
+    assert kernels.amx_min_rows() == (kernels.AMX_MIN_ROWS, kernels.AMX_HEAD_MIN_ROWS)
+    monkeypatch.setenv("ENGINE_AMX_MIN_ROWS", "many")
+    with pytest.raises(ValueError, match="ENGINE_AMX_MIN_ROWS must be an integer, got 'many'"):
+        kernels.amx_min_rows()
 
 
 def test_hybrid_linear_takes_blocks_for_small_steps_and_fp16_for_large_ones():
@@ -215,7 +275,9 @@ def test_past_8_rows_the_native_path_takes_decodes_and_guesses_not_prompts(make_
 
 @needs_kernels
 def test_native_path_checks_speculative_guesses_like_the_torch_path(make_engine):
-    prompts = [[5, 6, 7, 8, 9] * 6]
+    # (With [5, 6, 7, 8, 9] * 6 the tiny model's 19th token is a near-tie that the two
+    # paths' attention sums, in different orders, break differently.)
+    prompts = [[6, 7, 8, 9, 10] * 6, [4, 6, 8, 10] * 8]
     spec = {"speculative_mode": "ngram", "num_speculative_tokens": 3}
     native = _generate(make_engine, True, prompts, **spec)
     assert native == _generate(make_engine, False, prompts, **spec)
@@ -242,9 +304,15 @@ def test_hybrid_head_takes_8bit_blocks_for_a_row_or_two_and_floats_beyond(make_e
     hidden = torch.randn(rows_max + 1, head.blocks.shape[1])
     blocks_ref = (hidden.double() @ head.blocks.dequantize().double().T).float()
     float_ref = hidden @ engine.runner.model.embed.T  # the tiny model's head is tied
+    w = head.blocks.dequantize()
+    tiles_ref = (hidden.bfloat16().double() @ w.bfloat16().double().T).float()
     for rows in (1, rows_max):
         got = engine.runner.model.compute_logits(hidden[:rows])
-        assert _rel_err(got, blocks_ref[:rows]) < 2e-4
+        if kernels.amx_available() and rows >= kernels.amx_min_rows()[1]:
+            # on AMX's tiles: d * q and x rounded to bf16, float32 sums
+            assert _rel_err(got, tiles_ref[:rows]) < 1e-5
+        else:
+            assert _rel_err(got, blocks_ref[:rows]) < 2e-4
     got = engine.runner.model.compute_logits(hidden)
     assert _rel_err(got, float_ref) < 5e-3  # fp16 or bf16 weights
 
@@ -371,10 +439,10 @@ def test_prompt_rows_take_the_blocks_with_bf16_activations_where_built(make_engi
     blocks with bf16 activations where the kernels have them (AVX512-BF16): the weights
     exact, x rounded to bf16 as torch's bf16 products round it, float32 sums."""
     lin = make_engine(quantization="hybrid").runner.model.layers[0].gate_up
-    if not prompt_blocks(lin.kind):
-        assert lin.bf16_rows == 0
-        pytest.skip("no bf16 prompt products here (no AVX512-BF16, or AMX: oneDNN's)")
-    assert lin.bf16_rows == BF16_BLOCK_ROWS
+    if prompt_blocks(lin.kind) != "bf16":
+        assert lin.bf16_rows == 0 or lin.bf16_kind == "amx"
+        pytest.skip("no bf16 prompt products here (no AVX512-BF16, or AMX's tiles)")
+    assert lin.bf16_rows == BF16_BLOCK_ROWS and lin.bf16_kind == "bf16"
     w = lin.blocks.dequantize().double()  # type: ignore[union-attr]
     for rows in (9, 21, BF16_BLOCK_ROWS):
         x = torch.randn(rows, w.shape[1])
@@ -385,6 +453,27 @@ def test_prompt_rows_take_the_blocks_with_bf16_activations_where_built(make_engi
     torch.testing.assert_close(
         lin(x), torch.nn.functional.linear(x.to(lin.weight.dtype), lin.weight).float()
     )
+
+
+@needs_kernels
+def test_prompt_rows_take_the_blocks_on_amx_tiles_where_they_run(make_engine):
+    """With AMX, every torch-path step's product takes the 4-bit blocks on the tiles:
+    weights unpacked to bf16 (rounded to nearest), x in bf16, float32 sums. A product whose
+    outputs are not whole chunks of 32 keeps the float weights."""
+    layer = make_engine(quantization="hybrid").runner.model.layers[0]
+    lin = layer.gate_up
+    if prompt_blocks(lin.kind) != "amx":
+        assert lin.bf16_kind != "amx"
+        pytest.skip("no AMX tiles for the kernels here")
+    assert lin.bf16_rows == AMX_BLOCK_ROWS and lin.out_features % AMX_COLUMNS == 0
+    w = lin.blocks.dequantize()  # type: ignore[union-attr]
+    for rows in (9, 17, 40, 300):  # past the 8-bit rows (block_rows)
+        x = torch.randn(rows, w.shape[1])
+        want = (x.bfloat16().double() @ w.bfloat16().double().T).float()
+        # the unpacking's fused d * q + m can round a weight to the other bf16 neighbour
+        assert _rel_err(lin(x), want) < 1e-4
+    for other in (layer.qkv, layer.o, layer.down):
+        assert other.bf16_rows == (AMX_BLOCK_ROWS if other.out_features % AMX_COLUMNS == 0 else 0)
 
 
 def test_split_mixed_steps_takes_auto_on_or_off():

@@ -25,8 +25,11 @@ from inference.engine.kernels.build import compiled_library
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(n) for n in ("quant_gemm.c", "sample.c", "chunk_attention.c")]
-HEADER = Path(__file__).with_name("simd.h")
+SOURCES = [
+    Path(__file__).with_name(n)
+    for n in ("quant_gemm.c", "amx_gemm.c", "sample.c", "chunk_attention.c")
+]
+HEADERS = [Path(__file__).with_name(n) for n in ("simd.h", "common.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC"]
 _REQUIRED_CPU_FLAGS = {"avx2", "fma", "f16c"}
 # Where the CPU lists them (as the kernel sees them: /proc/cpuinfo, not the compiler's own
@@ -38,6 +41,28 @@ _AVX512_FLAGS = {
     "avx512vl": "-mavx512vl",
     "avx512_vnni": "-mavx512vnni",
 }
+
+_AMX_FLAGS = {"amx_tile", "amx_bf16"}
+# The native path's products (8-bit activations) move to AMX's tiles (amx_gemm.c) from this
+# many rows: 30 layers' products on a 2-core Xeon, 2 threads, 8-bit against the tiles:
+# 13.0 / ~17 / 21.6 / 37.8 ms at 16 / 24 / 32 / 64 rows against 15.2 / 17.1 / 20.0 / 23.3.
+AMX_MIN_ROWS = 32
+# The head's 8-bit blocks (16-bit activations) likewise, from fewer rows (its weights are
+# wider, so the tiles' unpacking costs less for its products): 1.7 / 4.1 / 4.2 / 17.7 ms at
+# 1 / 4 / 8 / 64 rows against 3.1 / 3.1 / 3.3 / 6.4.
+AMX_HEAD_MIN_ROWS = 4
+
+
+def amx_min_rows() -> tuple[int, int]:
+    """(AMX_MIN_ROWS, AMX_HEAD_MIN_ROWS), or ENGINE_AMX_MIN_ROWS's one value for both (0:
+    never; for comparisons)."""
+    raw = os.environ.get("ENGINE_AMX_MIN_ROWS", "")
+    if not raw.strip():
+        return AMX_MIN_ROWS, AMX_HEAD_MIN_ROWS
+    try:
+        return int(raw), int(raw)
+    except ValueError:
+        raise ValueError(f"ENGINE_AMX_MIN_ROWS must be an integer, got {raw!r}") from None
 
 
 @cache
@@ -84,7 +109,9 @@ def build_flags(cpu_flags: frozenset[str]) -> list[str]:
     if wanted and set(_AVX512_FLAGS) <= cpu_flags:
         # AVX512-BF16's pair products, for the prompts' attention (chunk_attention.c).
         bf16 = ["-mavx512bf16"] if "avx512_bf16" in cpu_flags else []
-        return [*FLAGS, *_AVX512_FLAGS.values(), *bf16]
+        # AMX's bf16 tiles, for the 4-bit products of many rows (amx_gemm.c).
+        amx = ["-mamx-tile", "-mamx-bf16"] if bf16 and cpu_flags >= _AMX_FLAGS else []
+        return [*FLAGS, *_AVX512_FLAGS.values(), *bf16, *amx]
     return list(FLAGS)
 
 
@@ -98,7 +125,7 @@ def load() -> ctypes.CDLL | None:
         return None
     flags = build_flags(cpu)
     try:
-        lib = compiled_library("quant_gemm", SOURCES, flags, [HEADER])
+        lib = compiled_library("quant_gemm", SOURCES, flags, HEADERS)
     except (OSError, RuntimeError) as exc:
         log.warning("native 4-bit kernels unavailable, using torch weights: %s", exc)
         return None
@@ -109,6 +136,14 @@ def load() -> ctypes.CDLL | None:
     lib.q4_1_gemm_bf16.restype = i
     lib.q4_1_bf16_available.argtypes = []
     lib.q4_1_bf16_available.restype = i
+    lib.q4_1_gemm_amx.argtypes = [p, p, p, i, i, p, i, p, i]
+    lib.q4_1_gemm_amx.restype = i
+    lib.q4_1_amx_available.argtypes = []
+    lib.q4_1_amx_available.restype = i
+    lib.set_amx_min_rows.argtypes = [i, i]
+    lib.set_amx_min_rows.restype = None
+    if lib.q4_1_amx_available():
+        lib.set_amx_min_rows(*amx_min_rows())
     lib.q8_0_gemm.argtypes = [p, p, i, i, p, i, p, i]
     lib.q8_0_gemm.restype = i
     lib.decode_layer.argtypes = [
@@ -211,6 +246,9 @@ def chunk_attention(
     return out
 
 
+_Q4_FNS = {"int8": "q4_1_gemm", "bf16": "q4_1_gemm_bf16", "amx": "q4_1_gemm_amx"}
+
+
 def q4_1_gemm(
     lib: ctypes.CDLL,
     qs: torch.Tensor,
@@ -218,22 +256,29 @@ def q4_1_gemm(
     m: torch.Tensor,
     x: torch.Tensor,
     n: int,
-    bf16: bool = False,
+    kind: str = "int8",
 ) -> torch.Tensor:
     """x [rows, K] float32 contiguous @ the n columns of Q4_1 weights in the kernel layout
     (quantized.Q4_1.for_kernel: qs [N', K/2], d and m [N', K/32], N' = n rounded up to 8).T
-    with x quantized to int8 per block of 32, or with bf16=True rounded to bf16 (float
-    precision: prompts' rows; only where bf16_gemm_available())."""
+    with x quantized to int8 per block of 32 (kind "int8": the native path's product, on
+    AMX's tiles from amx_min_rows() rows where they run), or rounded to bf16 against the
+    exact weights ("bf16": float precision for prompts' rows, where bf16_gemm_available()),
+    or both rounded to bf16 on AMX tiles ("amx", where amx_available(); n a multiple of 32)."""
     rows, k = x.shape
     y = torch.empty(rows, n, dtype=torch.float32)
-    fn = lib.q4_1_gemm_bf16 if bf16 else lib.q4_1_gemm
-    rc = fn(
+    rc = getattr(lib, _Q4_FNS[kind])(
         qs.data_ptr(), d.data_ptr(), m.data_ptr(), n, k, x.data_ptr(), rows, y.data_ptr(),
         threads(),
     )  # fmt: skip
     if rc:
-        raise RuntimeError(f"q4_1_gemm{'_bf16' if bf16 else ''} failed ({rc})")
+        raise RuntimeError(f"{_Q4_FNS[kind]} failed ({rc})")
     return y
+
+
+def amx_available() -> bool:
+    """Whether the 4-bit products run on AMX tiles here (built with AMX, the tiles granted)."""
+    lib = load()
+    return lib is not None and bool(lib.q4_1_amx_available())
 
 
 def bf16_gemm_available() -> bool:
@@ -246,7 +291,8 @@ def q8_0_gemm(
     lib: ctypes.CDLL, qs: torch.Tensor, d: torch.Tensor, x: torch.Tensor, n: int
 ) -> torch.Tensor:
     """x [rows, K] float32 contiguous @ the n columns of Q8_0 weights in the kernel layout
-    (quantized.Q8_0.for_kernel: qs int8 [N', K], d float32 [N', K/32]).T"""
+    (quantized.Q8_0.for_kernel: qs int8 [N', K], d float32 [N', K/32]).T, x at 16 bits a
+    block (on AMX's tiles from amx_min_rows()[1] rows where they run: both in bf16)"""
     rows, k = x.shape
     y = torch.empty(rows, n, dtype=torch.float32)
     rc = lib.q8_0_gemm(

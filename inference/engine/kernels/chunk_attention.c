@@ -23,10 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "simd.h"
-
-typedef void (*chunk_fn)(void *arg, int chunk);
-void pool_run(chunk_fn fn, void *arg, int chunks, int nth);
 
 #ifdef __AVX512F__
 #define VL 16

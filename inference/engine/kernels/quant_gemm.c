@@ -30,10 +30,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "common.h"
 #include "simd.h"
 
-#define QK 32
-#define GROUP 8     /* columns side by side in the kernel layout */
 #define ROW_TILE 4  /* rows that share one unpacking of a weight block */
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -139,17 +138,7 @@ static int quantize_rows16(const float *x, int rows, int K, Wide *out) {
     return 0;
 }
 
-/* ---- Q4_1 by int8 activations ------------------------------------------------------------
- *
- * Kernel layout per group of 8 columns and block: 128 bytes of nibbles, 4 vectors of 32;
- * vector j holds k 8j..8j+3 in its low nibbles and 8j+4..8j+7 in its high ones, 4 bytes
- * per column (lane c = column c). d and m: fp16 [group][block][8].
- */
-typedef struct {
-    const uint8_t *qs;
-    const uint16_t *d, *m;
-    int n, k; /* the true column count; the arrays hold whole groups (zero padded) */
-} Q4Matrix;
+/* ---- Q4_1 by int8 activations (the layout: common.h) ----------------------------------------- */
 
 static inline void q4_unpack(const uint8_t *wb, __m256i w[8]) {
     const __m256i mask = _mm256_set1_epi8(0x0F);
@@ -225,16 +214,9 @@ static void q4_tile(const Q4Matrix *W, int g0, int g1, const QuantizedRows *q, i
 
 /* ---- Q8_0 by int16 activations: the lm_head -----------------------------------------------
  *
- * Kernel layout per group of 8 columns and block: 16 pairs of k, each 16 bytes (k, k + 1 of
- * each column); d float32 [group][block][8]. A pair widened to int16 and multiplied by the
- * pair of activations gives each column's two products summed in its lane (|q * qx| < 2^22,
- * 32 of them < 2^27: int32 holds a block). */
-typedef struct {
-    const int8_t *qs;
-    const float *d;
-    int n, k;
-} Q8Matrix;
-
+ * (The layout: common.h.) A pair widened to int16 and multiplied by the pair of activations
+ * gives each column's two products summed in its lane (|q * qx| < 2^22, 32 of them < 2^27:
+ * int32 holds a block). */
 static inline __m256i dot16(__m256i acc, __m256i w, __m256i x) {
 #if HAVE_VNNI
     return _mm256_dpwssd_epi32(acc, w, x);
@@ -297,8 +279,6 @@ static void q8_tile(const Q8Matrix *W, int g0, int g1, const Wide *q, int r0, in
  * task that is gone. Tasks run one at a time (the lock makes a second caller wait).
  */
 
-typedef void (*chunk_fn)(void *arg, int chunk);
-void pool_run(chunk_fn fn, void *arg, int chunks, int nth);
 
 #define MAX_THREADS 64
 #define SPIN_NS 200000L /* a worker sleeps after this long without a task */
@@ -390,9 +370,7 @@ static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 
 static void pool_init(void) { pthread_atfork(NULL, NULL, pool_after_fork); }
 
-/* fn(arg, c) for every chunk c in 0..chunks-1, on up to nth threads (the caller one of
- * them); returns when all are done. Shared with sample.c, not exported from the library. */
-__attribute__((visibility("hidden"))) void pool_run(chunk_fn fn, void *arg, int chunks, int nth) {
+void pool_run(chunk_fn fn, void *arg, int chunks, int nth) {
     if (nth > MAX_THREADS) nth = MAX_THREADS;
     if (nth > chunks) nth = chunks;
     if (nth <= 1) {
@@ -471,7 +449,18 @@ static void q4_chunk(void *arg, int c) {
         q4_tile(t->w, g0, g1, t->q, r0, t->rows - r0 < ROW_TILE ? t->rows - r0 : ROW_TILE, t->y);
 }
 
+/* Products of at least this many rows take AMX's tiles (amx_gemm.c) where they run, the
+ * layers' (Q4_1) and the head's (Q8_0); 0: never. */
+static int amx_min_rows, amx_head_min_rows;
+
+void set_amx_min_rows(int layers, int head) {
+    amx_min_rows = layers;
+    amx_head_min_rows = head;
+}
+
 static int q4_matmul(const Q4Matrix *w, const float *x, int rows, float *y, int nthreads) {
+    if (amx_min_rows > 0 && rows >= amx_min_rows && q4_amx_matmul(w, x, rows, y, nthreads) == 0)
+        return 0;
     QuantizedRows q;
     if (quantize_rows(x, rows, w->k, &q)) {
         free_rows(&q);
@@ -509,13 +498,16 @@ static void q8_chunk(void *arg, int c) {
 int q8_0_gemm(const int8_t *qs, const float *d, int N, int K, const float *x, int rows,
               float *y, int nthreads) {
     if (K % QK) return -2;
+    Q8Matrix w = {qs, d, N, K};
+    if (amx_head_min_rows > 0 && rows >= amx_head_min_rows &&
+        q8_amx_matmul(&w, x, rows, y, nthreads) == 0)
+        return 0;
     Wide q;
     if (quantize_rows16(x, rows, K, &q)) {
         free(q.qx);
         free(q.dx);
         return -1;
     }
-    Q8Matrix w = {qs, d, N, K};
     Q8Task t = {&w, &q, rows, y};
     pool_run(q8_chunk, &t, chunks_of(N), nthreads);
     free(q.qx);

@@ -17,10 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "simd.h"
-
-typedef void (*chunk_fn)(void *arg, int chunk);
-__attribute__((visibility("hidden"))) void pool_run(chunk_fn fn, void *arg, int chunks, int nth);
 
 #define CAND_MIN 1e-5f
 #define MAX_CAND 4096

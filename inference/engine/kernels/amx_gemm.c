@@ -1,0 +1,288 @@
+/* Q4_1 products on AMX tiles (Intel Sapphire Rapids and later): the layers' weights
+ * unpacked to bf16 in the cache, then multiplied 16 x 16 x 32 an instruction.
+ *
+ * The 8-bit kernels (quant_gemm.c) pay for every row: each block's dot product is a few
+ * vector instructions per row, ~1.2 ms a row for the default model's layers on this kind
+ * of CPU. oneDNN's bf16 products on AMX read weights of 16 bits (three times the GGUF's)
+ * and carry a large fixed cost at a few dozen rows. Here a chunk of 32 output columns is
+ * unpacked once, for all of K, into a bf16 buffer in AMX's pair layout (~100 KB at most,
+ * it stays in L2), and every 32 rows of x then take one tile product per 32 k for each
+ * 16 x 16 of the output: the unpacking is paid once per step, the rows nearly free.
+ *
+ * The weights are rounded to bf16 once unpacked (d * q + m in float32, then to nearest
+ * even), as torch's bf16 products round them, and x is rounded to bf16; sums are float32.
+ *
+ * The head's Q8_0 blocks (the embedding's) go the same way: d * q rounded to bf16, x in
+ * bf16 (its outliers cost nothing there: each value has its own exponent).
+ *
+ * AMX's B operand holds, in row p, the pairs k = 2p, 2p + 1 of each of 16 columns (one
+ * 32-bit lane a column). Q8_0's kernel layout already stores those pairs side by side. One 32-byte vector of the kernel layout (common.h), widened to 16
+ * bits, holds in 32-bit lane 2c + h column c's pair 4j + h (its low nibbles) or 4j + 2 + h
+ * (its high ones): the even lanes of two groups make row 4j of a 16-column tile, the odd
+ * ones row 4j + 1, and so on. Linux hands out the tiles' state only on request
+ * (arch_prctl), once per process.
+ */
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "common.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && \
+    defined(__AVX512BW__)
+#define HAVE_AMX 1
+#else
+#define HAVE_AMX 0
+#endif
+
+/* Writes columns n0 .. n0 + 31 of a weight matrix, unpacked to bf16 tiles (unpack_q4). */
+typedef void (*unpack_fn)(const void *w, int n0, uint16_t *out);
+
+#if HAVE_AMX
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define COLS 32 /* output columns a chunk: two tiles */
+
+static int amx_permitted;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+static void amx_request(void) {
+    amx_permitted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
+/* Tiles 0-3: the output's 2 x 2 blocks of 16 x 16 floats; 4, 5: two 16-row slices of x;
+ * 6, 7: the two 16-column halves of the chunk's weights. Every tile is 16 rows of 64 bytes.
+ * Loaded for each chunk and released after it: oneDNN (torch's bf16 products) loads its own
+ * and releases the tiles on the same threads, after which a tile instruction is illegal. */
+static void amx_configure(void) {
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        c.rows[t] = 16;
+        c.colsb[t] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+static __thread uint16_t *tls_b;
+static __thread size_t tls_b_cap;
+
+/* Columns n0 .. n0 + 31 over all of K, unpacked: for each block of 32 k, two tiles of
+ * 16 rows x 32 bf16 (512 values each), the first for columns n0 .. n0 + 15. */
+static void unpack_q4(const void *w, int n0, uint16_t *out) {
+    const Q4Matrix *W = (const Q4Matrix *)w;
+    const int nb = W->k / QK;
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i nib = _mm512_set1_epi16(0x0F);
+    for (int b = 0; b < nb; b++) {
+        for (int t = 0; t < 2; t++) {
+            int ga = n0 / GROUP + 2 * t, gb = ga + 1;
+            const uint8_t *qa = W->qs + ((size_t)ga * nb + b) * 128;
+            const uint8_t *qb = W->qs + ((size_t)gb * nb + b) * 128;
+            size_t sa = ((size_t)ga * nb + b) * GROUP, sb = ((size_t)gb * nb + b) * GROUP;
+#define SCALES(arr, s) \
+    _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(arr + s)))))
+            __m512 d_lo = SCALES(W->d, sa), d_hi = SCALES(W->d, sb);
+            __m512 m_lo = SCALES(W->m, sa), m_hi = SCALES(W->m, sb);
+#undef SCALES
+            uint16_t *tile = out + ((size_t)b * 2 + t) * 512;
+            for (int j = 0; j < 4; j++) {
+                __m512i va = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qa + 32 * j)));
+                __m512i vb = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qb + 32 * j)));
+                __m512i halves[2][2] = {
+                    {_mm512_and_si512(va, nib), _mm512_and_si512(vb, nib)},
+                    {_mm512_srli_epi16(va, 4), _mm512_srli_epi16(vb, 4)},
+                };
+                for (int h = 0; h < 2; h++) {
+                    for (int o = 0; o < 2; o++) {
+                        __m512i row = _mm512_permutex2var_epi32(halves[h][0], o ? odd : even,
+                                                                halves[h][1]);
+                        __m512 lo = _mm512_cvtepi32_ps(
+                            _mm512_cvtepu16_epi32(_mm512_castsi512_si256(row)));
+                        __m512 hi = _mm512_cvtepi32_ps(
+                            _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(row, 1)));
+                        lo = _mm512_fmadd_ps(lo, d_lo, m_lo);
+                        hi = _mm512_fmadd_ps(hi, d_hi, m_hi);
+                        int p = 4 * j + 2 * h + o;
+                        _mm512_store_si512((void *)(tile + p * 32), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+                    }
+                }
+            }
+        }
+    }
+}
+
+static void unpack_q8(const void *w, int n0, uint16_t *out) {
+    const Q8Matrix *W = (const Q8Matrix *)w;
+    const int nb = W->k / QK;
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    for (int b = 0; b < nb; b++) {
+        for (int t = 0; t < 2; t++) {
+            int ga = n0 / GROUP + 2 * t, gb = ga + 1;
+            const int8_t *qa = W->qs + ((size_t)ga * nb + b) * 256;
+            const int8_t *qb = W->qs + ((size_t)gb * nb + b) * 256;
+            __m512 da = _mm512_permutexvar_ps(
+                dup, _mm512_castps256_ps512(_mm256_loadu_ps(W->d + ((size_t)ga * nb + b) * GROUP)));
+            __m512 db = _mm512_permutexvar_ps(
+                dup, _mm512_castps256_ps512(_mm256_loadu_ps(W->d + ((size_t)gb * nb + b) * GROUP)));
+            uint16_t *tile = out + ((size_t)b * 2 + t) * 512;
+            for (int p = 0; p < 16; p++) {
+                __m512 lo = _mm512_mul_ps(
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qa + 16 * p)))), da);
+                __m512 hi = _mm512_mul_ps(
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qb + 16 * p)))), db);
+                _mm512_store_si512((void *)(tile + p * 32), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+            }
+        }
+    }
+}
+
+typedef struct {
+    const void *w;
+    unpack_fn unpack;
+    int n, k;
+    const uint16_t *xb; /* [padded rows][K] bf16, the padding zero */
+    int rows, padded;
+    float *y;
+    atomic_int failed; /* a thread's buffer could not be had: the caller computes it all again */
+} AmxTask;
+
+static void amx_chunk(void *arg, int c) {
+    AmxTask *t = (AmxTask *)arg;
+    const int K = t->k, N = t->n, nb = K / QK, n0 = c * COLS;
+    size_t need = (size_t)nb * 2 * 512;
+    if (tls_b_cap < need) {
+        free(tls_b);
+        tls_b = (uint16_t *)aligned_alloc(64, need * sizeof(uint16_t));
+        tls_b_cap = tls_b ? need : 0;
+        if (!tls_b) {
+            atomic_store(&t->failed, 1);
+            return;
+        }
+    }
+    amx_configure();
+    t->unpack(t->w, n0, tls_b);
+    const size_t xs = (size_t)K * sizeof(uint16_t), ys = (size_t)N * sizeof(float);
+    float tmp[16 * 16] __attribute__((aligned(64)));
+    for (int m0 = 0; m0 < t->padded; m0 += 32) {
+        const int two = t->padded - m0 >= 32;
+        const uint16_t *x0 = t->xb + (size_t)m0 * K, *x1 = x0 + (size_t)16 * K;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int b = 0; b < nb; b++) {
+            const uint16_t *wb = tls_b + (size_t)b * 1024;
+            _tile_loadd(6, wb, 64);
+            _tile_loadd(7, wb + 512, 64);
+            _tile_loadd(4, x0 + b * QK, xs);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            if (two) {
+                _tile_loadd(5, x1 + b * QK, xs);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+        }
+        /* Full 16-row slices go straight to y; the last, partial one through tmp. */
+        for (int s = 0; s < (two ? 2 : 1); s++) {
+            int r0 = m0 + 16 * s, valid = t->rows - r0;
+            if (valid <= 0) break;
+            float *y = t->y + (size_t)r0 * N + n0;
+            if (valid >= 16) {
+                if (s == 0) {
+                    _tile_stored(0, y, ys);
+                    _tile_stored(1, y + 16, ys);
+                } else {
+                    _tile_stored(2, y, ys);
+                    _tile_stored(3, y + 16, ys);
+                }
+                continue;
+            }
+            for (int h = 0; h < 2; h++) {
+                if (s == 0 && h == 0) _tile_stored(0, tmp, 64);
+                if (s == 0 && h == 1) _tile_stored(1, tmp, 64);
+                if (s == 1 && h == 0) _tile_stored(2, tmp, 64);
+                if (s == 1 && h == 1) _tile_stored(3, tmp, 64);
+                for (int r = 0; r < valid; r++) memcpy(y + (size_t)r * N + 16 * h, tmp + 16 * r, 64);
+            }
+        }
+    }
+    _tile_release();
+}
+#endif
+
+/* x rounded to bf16 into [rows rounded up to 16][K], then every chunk of 32 columns. */
+static int amx_matmul(const void *w, unpack_fn unpack, int N, int K, const float *x, int rows,
+                      float *y, int nthreads) {
+#if HAVE_AMX
+    pthread_once(&amx_once, amx_request);
+    if (!amx_permitted) return -3;
+    if (K % QK || N % COLS || rows <= 0) return -2;
+    const int padded = (rows + 15) / 16 * 16;
+    uint16_t *xb = (uint16_t *)aligned_alloc(64, (size_t)padded * K * sizeof(uint16_t));
+    if (!xb) return -1;
+    for (size_t r = 0; r < (size_t)rows; r++)
+        for (int k = 0; k < K; k += 32) {
+            __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + r * K + k + 16),
+                                              _mm512_loadu_ps(x + r * K + k));
+            _mm512_store_si512((void *)(xb + r * K + k), (__m512i)v);
+        }
+    memset(xb + (size_t)rows * K, 0, (size_t)(padded - rows) * K * sizeof(uint16_t));
+    AmxTask t = {w, unpack, N, K, xb, rows, padded, y, 0};
+    pool_run(amx_chunk, &t, N / COLS, nthreads);
+    free(xb);
+    return atomic_load(&t.failed) ? -1 : 0;
+#else
+    (void)w, (void)unpack, (void)N, (void)K, (void)x, (void)rows, (void)y, (void)nthreads;
+    return -3;
+#endif
+}
+
+int q4_amx_matmul(const Q4Matrix *w, const float *x, int rows, float *y, int nthreads) {
+#if HAVE_AMX
+    return amx_matmul(w, unpack_q4, w->n, w->k, x, rows, y, nthreads);
+#else
+    return amx_matmul(w, NULL, w->n, w->k, x, rows, y, nthreads);
+#endif
+}
+
+int q8_amx_matmul(const Q8Matrix *w, const float *x, int rows, float *y, int nthreads) {
+#if HAVE_AMX
+    return amx_matmul(w, unpack_q8, w->n, w->k, x, rows, y, nthreads);
+#else
+    return amx_matmul(w, NULL, w->n, w->k, x, rows, y, nthreads);
+#endif
+}
+
+/* 1 where q4_1_gemm_amx runs (built with AMX, and the process granted its tiles), else 0. */
+int q4_1_amx_available(void) {
+#if HAVE_AMX
+    pthread_once(&amx_once, amx_request);
+    return amx_permitted;
+#else
+    return 0;
+#endif
+}
+
+/* y [rows, N] = x [rows, K] @ W.T for Q4_1 W in the kernel layout, on AMX tiles (weights and
+ * x rounded to bf16); -2 unless N is a multiple of 32, -3 where AMX cannot run. */
+int q4_1_gemm_amx(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N, int K,
+                  const float *x, int rows, float *y, int nthreads) {
+    Q4Matrix w = {qs, d, m, N, K};
+    return q4_amx_matmul(&w, x, rows, y, nthreads);
+}

@@ -12,10 +12,19 @@ from chatapp.settings.base import ENGINE
 # Exported, so the servers and workers the tests start share it; tests/conftest.py empties
 # it when the session ends.
 os.environ.setdefault("ENGINE_KV_TIER_NAMESPACE", f"test-kvtier-{os.getpid()}")
+# The engines of the tests and of the servers they start keep the 512 MB KV pool of before
+# (it holds the bundled model's whole context): the default of 2 GB is written whole at
+# start, which a dozen engines alive at once would pay in memory for nothing.
+os.environ.setdefault("ENGINE_KV_CACHE_MEMORY_MB", "512")
 
 DEBUG = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-ENGINE = {**ENGINE, "PRELOAD": False, "KV_TIER_NAMESPACE": os.environ["ENGINE_KV_TIER_NAMESPACE"]}
+ENGINE = {
+    **ENGINE,
+    "PRELOAD": False,
+    "KV_TIER_NAMESPACE": os.environ["ENGINE_KV_TIER_NAMESPACE"],
+    "KV_CACHE_MEMORY_MB": int(os.environ["ENGINE_KV_CACHE_MEMORY_MB"]),
+}
 CHAT_DISCONNECT_GRACE_S = 0.0
 CELERY_TASK_ALWAYS_EAGER = True
 # Observability (inference/): no sampler thread or engine-written titles under tests;

@@ -165,6 +165,6 @@ def flood(engine: LLMEngine, n: int, max_tokens: int, prompt_len: int) -> dict[s
         "other": n - completed - len(res.refused),
         "rss_before_mb": before,
         "rss_peak_mb": res.peak_rss_mb,
-        "kv_budget_mb": engine.config.kv_cache_memory_mb,
+        "kv_budget_mb": engine.runner.kv_cache_mb,
         "seconds": res.wall,
     }

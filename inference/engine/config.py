@@ -28,9 +28,10 @@ class EngineConfig:
     max_prefill_tokens_during_decode: int = 256
     # Context window; 0 means the model's max_position_embeddings.
     max_model_len: int = 0
-    # Paged KV cache: tokens per block and the memory budget for the block pool.
+    # Paged KV cache: tokens per block and the memory budget for the block pool, in MB;
+    # 0: by the machine (model_runner.kv_pool_mb: 2 GB, or an eighth of its memory).
     block_size: int = 16
-    kv_cache_memory_mb: int = 512
+    kv_cache_memory_mb: int = 0
     enable_prefix_caching: bool = True
     # Bounded waiting queue: past either limit a request is refused as busy.
     max_waiting_requests: int = 256

@@ -5,6 +5,7 @@ quantization never overrides an explicitly set dtype."""
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from pathlib import Path
 
@@ -14,7 +15,11 @@ import torch
 from inference.client import engine_config_from_settings
 from inference.engine import kernels
 from inference.engine.engine import LLMEngine
-from inference.engine.model_runner import resolve_quantization
+from inference.engine.model_runner import (
+    KV_POOL_AUTO_MB,
+    kv_pool_mb,
+    resolve_quantization,
+)
 
 CPU = torch.device("cpu")
 
@@ -88,3 +93,14 @@ def test_the_default_dtype_keeps_the_fastest_weights_and_says_auto(
         assert "(set)" not in lines[0] and "kv_tier=off" in lines[0]
     finally:
         engine.close(flush_timeout=0)
+
+
+def test_the_kv_pool_is_sized_by_the_machine_unless_set(monkeypatch):
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert kv_pool_mb(0, CPU) == max(64, min(KV_POOL_AUTO_MB, memory // 8 // 2**20))
+    assert kv_pool_mb(300, CPU) == 300
+    with pytest.raises(ValueError, match=r"must be 0 \(by the machine\) or more; got -1"):
+        kv_pool_mb(-1, CPU)
+    # a small machine: an eighth of its memory
+    monkeypatch.setattr(os, "sysconf", lambda name: 4096 if name == "SC_PAGE_SIZE" else 2**18)
+    assert kv_pool_mb(0, CPU) == 128

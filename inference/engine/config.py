@@ -24,8 +24,11 @@ class EngineConfig:
     # 256, not the 64 of before: a step with a prompt's chunk pays the torch path's fixed
     # cost (~55 ms on one thread, a Xeon with AMX) whatever the chunk, so fewer, larger
     # chunks gave 16 users 1.13x the tok/s and 0.68-0.80x the TTFT p90, 64 users 1.1-1.2x
-    # and 0.5x (docs/performance.md, the Xeon section).
-    max_prefill_tokens_during_decode: int = 256
+    # and 0.5x (docs/performance.md, the Xeon section). 384 since prompts' products run on
+    # AMX's tiles there and the KV pool holds 64 users: against 256, TTFT p90 0.79x at 64
+    # users and 0.92x at 16, the median 0.98x and 1.01x; 512 took p90 as far (0.59-0.78x)
+    # but made the median 1.11-1.17x longer (the fifth session's Xeon section).
+    max_prefill_tokens_during_decode: int = 384
     # Context window; 0 means the model's max_position_embeddings.
     max_model_len: int = 0
     # Paged KV cache: tokens per block and the memory budget for the block pool, in MB;

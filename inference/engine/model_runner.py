@@ -120,6 +120,9 @@ def describe_engine(
     native = f", 4-bit native path up to {native_rows} rows" if native_rows else ""
     if native_rows:
         native += f", mixed steps {'split' if split else 'whole'}"
+        if kernels.amx_available():
+            layers, head = kernels.amx_min_rows()
+            native += f", AMX tiles from {layers} rows (head {head})"
     pool_mb = num_blocks * block_bytes / 2**20
     tier = redacted(config.kv_tier_url) if config.kv_tier_url else "off"
     if config.kv_tier_url and config.tensor_parallel_size > 1:

@@ -1,7 +1,9 @@
 """Small native kernels the engine builds once at run time: weight-only Q4_1 and Q8_0 matrix
-products and a whole decoder layer for steps of a few rows (quant_gemm.c), spread over the
+products and a whole decoder layer for steps of a few rows (quant_gemm.c), the same
+products for many rows on AMX's tiles where the CPU has them (amx_gemm.c), spread over the
 engine's threads by a pool of their own (spinning between a step's products, asleep between
-steps), and the sampler's filtered draws (sample.c).
+steps), prompts' chunk attention (chunk_attention.c) and the sampler's filtered draws
+(sample.c).
 
 Why our own: at one row a step is bound by the bytes of weights it reads, so 4-bit weights
 should cost a quarter of bf16. torch's `_weight_int4pack_mm_for_cpu` is fast only with

@@ -1,26 +1,26 @@
-/* Q4_1 products on AMX tiles (Intel Sapphire Rapids and later): the layers' weights
+/* Q4_1 and Q8_0 products on AMX tiles (Intel Sapphire Rapids and later): the weights
  * unpacked to bf16 in the cache, then multiplied 16 x 16 x 32 an instruction.
  *
  * The 8-bit kernels (quant_gemm.c) pay for every row: each block's dot product is a few
- * vector instructions per row, ~1.2 ms a row for the default model's layers on this kind
- * of CPU. oneDNN's bf16 products on AMX read weights of 16 bits (three times the GGUF's)
- * and carry a large fixed cost at a few dozen rows. Here a chunk of 32 output columns is
- * unpacked once, for all of K, into a bf16 buffer in AMX's pair layout (~100 KB at most,
- * it stays in L2), and every 32 rows of x then take one tile product per 32 k for each
- * 16 x 16 of the output: the unpacking is paid once per step, the rows nearly free.
+ * vector instructions per row, ~0.5 ms a row for the default model's 30 layers on two
+ * threads of a 2-core Xeon. oneDNN's bf16 products on AMX read weights of 16 bits (three
+ * times the GGUF's) and carry a large fixed cost at a few dozen rows. Here a chunk of 32
+ * output columns is unpacked once, for all of K, into a bf16 buffer in AMX's pair layout
+ * (~100 KB at most, it stays in L2), and every 32 rows of x then take one tile product per
+ * 32 k for each 16 x 16 of the output: the unpacking is paid once per step, the rows
+ * nearly free.
  *
  * The weights are rounded to bf16 once unpacked (d * q + m in float32, then to nearest
  * even), as torch's bf16 products round them, and x is rounded to bf16; sums are float32.
- *
  * The head's Q8_0 blocks (the embedding's) go the same way: d * q rounded to bf16, x in
  * bf16 (its outliers cost nothing there: each value has its own exponent).
  *
  * AMX's B operand holds, in row p, the pairs k = 2p, 2p + 1 of each of 16 columns (one
- * 32-bit lane a column). Q8_0's kernel layout already stores those pairs side by side. One 32-byte vector of the kernel layout (common.h), widened to 16
- * bits, holds in 32-bit lane 2c + h column c's pair 4j + h (its low nibbles) or 4j + 2 + h
- * (its high ones): the even lanes of two groups make row 4j of a 16-column tile, the odd
- * ones row 4j + 1, and so on. Linux hands out the tiles' state only on request
- * (arch_prctl), once per process.
+ * 32-bit lane a column). Q8_0's kernel layout already stores those pairs side by side.
+ * One 32-byte vector of Q4_1's (common.h), widened to 16 bits, holds in 32-bit lane
+ * 2c + h column c's pair 4j + h (its low nibbles) or 4j + 2 + h (its high ones): the even
+ * lanes of two groups make row 4j of a 16-column tile, the odd ones row 4j + 1, and so
+ * on. Linux hands out the tiles' state only on request (arch_prctl), once per process.
  */
 #include <immintrin.h>
 #include <pthread.h>
@@ -79,30 +79,46 @@ static void amx_configure(void) {
 static __thread uint16_t *tls_b;
 static __thread size_t tls_b_cap;
 
+/* 8 float scales, each twice in a row: one per column of a tile row's pair lanes. */
+static inline __m512 pair_scales(__m256 s8) {
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    return _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(s8));
+}
+
+static inline __m512 pair_scales_ph(const uint16_t *s) {
+    return pair_scales(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s)));
+}
+
+static inline __m512i bytes_to_words(const uint8_t *p) {
+    return _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
+}
+
+/* A row of 32 bf16 from two halves of 16 floats (columns 0-7 and 8-15), to nearest even. */
+static inline void store_row(uint16_t *row, __m512 lo, __m512 hi) {
+    _mm512_store_si512((void *)row, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
 /* Columns n0 .. n0 + 31 over all of K, unpacked: for each block of 32 k, two tiles of
  * 16 rows x 32 bf16 (512 values each), the first for columns n0 .. n0 + 15. */
 static void unpack_q4(const void *w, int n0, uint16_t *out) {
     const Q4Matrix *W = (const Q4Matrix *)w;
     const int nb = W->k / QK;
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i even =
+        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd =
+        _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     const __m512i nib = _mm512_set1_epi16(0x0F);
     for (int b = 0; b < nb; b++) {
         for (int t = 0; t < 2; t++) {
-            int ga = n0 / GROUP + 2 * t, gb = ga + 1;
-            const uint8_t *qa = W->qs + ((size_t)ga * nb + b) * 128;
-            const uint8_t *qb = W->qs + ((size_t)gb * nb + b) * 128;
-            size_t sa = ((size_t)ga * nb + b) * GROUP, sb = ((size_t)gb * nb + b) * GROUP;
-#define SCALES(arr, s) \
-    _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(arr + s)))))
-            __m512 d_lo = SCALES(W->d, sa), d_hi = SCALES(W->d, sb);
-            __m512 m_lo = SCALES(W->m, sa), m_hi = SCALES(W->m, sb);
-#undef SCALES
+            size_t ba = (size_t)(n0 / GROUP + 2 * t) * nb + b, bb = ba + nb; /* two groups */
+            const uint8_t *qa = W->qs + ba * 128, *qb = W->qs + bb * 128;
+            __m512 d_lo = pair_scales_ph(W->d + ba * GROUP);
+            __m512 d_hi = pair_scales_ph(W->d + bb * GROUP);
+            __m512 m_lo = pair_scales_ph(W->m + ba * GROUP);
+            __m512 m_hi = pair_scales_ph(W->m + bb * GROUP);
             uint16_t *tile = out + ((size_t)b * 2 + t) * 512;
             for (int j = 0; j < 4; j++) {
-                __m512i va = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qa + 32 * j)));
-                __m512i vb = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(qb + 32 * j)));
+                __m512i va = bytes_to_words(qa + 32 * j), vb = bytes_to_words(qb + 32 * j);
                 __m512i halves[2][2] = {
                     {_mm512_and_si512(va, nib), _mm512_and_si512(vb, nib)},
                     {_mm512_srli_epi16(va, 4), _mm512_srli_epi16(vb, 4)},
@@ -115,10 +131,8 @@ static void unpack_q4(const void *w, int n0, uint16_t *out) {
                             _mm512_cvtepu16_epi32(_mm512_castsi512_si256(row)));
                         __m512 hi = _mm512_cvtepi32_ps(
                             _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(row, 1)));
-                        lo = _mm512_fmadd_ps(lo, d_lo, m_lo);
-                        hi = _mm512_fmadd_ps(hi, d_hi, m_hi);
-                        int p = 4 * j + 2 * h + o;
-                        _mm512_store_si512((void *)(tile + p * 32), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+                        store_row(tile + (4 * j + 2 * h + o) * 32, _mm512_fmadd_ps(lo, d_lo, m_lo),
+                                  _mm512_fmadd_ps(hi, d_hi, m_hi));
                     }
                 }
             }
@@ -126,27 +140,24 @@ static void unpack_q4(const void *w, int n0, uint16_t *out) {
     }
 }
 
+/* 16 int8 weights as floats. */
+static inline __m512 q8_floats(const int8_t *q) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
+}
+
 static void unpack_q8(const void *w, int n0, uint16_t *out) {
     const Q8Matrix *W = (const Q8Matrix *)w;
     const int nb = W->k / QK;
-    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     for (int b = 0; b < nb; b++) {
         for (int t = 0; t < 2; t++) {
-            int ga = n0 / GROUP + 2 * t, gb = ga + 1;
-            const int8_t *qa = W->qs + ((size_t)ga * nb + b) * 256;
-            const int8_t *qb = W->qs + ((size_t)gb * nb + b) * 256;
-            __m512 da = _mm512_permutexvar_ps(
-                dup, _mm512_castps256_ps512(_mm256_loadu_ps(W->d + ((size_t)ga * nb + b) * GROUP)));
-            __m512 db = _mm512_permutexvar_ps(
-                dup, _mm512_castps256_ps512(_mm256_loadu_ps(W->d + ((size_t)gb * nb + b) * GROUP)));
+            size_t ba = (size_t)(n0 / GROUP + 2 * t) * nb + b, bb = ba + nb; /* two groups */
+            const int8_t *qa = W->qs + ba * 256, *qb = W->qs + bb * 256;
+            __m512 da = pair_scales(_mm256_loadu_ps(W->d + ba * GROUP));
+            __m512 db = pair_scales(_mm256_loadu_ps(W->d + bb * GROUP));
             uint16_t *tile = out + ((size_t)b * 2 + t) * 512;
-            for (int p = 0; p < 16; p++) {
-                __m512 lo = _mm512_mul_ps(
-                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qa + 16 * p)))), da);
-                __m512 hi = _mm512_mul_ps(
-                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qb + 16 * p)))), db);
-                _mm512_store_si512((void *)(tile + p * 32), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-            }
+            for (int p = 0; p < 16; p++)
+                store_row(tile + p * 32, _mm512_mul_ps(q8_floats(qa + 16 * p), da),
+                          _mm512_mul_ps(q8_floats(qb + 16 * p), db));
         }
     }
 }
@@ -218,7 +229,8 @@ static void amx_chunk(void *arg, int c) {
                 if (s == 0 && h == 1) _tile_stored(1, tmp, 64);
                 if (s == 1 && h == 0) _tile_stored(2, tmp, 64);
                 if (s == 1 && h == 1) _tile_stored(3, tmp, 64);
-                for (int r = 0; r < valid; r++) memcpy(y + (size_t)r * N + 16 * h, tmp + 16 * r, 64);
+                for (int r = 0; r < valid; r++)
+                    memcpy(y + (size_t)r * N + 16 * h, tmp + 16 * r, 16 * sizeof(float));
             }
         }
     }
@@ -253,20 +265,19 @@ static int amx_matmul(const void *w, unpack_fn unpack, int N, int K, const float
 #endif
 }
 
-int q4_amx_matmul(const Q4Matrix *w, const float *x, int rows, float *y, int nthreads) {
+/* Without AMX in the build there are no unpackers, and amx_matmul answers -3. */
 #if HAVE_AMX
-    return amx_matmul(w, unpack_q4, w->n, w->k, x, rows, y, nthreads);
+#define UNPACKER(f) f
 #else
-    return amx_matmul(w, NULL, w->n, w->k, x, rows, y, nthreads);
+#define UNPACKER(f) NULL
 #endif
+
+int q4_amx_matmul(const Q4Matrix *w, const float *x, int rows, float *y, int nthreads) {
+    return amx_matmul(w, UNPACKER(unpack_q4), w->n, w->k, x, rows, y, nthreads);
 }
 
 int q8_amx_matmul(const Q8Matrix *w, const float *x, int rows, float *y, int nthreads) {
-#if HAVE_AMX
-    return amx_matmul(w, unpack_q8, w->n, w->k, x, rows, y, nthreads);
-#else
-    return amx_matmul(w, NULL, w->n, w->k, x, rows, y, nthreads);
-#endif
+    return amx_matmul(w, UNPACKER(unpack_q8), w->n, w->k, x, rows, y, nthreads);
 }
 
 /* 1 where q4_1_gemm_amx runs (built with AMX, and the process granted its tiles), else 0. */

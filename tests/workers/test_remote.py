@@ -126,9 +126,12 @@ async def test_deltas_travel_coalesced_not_one_message_per_token(client: Any) ->
     elapsed = time.monotonic() - started
     messages = remote.messages_received - before
     assert tokens == 600
-    # At most one message per flush interval, besides the first and the last delta.
+    # At most one message per flush interval, besides the first and the last delta: the
+    # contract. And coalesced at all: the tiny model makes a token in well under the
+    # interval, but how many share a message depends on the machine's load (600 tokens
+    # took 12.7 s once in a full suite run, 2.8 a message), so only two a message on average.
     assert messages <= elapsed / (FLUSH_MS / 1000) + 2, (messages, elapsed)
-    assert messages < tokens / 4, (messages, tokens)
+    assert messages <= tokens / 2, (messages, tokens)
 
 
 async def test_refusals_raise_the_engine_s_own_errors(client: Any) -> None:

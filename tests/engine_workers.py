@@ -23,6 +23,7 @@ from inference.client import get_engine_client, set_engine_client
 from tools.live_server import ROOT, DjangoProcess
 
 REDIS_URL = "redis://127.0.0.1:6379/3"
+KV_TIER_URL = "redis://127.0.0.1:6379/4"
 
 
 def worker_env(namespace: str, **env: str) -> dict[str, str]:
@@ -33,7 +34,7 @@ def worker_env(namespace: str, **env: str) -> dict[str, str]:
         "ENGINE_KV_CACHE_MEMORY_MB": "64",
         "ENGINE_NUM_THREADS": "1",
         # The Redis KV tier (issue 4, part 1), in a namespace of this test's own.
-        "ENGINE_KV_TIER_URL": "redis://127.0.0.1:6379/4",
+        "ENGINE_KV_TIER_URL": KV_TIER_URL,
         "ENGINE_KV_TIER_NAMESPACE": f"kv-{namespace}",
         **env,
     }
@@ -122,6 +123,13 @@ def distributed_client(model_dir: Path, namespace: str, url: str = REDIS_URL) ->
 
 
 def cleanup(redis: Redis, namespace: str) -> None:
-    keys = list(redis.scan_iter(f"{namespace}:*"))
-    if keys:
-        redis.delete(*keys)
+    """The workers' keys and their KV tier's blocks (`kv-` + namespace, in the tier's
+    database): left behind, every run's blocks stayed in Redis for a day, their TTL."""
+    tier = Redis.from_url(KV_TIER_URL)
+    try:
+        for client, pattern in ((redis, f"{namespace}:*"), (tier, f"kv-{namespace}:*")):
+            keys = list(client.scan_iter(pattern, count=1000))
+            for i in range(0, len(keys), 500):
+                client.delete(*keys[i : i + 500])
+    finally:
+        tier.close()

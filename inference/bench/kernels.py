@@ -67,28 +67,32 @@ def run(rows: list[int], threads: list[int], repeat: int, kinds: list[str]) -> d
         for n, k in SHAPES
     ]
     head = Q8_0.quantize(torch.randn(*HEAD, generator=gen) * 0.05).for_kernel()
-    head_dense = torch.randn(*HEAD, generator=gen).bfloat16()
-    dense = (
-        [torch.randn(n, k, generator=gen).bfloat16() for _ in range(LAYERS) for n, k in SHAPES]
-        if "onednn" in kinds
-        else []
-    )
+    dense, head_dense = [], torch.empty(0)
+    if "onednn" in kinds:
+        dense = [
+            torch.randn(n, k, generator=gen).bfloat16() for _ in range(LAYERS) for n, k in SHAPES
+        ]
+        head_dense = torch.randn(*HEAD, generator=gen).bfloat16()
     layer_bytes = sum(_nbytes(m.qs, m.d, m.m) for m in layers)
     head_bytes = _nbytes(head.qs, head.d)
     torch.set_num_threads(1)
+
+    def onednn_once(products: list[tuple[torch.Tensor, torch.Tensor]], t: int) -> float:
+        """torch's bf16 F.linear over (x, w) pairs on t threads (one outside the timing)."""
+        torch.set_num_threads(t)
+        try:
+            start = time.perf_counter()
+            for x, w in products:
+                F.linear(x, w)
+            return time.perf_counter() - start
+        finally:
+            torch.set_num_threads(1)
 
     def layers_once(r: int, kind: str, t: int) -> float:
         xs = {k: torch.randn(r, k) for _, k in SHAPES}
         if kind == "onednn":
             xb = {k: v.bfloat16() for k, v in xs.items()}
-            torch.set_num_threads(t)
-            try:
-                start = time.perf_counter()
-                for w in dense:
-                    F.linear(xb[w.shape[1]], w)
-                return time.perf_counter() - start
-            finally:
-                torch.set_num_threads(1)
+            return onednn_once([(xb[w.shape[1]], w) for w in dense], t)
         # int8 alone: the native path's product moves to AMX's tiles from AMX_MIN_ROWS rows.
         with _amx_rows(lib, 0, 0):
             start = time.perf_counter()
@@ -99,14 +103,7 @@ def run(rows: list[int], threads: list[int], repeat: int, kinds: list[str]) -> d
     def head_once(r: int, kind: str, t: int) -> float:
         x = torch.randn(r, HEAD[1])
         if kind == "onednn":
-            xb = x.bfloat16()
-            torch.set_num_threads(t)
-            try:
-                start = time.perf_counter()
-                F.linear(xb, head_dense)
-                return time.perf_counter() - start
-            finally:
-                torch.set_num_threads(1)
+            return onednn_once([(x.bfloat16(), head_dense)], t)
         # int8: the 16-bit activations' kernel alone; amx: the tiles at any rows.
         with _amx_rows(lib, 0, 1 if kind == "amx" else 0):
             start = time.perf_counter()

@@ -404,7 +404,7 @@ class ModelRunner:
 
     def _pooled(self, rows: int) -> bool:
         """Whether a torch-path step of `rows` rows has its products in the kernels' pool
-        (the 4-bit blocks with bf16 activations, model.BF16_BLOCK_ROWS)."""
+        (the 4-bit blocks by bf16 activations or on AMX's tiles: model.prompt_blocks)."""
         layers = getattr(self.model, "layers", None)
         if not layers:
             return False

@@ -79,16 +79,6 @@ static void amx_configure(void) {
 static __thread uint16_t *tls_b;
 static __thread size_t tls_b_cap;
 
-/* 8 float scales, each twice in a row: one per column of a tile row's pair lanes. */
-static inline __m512 pair_scales(__m256 s8) {
-    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    return _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(s8));
-}
-
-static inline __m512 pair_scales_ph(const uint16_t *s) {
-    return pair_scales(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s)));
-}
-
 static inline __m512i bytes_to_words(const uint8_t *p) {
     return _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
 }
@@ -249,11 +239,8 @@ static int amx_matmul(const void *w, unpack_fn unpack, int N, int K, const float
     uint16_t *xb = (uint16_t *)aligned_alloc(64, (size_t)padded * K * sizeof(uint16_t));
     if (!xb) return -1;
     for (size_t r = 0; r < (size_t)rows; r++)
-        for (int k = 0; k < K; k += 32) {
-            __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + r * K + k + 16),
-                                              _mm512_loadu_ps(x + r * K + k));
-            _mm512_store_si512((void *)(xb + r * K + k), (__m512i)v);
-        }
+        for (int k = 0; k < K; k += QK)
+            _mm512_store_si512((void *)(xb + r * K + k), (__m512i)bf16_of_32(x + r * K + k));
     memset(xb + (size_t)rows * K, 0, (size_t)(padded - rows) * K * sizeof(uint16_t));
     AmxTask t = {w, unpack, N, K, xb, rows, padded, y, 0};
     pool_run(amx_chunk, &t, N / COLS, nthreads);

@@ -29,6 +29,28 @@ typedef void (*chunk_fn)(void *arg, int chunk);
  * them); returns when all are done. Not exported from the library. */
 __attribute__((visibility("hidden"))) void pool_run(chunk_fn fn, void *arg, int chunks, int nth);
 
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+
+/* 32 floats rounded to bf16 (to nearest even), in order: how the bf16-activation products
+ * (quant_gemm.c's q4_1_gemm_bf16, amx_gemm.c) take x. */
+static inline __m512bh bf16_of_32(const float *x) {
+    return _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
+}
+
+/* 8 float scales, each twice in a row: one per column where a vector's 32-bit lane pairs
+ * (2c, 2c + 1) belong to column c. */
+static inline __m512 pair_scales(__m256 s8) {
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    return _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(s8));
+}
+
+/* The same from 8 fp16 scales (Q4_1's d and m in the kernel layout). */
+static inline __m512 pair_scales_ph(const uint16_t *s) {
+    return pair_scales(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s)));
+}
+#endif
+
 /* y [rows, N] = x [rows, K] @ W.T on AMX tiles (amx_gemm.c): 0, or -2 for a shape they do
  * not take, -3 where AMX cannot run, -1 out of memory. */
 __attribute__((visibility("hidden"))) int q4_amx_matmul(const Q4Matrix *w, const float *x, int rows,

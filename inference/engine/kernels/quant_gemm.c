@@ -544,9 +544,7 @@ static int bf16_rows(const float *x, int rows, int K, Bf16Rows *out) {
     if (!out->xb || !out->sx) return -1;
     for (size_t r = 0; r < (size_t)rows; r++) {
         for (int b = 0; b < nb; b++) {
-            const float *xs = x + r * K + b * QK;
-            __m512 lo = _mm512_loadu_ps(xs), hi = _mm512_loadu_ps(xs + 16);
-            __m512bh pair = _mm512_cvtne2ps_pbh(hi, lo);
+            __m512bh pair = bf16_of_32(x + r * K + b * QK);
             _mm512_storeu_si512((void *)(out->xb + r * K + b * QK), (__m512i)pair);
             /* The sum of the rounded x: m * sum(x) nearly cancels d * sum(x * q) (m ~ -8d),
              * so both must see the same x, or the rounding's difference shows ~0.5%. */
@@ -568,7 +566,6 @@ static inline __attribute__((always_inline)) void q4bf_tile_n(const Q4Matrix *W,
         0x3F800000, 0x40404000, 0x40A04080, 0x40E040C0, 0x41104100, 0x41304120, 0x41504140,
         0x41704160, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m512i nib = _mm512_set1_epi16(0x0F);
-    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
     for (int g = g0; g < g1; g++) {
         const uint8_t *wq = W->qs + (size_t)g * nb * 128;
@@ -592,12 +589,7 @@ static inline __attribute__((always_inline)) void q4bf_tile_n(const Q4Matrix *W,
                     s[r] = _mm512_dpbf16_ps(s[r], hi, (__m512bh)_mm512_set1_epi64(x1));
                 }
             }
-            __m512 d16 = _mm512_permutexvar_ps(
-                dup, _mm512_castps256_ps512(
-                         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b * GROUP)))));
-            __m512 m16 = _mm512_permutexvar_ps(
-                dup, _mm512_castps256_ps512(
-                         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + b * GROUP)))));
+            __m512 d16 = pair_scales_ph(wd + b * GROUP), m16 = pair_scales_ph(wm + b * GROUP);
             for (int r = 0; r < NR; r++) {
                 acc[r] = _mm512_fmadd_ps(s[r], d16, acc[r]);
                 /* m * sum(x) lands on both lanes of a column: half on each */

@@ -2,16 +2,19 @@
 
     python -m inference.bench.kernels --rows 1 2 4 8 --threads 1 2
     python -m inference.bench.kernels --rows 8 16 32 64 128 256 --kinds int8 bf16 amx onednn
+    python -m inference.bench.kernels --rows 8 16 32 64 128 256 --kinds int8 i16 fbgemm
 
 The default model's shapes (30 layers of q/k/v 960x576, o 576x576, gate/up 3072x576, down
 576x1536 in Q4_1, the head 49152x576 in Q8_0) with random weights in the kernels' layout:
 ms per step's worth of products and the rate the weights are read at (GB/s; at one row
 the products are bound by it: compare with what one core streams). The layers' products
 by `--kinds`: int8 (8-bit activations, the native path's), bf16 (bf16 activations, exact
-weights; AVX512-BF16), amx (both rounded to bf16, on AMX tiles), onednn (torch's bf16
-F.linear on bf16 copies of the weights, at the same thread count); the head's by the same
-kinds (int8: its 16-bit activations' kernel; no bf16 one). Variants run
-interleaved, `--repeat` times; medians (min-max). Writes JSON.
+weights; AVX512-BF16), amx (both rounded to bf16, on AMX tiles), i16 (x at 16 bits a block
+against the weights' integers, vpmaddwd; AVX2), onednn (torch's bf16 F.linear on bf16
+copies of the weights, at the same thread count), fbgemm (torch's fp16-weight products,
+the large steps' format on CPUs without bf16, likewise); the head's by the same kinds
+(int8: its 16-bit activations' kernel; no bf16 or i16 one). Variants run interleaved,
+`--repeat` times; medians (min-max). Writes JSON.
 """
 
 from __future__ import annotations
@@ -73,6 +76,16 @@ def run(rows: list[int], threads: list[int], repeat: int, kinds: list[str]) -> d
             torch.randn(n, k, generator=gen).bfloat16() for _ in range(LAYERS) for n, k in SHAPES
         ]
         head_dense = torch.randn(*HEAD, generator=gen).bfloat16()
+    packed: list[Any] = []
+    packed_head: Any = None
+    if "fbgemm" in kinds:
+        prepack = torch.ops.quantized.linear_prepack_fp16
+        packed = [
+            prepack(torch.randn(n, k, generator=gen), None)
+            for _ in range(LAYERS)
+            for n, k in SHAPES
+        ]
+        packed_head = prepack(torch.randn(*HEAD, generator=gen), None)
     layer_bytes = sum(_nbytes(m.qs, m.d, m.m) for m in layers)
     head_bytes = _nbytes(head.qs, head.d)
     torch.set_num_threads(1)
@@ -88,11 +101,25 @@ def run(rows: list[int], threads: list[int], repeat: int, kinds: list[str]) -> d
         finally:
             torch.set_num_threads(1)
 
+    def fbgemm_once(products: list[tuple[torch.Tensor, Any]], t: int) -> float:
+        """torch's fp16-weight products over (x, packed w) pairs on t threads."""
+        torch.set_num_threads(t)
+        try:
+            start = time.perf_counter()
+            for x, w in products:
+                torch.ops.quantized.linear_dynamic_fp16(x, w)
+            return time.perf_counter() - start
+        finally:
+            torch.set_num_threads(1)
+
     def layers_once(r: int, kind: str, t: int) -> float:
         xs = {k: torch.randn(r, k) for _, k in SHAPES}
         if kind == "onednn":
             xb = {k: v.bfloat16() for k, v in xs.items()}
             return onednn_once([(xb[w.shape[1]], w) for w in dense], t)
+        if kind == "fbgemm":
+            pairs = zip(packed, SHAPES * LAYERS, strict=True)
+            return fbgemm_once([(xs[k], w) for w, (_, k) in pairs], t)
         # int8 alone: the native path's product moves to AMX's tiles from AMX_MIN_ROWS rows.
         with _amx_rows(lib, 0, 0):
             start = time.perf_counter()
@@ -104,6 +131,8 @@ def run(rows: list[int], threads: list[int], repeat: int, kinds: list[str]) -> d
         x = torch.randn(r, HEAD[1])
         if kind == "onednn":
             return onednn_once([(x.bfloat16(), head_dense)], t)
+        if kind == "fbgemm":
+            return fbgemm_once([(x, packed_head)], t)
         # int8: the 16-bit activations' kernel alone; amx: the tiles at any rows.
         with _amx_rows(lib, 0, 1 if kind == "amx" else 0):
             start = time.perf_counter()
@@ -111,7 +140,7 @@ def run(rows: list[int], threads: list[int], repeat: int, kinds: list[str]) -> d
             return time.perf_counter() - start
 
     cases = [(t, r) for t in threads for r in rows]
-    head_kinds = [k for k in kinds if k != "bf16"]
+    head_kinds = [k for k in kinds if k not in ("bf16", "i16")]
     parts = [f"layers:{k}" for k in kinds] + [f"head:{k}" for k in head_kinds]
     times: dict[tuple[int, int], dict[str, list[float]]] = {
         c: {p: [] for p in parts} for c in cases
@@ -140,8 +169,10 @@ def run(rows: list[int], threads: list[int], repeat: int, kinds: list[str]) -> d
             nbytes = head_bytes if part.startswith("head") else layer_bytes
             if part == "layers:onednn":
                 nbytes = sum(w.numel() * 2 for w in dense)
-            if part == "head:onednn":
-                nbytes = head_dense.numel() * 2
+            if part == "layers:fbgemm":
+                nbytes = sum(n * k * 2 for n, k in SHAPES) * LAYERS
+            if part == "head:onednn" or part == "head:fbgemm":
+                nbytes = HEAD[0] * HEAD[1] * 2
             ms = [x * 1e3 for x in v[part]]
             med = statistics.median(ms)
             row[part] = {"median_ms": med, "min_ms": min(ms), "max_ms": max(ms)}
@@ -160,7 +191,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeat", type=int, default=9)
     ap.add_argument(
-        "--kinds", nargs="+", default=["int8"], choices=["int8", "bf16", "amx", "onednn"]
+        "--kinds",
+        nargs="+",
+        default=["int8"],
+        choices=["int8", "bf16", "amx", "i16", "onednn", "fbgemm"],
     )
     ap.add_argument("--json", default="bench_kernels.json")
     args = ap.parse_args()
@@ -169,7 +203,7 @@ def main() -> None:
         f"{r['cpus']} CPUs, load (1 min) {r['load_before']:.2f}; layers {r['layer_mb']:.1f} MB, "
         f"head {r['head_mb']:.1f} MB; ms per step's worth, median (min-max), GB/s at the median"
     )
-    head_kinds = [k for k in r["kinds"] if k != "bf16"]
+    head_kinds = [k for k in r["kinds"] if k not in ("bf16", "i16")]
     parts = [f"layers:{k}" for k in r["kinds"]] + [f"head:{k}" for k in head_kinds]
     names = [f"30 layers, {k}" for k in r["kinds"]] + [f"head, {k}" for k in head_kinds]
     print(

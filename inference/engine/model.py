@@ -162,13 +162,22 @@ BF16_BLOCK_ROWS = 64
 # 43.7 ms at 64 / 128 / 256 rows against 42.4 / 51.9 / 69.0 (docs/performance.md).
 AMX_BLOCK_ROWS = 1 << 30
 AMX_COLUMNS = 32  # a product's outputs on the tiles: whole chunks of this many
+# Where large steps are fp16 (AVX2, no bf16), every torch-path step's products take the
+# 4-bit blocks with x at 16 bits a block (kernels/panel_gemm.c, q4_1_gemm_i16: the weights'
+# integers unpacked once per 16 columns, float precision) in the kernels' pool. 30 layers'
+# products on a 2-core Zen 3 at 16 / 64 / 256 rows, one thread: 37.2 / 125.8 / 484.9 ms
+# against fbgemm's fp16 products 49.0 / 158.7 / 609.8 (docs/performance.md).
+I16_BLOCK_ROWS = 1 << 30
 
 
 def prompt_blocks(large: str | None) -> str | None:
-    """Which 4-bit product the torch path's steps take ("amx" for all of them, "bf16" up to
-    BF16_BLOCK_ROWS rows; kernels.q4_1_gemm), or None: only where large steps are bf16 and
-    the kernels have the product. On a CPU with AMX whose tiles the kernels cannot use,
-    oneDNN's bf16 (on AMX) keeps them: AVX512-BF16's product was not measured against it."""
+    """Which 4-bit product the torch path's steps take ("amx" or "i16" for all of them,
+    "bf16" up to BF16_BLOCK_ROWS rows; kernels.q4_1_gemm), or None: where large steps are
+    bf16 and the kernels have the product, or fp16 and the kernels load. On a CPU with AMX
+    whose tiles the kernels cannot use, oneDNN's bf16 (on AMX) keeps them: AVX512-BF16's
+    product was not measured against it."""
+    if large == "fp16":
+        return "i16" if kernels.load() is not None else None
     if large != "bf16":
         return None
     if kernels.amx_available():
@@ -180,7 +189,8 @@ def prompt_blocks(large: str | None) -> str | None:
 
 def prompt_block_rows(kind: str | None) -> int:
     """Up to how many rows the torch path's steps take prompt_blocks' product."""
-    return {"amx": AMX_BLOCK_ROWS, "bf16": BF16_BLOCK_ROWS}.get(kind or "", 0)
+    rows = {"amx": AMX_BLOCK_ROWS, "bf16": BF16_BLOCK_ROWS, "i16": I16_BLOCK_ROWS}
+    return rows.get(kind or "", 0)
 
 
 # The native paged attention takes a sequence's rows one by one; the chunk attention

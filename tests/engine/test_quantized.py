@@ -11,6 +11,7 @@ from inference.engine.model import (
     AMX_COLUMNS,
     BF16_BLOCK_ROWS,
     HYBRID_MAX_ROWS,
+    I16_BLOCK_ROWS,
     Linear,
     default_native_max_rows,
     head_block_rows,
@@ -77,6 +78,22 @@ def test_q8_0_product_keeps_float_precision_despite_an_outlier(rows):
     q = Q8_0.quantize(_weight(75, 192))
     want = (x.double() @ q.dequantize().double().T).float()
     assert _rel_err(q.for_kernel().matmul_t(x), want) < 2e-4
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 13, 100])
+@pytest.mark.parametrize("n", [70, 96])
+def test_i16_products_keep_float_precision_despite_an_outlier(rows, n):
+    """Kind "i16" takes x at 16 bits per block of 32 against the weights' integers: with one
+    input 30x the rest, within 1e-4 of the float64 product of the exact weights, whatever
+    the rows (whole and partial 4-row tiles) and columns (a last chunk of 16 cut short, a
+    zero-padded group); the 8-bit activations' product is off by about a percent."""
+    x = torch.randn(rows, 256)
+    x[:, 7] *= 30
+    q = Q4_1.quantize(_weight(n, 256)).for_kernel()
+    want = (x.double() @ q.dequantize().double().T).float()
+    assert _rel_err(q.matmul_t(x, kind="i16"), want) < 1e-4
+    assert _rel_err(q.matmul_t(x), want) > 1e-3
 
 
 needs_amx = pytest.mark.skipif(
@@ -440,7 +457,7 @@ def test_prompt_rows_take_the_blocks_with_bf16_activations_where_built(make_engi
     exact, x rounded to bf16 as torch's bf16 products round it, float32 sums."""
     lin = make_engine(quantization="hybrid").runner.model.layers[0].gate_up
     if prompt_blocks(lin.kind) != "bf16":
-        assert lin.bf16_rows == 0 or lin.bf16_kind == "amx"
+        assert lin.bf16_rows == 0 or lin.bf16_kind in ("amx", "i16")
         pytest.skip("no bf16 prompt products here (no AVX512-BF16, or AMX's tiles)")
     assert lin.bf16_rows == BF16_BLOCK_ROWS and lin.bf16_kind == "bf16"
     w = lin.blocks.dequantize().double()  # type: ignore[union-attr]
@@ -474,6 +491,22 @@ def test_prompt_rows_take_the_blocks_on_amx_tiles_where_they_run(make_engine):
         assert _rel_err(lin(x), want) < 1e-4
     for other in (layer.qkv, layer.o, layer.down):
         assert other.bf16_rows == (AMX_BLOCK_ROWS if other.out_features % AMX_COLUMNS == 0 else 0)
+
+
+@needs_kernels
+def test_prompt_rows_take_the_16bit_blocks_where_large_steps_are_fp16(make_engine):
+    """Where large steps are fp16 (no bf16 products: AVX2), every torch-path step's product
+    past the 8-bit rows takes the 4-bit blocks with x at 16 bits a block: the float product
+    of the GGUF's weights to ~1e-4, not of fp16 copies."""
+    lin = make_engine(quantization="hybrid").runner.model.layers[0].gate_up
+    if prompt_blocks(lin.kind) != "i16":
+        assert lin.bf16_kind != "i16"
+        pytest.skip(f"large steps here are {lin.kind}, not fp16")
+    assert lin.bf16_rows == I16_BLOCK_ROWS and lin.bf16_kind == "i16"
+    w = lin.blocks.dequantize().double()  # type: ignore[union-attr]
+    for rows in (9, 17, 40, 300):  # past the 8-bit rows (block_rows)
+        x = torch.randn(rows, w.shape[1])
+        assert _rel_err(lin(x), (x.double() @ w.T).float()) < 1e-4
 
 
 def test_split_mixed_steps_takes_auto_on_or_off():

@@ -1,9 +1,9 @@
 """Small native kernels the engine builds once at run time: weight-only Q4_1 and Q8_0 matrix
 products and a whole decoder layer for steps of a few rows (quant_gemm.c), the same
-products for many rows on AMX's tiles where the CPU has them (amx_gemm.c), spread over the
-engine's threads by a pool of their own (spinning between a step's products, asleep between
-steps), prompts' chunk attention (chunk_attention.c) and the sampler's filtered draws
-(sample.c).
+products for many rows on AMX's tiles where the CPU has them (amx_gemm.c) or in float32
+from weights unpacked once (panel_gemm.c, AVX2), spread over the engine's threads by a pool
+of their own (spinning between a step's products, asleep between steps), prompts' chunk
+attention (chunk_attention.c) and the sampler's filtered draws (sample.c).
 
 Why our own: at one row a step is bound by the bytes of weights it reads, so 4-bit weights
 should cost a quarter of bf16. torch's `_weight_int4pack_mm_for_cpu` is fast only with
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = [
     Path(__file__).with_name(n)
-    for n in ("quant_gemm.c", "amx_gemm.c", "sample.c", "chunk_attention.c")
+    for n in ("quant_gemm.c", "amx_gemm.c", "panel_gemm.c", "sample.c", "chunk_attention.c")
 ]
 HEADERS = [Path(__file__).with_name(n) for n in ("simd.h", "common.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC"]
@@ -142,6 +142,8 @@ def load() -> ctypes.CDLL | None:
     lib.q4_1_gemm_amx.restype = i
     lib.q4_1_amx_available.argtypes = []
     lib.q4_1_amx_available.restype = i
+    lib.q4_1_gemm_i16.argtypes = [p, p, p, i, i, p, i, p, i]
+    lib.q4_1_gemm_i16.restype = i
     lib.set_amx_min_rows.argtypes = [i, i]
     lib.set_amx_min_rows.restype = None
     if lib.q4_1_amx_available():
@@ -248,7 +250,12 @@ def chunk_attention(
     return out
 
 
-_Q4_FNS = {"int8": "q4_1_gemm", "bf16": "q4_1_gemm_bf16", "amx": "q4_1_gemm_amx"}
+_Q4_FNS = {
+    "int8": "q4_1_gemm",
+    "bf16": "q4_1_gemm_bf16",
+    "amx": "q4_1_gemm_amx",
+    "i16": "q4_1_gemm_i16",
+}
 
 
 def q4_1_gemm(
@@ -265,7 +272,9 @@ def q4_1_gemm(
     with x quantized to int8 per block of 32 (kind "int8": the native path's product, on
     AMX's tiles from amx_min_rows() rows where they run), or rounded to bf16 against the
     exact weights ("bf16": float precision for prompts' rows, where bf16_gemm_available()),
-    or both rounded to bf16 on AMX tiles ("amx", where amx_available(); n a multiple of 32)."""
+    or both rounded to bf16 on AMX tiles ("amx", where amx_available(); n a multiple of 32),
+    or at 16 bits a block against the weights' integers unpacked once per 16 columns ("i16",
+    panel_gemm.c: float precision for prompts' rows on AVX2, wherever the kernels load)."""
     rows, k = x.shape
     y = torch.empty(rows, n, dtype=torch.float32)
     rc = getattr(lib, _Q4_FNS[kind])(

@@ -44,6 +44,14 @@ SPLIT_MODES = ("auto", "on", "off")
 # Steps on the torch path from at most this many streams take small_step_threads (every
 # core by default), as steps on the native path do; larger ones keep num_threads.
 FEW_STREAMS = 2
+# ... except steps whose products run in the kernels' pool by these products
+# (model.prompt_blocks): they take small_step_threads whatever their streams. On a 2-core
+# Zen 3 with the 16-bit prompt products, served through the API against one pool thread
+# for steps of more than FEW_STREAMS streams: 16 users 1.09x the tok/s and TTFT p90 0.75x,
+# 64 users 1.06x and 0.76x (docs/performance.md). The pool's threads spin only while a
+# step runs, where torch's OpenMP team (what the one-core rule was measured with) held the
+# web side's core after each op. Not measured for the bf16 and AMX products: they keep it.
+ALL_CORES_POOLED = frozenset({"i16"})
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -402,16 +410,18 @@ class ModelRunner:
             return False
         return bool(native.handles(sum(counts), [n for n in counts if n > 1]))
 
-    def _pooled(self, rows: int) -> bool:
-        """Whether a torch-path step of `rows` rows has its products in the kernels' pool
-        (the 4-bit blocks by bf16 activations or on AMX's tiles: model.prompt_blocks)."""
+    def _pooled(self, rows: int) -> str | None:
+        """Which 4-bit product a torch-path step of `rows` rows runs in the kernels' pool
+        (bf16 activations, AMX's tiles or 16-bit activations: model.prompt_blocks), or None
+        where its products are torch's."""
         layers = getattr(self.model, "layers", None)
-        if not layers:
-            return False
-        return rows <= int(layers[0].qkv.bf16_rows)
+        if not layers or rows > int(layers[0].qkv.bf16_rows):
+            return None
+        return str(layers[0].qkv.bf16_kind)
 
-    def _set_threads(self, native: bool, streams: int, pooled: bool = False) -> None:
-        """`pooled`: a torch-path step whose products run in the kernels' pool (_pooled)."""
+    def _set_threads(self, native: bool, streams: int, pooled: str | None = None) -> None:
+        """`pooled`: the product of a torch-path step whose products run in the kernels'
+        pool (_pooled)."""
         if self.device.type != "cpu":
             return
         if native:
@@ -427,8 +437,10 @@ class ModelRunner:
             # products and its chunk attention (kernels/chunk_attention.c, in the kernels'
             # pool) take every core, as small steps do. Counting only the decoding streams
             # (a wave of new prompts on every core) made served TTFT worse: the web side is
-            # busiest exactly while a wave arrives (docs/performance.md, "Threads").
-            if streams <= FEW_STREAMS:
+            # busiest exactly while a wave arrives (docs/performance.md, "Threads"). Steps
+            # whose products run in the pool by ALL_CORES_POOLED's products take every
+            # core whatever their streams (measured served).
+            if streams <= FEW_STREAMS or pooled in ALL_CORES_POOLED:
                 want = self.config.small_step_cpu_threads()
             kernels.set_threads(want)
             if pooled:

@@ -165,8 +165,8 @@ AMX_COLUMNS = 32  # a product's outputs on the tiles: whole chunks of this many
 # Where large steps are fp16 (AVX2, no bf16), every torch-path step's products take the
 # 4-bit blocks with x at 16 bits a block (kernels/panel_gemm.c, q4_1_gemm_i16: the weights'
 # integers unpacked once per 16 columns, float precision) in the kernels' pool. 30 layers'
-# products on a 2-core Zen 3 at 16 / 64 / 256 rows, one thread: 37.2 / 125.8 / 484.9 ms
-# against fbgemm's fp16 products 49.0 / 158.7 / 609.8 (docs/performance.md).
+# products on a 2-core Zen 3 at 16 / 64 / 256 rows, one thread: 36.9 / 123.1 / 476.3 ms
+# against fbgemm's fp16 products 43.5 / 151.4 / 586.2 (docs/performance.md).
 I16_BLOCK_ROWS = 1 << 30
 
 
@@ -193,6 +193,15 @@ def prompt_block_rows(kind: str | None) -> int:
     return rows.get(kind or "", 0)
 
 
+def blocks_take_every_row(blocks: Q4_1 | Q8_0 | None, rows: int, kind: str) -> bool:
+    """Whether a product's 4-bit blocks serve steps of any size by prompt_blocks' product
+    `kind` up to `rows` rows: then its float copy would never be multiplied, and is not
+    made (~212 MB of fp16 or bf16 for the bundled model's layers)."""
+    if not isinstance(blocks, Q4_1) or rows < min(AMX_BLOCK_ROWS, I16_BLOCK_ROWS):
+        return False
+    return not (kind == "amx" and blocks.shape[0] % AMX_COLUMNS)
+
+
 # The native paged attention takes a sequence's rows one by one; the chunk attention
 # (kernels/chunk_attention.c, or SDPA where it does not build) takes a chunk's rows as tiles
 # and, measured per layer (docs/performance.md), wins from about this many rows of one
@@ -204,8 +213,8 @@ PAGED_MAX_CHUNK = 4
 class Linear:
     """y = x @ W.T: in the model dtype (exact), fp16- or int8-stored (fbgemm), and/or from
     4-bit blocks (`blocks`, used for steps of at most `block_rows` rows with 8-bit
-    activations, and up to `bf16_rows` rows with bf16 ones: `bf16_kind`, "bf16" or "amx",
-    see kernels.q4_1_gemm)."""
+    activations, and up to `bf16_rows` rows with 16-bit ones: `bf16_kind`, "bf16", "amx" or
+    "i16", see kernels.q4_1_gemm). With no weight, the blocks serve every step."""
 
     def __init__(
         self,
@@ -231,7 +240,8 @@ class Linear:
             if blocks is None:
                 raise ValueError("a Linear needs a weight or blocks")
             self.kind = "blocks"
-            self.block_rows = 1 << 62
+            if not blocks_take_every_row(blocks, self.bf16_rows, bf16_kind):
+                self.block_rows = 1 << 62  # int4: the 8-bit activations' product throughout
             self.out_features = blocks.shape[0]
             return
         self.out_features = weight.shape[0]
@@ -303,7 +313,9 @@ class DecoderLayer:
                 parts = [shard(formats.blocks[k], dim) for k in keys]
                 blocks = parts[0] if len(parts) == 1 else type(parts[0]).cat(parts)
             weight = None
-            if formats.large is not None:
+            if formats.large is not None and not blocks_take_every_row(
+                blocks, formats.bf16_rows, formats.bf16_kind
+            ):
                 weight = torch.cat([put(shard(w[k], dim)) for k in keys])
             return Linear(
                 weight,

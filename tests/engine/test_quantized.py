@@ -13,11 +13,11 @@ from inference.engine.model import (
     HYBRID_MAX_ROWS,
     I16_BLOCK_ROWS,
     Linear,
+    blocks_take_every_row,
     default_native_max_rows,
     head_block_rows,
     load_blocks,
     load_weights,
-    prompt_blocks,
 )
 from inference.engine.quantized import Q4_1, Q8_0
 from inference.engine.sampling_params import SamplingParams
@@ -457,8 +457,7 @@ def test_prompt_rows_take_the_blocks_with_bf16_activations_where_built(make_engi
     blocks with bf16 activations where the kernels have them (AVX512-BF16): the weights
     exact, x rounded to bf16 as torch's bf16 products round it, float32 sums."""
     lin = make_engine(quantization="hybrid").runner.model.layers[0].gate_up
-    if prompt_blocks(lin.kind) != "bf16":
-        assert lin.bf16_rows == 0 or lin.bf16_kind in ("amx", "i16")
+    if lin.bf16_kind != "bf16" or not lin.bf16_rows:
         pytest.skip("no bf16 prompt products here (no AVX512-BF16, or AMX's tiles)")
     assert lin.bf16_rows == BF16_BLOCK_ROWS and lin.bf16_kind == "bf16"
     w = lin.blocks.dequantize().double()  # type: ignore[union-attr]
@@ -480,8 +479,8 @@ def test_prompt_rows_take_the_blocks_on_amx_tiles_where_they_run(make_engine):
     outputs are not whole chunks of 32 keeps the float weights."""
     layer = make_engine(quantization="hybrid").runner.model.layers[0]
     lin = layer.gate_up
-    if prompt_blocks(lin.kind) != "amx":
-        assert lin.bf16_kind != "amx"
+    if lin.bf16_kind != "amx":
+        assert not kernels.amx_available()
         pytest.skip("no AMX tiles for the kernels here")
     assert lin.bf16_rows == AMX_BLOCK_ROWS and lin.out_features % AMX_COLUMNS == 0
     w = lin.blocks.dequantize()  # type: ignore[union-attr]
@@ -494,20 +493,53 @@ def test_prompt_rows_take_the_blocks_on_amx_tiles_where_they_run(make_engine):
         assert other.bf16_rows == (AMX_BLOCK_ROWS if other.out_features % AMX_COLUMNS == 0 else 0)
 
 
+@pytest.fixture(params=["this CPU", "as on AVX2"])
+def large_steps(request, monkeypatch) -> str:
+    """This CPU as it is, and as one whose large steps are fp16 (AVX2, no bf16 products):
+    the 16-bit products are plain AVX2, so every CPU with the kernels runs them."""
+    if request.param == "as on AVX2":
+        monkeypatch.setattr(kernels, "cpu_has_native_bf16", lambda: False)
+    return request.param
+
+
 @needs_kernels
-def test_prompt_rows_take_the_16bit_blocks_where_large_steps_are_fp16(make_engine):
+def test_prompt_rows_take_the_16bit_blocks_where_large_steps_are_fp16(make_engine, large_steps):
     """Where large steps are fp16 (no bf16 products: AVX2), every torch-path step's product
     past the 8-bit rows takes the 4-bit blocks with x at 16 bits a block: the float product
     of the GGUF's weights to ~1e-4, not of fp16 copies."""
     lin = make_engine(quantization="hybrid").runner.model.layers[0].gate_up
-    if prompt_blocks(lin.kind) != "i16":
+    if kernels.cpu_has_native_bf16():
         assert lin.bf16_kind != "i16"
-        pytest.skip(f"large steps here are {lin.kind}, not fp16")
-    assert lin.bf16_rows == I16_BLOCK_ROWS and lin.bf16_kind == "i16"
+        pytest.skip("large steps here are bf16, not fp16")
+    assert lin.bf16_kind == "i16" and lin.bf16_rows == I16_BLOCK_ROWS
     w = lin.blocks.dequantize().double()  # type: ignore[union-attr]
     for rows in (9, 17, 40, 300):  # past the 8-bit rows (block_rows)
         x = torch.randn(rows, w.shape[1])
         assert _rel_err(lin(x), (x.double() @ w.T).float()) < 1e-4
+
+
+@needs_kernels
+def test_products_the_blocks_take_at_every_size_hold_no_float_copy(make_engine, large_steps):
+    """Where the torch path's steps take a layer's 4-bit blocks at any number of rows (the
+    16-bit products of AVX2, AMX's tiles), the layer holds no fp16 / bf16 copy: it would
+    never be multiplied. The head keeps its float copy for steps past its blocks' rows."""
+    engine = make_engine(quantization="hybrid")
+    model = engine.runner.model
+    layers = [(lay.qkv, lay.o, lay.gate_up, lay.down) for lay in model.layers]
+    every_row = [blocks_take_every_row(x.blocks, x.bf16_rows, x.bf16_kind) for x in layers[0]]
+    if not kernels.cpu_has_native_bf16():
+        assert all(every_row)  # the 16-bit product has no constraint on the columns
+    for lins in layers:
+        for lin, blocks_only in zip(lins, every_row, strict=True):
+            if blocks_only:
+                assert lin.weight is None and lin.packed is None and lin.kind == "blocks"
+                assert lin.block_rows <= HYBRID_MAX_ROWS  # past them: the 16-bit / tile product
+            else:
+                assert lin.weight is not None or lin.packed is not None
+    assert model.lm_head.weight is not None or model.lm_head.packed is not None
+    # and a prompt past the native rows still runs, on the blocks alone
+    engine.add_request(list(range(1, 80)), SamplingParams(max_tokens=4, temperature=0.0), "r")
+    assert len(token_ids_of(run_to_completion(engine)["r"])) == 4
 
 
 def test_split_mixed_steps_takes_auto_on_or_off():

@@ -166,25 +166,33 @@ AMX_COLUMNS = 32  # a product's outputs on the tiles: whole chunks of this many
 # 4-bit blocks with x at 16 bits a block (kernels/panel_gemm.c, q4_1_gemm_i16: the weights'
 # integers unpacked once per 16 columns, float precision) in the kernels' pool. 30 layers'
 # products on a 2-core Zen 3 at 16 / 64 / 256 rows, one thread: 36.9 / 123.1 / 476.3 ms
-# against fbgemm's fp16 products 43.5 / 151.4 / 586.2 (docs/performance.md).
+# against fbgemm's fp16 products 43.5 / 151.4 / 586.2 (docs/performance.md). Built for
+# AVX512-VNNI (8-row tiles of 512-bit sums) it takes bf16 large steps' place too, on CPUs
+# with AVX512-BF16 and no AMX: on a Zen 4, 2 threads, 74.4 / 128.6 / 218.3 ms at 64 / 128
+# / 256 rows against the bf16-activation product's 76.8 / 150.4 / 282.7 and oneDNN's bf16
+# on the one thread the torch path gave it past 64 rows and two streams, 108.6 / 178.1 /
+# 326.6; served there, 16 users 1.16x the tok/s and TTFT p90 0.78x, 64 users 1.06x.
 I16_BLOCK_ROWS = 1 << 30
 
 
 def prompt_blocks(large: str | None) -> str | None:
     """Which 4-bit product the torch path's steps take ("amx" or "i16" for all of them,
     "bf16" up to BF16_BLOCK_ROWS rows; kernels.q4_1_gemm), or None: where large steps are
-    bf16 and the kernels have the product, or fp16 and the kernels load. On a CPU with AMX
-    whose tiles the kernels cannot use, oneDNN's bf16 (on AMX) keeps them: AVX512-BF16's
-    product was not measured against it."""
+    bf16 and the kernels have the product, or fp16 and the kernels load. Where large steps
+    are bf16: AMX's tiles where they run, else the 16-bit product's AVX512-VNNI tile, else
+    bf16 activations. On a CPU with AMX whose tiles the kernels cannot use, oneDNN's bf16
+    (on AMX) keeps them: the kernels' products were not measured against it."""
     if large == "fp16":
         return "i16" if kernels.load() is not None else None
     if large != "bf16":
         return None
     if kernels.amx_available():
         return "amx"
-    if kernels.bf16_gemm_available() and not kernels.cpu_has_amx():
-        return "bf16"
-    return None
+    if kernels.cpu_has_amx():
+        return None
+    if kernels.i16_vnni_available():
+        return "i16"
+    return "bf16" if kernels.bf16_gemm_available() else None
 
 
 def prompt_block_rows(kind: str | None) -> int:

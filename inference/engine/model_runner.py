@@ -48,7 +48,9 @@ FEW_STREAMS = 2
 # (model.prompt_blocks): they take small_step_threads whatever their streams. On a 2-core
 # Zen 3 with the 16-bit prompt products, served through the API against one pool thread
 # for steps of more than FEW_STREAMS streams: 16 users 1.09x the tok/s and TTFT p90 0.75x,
-# 64 users 1.06x and 0.76x (docs/performance.md). The pool's threads spin only while a
+# 64 users 1.06x and 0.76x (docs/performance.md); on a Zen 4 with AVX512-VNNI, where they
+# replaced oneDNN's bf16 on one thread for chunks past 64 rows, 16 users 1.16x and 0.78x.
+# The pool's threads spin only while a
 # step runs, where torch's OpenMP team (what the one-core rule was measured with) held the
 # web side's core after each op. Not measured for the bf16 and AMX products: they keep it.
 ALL_CORES_POOLED = frozenset({"i16"})

@@ -81,13 +81,14 @@ def test_q8_0_product_keeps_float_precision_despite_an_outlier(rows):
 
 
 @needs_kernels
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 13, 100])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 9, 13, 100])
 @pytest.mark.parametrize("n", [70, 96])
 def test_i16_products_keep_float_precision_despite_an_outlier(rows, n):
     """Kind "i16" takes x at 16 bits per block of 32 against the weights' integers: with one
     input 30x the rest, within 1e-4 of the float64 product of the exact weights, whatever
-    the rows (whole and partial 4-row tiles) and columns (a last chunk of 16 cut short, a
-    zero-padded group); the 8-bit activations' product is off by about a percent."""
+    the rows (whole and partial tiles of 4 rows, of 8 with AVX512-VNNI) and columns (a last
+    chunk of 16 cut short, a zero-padded group); the 8-bit activations' product is off by
+    about a percent."""
     x = torch.randn(rows, 256)
     x[:, 7] *= 30
     q = Q4_1.quantize(_weight(n, 256)).for_kernel()
@@ -452,10 +453,12 @@ def test_torch_path_steps_of_one_or_two_streams_take_every_core(make_engine):
 
 
 @needs_kernels
-def test_prompt_rows_take_the_blocks_with_bf16_activations_where_built(make_engine):
+def test_prompt_rows_take_the_blocks_with_bf16_activations_where_built(make_engine, monkeypatch):
     """Past the 8-bit rows and up to BF16_BLOCK_ROWS, a layer's product takes the 4-bit
-    blocks with bf16 activations where the kernels have them (AVX512-BF16): the weights
-    exact, x rounded to bf16 as torch's bf16 products round it, float32 sums."""
+    blocks with bf16 activations where the kernels have them (AVX512-BF16) and not the
+    16-bit product's AVX512-VNNI tile (made absent here, so every such CPU runs this): the
+    weights exact, x rounded to bf16 as torch's bf16 products round it, float32 sums."""
+    monkeypatch.setattr(kernels, "i16_vnni_available", lambda: False)
     lin = make_engine(quantization="hybrid").runner.model.layers[0].gate_up
     if lin.bf16_kind != "bf16" or not lin.bf16_rows:
         pytest.skip("no bf16 prompt products here (no AVX512-BF16, or AMX's tiles)")
@@ -496,7 +499,8 @@ def test_prompt_rows_take_the_blocks_on_amx_tiles_where_they_run(make_engine):
 @pytest.fixture(params=["this CPU", "as on AVX2"])
 def large_steps(request, monkeypatch) -> str:
     """This CPU as it is, and as one whose large steps are fp16 (AVX2, no bf16 products):
-    the 16-bit products are plain AVX2, so every CPU with the kernels runs them."""
+    the 16-bit products build on every CPU with the kernels (their AVX512-VNNI tile where
+    the kernels are built for it)."""
     if request.param == "as on AVX2":
         monkeypatch.setattr(kernels, "cpu_has_native_bf16", lambda: False)
     return request.param
@@ -504,13 +508,15 @@ def large_steps(request, monkeypatch) -> str:
 
 @needs_kernels
 def test_prompt_rows_take_the_16bit_blocks_where_large_steps_are_fp16(make_engine, large_steps):
-    """Where large steps are fp16 (no bf16 products: AVX2), every torch-path step's product
-    past the 8-bit rows takes the 4-bit blocks with x at 16 bits a block: the float product
-    of the GGUF's weights to ~1e-4, not of fp16 copies."""
+    """Where large steps are fp16 (no bf16 products: AVX2), or bf16 without AMX where the
+    16-bit product has its AVX512-VNNI tile, every torch-path step's product past the 8-bit
+    rows takes the 4-bit blocks with x at 16 bits a block: the float product of the GGUF's
+    weights to ~1e-4, not of fp16 / bf16 copies."""
     lin = make_engine(quantization="hybrid").runner.model.layers[0].gate_up
-    if kernels.cpu_has_native_bf16():
-        assert lin.bf16_kind != "i16"
-        pytest.skip("large steps here are bf16, not fp16")
+    if lin.bf16_kind != "i16":
+        assert kernels.cpu_has_native_bf16()
+        assert kernels.cpu_has_amx() or not kernels.i16_vnni_available()
+        pytest.skip("large steps here are bf16 on AMX, or without the 16-bit VNNI tile")
     assert lin.bf16_kind == "i16" and lin.bf16_rows == I16_BLOCK_ROWS
     w = lin.blocks.dequantize().double()  # type: ignore[union-attr]
     for rows in (9, 17, 40, 300):  # past the 8-bit rows (block_rows)
@@ -527,7 +533,7 @@ def test_products_the_blocks_take_at_every_size_hold_no_float_copy(make_engine, 
     model = engine.runner.model
     layers = [(lay.qkv, lay.o, lay.gate_up, lay.down) for lay in model.layers]
     every_row = [blocks_take_every_row(x.blocks, x.bf16_rows, x.bf16_kind) for x in layers[0]]
-    if not kernels.cpu_has_native_bf16():
+    if layers[0][0].bf16_kind == "i16":
         assert all(every_row)  # the 16-bit product has no constraint on the columns
     for lins in layers:
         for lin, blocks_only in zip(lins, every_row, strict=True):

@@ -144,6 +144,8 @@ def load() -> ctypes.CDLL | None:
     lib.q4_1_amx_available.restype = i
     lib.q4_1_gemm_i16.argtypes = [p, p, p, i, i, p, i, p, i]
     lib.q4_1_gemm_i16.restype = i
+    lib.q4_1_i16_vnni.argtypes = []
+    lib.q4_1_i16_vnni.restype = i
     lib.set_amx_min_rows.argtypes = [i, i]
     lib.set_amx_min_rows.restype = None
     if lib.q4_1_amx_available():
@@ -290,6 +292,12 @@ def amx_available() -> bool:
     """Whether the 4-bit products run on AMX tiles here (built with AMX, the tiles granted)."""
     lib = load()
     return lib is not None and bool(lib.q4_1_amx_available())
+
+
+def i16_vnni_available() -> bool:
+    """Whether the 16-bit-activation 4-bit product was built with its AVX512-VNNI tile."""
+    lib = load()
+    return lib is not None and bool(lib.q4_1_i16_vnni())
 
 
 def bf16_gemm_available() -> bool:

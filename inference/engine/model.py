@@ -201,13 +201,19 @@ def prompt_block_rows(kind: str | None) -> int:
     return rows.get(kind or "", 0)
 
 
+def blocks_rows(blocks: Q4_1 | Q8_0 | None, rows: int, kind: str) -> int:
+    """Up to how many rows a product's 4-bit blocks take prompt_blocks' product `kind`
+    (`rows`, its limit): Q4_1 blocks only, and on AMX's tiles whole chunks of columns."""
+    if not isinstance(blocks, Q4_1) or (kind == "amx" and blocks.shape[0] % AMX_COLUMNS):
+        return 0
+    return rows
+
+
 def blocks_take_every_row(blocks: Q4_1 | Q8_0 | None, rows: int, kind: str) -> bool:
     """Whether a product's 4-bit blocks serve steps of any size by prompt_blocks' product
     `kind` up to `rows` rows: then its float copy would never be multiplied, and is not
     made (~212 MB of fp16 or bf16 for the bundled model's layers)."""
-    if not isinstance(blocks, Q4_1) or rows < min(AMX_BLOCK_ROWS, I16_BLOCK_ROWS):
-        return False
-    return not (kind == "amx" and blocks.shape[0] % AMX_COLUMNS)
+    return blocks_rows(blocks, rows, kind) >= min(AMX_BLOCK_ROWS, I16_BLOCK_ROWS)
 
 
 # The native paged attention takes a sequence's rows one by one; the chunk attention
@@ -235,10 +241,8 @@ class Linear:
     ) -> None:
         self.blocks = blocks.for_kernel() if blocks is not None else None
         self.block_rows = block_rows if blocks is not None else 0
-        self.bf16_rows = bf16_rows if isinstance(blocks, Q4_1) else 0
+        self.bf16_rows = blocks_rows(blocks, bf16_rows, bf16_kind)
         self.bf16_kind = bf16_kind
-        if bf16_kind == "amx" and blocks is not None and blocks.shape[0] % AMX_COLUMNS:
-            self.bf16_rows = 0  # the tiles take whole chunks of columns
         # Its key for the compiled step's opaque product (compiled_step.py); -1: none yet.
         self.compile_key = -1
         self.weight: torch.Tensor | None = None

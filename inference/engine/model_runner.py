@@ -50,9 +50,9 @@ FEW_STREAMS = 2
 # for steps of more than FEW_STREAMS streams: 16 users 1.09x the tok/s and TTFT p90 0.75x,
 # 64 users 1.06x and 0.76x (docs/performance.md); on a Zen 4 with AVX512-VNNI, where they
 # replaced oneDNN's bf16 on one thread for chunks past 64 rows, 16 users 1.16x and 0.78x.
-# The pool's threads spin only while a
-# step runs, where torch's OpenMP team (what the one-core rule was measured with) held the
-# web side's core after each op. Not measured for the bf16 and AMX products: they keep it.
+# The pool's threads spin only while a step runs, where torch's OpenMP team (what the
+# one-core rule was measured with) held the web side's core after each op. Not measured
+# for the bf16 and AMX products: they keep it.
 ALL_CORES_POOLED = frozenset({"i16"})
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

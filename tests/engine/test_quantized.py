@@ -517,7 +517,7 @@ def test_prompt_rows_take_the_16bit_blocks_where_large_steps_are_fp16(make_engin
         assert kernels.cpu_has_native_bf16()
         assert kernels.cpu_has_amx() or not kernels.i16_vnni_available()
         pytest.skip("large steps here are bf16 on AMX, or without the 16-bit VNNI tile")
-    assert lin.bf16_kind == "i16" and lin.bf16_rows == I16_BLOCK_ROWS
+    assert lin.bf16_rows == I16_BLOCK_ROWS
     w = lin.blocks.dequantize().double()  # type: ignore[union-attr]
     for rows in (9, 17, 40, 300):  # past the 8-bit rows (block_rows)
         x = torch.randn(rows, w.shape[1])
@@ -527,7 +527,7 @@ def test_prompt_rows_take_the_16bit_blocks_where_large_steps_are_fp16(make_engin
 @needs_kernels
 def test_products_the_blocks_take_at_every_size_hold_no_float_copy(make_engine, large_steps):
     """Where the torch path's steps take a layer's 4-bit blocks at any number of rows (the
-    16-bit products of AVX2, AMX's tiles), the layer holds no fp16 / bf16 copy: it would
+    16-bit products, AMX's tiles), the layer holds no fp16 / bf16 copy: it would
     never be multiplied. The head keeps its float copy for steps past its blocks' rows."""
     engine = make_engine(quantization="hybrid")
     model = engine.runner.model

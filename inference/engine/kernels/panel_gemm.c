@@ -30,6 +30,11 @@
 #include "common.h"
 
 #define NR 16 /* output columns a chunk: two groups of the kernel layout */
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#define HAVE_I16_VNNI 1 /* the 8-row tile of 512-bit sums (tile512) */
+#else
+#define HAVE_I16_VNNI 0
+#endif
 #define MR 4  /* rows a register tile */
 
 /* ---- Panels ------------------------------------------------------------------------------- */
@@ -169,6 +174,7 @@ static inline __m256i add_into(__m256i acc, __m256i v) {
         S1 = add_into(S1, _mm256_madd_epi16(a_, w1));                                         \
     } while (0)
 
+#if !HAVE_I16_VNNI
 /* y[r, n0 .. n0 + 15] for rows r0 .. r0 + rows - 1 (rows <= MR); a short tile repeats
  * its last row and stores only its own. Written out for 4 rows: 8 sums, 2 weights, 1 x and
  * a product in flight fill AVX2's 16 registers without copies. */
@@ -205,7 +211,9 @@ static void tile(const PanelTask *t, const int32_t *panel, int r0, int rows, int
                        _mm256_load_ps(acc[r] + 8));
 }
 
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#endif
+
+#if HAVE_I16_VNNI
 /* The same tile where the kernels are built for AVX512-VNNI: a panel's 16 columns of one
  * pair of k are one 512-bit vector, and vpdpwssd multiplies and adds the pairs into the
  * 32-bit sums in one instruction (32 multiply-adds), so 8 rows' block sums and 8 rows'
@@ -252,6 +260,14 @@ static void tile512(const PanelTask *t, const int32_t *panel, int r0, int rows, 
 }
 #endif
 
+#if HAVE_I16_VNNI
+#define TILE tile512
+#define TILE_ROWS MR512
+#else
+#define TILE tile
+#define TILE_ROWS MR
+#endif
+
 static __thread void *tls_panel;
 static __thread size_t tls_panel_cap;
 
@@ -273,14 +289,10 @@ static void panel_chunk(void *arg, int c) {
     if (n0 / GROUP + 1 >= groups) memset(tls_panel, 0, need);
     for (int h = 0; h < 2 && n0 / GROUP + h < groups; h++)
         panel_q4(t->w, n0 / GROUP + h, h, (int32_t *)tls_panel);
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
-    for (int r0 = 0; r0 < t->rows; r0 += MR512)
-        tile512(t, (const int32_t *)tls_panel, r0, t->rows - r0 < MR512 ? t->rows - r0 : MR512,
-                n0);
-#else
-    for (int r0 = 0; r0 < t->rows; r0 += MR)
-        tile(t, (const int32_t *)tls_panel, r0, t->rows - r0 < MR ? t->rows - r0 : MR, n0);
-#endif
+    for (int r0 = 0; r0 < t->rows; r0 += TILE_ROWS) {
+        const int rows = t->rows - r0 < TILE_ROWS ? t->rows - r0 : TILE_ROWS;
+        TILE(t, (const int32_t *)tls_panel, r0, rows, n0);
+    }
 }
 
 /* y [rows, N] = x [rows, K] @ W.T for Q4_1 W in the kernel layout, x at 16 bits a block
@@ -302,7 +314,7 @@ static int q4_panel_matmul(const Q4Matrix *w, const float *x, int rows, float *y
 /* Whether the 16-bit product runs its AVX512-VNNI tile (tile512), which outruns the
  * bf16-activation product of quant_gemm.c on a Zen 4 from 32 rows. */
 int q4_1_i16_vnni(void) {
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#if HAVE_I16_VNNI
     return 1;
 #else
     return 0;

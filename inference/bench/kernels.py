@@ -51,6 +51,11 @@ def _amx_rows(lib: Any, layers: int, head: int) -> Iterator[None]:
             lib.set_amx_min_rows(*kernels.amx_min_rows())
 
 
+def layer_only(kinds: list[str]) -> list[str]:
+    """The kinds that have a head product of their own."""
+    return [k for k in kinds if k not in ("bf16", "i16")]
+
+
 def _nbytes(*tensors: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -122,10 +127,14 @@ def run(rows: list[int], threads: list[int], repeat: int, kinds: list[str]) -> d
             return fbgemm_once([(xs[k], w) for w, (_, k) in pairs], t)
         # int8 alone: the native path's product moves to AMX's tiles from AMX_MIN_ROWS rows.
         with _amx_rows(lib, 0, 0):
+            lib.set_panel_min_rows(*((1, 1) if kind == "panel" else (0, 0)))
             start = time.perf_counter()
             for m in layers:
-                kernels.q4_1_gemm(lib, m.qs, m.d, m.m, xs[m.shape[1]], m.n, kind=kind)
-            return time.perf_counter() - start
+                kernels.q4_1_gemm(lib, m.qs, m.d, m.m, xs[m.shape[1]], m.n,
+                                  kind="int8" if kind == "panel" else kind)  # fmt: skip
+            elapsed = time.perf_counter() - start
+            lib.set_panel_min_rows(*kernels.panel_min_rows(kernels.amx_available()))
+            return elapsed
 
     def head_once(r: int, kind: str, t: int) -> float:
         x = torch.randn(r, HEAD[1])
@@ -135,12 +144,15 @@ def run(rows: list[int], threads: list[int], repeat: int, kinds: list[str]) -> d
             return fbgemm_once([(x, packed_head)], t)
         # int8: the 16-bit activations' kernel alone; amx: the tiles at any rows.
         with _amx_rows(lib, 0, 1 if kind == "amx" else 0):
+            lib.set_panel_min_rows(*((1, 1) if kind == "panel" else (0, 0)))
             start = time.perf_counter()
             kernels.q8_0_gemm(lib, head.qs, head.d, x, head.n)
-            return time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            lib.set_panel_min_rows(*kernels.panel_min_rows(kernels.amx_available()))
+            return elapsed
 
     cases = [(t, r) for t in threads for r in rows]
-    head_kinds = [k for k in kinds if k not in ("bf16", "i16")]
+    head_kinds = layer_only(kinds)
     parts = [f"layers:{k}" for k in kinds] + [f"head:{k}" for k in head_kinds]
     times: dict[tuple[int, int], dict[str, list[float]]] = {
         c: {p: [] for p in parts} for c in cases
@@ -194,7 +206,7 @@ def main() -> None:
         "--kinds",
         nargs="+",
         default=["int8"],
-        choices=["int8", "bf16", "amx", "i16", "onednn", "fbgemm"],
+        choices=["int8", "panel", "bf16", "amx", "i16", "onednn", "fbgemm"],
     )
     ap.add_argument("--json", default="bench_kernels.json")
     args = ap.parse_args()
@@ -203,7 +215,7 @@ def main() -> None:
         f"{r['cpus']} CPUs, load (1 min) {r['load_before']:.2f}; layers {r['layer_mb']:.1f} MB, "
         f"head {r['head_mb']:.1f} MB; ms per step's worth, median (min-max), GB/s at the median"
     )
-    head_kinds = [k for k in r["kinds"] if k not in ("bf16", "i16")]
+    head_kinds = layer_only(r["kinds"])
     parts = [f"layers:{k}" for k in r["kinds"]] + [f"head:{k}" for k in head_kinds]
     names = [f"30 layers, {k}" for k in r["kinds"]] + [f"head, {k}" for k in head_kinds]
     print(

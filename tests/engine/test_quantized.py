@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 import torch
 
@@ -155,6 +158,57 @@ def test_amx_min_rows_reads_its_setting(monkeypatch):
         kernels.amx_min_rows()
 
 
+needs_panels = pytest.mark.skipif(
+    not kernels.i16_vnni_available(), reason="the kernels were not built for AVX512-VNNI here"
+)
+
+
+@contextmanager
+def _panel_rows(layers: int, head: int) -> Iterator[None]:
+    lib = kernels.load()
+    assert lib is not None
+    lib.set_panel_min_rows(layers, head)
+    try:
+        yield
+    finally:
+        lib.set_panel_min_rows(*kernels.panel_min_rows(kernels.amx_available()))
+
+
+@needs_panels
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 16, 17, 64])
+@pytest.mark.parametrize("n", [70, 96, 1000])
+def test_panel_tiles_give_the_8bit_kernels_products(rows, n):
+    """The native path's products on panel_gemm.c's 512-bit tiles take the same activations
+    (8 bits a block for the layers, 16 for the head) and make the same integer sums as the
+    8-bit kernels, whatever the rows (whole and partial tiles of 8) and columns (a last
+    panel of 16 cut short, a zero-padded group): the layers' float sums differ only in
+    their order, the head's not at all."""
+    x = torch.randn(rows, 256)
+    x[:, 7] *= 30
+    q4 = Q4_1.quantize(_weight(n, 256)).for_kernel()
+    q8 = Q8_0.quantize(_weight(n, 256, seed=1)).for_kernel()
+    with _panel_rows(0, 0):
+        want4, want8 = q4.matmul_t(x), q8.matmul_t(x)
+    with _panel_rows(1, 1):
+        got4, got8 = q4.matmul_t(x), q8.matmul_t(x)
+    torch.testing.assert_close(got4, want4, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got8, want8)
+    assert not kernels.amx_available() or kernels.panel_min_rows(True) == (0, 0)
+
+
+def test_panel_min_rows_reads_its_setting(monkeypatch):
+    monkeypatch.setenv("ENGINE_PANEL_MIN_ROWS", "")
+    assert kernels.panel_min_rows() == (kernels.PANEL_MIN_ROWS, kernels.PANEL_HEAD_MIN_ROWS)
+    assert kernels.panel_min_rows(amx=True) == (0, 0)
+    monkeypatch.setenv("ENGINE_PANEL_MIN_ROWS", "0")
+    assert kernels.panel_min_rows() == (0, 0)
+    monkeypatch.setenv("ENGINE_PANEL_MIN_ROWS", "12")
+    assert kernels.panel_min_rows(amx=True) == (12, 12)
+    monkeypatch.setenv("ENGINE_PANEL_MIN_ROWS", "many")
+    with pytest.raises(ValueError, match="ENGINE_PANEL_MIN_ROWS must be an integer, got 'many'"):
+        kernels.panel_min_rows()
+
+
 def test_hybrid_linear_takes_blocks_for_small_steps_and_fp16_for_large_ones():
     w = _weight(64, 128)
     lin = Linear(w, "fp16", Q4_1.quantize(w), HYBRID_MAX_ROWS)
@@ -202,10 +256,10 @@ def test_products_claimed_by_many_threads_equal_one_threads(threads):
     threads comes first (more threads than cores: some start late, or not at all): every
     chunk is computed exactly once, by the same code, so the results are bit for bit one
     thread's, for every row count the kernels tile (and column counts that are not whole
-    groups of 8)."""
+    groups of 8; from 17 and 25 rows, the 512-bit tiles' panels of 16 where built)."""
     w4 = Q4_1.quantize(_weight(1000, 192)).for_kernel()
     w8 = Q8_0.quantize(_weight(1003, 96)).for_kernel()
-    xs = [torch.randn(rows, 192) for rows in (1, 3, 4, 9)]
+    xs = [torch.randn(rows, 192) for rows in (1, 3, 4, 9, 17, 25)]
     try:
         kernels.set_threads(1)
         want = [(w4.matmul_t(x), w8.matmul_t(x[:, :96].contiguous())) for x in xs]

@@ -55,16 +55,39 @@ AMX_MIN_ROWS = 32
 AMX_HEAD_MIN_ROWS = 4
 
 
-def amx_min_rows() -> tuple[int, int]:
-    """(AMX_MIN_ROWS, AMX_HEAD_MIN_ROWS), or ENGINE_AMX_MIN_ROWS's one value for both (0:
-    never; for comparisons)."""
-    raw = os.environ.get("ENGINE_AMX_MIN_ROWS", "")
+# Where the kernels are built for AVX512-VNNI (and no AMX takes the product), the native
+# path's products move to panel_gemm.c's 512-bit tiles from this many rows: 16 columns
+# unpacked once for all rows, 8 rows a tile. 30 layers' products on a 2-core Zen 4, 2
+# threads, the 8-bit kernel against the tile: 11.1 / 16.5 / 21.2 / 44.7 ms at 16 / 24 /
+# 32 / 64 rows against 10.7 / 13.9 / 18.0 / 34.6 (9.0 against 10.8 at 12 rows).
+PANEL_MIN_ROWS = 16
+# The head's (16-bit activations, vpdpwssd): 4.16 / 6.26 / 9.23 / 18.5 ms at 16 / 24 / 32
+# / 64 rows against 4.39 / 5.71 / 7.24 / 12.4 (oneDNN's bf16 on 2 threads: 12.3 at 64).
+PANEL_HEAD_MIN_ROWS = 24
+
+
+def _row_limits(setting: str, layers: int, head: int) -> tuple[int, int]:
+    """(layers, head), or the setting's one value for both (0: never; for comparisons)."""
+    raw = os.environ.get(setting, "")
     if not raw.strip():
-        return AMX_MIN_ROWS, AMX_HEAD_MIN_ROWS
+        return layers, head
     try:
         return int(raw), int(raw)
     except ValueError:
-        raise ValueError(f"ENGINE_AMX_MIN_ROWS must be an integer, got {raw!r}") from None
+        raise ValueError(f"{setting} must be an integer, got {raw!r}") from None
+
+
+def amx_min_rows() -> tuple[int, int]:
+    """(AMX_MIN_ROWS, AMX_HEAD_MIN_ROWS), or ENGINE_AMX_MIN_ROWS's one value for both."""
+    return _row_limits("ENGINE_AMX_MIN_ROWS", AMX_MIN_ROWS, AMX_HEAD_MIN_ROWS)
+
+
+def panel_min_rows(amx: bool = False) -> tuple[int, int]:
+    """(PANEL_MIN_ROWS, PANEL_HEAD_MIN_ROWS), or ENGINE_PANEL_MIN_ROWS's one value for both.
+    Where AMX's tiles run (`amx`), (0, 0) unless set: the tiles were never measured there
+    against AMX and the 8-bit kernel, which share those steps (AMX_MIN_ROWS)."""
+    layers, head = (0, 0) if amx else (PANEL_MIN_ROWS, PANEL_HEAD_MIN_ROWS)
+    return _row_limits("ENGINE_PANEL_MIN_ROWS", layers, head)
 
 
 @cache
@@ -150,6 +173,9 @@ def load() -> ctypes.CDLL | None:
     lib.set_amx_min_rows.restype = None
     if lib.q4_1_amx_available():
         lib.set_amx_min_rows(*amx_min_rows())
+    lib.set_panel_min_rows.argtypes = [i, i]
+    lib.set_panel_min_rows.restype = None
+    lib.set_panel_min_rows(*panel_min_rows(amx=bool(lib.q4_1_amx_available())))
     lib.q8_0_gemm.argtypes = [p, p, i, i, p, i, p, i]
     lib.q8_0_gemm.restype = i
     lib.decode_layer.argtypes = [

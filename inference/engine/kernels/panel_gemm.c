@@ -39,6 +39,12 @@
 
 /* ---- Panels ------------------------------------------------------------------------------- */
 
+/* Group-block gb's 8 scales d and m in float32. */
+static inline void panel_scales(const Q4Matrix *W, size_t gb, float *d, float *m) {
+    _mm256_store_ps(d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(W->d + gb * GROUP))));
+    _mm256_store_ps(m, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(W->m + gb * GROUP))));
+}
+
 /* int16 pairs [K / 2][16] (lane c: q(k) | q(k + 1) << 16), then float32 d [nb][16] and
  * m [nb][16]. */
 static void panel_q4(const Q4Matrix *W, int g, int h, int32_t *panel) {
@@ -48,10 +54,7 @@ static void panel_q4(const Q4Matrix *W, int g, int h, int32_t *panel) {
     for (int b = 0; b < nb; b++) {
         const size_t gb = (size_t)g * nb + b;
         const uint8_t *q = W->qs + gb * 128;
-        _mm256_store_ps(ds + b * NR + 8 * h,
-                        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(W->d + gb * GROUP))));
-        _mm256_store_ps(ms + b * NR + 8 * h,
-                        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(W->m + gb * GROUP))));
+        panel_scales(W, gb, ds + b * NR + 8 * h, ms + b * NR + 8 * h);
         int32_t *out = panel + (size_t)b * (QK / 2) * NR + 8 * h;
         for (int j = 0; j < 4; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
@@ -139,11 +142,13 @@ static inline void store_tile_row(float *y, int N, int n0, __m256 a, __m256 b) {
 }
 
 typedef struct {
-    const Q4Matrix *w;
+    const Q4Matrix *w; /* Q8_0's head: its shape alone (q8_panel) */
     Rows16 q;
     int rows;
     float *y;
     atomic_int failed; /* a thread's panel could not be had */
+    int offsets;       /* whether the weights have Q4_1's m (Q8_0's have none) */
+    const Q8Matrix *w8;
 } PanelTask;
 
 /* One row's block of integer sums into its float sums: acc += s * d * dx + m * sx. */
@@ -251,7 +256,7 @@ static void tile512(const PanelTask *t, const int32_t *panel, int r0, int rows, 
             const size_t rb = row[r] * nb + b;
             const __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r]),
                                              _mm512_mul_ps(d, _mm512_set1_ps(t->q.dx[rb])), acc[r]);
-            acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(t->q.sx[rb]), a);
+            acc[r] = t->offsets ? _mm512_fmadd_ps(m, _mm512_set1_ps(t->q.sx[rb]), a) : a;
         }
     }
     const __mmask16 keep = n0 + NR <= N ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
@@ -271,19 +276,24 @@ static void tile512(const PanelTask *t, const int32_t *panel, int r0, int rows, 
 static __thread void *tls_panel;
 static __thread size_t tls_panel_cap;
 
+/* The calling thread's panel of at least `need` bytes (64-byte aligned), NULL out of memory. */
+static void *panel_of(size_t need) {
+    if (tls_panel_cap < need) {
+        free(tls_panel);
+        tls_panel = aligned_alloc(64, (need + 63) / 64 * 64);
+        tls_panel_cap = tls_panel ? need : 0;
+    }
+    return tls_panel;
+}
+
 static void panel_chunk(void *arg, int c) {
     PanelTask *t = (PanelTask *)arg;
     const int K = t->w->k, n0 = c * NR, groups = (t->w->n + GROUP - 1) / GROUP;
     /* the pairs, 2 bytes a weight, then d and m: 4 bytes a column and block each */
     const size_t need = (size_t)K * NR * 2 + (size_t)K / QK * NR * 8;
-    if (tls_panel_cap < need) {
-        free(tls_panel);
-        tls_panel = aligned_alloc(64, (need + 63) / 64 * 64);
-        tls_panel_cap = tls_panel ? need : 0;
-        if (!tls_panel) {
-            atomic_store(&t->failed, 1);
-            return;
-        }
+    if (!panel_of(need)) {
+        atomic_store(&t->failed, 1);
+        return;
     }
     /* a second group past the matrix's: zero weights (its outputs are never stored) */
     if (n0 / GROUP + 1 >= groups) memset(tls_panel, 0, need);
@@ -299,7 +309,7 @@ static void panel_chunk(void *arg, int c) {
  * against the weights' integers; -2 for a K that is not whole blocks, -1 out of memory. */
 static int q4_panel_matmul(const Q4Matrix *w, const float *x, int rows, float *y, int nthreads) {
     if (w->k % QK || w->n <= 0 || rows <= 0) return -2;
-    PanelTask t = {w, {NULL, NULL, NULL}, rows, y, 0};
+    PanelTask t = {w, {NULL, NULL, NULL}, rows, y, 0, 1, NULL};
     int rc = rows16(x, rows, w->k, &t.q);
     if (!rc) {
         pool_run(panel_chunk, &t, (w->n + NR - 1) / NR, nthreads);
@@ -325,4 +335,168 @@ int q4_1_gemm_i16(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N
                   const float *x, int rows, float *y, int nthreads) {
     Q4Matrix w = {qs, d, m, N, K};
     return q4_panel_matmul(&w, x, rows, y, nthreads);
+}
+
+/* ---- 8-bit activations: the native path's products of many rows ---------------------------
+ *
+ * quant_gemm.c's 8-bit kernel unpacks each weight block again for every 4 rows, in 256-bit
+ * vectors of 8 columns, and at a decode step of 64 rows that unpacking and the per-row
+ * broadcasts of x are most of its instructions. Where the kernels are built for
+ * AVX512-VNNI, steps of at least panel_min_rows rows instead unpack 16 columns once into a
+ * panel of their q as bytes, 4 consecutive k a 32-bit lane ([K / 4][16], one 512-bit vector
+ * per 4 k), and 8 rows take one register tile: vpdpbusd multiplies the weights' bytes (0..15)
+ * by x's 4 int8 broadcast from memory and adds into 32-bit sums, 64 multiply-adds an
+ * instruction, twice vpdpwssd's. Same activations (quant_gemm.c's per-block int8, scale
+ * max|x| / 127) and same integer sums: only the float sums' order differs. */
+#if HAVE_I16_VNNI
+static void panel_q4_u8(const Q4Matrix *W, int g, int h, int32_t *panel) {
+    const int nb = W->k / QK;
+    const __m256i lo = _mm256_set1_epi8(0x0F);
+    float *ds = (float *)(panel + (size_t)W->k / 4 * NR), *ms = ds + (size_t)nb * NR;
+    for (int b = 0; b < nb; b++) {
+        const size_t gb = (size_t)g * nb + b;
+        const uint8_t *q = W->qs + gb * 128;
+        panel_scales(W, gb, ds + b * NR + 8 * h, ms + b * NR + 8 * h);
+        int32_t *out = panel + (size_t)b * (QK / 4) * NR + 8 * h;
+        /* vector j: k 8j..8j+3 in the low nibbles, 8j+4..8j+7 in the high (common.h) */
+        for (int j = 0; j < 4; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
+            _mm256_store_si256((__m256i *)(out + (2 * j) * NR), _mm256_and_si256(v, lo));
+            _mm256_store_si256((__m256i *)(out + (2 * j + 1) * NR),
+                               _mm256_and_si256(_mm256_srli_epi16(v, 4), lo));
+        }
+    }
+}
+
+typedef struct {
+    const Q4Matrix *w;
+    const int8_t *qx; /* [rows][K] */
+    const float *dx, *sx; /* [rows][K / 32]: the block's scale, and scale * sum(qx) */
+    int rows;
+    float *y;
+    atomic_int failed;
+} Panel8Task;
+
+/* acc += w's bytes times the 4 int8 of x at `quad`, broadcast from memory, in place. */
+static inline __m512i dpb_into(__m512i acc, __m512i w, const int8_t *quad) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)quad));
+    return acc;
+}
+
+static void tile512_u8(const Panel8Task *t, const int32_t *panel, int r0, int rows, int n0) {
+    const int K = t->w->k, N = t->w->n, nb = K / QK;
+    const float *ds = (const float *)(panel + (size_t)K / 4 * NR), *ms = ds + (size_t)nb * NR;
+    const int8_t *x[MR512];
+    size_t row[MR512];
+    __m512 acc[MR512];
+    for (int r = 0; r < MR512; r++) {
+        row[r] = (size_t)(r0 + (r < rows ? r : rows - 1));
+        x[r] = t->qx + row[r] * K;
+        acc[r] = _mm512_setzero_ps();
+    }
+    for (int b = 0; b < nb; b++) {
+        __m512i s[MR512];
+        for (int r = 0; r < MR512; r++) s[r] = _mm512_setzero_si512();
+        const int32_t *wb = panel + (size_t)b * (QK / 4) * NR;
+        for (int i = 0; i < QK / 4; i++) {
+            const __m512i w = _mm512_load_si512((const void *)(wb + i * NR));
+            for (int r = 0; r < MR512; r++) s[r] = dpb_into(s[r], w, x[r] + b * QK + 4 * i);
+        }
+        const __m512 d = _mm512_load_ps(ds + b * NR), m = _mm512_load_ps(ms + b * NR);
+        for (int r = 0; r < MR512; r++) {
+            const size_t rb = row[r] * nb + b;
+            const __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r]),
+                                             _mm512_mul_ps(d, _mm512_set1_ps(t->dx[rb])), acc[r]);
+            acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(t->sx[rb]), a);
+        }
+    }
+    const __mmask16 keep = n0 + NR <= N ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
+    for (int r = 0; r < rows; r++)
+        _mm512_mask_storeu_ps(t->y + (size_t)(r0 + r) * N + n0, keep, acc[r]);
+}
+
+static void panel8_chunk(void *arg, int c) {
+    Panel8Task *t = (Panel8Task *)arg;
+    const int K = t->w->k, n0 = c * NR, groups = (t->w->n + GROUP - 1) / GROUP;
+    /* a byte a weight, then d and m: 4 bytes a column and block each */
+    const size_t need = (size_t)K * NR + (size_t)K / QK * NR * 8;
+    int32_t *panel = (int32_t *)panel_of(need);
+    if (!panel) {
+        atomic_store(&t->failed, 1);
+        return;
+    }
+    if (n0 / GROUP + 1 >= groups) memset(panel, 0, need);
+    for (int h = 0; h < 2 && n0 / GROUP + h < groups; h++) panel_q4_u8(t->w, n0 / GROUP + h, h, panel);
+    for (int r0 = 0; r0 < t->rows; r0 += MR512) {
+        const int rows = t->rows - r0 < MR512 ? t->rows - r0 : MR512;
+        tile512_u8(t, panel, r0, rows, n0);
+    }
+}
+#endif
+
+#if HAVE_I16_VNNI
+/* The head's Q8_0 blocks as tile512's panel: the int8 pairs (k, k + 1) widened to int16
+ * pairs, d in float32 and m zero (t->offsets off). */
+static void panel_q8(const Q8Matrix *W, int g, int h, int32_t *panel) {
+    const int nb = W->k / QK;
+    float *ds = (float *)(panel + (size_t)W->k / 2 * NR), *ms = ds + (size_t)nb * NR;
+    for (int b = 0; b < nb; b++) {
+        const size_t gb = (size_t)g * nb + b;
+        const int8_t *q = W->qs + gb * 256;
+        _mm256_store_ps(ds + b * NR + 8 * h, _mm256_loadu_ps(W->d + gb * GROUP));
+        _mm256_store_ps(ms + b * NR + 8 * h, _mm256_setzero_ps());
+        int32_t *out = panel + (size_t)b * (QK / 2) * NR + 8 * h;
+        for (int p = 0; p < QK / 2; p++)
+            _mm256_store_si256((__m256i *)(out + p * NR),
+                               _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16 * p))));
+    }
+}
+
+static void panel16_q8_chunk(void *arg, int c) {
+    PanelTask *t = (PanelTask *)arg;
+    const int K = t->w->k, n0 = c * NR, groups = (t->w->n + GROUP - 1) / GROUP;
+    const size_t need = (size_t)K * NR * 2 + (size_t)K / QK * NR * 8;
+    int32_t *panel = (int32_t *)panel_of(need);
+    if (!panel) {
+        atomic_store(&t->failed, 1);
+        return;
+    }
+    if (n0 / GROUP + 1 >= groups) memset(panel, 0, need);
+    for (int h = 0; h < 2 && n0 / GROUP + h < groups; h++) panel_q8(t->w8, n0 / GROUP + h, h, panel);
+    for (int r0 = 0; r0 < t->rows; r0 += MR512) {
+        const int rows = t->rows - r0 < MR512 ? t->rows - r0 : MR512;
+        tile512(t, panel, r0, rows, n0);
+    }
+}
+#endif
+
+int q8_panel16_matmul(const Q8Matrix *w, const float *x, int rows, float *y, int nthreads) {
+#if HAVE_I16_VNNI
+    const Q4Matrix shape = {NULL, NULL, NULL, w->n, w->k};
+    PanelTask t = {&shape, {NULL, NULL, NULL}, rows, y, 0, 0, w};
+    int rc = rows16(x, rows, w->k, &t.q);
+    if (!rc) {
+        pool_run(panel16_q8_chunk, &t, (w->n + NR - 1) / NR, nthreads);
+        rc = atomic_load(&t.failed) ? -1 : 0;
+    }
+    free(t.q.qx);
+    free(t.q.dx);
+    free(t.q.sx);
+    return rc;
+#else
+    (void)w, (void)x, (void)rows, (void)y, (void)nthreads;
+    return -3;
+#endif
+}
+
+int q4_panel8_matmul(const Q4Matrix *w, const int8_t *qx, const float *dx, const float *sx,
+                     int rows, float *y, int nthreads) {
+#if HAVE_I16_VNNI
+    Panel8Task t = {w, qx, dx, sx, rows, y, 0};
+    pool_run(panel8_chunk, &t, (w->n + NR - 1) / NR, nthreads);
+    return atomic_load(&t.failed) ? -1 : 0;
+#else
+    (void)w, (void)qx, (void)dx, (void)sx, (void)rows, (void)y, (void)nthreads;
+    return -3;
+#endif
 }

@@ -458,6 +458,16 @@ void set_amx_min_rows(int layers, int head) {
     amx_head_min_rows = head;
 }
 
+/* Products of at least this many rows take panel_gemm.c's 512-bit tiles where the kernels
+ * are built for AVX512-VNNI (AMX's first, where they take the product), the layers' and the
+ * head's; 0: never (kernels/__init__.py sets the measured limits at load). */
+static int panel_min_rows, panel_head_min_rows;
+
+void set_panel_min_rows(int layers, int head) {
+    panel_min_rows = layers;
+    panel_head_min_rows = head;
+}
+
 static int q4_matmul(const Q4Matrix *w, const float *x, int rows, float *y, int nthreads) {
     if (amx_min_rows > 0 && rows >= amx_min_rows && q4_amx_matmul(w, x, rows, y, nthreads) == 0)
         return 0;
@@ -466,10 +476,16 @@ static int q4_matmul(const Q4Matrix *w, const float *x, int rows, float *y, int 
         free_rows(&q);
         return -1;
     }
-    Q4Task t = {w, &q, rows, y};
-    pool_run(q4_chunk, &t, chunks_of(w->n), nthreads);
+    int rc = -3;
+    if (panel_min_rows > 0 && rows >= panel_min_rows)
+        rc = q4_panel8_matmul(w, q.qx, q.dx, q.sx, rows, y, nthreads);
+    if (rc == -3) { /* no panel tile for this step, or none built */
+        Q4Task t = {w, &q, rows, y};
+        pool_run(q4_chunk, &t, chunks_of(w->n), nthreads);
+        rc = 0;
+    }
     free_rows(&q);
-    return 0;
+    return rc;
 }
 
 /* y [rows, N] = x [rows, K] @ W.T for Q4_1 W in the kernel layout. */
@@ -502,6 +518,10 @@ int q8_0_gemm(const int8_t *qs, const float *d, int N, int K, const float *x, in
     if (amx_head_min_rows > 0 && rows >= amx_head_min_rows &&
         q8_amx_matmul(&w, x, rows, y, nthreads) == 0)
         return 0;
+    if (panel_head_min_rows > 0 && rows >= panel_head_min_rows) {
+        int rc = q8_panel16_matmul(&w, x, rows, y, nthreads);
+        if (rc != -3) return rc;
+    }
     Wide q;
     if (quantize_rows16(x, rows, K, &q)) {
         free(q.qx);

@@ -6,15 +6,17 @@
 
 The default model's shapes (30 layers of q/k/v 960x576, o 576x576, gate/up 3072x576, down
 576x1536 in Q4_1, the head 49152x576 in Q8_0) with random weights in the kernels' layout:
-ms per step's worth of products and the rate the weights are read at (GB/s; at one row
-the products are bound by it: compare with what one core streams). The layers' products
-by `--kinds`: int8 (8-bit activations, the native path's), bf16 (bf16 activations, exact
-weights; AVX512-BF16), amx (both rounded to bf16, on AMX tiles), i16 (x at 16 bits a block
-against the weights' integers, vpmaddwd; AVX2), onednn (torch's bf16 F.linear on bf16
-copies of the weights, at the same thread count), fbgemm (torch's fp16-weight products,
-the large steps' format on CPUs without bf16, likewise); the head's by the same kinds
-(int8: its 16-bit activations' kernel; no bf16 or i16 one). Variants run interleaved,
-`--repeat` times; medians (min-max). Writes JSON.
+ms per step's worth of products and the rate the weights are read at (GB/s; at one row the
+products are bound by it: compare with what one core streams). The layers' products by
+`--kinds`: int8 (8-bit activations, the native path's grouped kernel alone), panel (the
+same activations on panel_gemm.c's 512-bit tiles at every row count; AVX512-VNNI), bf16
+(bf16 activations, exact weights; AVX512-BF16), amx (both rounded to bf16, on AMX tiles),
+i16 (x at 16 bits a block against the weights' integers, vpmaddwd; AVX2), onednn (torch's
+bf16 F.linear on bf16 copies of the weights, at the same thread count), fbgemm (torch's
+fp16-weight products, the large steps' format on CPUs without bf16, likewise); the head's
+by the same kinds (int8: its 16-bit activations' kernel; panel: the same on the 512-bit
+tile; no bf16 or i16 one). Variants run interleaved, `--repeat` times; medians (min-max).
+Writes JSON.
 """
 
 from __future__ import annotations

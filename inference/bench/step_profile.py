@@ -42,6 +42,7 @@ from torch.profiler import profile as torch_profile
 from inference.engine.config import EngineConfig
 from inference.engine.detokenizer import IncrementalDetokenizer
 from inference.engine.engine import LLMEngine
+from inference.engine.heap import freeze_loaded
 from inference.engine.sampling_params import SamplingParams
 
 TIMED = ("forward", "logits", "sampling", "schedule", "prepare", "detokenize")
@@ -232,9 +233,11 @@ def _resolve(delta: Any) -> None:
 
 
 def _serve_like(engine: LLMEngine) -> None:
-    # As AsyncEngine runs it: text decoded by the consumer, off the step's path.
+    # As AsyncEngine runs it: text decoded by the consumer, off the step's path, and what
+    # startup loaded out of the garbage collector's full passes.
     if hasattr(engine, "defer_text"):
         engine.defer_text = True
+    freeze_loaded()
 
 
 def profile_decode(

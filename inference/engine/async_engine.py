@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
 from inference.engine.errors import InvalidRequestError
+from inference.engine.heap import freeze_loaded, thaw
 from inference.engine.outputs import Delta
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.streaming import until_finished
@@ -42,6 +43,7 @@ class AsyncEngine:
         self._wakeup = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
+        freeze_loaded()  # no full collection walks the model's objects mid-step (heap.py)
         self._thread.start()
 
     async def generate(
@@ -106,6 +108,7 @@ class AsyncEngine:
             delta = Delta(rid, finished=True, finish_reason="abort", error="engine shut down")
             self._deliver(loop, queue, delta)
         self._streams.clear()
+        thaw()
 
     # -- the engine thread ------------------------------------------------------------
 

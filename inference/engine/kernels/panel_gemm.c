@@ -1,5 +1,7 @@
-/* Q4_1 products for many rows from weights unpacked once per 16 output columns (AVX2):
- * prompts' chunks and large steps on CPUs without bf16 products.
+/* Products for many rows from weights unpacked once per 16 output columns: prompts' chunks
+ * and large steps (Q4_1, x at 16 bits; AVX2, or AVX512-VNNI's tile512), and where built for
+ * AVX512-VNNI the native path's steps of many rows too (Q4_1 by 8-bit x, tile512_u8; the
+ * head's Q8_0 on tile512; see the last sections).
  *
  * The 8-bit kernels (quant_gemm.c) unpack every weight block again for each 4 rows, which
  * is right while reading the weights bounds a step, and their 8-bit activations cost a

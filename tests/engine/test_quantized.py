@@ -239,6 +239,16 @@ def test_native_decode_steps_give_the_torch_paths_tokens(make_engine):
 
 
 @needs_kernels
+def test_decode_rows_attend_over_many_blocks_like_the_torch_path(make_engine):
+    """Decode rows alone attend block by block, a row's query heads that share a KV head one
+    after the other on one core, the values summed in registers: over contexts of 17 to
+    ~160 positions (whole and partial blocks, many blocks a row), greedy tokens equal the
+    torch path's."""
+    prompts = [[3 + (5 * i + j) % 400 for j in range(n)] for i, n in enumerate((17, 33, 100, 131))]
+    assert _generate(make_engine, True, prompts) == _generate(make_engine, False, prompts)
+
+
+@needs_kernels
 def test_native_steps_on_several_threads_give_the_same_tokens(make_engine):
     """The kernels' own thread pool splits each product's columns and the attention's
     heads: more threads, the same sums, so the same greedy tokens (and no hang when the

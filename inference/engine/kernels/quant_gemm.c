@@ -738,8 +738,11 @@ static inline float dot_f32(const float *a, const float *b, int n) {
     return sum;
 }
 
-/* The attention's work items. A row alone (a decode) is one item per query head, each
- * vectorized over head_dim. Rows of one sequence's chunk (consecutive rows with the same
+/* The attention's work items. A row alone (a decode) is one item per KV head, its query
+ * heads one after the other (each vectorized over head_dim), so the keys and values come
+ * from memory once for them: an item per query head had both cores read them, and at 64
+ * decode rows over ~145 positions of distinct contexts attention was ~half a native step
+ * (docs/performance.md). Rows of one sequence's chunk (consecutive rows with the same
  * block table) go in tiles: up to TILE_LANES (row, query head) pairs of one KV head, the
  * lanes of one vector, so each key and value is read once for the whole tile, where one
  * item per (row, head) read the chunk's whole context once per row and head. */
@@ -750,8 +753,8 @@ typedef struct {
     int row0;  /* a tile: the chunk's first row; a single item: its row */
     int first; /* a tile: its first lane, (row - row0) * group + head within the group;
                 * a single item: its query head */
-    int lanes; /* a tile: 1..TILE_LANES; 0: a single item */
-    int g;     /* a tile's KV head */
+    int lanes; /* a tile: 1..TILE_LANES; 0: a single item; -1: a row's heads of KV head g */
+    int g;     /* a tile's or a row's KV head */
 } AttnItem;
 
 typedef struct {
@@ -790,10 +793,16 @@ static void attention_single(AttnTask *t, int r, int head) {
     const int64_t *table = t->block_tables + (size_t)r * t->table_width;
     int g = head / (hq / hkv);
     const float *keys = t->pool + g * head_stride, *vals = t->pool + (hkv + g) * head_stride;
+    /* Positions go by block (a slot's `p / bs` and `p % bs` are integer divisions here). */
     float mx = -INFINITY;
-    for (int p = 0; p < ctx; p++) {
-        scores[p] = dot_f32(q, keys + (table[p / bs] * bs + p % bs) * d, d) * s->scale;
-        if (scores[p] > mx) mx = scores[p];
+    for (int p0 = 0; p0 < ctx; p0 += bs) {
+        const float *kb = keys + (size_t)table[p0 / bs] * bs * d;
+        const int n = ctx - p0 < bs ? ctx - p0 : bs;
+        for (int j = 0; j < n; j++) {
+            const float sc = dot_f32(q, kb + (size_t)j * d, d) * s->scale;
+            scores[p0 + j] = sc;
+            mx = sc > mx ? sc : mx;
+        }
     }
     float sum = 0.0f;
     for (int p = 0; p < ctx; p++) {
@@ -801,11 +810,33 @@ static void attention_single(AttnTask *t, int r, int head) {
         sum += scores[p];
     }
     float *o = t->attn + ((size_t)r * hq + head) * d, inv = 1.0f / sum;
-    for (int i = 0; i < d; i++) o[i] = 0.0f;
-    for (int p = 0; p < ctx; p++) {
-        const float *v = vals + (table[p / bs] * bs + p % bs) * d;
-        float w = scores[p] * inv;
-        for (int i = 0; i < d; i++) o[i] += w * v[i];
+    if (d % 8) {
+        for (int i = 0; i < d; i++) o[i] = 0.0f;
+        for (int p = 0; p < ctx; p++) {
+            const float *v = vals + (table[p / bs] * bs + p % bs) * d;
+            for (int i = 0; i < d; i++) o[i] += scores[p] * inv * v[i];
+        }
+        return;
+    }
+    /* The weighted sum of values in registers, up to 64 of head_dim at a time: summed in
+     * place in o, each position's adds waited for the previous position's stores (half of
+     * a decode step's attention). */
+    for (int i0 = 0; i0 < d; i0 += 64) {
+        const int nv = (d - i0 < 64 ? d - i0 : 64) / 8;
+        __m256 acc[8];
+        for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+        for (int p0 = 0; p0 < ctx; p0 += bs) {
+            const float *vb = vals + (size_t)table[p0 / bs] * bs * d + i0;
+            const int n = ctx - p0 < bs ? ctx - p0 : bs;
+            for (int j = 0; j < n; j++) {
+                const __m256 w = _mm256_set1_ps(scores[p0 + j]);
+                const float *v = vb + (size_t)j * d;
+                for (int c = 0; c < 8; c++)
+                    if (c < nv) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * c), acc[c]);
+            }
+        }
+        for (int c = 0; c < nv; c++)
+            _mm256_storeu_ps(o + i0 + 8 * c, _mm256_mul_ps(acc[c], _mm256_set1_ps(inv)));
     }
 }
 
@@ -909,14 +940,22 @@ static void attention_tile(AttnTask *t, const AttnItem *it) {
 static void attention_item(void *arg, int index) {
     AttnTask *t = (AttnTask *)arg;
     const AttnItem *it = t->items + index;
-    if (it->lanes)
+    if (it->lanes > 0) {
         attention_tile(t, it);
-    else
+    } else if (it->lanes < 0) {
+        /* One after the other on this core: the KV head's keys and values come from memory
+         * for the first query head and from this core's caches for the others (an item a
+         * query head had the cores read them from memory up to once each). */
+        int group = t->s->heads / t->s->kv_heads;
+        for (int h = 0; h < group; h++) attention_single(t, it->row0, it->g * group + h);
+    } else {
         attention_single(t, it->row0, it->first);
+    }
 }
 
 /* The step's attention items: tiles for each run of consecutive rows sharing a block table
- * (a chunk, or a sequence's guesses), single items for rows alone. Returns their count;
+ * (a chunk, or a sequence's guesses), an item per KV head for rows alone (an item per query
+ * head where heads are not whole groups). Returns their count;
  * items holds room for rows * heads. Tiles first: they are the longest items. */
 static int attention_items(const LayerShape *s, int rows, const int64_t *block_tables,
                            int table_width, AttnItem *items) {
@@ -935,6 +974,8 @@ static int attention_items(const LayerShape *s, int rows, const int64_t *block_t
                         int lanes = run * group - first;
                         items[n++] = (AttnItem){r0, first, lanes < TILE_LANES ? lanes : TILE_LANES, g};
                     }
+            } else if (pass == 1 && run == 1 && hq % hkv == 0) {
+                for (int g = 0; g < hkv; g++) items[n++] = (AttnItem){r0, 0, -1, g};
             } else if (pass == 1 && (run == 1 || hq % hkv)) {
                 for (int r = r0; r < r1; r++)
                     for (int head = 0; head < hq; head++) items[n++] = (AttnItem){r, head, 0, 0};

@@ -1,0 +1,131 @@
+"""The engine alone on the served chat workload: many conversations of distinct histories.
+
+    python -m inference.bench.chat_engine --streams 16 64 --turns 3 --repeat 2
+
+step_profile decodes streams that share one prompt, so their KV blocks are shared too and
+attention reads little memory. Here each of `--streams` conversations holds its own history,
+as api_clients.py's chat clients do (the same questions and follow-ups, the chat template,
+replies of `--max-tokens` sampled at temperature 0.7 / top-p 0.95, each turn sent as the
+previous reply ends), driven straight through `LLMEngine.step` with no web side: the
+engine's own throughput on that workload. Prints per stream count the output tok/s and the
+steps split into decode-only and mixed (a prompt's chunk beside decodes): count, mean ms,
+mean rows; median (min-max) over `--repeat` runs; writes JSON. Run it from two checkouts
+(`git worktree add`) to compare a change, alternating, on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from typing import Any
+
+from inference.bench.api_clients import FOLLOW_UPS, QUESTIONS
+from inference.engine.config import EngineConfig
+from inference.engine.engine import LLMEngine
+from inference.engine.heap import freeze_loaded
+from inference.engine.sampling_params import SamplingParams
+from inference.model_files import default_model_path
+
+
+class Conversations:
+    """`n` chats on one engine: each turn's prompt is the whole history, templated."""
+
+    def __init__(self, engine: LLMEngine, n: int, turns: int, max_tokens: int) -> None:
+        self.engine, self.turns, self.max_tokens = engine, turns, max_tokens
+        self.history: list[list[dict[str, str]]] = [[] for _ in range(n)]
+        self.reply: list[list[str]] = [[] for _ in range(n)]
+        self.turn = [0] * n
+        self.output_tokens = 0
+        for c in range(n):
+            self._ask(c)
+
+    def _ask(self, c: int) -> None:
+        turn = self.turn[c]
+        question = (
+            QUESTIONS[c % len(QUESTIONS)] if turn == 0 else FOLLOW_UPS[(c + turn) % len(FOLLOW_UPS)]
+        )
+        self.history[c].append({"role": "user", "content": question})
+        tok: Any = self.engine.tokenizer
+        text = tok.apply_chat_template(self.history[c], add_generation_prompt=True, tokenize=False)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        params = SamplingParams(
+            max_tokens=self.max_tokens, temperature=0.7, top_p=0.95, ignore_eos=True
+        )
+        self.engine.add_request(ids, params, f"c{c}-{turn}")
+        self.reply[c] = []
+
+    def take(self, deltas: list[Any]) -> None:
+        for d in deltas:
+            c = int(d.request_id[1:].split("-")[0])
+            if d.text_job is not None:
+                d.resolve_text()
+            self.reply[c].append(d.text or "")
+            if d.finished:
+                self.output_tokens += d.figures.output_tokens if d.figures else 0
+                self.history[c].append({"role": "assistant", "content": "".join(self.reply[c])})
+                self.turn[c] += 1
+                if self.turn[c] < self.turns:
+                    self._ask(c)
+
+
+def run_once(engine: LLMEngine, streams: int, turns: int, max_tokens: int) -> dict[str, Any]:
+    chats = Conversations(engine, streams, turns, max_tokens)
+    steps: dict[str, list[tuple[float, int]]] = {"decode": [], "mixed": []}
+    start = time.perf_counter()
+    while engine.has_work():
+        t0 = time.perf_counter()
+        deltas = engine.step()
+        took = time.perf_counter() - t0
+        last = engine.last_step
+        rows, tokens = int(last["batch_size"]), int(last["tokens"])
+        steps["decode" if tokens == rows else "mixed"].append((took, rows))
+        chats.take(deltas)
+    wall = time.perf_counter() - start
+    out: dict[str, Any] = {"tok_s": chats.output_tokens / wall, "seconds": wall}
+    for kind, v in steps.items():
+        out[f"{kind}_steps"] = len(v)
+        out[f"{kind}_ms"] = 1000 * statistics.mean(t for t, _ in v) if v else 0.0
+        out[f"{kind}_rows"] = statistics.mean(r for _, r in v) if v else 0.0
+    return out
+
+
+def _cell(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default="")
+    ap.add_argument("--streams", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--json", default="bench_chat_engine.json")
+    args = ap.parse_args()
+    engine = LLMEngine(EngineConfig(model=args.model or str(default_model_path())))
+    engine.defer_text = True  # as the async front runs it
+    freeze_loaded()
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in args.streams}
+    for _ in range(args.repeat):
+        for n in args.streams:
+            engine.kv.reset_prefix_cache()  # each run's conversations start cold
+            runs[n].append(run_once(engine, n, args.turns, args.max_tokens))
+    print(f"{platform.machine()}; {args.turns} turns of {args.max_tokens} tokens; "
+          f"median (min-max) of {args.repeat}")  # fmt: skip
+    print("| streams | tok/s | decode-only steps | ms | rows | mixed steps | ms | rows |")
+    print("|---:|---|---|---|---|---|---|---|")
+    for n, rs in runs.items():
+        cells = [_cell([r[k] for r in rs]) for k in (
+            "tok_s", "decode_steps", "decode_ms", "decode_rows", "mixed_steps", "mixed_ms",
+            "mixed_rows")]  # fmt: skip
+        print(f"| {n} | " + " | ".join(cells) + " |")
+    with open(args.json, "w") as f:
+        json.dump({"args": vars(args), "runs": runs}, f, indent=1)
+    print(f"json: {args.json}")
+
+
+if __name__ == "__main__":
+    main()

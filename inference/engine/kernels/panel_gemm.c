@@ -49,7 +49,8 @@ static inline void panel_scales(const Q4Matrix *W, size_t gb, float *d, float *m
 
 /* int16 pairs [K / 2][16] (lane c: q(k) | q(k + 1) << 16), then float32 d [nb][16] and
  * m [nb][16]. */
-static void panel_q4(const Q4Matrix *W, int g, int h, int32_t *panel) {
+static void panel_q4(const void *w, int g, int h, int32_t *panel) {
+    const Q4Matrix *W = (const Q4Matrix *)w;
     const int nb = W->k / QK;
     const __m256i lo = _mm256_set1_epi32(0x0F), hi = _mm256_set1_epi32(0x0F0000);
     float *ds = (float *)(panel + (size_t)W->k / 2 * NR), *ms = ds + (size_t)nb * NR;
@@ -185,7 +186,8 @@ static inline __m256i add_into(__m256i acc, __m256i v) {
 /* y[r, n0 .. n0 + 15] for rows r0 .. r0 + rows - 1 (rows <= MR); a short tile repeats
  * its last row and stores only its own. Written out for 4 rows: 8 sums, 2 weights, 1 x and
  * a product in flight fill AVX2's 16 registers without copies. */
-static void tile(const PanelTask *t, const int32_t *panel, int r0, int rows, int n0) {
+static void tile(const void *task, const int32_t *panel, int r0, int rows, int n0) {
+    const PanelTask *t = (const PanelTask *)task;
     const int K = t->w->k, N = t->w->n, nb = K / QK;
     const float *ds = (const float *)(panel + (size_t)K / 2 * NR), *ms = ds + (size_t)nb * NR;
     float acc[MR][NR] __attribute__((aligned(32)));
@@ -234,36 +236,50 @@ static inline __m512i dp_into(__m512i acc, __m512i w, const int16_t *pair) {
     return acc;
 }
 
-static void tile512(const PanelTask *t, const int32_t *panel, int r0, int rows, int n0) {
-    const int K = t->w->k, N = t->w->n, nb = K / QK;
-    const float *ds = (const float *)(panel + (size_t)K / 2 * NR), *ms = ds + (size_t)nb * NR;
-    const int16_t *x[MR512];
-    size_t row[MR512];
-    __m512 acc[MR512];
+/* The 8 rows of a tile from r0; a short tile repeats its last row (and stores only its own). */
+static inline void tile_rows(int r0, int rows, size_t row[MR512]) {
+    for (int r = 0; r < MR512; r++) row[r] = (size_t)(r0 + (r < rows ? r : rows - 1));
+}
+
+/* Block b's integer sums into the rows' float sums: acc += s * d * dx (+ m * sx where the
+ * weights have offsets: sx not NULL). ds, ms: the panel's scales [nb][16]. */
+static inline __attribute__((always_inline)) void add_block512(
+    __m512 acc[MR512], const __m512i s[MR512], const float *ds, const float *ms,
+    const size_t row[MR512], int nb, int b, const float *dx, const float *sx) {
+    const __m512 d = _mm512_load_ps(ds + b * NR), m = _mm512_load_ps(ms + b * NR);
     for (int r = 0; r < MR512; r++) {
-        row[r] = (size_t)(r0 + (r < rows ? r : rows - 1));
-        x[r] = t->q.qx + row[r] * K;
-        acc[r] = _mm512_setzero_ps();
+        const size_t rb = row[r] * nb + b;
+        const __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r]),
+                                         _mm512_mul_ps(d, _mm512_set1_ps(dx[rb])), acc[r]);
+        acc[r] = sx ? _mm512_fmadd_ps(m, _mm512_set1_ps(sx[rb]), a) : a;
     }
+}
+
+static inline void store_tile512(float *y, int N, int n0, int r0, int rows, const __m512 acc[MR512]) {
+    const __mmask16 keep = n0 + NR <= N ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
+    for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(y + (size_t)(r0 + r) * N + n0, keep, acc[r]);
+}
+
+static void tile512(const void *task, const int32_t *panel, int r0, int rows, int n0) {
+    const PanelTask *t = (const PanelTask *)task;
+    const int K = t->w->k, nb = K / QK;
+    const float *ds = (const float *)(panel + (size_t)K / 2 * NR), *ms = ds + (size_t)nb * NR;
+    size_t row[MR512];
+    tile_rows(r0, rows, row);
+    __m512 acc[MR512];
+    for (int r = 0; r < MR512; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         __m512i s[MR512];
         for (int r = 0; r < MR512; r++) s[r] = _mm512_setzero_si512();
         const int32_t *wb = panel + (size_t)b * (QK / 2) * NR;
         for (int p = 0; p < QK / 2; p++) {
             const __m512i w = _mm512_load_si512((const void *)(wb + p * NR));
-            for (int r = 0; r < MR512; r++) s[r] = dp_into(s[r], w, x[r] + b * QK + 2 * p);
+            for (int r = 0; r < MR512; r++)
+                s[r] = dp_into(s[r], w, t->q.qx + row[r] * K + b * QK + 2 * p);
         }
-        const __m512 d = _mm512_load_ps(ds + b * NR), m = _mm512_load_ps(ms + b * NR);
-        for (int r = 0; r < MR512; r++) {
-            const size_t rb = row[r] * nb + b;
-            const __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r]),
-                                             _mm512_mul_ps(d, _mm512_set1_ps(t->q.dx[rb])), acc[r]);
-            acc[r] = t->offsets ? _mm512_fmadd_ps(m, _mm512_set1_ps(t->q.sx[rb]), a) : a;
-        }
+        add_block512(acc, s, ds, ms, row, nb, b, t->q.dx, t->offsets ? t->q.sx : NULL);
     }
-    const __mmask16 keep = n0 + NR <= N ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
-    for (int r = 0; r < rows; r++)
-        _mm512_mask_storeu_ps(t->y + (size_t)(r0 + r) * N + n0, keep, acc[r]);
+    store_tile512(t->y, t->w->n, n0, r0, rows, acc);
 }
 #endif
 
@@ -288,23 +304,35 @@ static void *panel_of(size_t need) {
     return tls_panel;
 }
 
+/* Fills half h (8 columns) of a panel from group g of the weights `w`. */
+typedef void (*fill_fn)(const void *w, int g, int h, int32_t *panel);
+/* Rows r0 .. r0 + rows - 1 of the task's output, for the panel's 16 columns from n0. */
+typedef void (*tile_fn)(const void *task, const int32_t *panel, int r0, int rows, int n0);
+
+/* Chunk c of a product: its 16 columns (groups 2c and 2c + 1 of the kernel layout)
+ * unpacked into this thread's panel of `need` bytes, then every tile of `tile_rows` rows.
+ * 0, or -1 out of memory. */
+static int panel_pass(const void *task, const void *w, int n, int rows, int c, size_t need,
+                      fill_fn fill, tile_fn tile, int tile_rows) {
+    const int n0 = c * NR, groups = (n + GROUP - 1) / GROUP;
+    int32_t *panel = (int32_t *)panel_of(need);
+    if (!panel) return -1;
+    /* a second group past the matrix's: zero weights (its outputs are never stored) */
+    if (n0 / GROUP + 1 >= groups) memset(panel, 0, need);
+    for (int h = 0; h < 2 && n0 / GROUP + h < groups; h++) fill(w, n0 / GROUP + h, h, panel);
+    for (int r0 = 0; r0 < rows; r0 += tile_rows)
+        tile(task, panel, r0, rows - r0 < tile_rows ? rows - r0 : tile_rows, n0);
+    return 0;
+}
+
+/* The 16-bit panels' bytes: the pairs, 2 bytes a weight, then d and m: 4 bytes a column
+ * and block each. */
+static size_t panel16_bytes(int K) { return (size_t)K * NR * 2 + (size_t)K / QK * NR * 8; }
+
 static void panel_chunk(void *arg, int c) {
     PanelTask *t = (PanelTask *)arg;
-    const int K = t->w->k, n0 = c * NR, groups = (t->w->n + GROUP - 1) / GROUP;
-    /* the pairs, 2 bytes a weight, then d and m: 4 bytes a column and block each */
-    const size_t need = (size_t)K * NR * 2 + (size_t)K / QK * NR * 8;
-    if (!panel_of(need)) {
+    if (panel_pass(t, t->w, t->w->n, t->rows, c, panel16_bytes(t->w->k), panel_q4, TILE, TILE_ROWS))
         atomic_store(&t->failed, 1);
-        return;
-    }
-    /* a second group past the matrix's: zero weights (its outputs are never stored) */
-    if (n0 / GROUP + 1 >= groups) memset(tls_panel, 0, need);
-    for (int h = 0; h < 2 && n0 / GROUP + h < groups; h++)
-        panel_q4(t->w, n0 / GROUP + h, h, (int32_t *)tls_panel);
-    for (int r0 = 0; r0 < t->rows; r0 += TILE_ROWS) {
-        const int rows = t->rows - r0 < TILE_ROWS ? t->rows - r0 : TILE_ROWS;
-        TILE(t, (const int32_t *)tls_panel, r0, rows, n0);
-    }
 }
 
 /* y [rows, N] = x [rows, K] @ W.T for Q4_1 W in the kernel layout, x at 16 bits a block
@@ -351,7 +379,8 @@ int q4_1_gemm_i16(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N
  * instruction, twice vpdpwssd's. Same activations (quant_gemm.c's per-block int8, scale
  * max|x| / 127) and same integer sums: only the float sums' order differs. */
 #if HAVE_I16_VNNI
-static void panel_q4_u8(const Q4Matrix *W, int g, int h, int32_t *panel) {
+static void panel_q4_u8(const void *w, int g, int h, int32_t *panel) {
+    const Q4Matrix *W = (const Q4Matrix *)w;
     const int nb = W->k / QK;
     const __m256i lo = _mm256_set1_epi8(0x0F);
     float *ds = (float *)(panel + (size_t)W->k / 4 * NR), *ms = ds + (size_t)nb * NR;
@@ -385,61 +414,42 @@ static inline __m512i dpb_into(__m512i acc, __m512i w, const int8_t *quad) {
     return acc;
 }
 
-static void tile512_u8(const Panel8Task *t, const int32_t *panel, int r0, int rows, int n0) {
-    const int K = t->w->k, N = t->w->n, nb = K / QK;
+static void tile512_u8(const void *task, const int32_t *panel, int r0, int rows, int n0) {
+    const Panel8Task *t = (const Panel8Task *)task;
+    const int K = t->w->k, nb = K / QK;
     const float *ds = (const float *)(panel + (size_t)K / 4 * NR), *ms = ds + (size_t)nb * NR;
-    const int8_t *x[MR512];
     size_t row[MR512];
+    tile_rows(r0, rows, row);
     __m512 acc[MR512];
-    for (int r = 0; r < MR512; r++) {
-        row[r] = (size_t)(r0 + (r < rows ? r : rows - 1));
-        x[r] = t->qx + row[r] * K;
-        acc[r] = _mm512_setzero_ps();
-    }
+    for (int r = 0; r < MR512; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         __m512i s[MR512];
         for (int r = 0; r < MR512; r++) s[r] = _mm512_setzero_si512();
         const int32_t *wb = panel + (size_t)b * (QK / 4) * NR;
         for (int i = 0; i < QK / 4; i++) {
             const __m512i w = _mm512_load_si512((const void *)(wb + i * NR));
-            for (int r = 0; r < MR512; r++) s[r] = dpb_into(s[r], w, x[r] + b * QK + 4 * i);
+            for (int r = 0; r < MR512; r++)
+                s[r] = dpb_into(s[r], w, t->qx + row[r] * K + b * QK + 4 * i);
         }
-        const __m512 d = _mm512_load_ps(ds + b * NR), m = _mm512_load_ps(ms + b * NR);
-        for (int r = 0; r < MR512; r++) {
-            const size_t rb = row[r] * nb + b;
-            const __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r]),
-                                             _mm512_mul_ps(d, _mm512_set1_ps(t->dx[rb])), acc[r]);
-            acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(t->sx[rb]), a);
-        }
+        add_block512(acc, s, ds, ms, row, nb, b, t->dx, t->sx);
     }
-    const __mmask16 keep = n0 + NR <= N ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
-    for (int r = 0; r < rows; r++)
-        _mm512_mask_storeu_ps(t->y + (size_t)(r0 + r) * N + n0, keep, acc[r]);
+    store_tile512(t->y, t->w->n, n0, r0, rows, acc);
 }
 
 static void panel8_chunk(void *arg, int c) {
     Panel8Task *t = (Panel8Task *)arg;
-    const int K = t->w->k, n0 = c * NR, groups = (t->w->n + GROUP - 1) / GROUP;
     /* a byte a weight, then d and m: 4 bytes a column and block each */
-    const size_t need = (size_t)K * NR + (size_t)K / QK * NR * 8;
-    int32_t *panel = (int32_t *)panel_of(need);
-    if (!panel) {
+    const size_t need = (size_t)t->w->k * NR + (size_t)t->w->k / QK * NR * 8;
+    if (panel_pass(t, t->w, t->w->n, t->rows, c, need, panel_q4_u8, tile512_u8, MR512))
         atomic_store(&t->failed, 1);
-        return;
-    }
-    if (n0 / GROUP + 1 >= groups) memset(panel, 0, need);
-    for (int h = 0; h < 2 && n0 / GROUP + h < groups; h++) panel_q4_u8(t->w, n0 / GROUP + h, h, panel);
-    for (int r0 = 0; r0 < t->rows; r0 += MR512) {
-        const int rows = t->rows - r0 < MR512 ? t->rows - r0 : MR512;
-        tile512_u8(t, panel, r0, rows, n0);
-    }
 }
 #endif
 
 #if HAVE_I16_VNNI
 /* The head's Q8_0 blocks as tile512's panel: the int8 pairs (k, k + 1) widened to int16
  * pairs, d in float32 and m zero (t->offsets off). */
-static void panel_q8(const Q8Matrix *W, int g, int h, int32_t *panel) {
+static void panel_q8(const void *w, int g, int h, int32_t *panel) {
+    const Q8Matrix *W = (const Q8Matrix *)w;
     const int nb = W->k / QK;
     float *ds = (float *)(panel + (size_t)W->k / 2 * NR), *ms = ds + (size_t)nb * NR;
     for (int b = 0; b < nb; b++) {
@@ -456,19 +466,8 @@ static void panel_q8(const Q8Matrix *W, int g, int h, int32_t *panel) {
 
 static void panel16_q8_chunk(void *arg, int c) {
     PanelTask *t = (PanelTask *)arg;
-    const int K = t->w->k, n0 = c * NR, groups = (t->w->n + GROUP - 1) / GROUP;
-    const size_t need = (size_t)K * NR * 2 + (size_t)K / QK * NR * 8;
-    int32_t *panel = (int32_t *)panel_of(need);
-    if (!panel) {
+    if (panel_pass(t, t->w8, t->w->n, t->rows, c, panel16_bytes(t->w->k), panel_q8, tile512, MR512))
         atomic_store(&t->failed, 1);
-        return;
-    }
-    if (n0 / GROUP + 1 >= groups) memset(panel, 0, need);
-    for (int h = 0; h < 2 && n0 / GROUP + h < groups; h++) panel_q8(t->w8, n0 / GROUP + h, h, panel);
-    for (int r0 = 0; r0 < t->rows; r0 += MR512) {
-        const int rows = t->rows - r0 < MR512 ? t->rows - r0 : MR512;
-        tile512(t, panel, r0, rows, n0);
-    }
 }
 #endif
 

@@ -43,17 +43,20 @@ HEAD = (49152, 576)
 
 
 @contextmanager
-def _amx_rows(lib: Any, layers: int, head: int) -> Iterator[None]:
-    """The products' AMX row limits set for a measurement (0: never), then put back."""
-    lib.set_amx_min_rows(layers, head)
+def _row_limits(lib: Any, amx: tuple[int, int], panel: tuple[int, int]) -> Iterator[None]:
+    """The products' AMX and 512-bit tile row limits, (layers, head) each, set for a
+    measurement (0: never), then put back as the kernels set them at load."""
+    lib.set_amx_min_rows(*amx)
+    lib.set_panel_min_rows(*panel)
     try:
         yield
     finally:
         if kernels.amx_available():
             lib.set_amx_min_rows(*kernels.amx_min_rows())
+        lib.set_panel_min_rows(*kernels.panel_min_rows(kernels.amx_available()))
 
 
-def layer_only(kinds: list[str]) -> list[str]:
+def head_kinds(kinds: list[str]) -> list[str]:
     """The kinds that have a head product of their own."""
     return [k for k in kinds if k not in ("bf16", "i16")]
 
@@ -128,15 +131,12 @@ def run(rows: list[int], threads: list[int], repeat: int, kinds: list[str]) -> d
             pairs = zip(packed, SHAPES * LAYERS, strict=True)
             return fbgemm_once([(xs[k], w) for w, (_, k) in pairs], t)
         # int8 alone: the native path's product moves to AMX's tiles from AMX_MIN_ROWS rows.
-        with _amx_rows(lib, 0, 0):
-            lib.set_panel_min_rows(*((1, 1) if kind == "panel" else (0, 0)))
+        with _row_limits(lib, (0, 0), (1, 1) if kind == "panel" else (0, 0)):
             start = time.perf_counter()
             for m in layers:
                 kernels.q4_1_gemm(lib, m.qs, m.d, m.m, xs[m.shape[1]], m.n,
                                   kind="int8" if kind == "panel" else kind)  # fmt: skip
-            elapsed = time.perf_counter() - start
-            lib.set_panel_min_rows(*kernels.panel_min_rows(kernels.amx_available()))
-            return elapsed
+            return time.perf_counter() - start
 
     def head_once(r: int, kind: str, t: int) -> float:
         x = torch.randn(r, HEAD[1])
@@ -145,17 +145,15 @@ def run(rows: list[int], threads: list[int], repeat: int, kinds: list[str]) -> d
         if kind == "fbgemm":
             return fbgemm_once([(x, packed_head)], t)
         # int8: the 16-bit activations' kernel alone; amx: the tiles at any rows.
-        with _amx_rows(lib, 0, 1 if kind == "amx" else 0):
-            lib.set_panel_min_rows(*((1, 1) if kind == "panel" else (0, 0)))
+        amx = (0, 1 if kind == "amx" else 0)
+        with _row_limits(lib, amx, (1, 1) if kind == "panel" else (0, 0)):
             start = time.perf_counter()
             kernels.q8_0_gemm(lib, head.qs, head.d, x, head.n)
-            elapsed = time.perf_counter() - start
-            lib.set_panel_min_rows(*kernels.panel_min_rows(kernels.amx_available()))
-            return elapsed
+            return time.perf_counter() - start
 
     cases = [(t, r) for t in threads for r in rows]
-    head_kinds = layer_only(kinds)
-    parts = [f"layers:{k}" for k in kinds] + [f"head:{k}" for k in head_kinds]
+    heads = head_kinds(kinds)
+    parts = [f"layers:{k}" for k in kinds] + [f"head:{k}" for k in heads]
     times: dict[tuple[int, int], dict[str, list[float]]] = {
         c: {p: [] for p in parts} for c in cases
     }
@@ -165,7 +163,7 @@ def run(rows: list[int], threads: list[int], repeat: int, kinds: list[str]) -> d
                 kernels.set_threads(t)
                 for kind in kinds if rep % 2 == 0 else kinds[::-1]:
                     times[(t, r)][f"layers:{kind}"].append(layers_once(r, kind, t))
-                for kind in head_kinds:
+                for kind in heads:
                     times[(t, r)][f"head:{kind}"].append(head_once(r, kind, t))
     finally:
         kernels.set_threads(None)
@@ -217,9 +215,9 @@ def main() -> None:
         f"{r['cpus']} CPUs, load (1 min) {r['load_before']:.2f}; layers {r['layer_mb']:.1f} MB, "
         f"head {r['head_mb']:.1f} MB; ms per step's worth, median (min-max), GB/s at the median"
     )
-    head_kinds = layer_only(r["kinds"])
-    parts = [f"layers:{k}" for k in r["kinds"]] + [f"head:{k}" for k in head_kinds]
-    names = [f"30 layers, {k}" for k in r["kinds"]] + [f"head, {k}" for k in head_kinds]
+    heads = head_kinds(r["kinds"])
+    parts = [f"layers:{k}" for k in r["kinds"]] + [f"head:{k}" for k in heads]
+    names = [f"30 layers, {k}" for k in r["kinds"]] + [f"head, {k}" for k in heads]
     print(
         "| threads | rows | "
         + " | ".join(f"{n} | GB/s" for n in names)

@@ -1,11 +1,12 @@
 """The garbage collector and a long-lived engine: what startup loaded stays out of its passes.
 
 Python's full collection walks every object the collector tracks. A served engine's process
-holds ~300,000 of them from startup (torch, transformers, the model, the web framework), and
-a step's allocations (deltas, their text jobs) set off a full pass every few hundred steps
-under load: 100-200 ms each on a 2-core Zen 4, every stream stalled meanwhile (a 64-stream
-decode step is ~70 ms). Frozen, those objects sit in the collector's permanent generation
-and a full pass walks only what came after them, as vLLM's engine does after startup.
+holds ~400,000 of them from startup (torch, transformers, the model, the web framework), and
+a step's allocations (deltas, their text jobs) set off a full pass every few minutes under
+load: 240-356 ms each on a 2-core Zen 4, every stream stalled meanwhile (a 64-user step is
+~150 ms). Frozen, those objects sit in the collector's permanent generation and a full pass
+walks only what came after them, as vLLM's engine does after startup: 41-68 ms then
+(docs/performance.md).
 """
 
 from __future__ import annotations

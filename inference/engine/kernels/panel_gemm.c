@@ -145,13 +145,12 @@ static inline void store_tile_row(float *y, int N, int n0, __m256 a, __m256 b) {
 }
 
 typedef struct {
-    const Q4Matrix *w; /* Q8_0's head: its shape alone (q8_panel) */
+    const Q4Matrix *w; /* Q8_0's head: its shape alone (q8_panel16_matmul) */
     Rows16 q;
     int rows;
     float *y;
-    atomic_int failed; /* a thread's panel could not be had */
-    int offsets;       /* whether the weights have Q4_1's m (Q8_0's have none) */
-    const Q8Matrix *w8;
+    atomic_int failed;  /* a thread's panel could not be had */
+    const Q8Matrix *w8; /* the head's Q8_0 weights (no offsets m), or NULL for Q4_1's */
 } PanelTask;
 
 /* One row's block of integer sums into its float sums: acc += s * d * dx + m * sx. */
@@ -277,7 +276,7 @@ static void tile512(const void *task, const int32_t *panel, int r0, int rows, in
             for (int r = 0; r < MR512; r++)
                 s[r] = dp_into(s[r], w, t->q.qx + row[r] * K + b * QK + 2 * p);
         }
-        add_block512(acc, s, ds, ms, row, nb, b, t->q.dx, t->offsets ? t->q.sx : NULL);
+        add_block512(acc, s, ds, ms, row, nb, b, t->q.dx, t->w8 ? NULL : t->q.sx);
     }
     store_tile512(t->y, t->w->n, n0, r0, rows, acc);
 }
@@ -339,7 +338,7 @@ static void panel_chunk(void *arg, int c) {
  * against the weights' integers; -2 for a K that is not whole blocks, -1 out of memory. */
 static int q4_panel_matmul(const Q4Matrix *w, const float *x, int rows, float *y, int nthreads) {
     if (w->k % QK || w->n <= 0 || rows <= 0) return -2;
-    PanelTask t = {w, {NULL, NULL, NULL}, rows, y, 0, 1, NULL};
+    PanelTask t = {w, {NULL, NULL, NULL}, rows, y, 0, NULL};
     int rc = rows16(x, rows, w->k, &t.q);
     if (!rc) {
         pool_run(panel_chunk, &t, (w->n + NR - 1) / NR, nthreads);
@@ -447,7 +446,7 @@ static void panel8_chunk(void *arg, int c) {
 
 #if HAVE_I16_VNNI
 /* The head's Q8_0 blocks as tile512's panel: the int8 pairs (k, k + 1) widened to int16
- * pairs, d in float32 and m zero (t->offsets off). */
+ * pairs, d in float32 and m zero (t->w8 set: the tile adds no offsets). */
 static void panel_q8(const void *w, int g, int h, int32_t *panel) {
     const Q8Matrix *W = (const Q8Matrix *)w;
     const int nb = W->k / QK;
@@ -474,7 +473,7 @@ static void panel16_q8_chunk(void *arg, int c) {
 int q8_panel16_matmul(const Q8Matrix *w, const float *x, int rows, float *y, int nthreads) {
 #if HAVE_I16_VNNI
     const Q4Matrix shape = {NULL, NULL, NULL, w->n, w->k};
-    PanelTask t = {&shape, {NULL, NULL, NULL}, rows, y, 0, 0, w};
+    PanelTask t = {&shape, {NULL, NULL, NULL}, rows, y, 0, w};
     int rc = rows16(x, rows, w->k, &t.q);
     if (!rc) {
         pool_run(panel16_q8_chunk, &t, (w->n + NR - 1) / NR, nthreads);

@@ -80,8 +80,13 @@ def submit(task: Task, *args: Any) -> None:
     else:
 
         def run() -> None:
+            # Nobody waits on this thread's future: a failure not logged here is lost.
             try:
-                task.apply(args)
+                result = task.apply(args)
+                if result.failed():
+                    log.error("in-process task %s%r failed: %r", task.name, args, result.result)
+            except Exception:
+                log.exception("in-process task %s%r failed", task.name, args)
             finally:
                 close_old_connections()
 
@@ -116,8 +121,9 @@ def start(kind: str, user: Any = None, params: dict[str, Any] | None = None) -> 
 def run(job_id: int, work: Callable[[Job], dict[str, Any] | None]) -> dict[str, Any]:
     """Run a Job's work, keeping its status, times and (on failure) the error in its row."""
     job = Job.objects.get(pk=job_id)
-    Job.objects.filter(pk=job.pk).update(status=Job.Status.RUNNING, started_at=timezone.now())
     try:
+        # Inside the try: a job whose start cannot be written ends failed, never queued forever.
+        Job.objects.filter(pk=job.pk).update(status=Job.Status.RUNNING, started_at=timezone.now())
         result = work(job)
     except Exception as exc:
         log.exception("%s job %s failed", job.kind, job.pk)

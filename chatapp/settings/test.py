@@ -1,11 +1,13 @@
 """Settings for the test suite."""
 
 import os
+import tempfile
+from pathlib import Path
 
 import dj_database_url
 
 from chatapp.settings.base import *  # noqa: F403
-from chatapp.settings.base import ENGINE
+from chatapp.settings.base import DATABASES, ENGINE
 
 # The Redis KV tier stays on under tests (as in docker compose), in a namespace of this test
 # run, so that what an earlier run left in Redis never shows up in cached-token counts.
@@ -40,3 +42,11 @@ if os.environ.get("TEST_DATABASE_URL"):
     # One test database per run, so two runs on one server (two checkouts, CI beside a
     # developer) never drop each other's.
     DATABASES["default"]["TEST"] = {"NAME": f"test_chatapp_{os.getpid()}"}
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # A file, as deployed (WAL, a busy timeout: base.py). Django's default SQLite test
+    # database is in memory with one cache shared by its connections, where a write that
+    # meets another connection's read fails at once ("database table is locked") instead
+    # of waiting: a job or streaming thread of a test lost writes no deployment loses.
+    DATABASES["default"]["TEST"] = {
+        "NAME": str(Path(tempfile.gettempdir()) / f"test_chatapp_{os.getpid()}.sqlite3")
+    }

@@ -284,3 +284,34 @@ def test_generation_jobs_are_not_queued_in_embedded_mode(settings, args) -> None
     Conversation.objects.create(pk=1, owner=user, title="t")
     with pytest.raises(CommandError, match=r"only the web process has the engine.*--now"):
         call_command("run_job", *args, stdout=StringIO())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_no_broker_a_job_that_fails_to_start_ends_failed_and_is_logged(
+    settings, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A job's background thread has nobody waiting on it: when even marking the job
+    running fails, the job ends failed with the error, never queued forever."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db.models import QuerySet
+
+    from chatapp.jobs import queue
+
+    long = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offline-long-job")
+    monkeypatch.setattr(queue, "_in_process_long", long)
+    settings.OBS_BACKGROUND = True
+    settings.BENCH_COMMAND = f"{{python}} {FAKE_BENCH}"
+    real_update = QuerySet.update
+
+    def refuse_running(self, **kwargs):  # type: ignore[no-untyped-def]
+        if kwargs.get("status") == Job.Status.RUNNING:
+            raise RuntimeError("the database refused the write")
+        return real_update(self, **kwargs)
+
+    monkeypatch.setattr(QuerySet, "update", refuse_running)
+    job = queue.start(Job.Kind.BENCHMARK)
+    long.submit(lambda: None).result(timeout=60)
+    long.shutdown()
+    row = Job.objects.get(pk=job.pk)
+    assert row.status == "failed" and "the database refused the write" in row.log

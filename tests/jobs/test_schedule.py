@@ -56,7 +56,9 @@ def test_with_a_broker_beat_and_the_web_process_split_the_schedule() -> None:
     }
 
 
-@pytest.mark.django_db
+# transaction=True: run_due closes the thread's connection after each task, as the
+# scheduler's own thread must; inside a test's transaction that would end the test's.
+@pytest.mark.django_db(transaction=True)
 def test_an_entry_runs_once_its_period_has_passed(settings) -> None:  # type: ignore[no-untyped-def]
     schedule = {"rollup": {"task": "inference.rollup", "schedule": 60.0}}
     scheduler = Scheduler(schedule, now=1000.0)
@@ -68,7 +70,12 @@ def test_an_entry_runs_once_its_period_has_passed(settings) -> None:  # type: ig
 
 @pytest.mark.django_db(transaction=True)
 async def test_recording_a_request_starts_no_thread(settings) -> None:  # type: ignore[no-untyped-def]
+    from asgiref.sync import sync_to_async
+
     settings.OBS_BACKGROUND = True
+    # asgiref's thread for database calls exists in every served process; a test run
+    # alone has not made it yet.
+    await sync_to_async(lambda: None)()
     before = {t.name for t in threading.enumerate()}
     await recording.record_request("chat", "r1", None, "stop")
     assert {t.name for t in threading.enumerate()} - before <= {"asyncio_0"}

@@ -32,8 +32,10 @@ fi
 if [ -f frontend/package.json ]; then
   (cd frontend && npm test --silent) || status=$?
 fi
-# pytest exits 5 when it collected no tests: that is a failure here, not a pass.
-.venv/bin/python -m pytest "$@" || status=$?
+# pytest exits 5 when it collected no tests: that is a failure here, not a pass. The 25
+# slowest test phases are listed at the end: where a run's time went (the aim is under 30
+# minutes for the whole of make test).
+.venv/bin/python -m pytest --durations=25 "$@" || status=$?
 # The chat, API and reliability tests again on PostgreSQL, the database docker compose
 # deploys (NUL handling, races and locking differ from SQLite). Only the tests that use the
 # test database run (tests/conftest.py); pytest-django makes and drops its own test_

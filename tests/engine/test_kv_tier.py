@@ -380,3 +380,41 @@ def test_a_salted_conversation_is_restored_for_its_owner_only(tier_engine, store
     # And the turn after that finds it all in memory.
     _, later = _generate(restarted, [*turn2, 5, 6, 7], cache_salt="alice")
     assert later.cached_tokens >= len(turn2) // 8 * 8
+
+
+def _busy_engine(engine: LLMEngine) -> tuple[list[list[int]], int]:
+    """WRITE_BACK_BUSY_SEQS + 2 requests at once, the first two short: stepped until those
+    two finish, while the rest still run. The prompts, and the full blocks of the short two."""
+    from inference.engine.engine import WRITE_BACK_BUSY_SEQS
+
+    prompts = [_prompt(24, seed=40 + i) for i in range(WRITE_BACK_BUSY_SEQS + 2)]
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, greedy(3 if i < 2 else 30, ignore_eos=True), request_id=f"r{i}")
+    finished: set[str] = set()
+    while not {"r0", "r1"} <= finished:
+        finished.update(d.request_id for d in engine.step() if d.finish_reason is not None)
+    assert len(engine.seqs) == len(prompts) - 2
+    return prompts, 2 * ((24 + 3 - 1) // 8)
+
+
+def test_while_busy_finished_blocks_wait_and_reach_redis_once_quiet(tier_engine, store, namespace):
+    engine = tier_engine()
+    prompts, short_blocks = _busy_engine(engine)
+    assert engine.kv_tier is not None and engine.kv_tier.flush(5)
+    assert len(engine._deferred) == short_blocks and not _entries(store, namespace)
+    run_to_completion(engine)  # the engine goes quiet: everything is written
+    assert engine.kv_tier.flush(5) and not engine._deferred
+    assert len(_entries(store, namespace)) == short_blocks + (len(prompts) - 2) * (
+        (24 + 30 - 1) // 8
+    )
+    # And restored from there by another engine.
+    _, figures = _generate(tier_engine(), [*prompts[0], 7, 7, 7, 7, 7, 7, 7, 7, 7])
+    assert figures.cached_tokens_redis == 24
+
+
+def test_blocks_still_waiting_at_close_are_written(tier_engine, store, namespace):
+    engine = tier_engine()
+    _, short_blocks = _busy_engine(engine)
+    assert len(engine._deferred) == short_blocks
+    engine.close(flush_timeout=10)
+    assert len(_entries(store, namespace)) >= short_blocks

@@ -241,7 +241,8 @@ def test_native_decode_steps_give_the_torch_paths_tokens(make_engine):
 @needs_kernels
 def test_decode_rows_attend_over_many_blocks_like_the_torch_path(make_engine):
     """Decode rows alone attend block by block, a row's query heads that share a KV head one
-    after the other on one core, the values summed in registers: over contexts of 17 to
+    after the other on one core, the values summed in registers (on 512-bit vectors where
+    the kernels are built for AVX512: this model's head_dim is 16): over contexts of 17 to
     ~160 positions (whole and partial blocks, many blocks a row), greedy tokens equal the
     torch path's."""
     prompts = [[3 + (5 * i + j) % 400 for j in range(n)] for i, n in enumerate((17, 33, 100, 131))]

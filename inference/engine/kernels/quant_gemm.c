@@ -772,6 +772,111 @@ typedef struct {
 static __thread float *tls_scores;
 static __thread int tls_scores_cap;
 
+#if defined(__AVX512F__)
+/* 2^x for x in [-126, 0] (exp's argument scaled by log2(e)): x = n + f with |f| <= 1/2, 2^f
+ * by its Taylor series to f^6 (relative error ~1e-7, expf's order), times 2^n by scalef. */
+static inline __m512 exp2_512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-126.0f));
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_mul_ps(_mm512_sub_ps(x, n), _mm512_set1_ps(0.69314718f));
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* 16 vectors' sums in one vector (r[j] = the sum of a[j]'s elements): pairs, then quads
+ * within 128-bit lanes, then across lanes, ~3 instructions a vector where a horizontal sum
+ * each took ~8. */
+static inline __m512 sum16x16(__m512 a[16]) {
+    __m512 b[8], c[4];
+    for (int k = 0; k < 8; k++)
+        b[k] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * k], a[2 * k + 1]),
+                             _mm512_unpackhi_ps(a[2 * k], a[2 * k + 1]));
+    for (int m = 0; m < 4; m++)
+        c[m] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * m], b[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(b[2 * m], b[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* attention_single where head_dim is a multiple of 16 up to 128, on 512-bit vectors: the
+ * query in registers, 16 positions' scores reduced together (sum16x16), the exponentials
+ * 16 at a time (exp2_512), the weighted values summed over even and odd positions apart
+ * (two chains of adds). The scores are the same dot products summed in another order. */
+static void attention_single512(AttnTask *t, int r, int head, float *scores) {
+    const LayerShape *s = t->s;
+    const int d = s->head_dim, hq = s->heads, hkv = s->kv_heads, bs = s->block_size;
+    const int nd = d / 16, nqkv = (hq + 2 * hkv) * d, ctx = (int)t->positions[r] + 1;
+    const size_t head_stride = (size_t)s->num_blocks * bs * d;
+    const float *qp = t->qkv + (size_t)r * nqkv + head * d;
+    const int64_t *table = t->block_tables + (size_t)r * t->table_width;
+    const int g = head / (hq / hkv);
+    const float *keys = t->pool + g * head_stride, *vals = t->pool + (hkv + g) * head_stride;
+    __m512 q[8];
+    for (int c = 0; c < 8; c++) q[c] = c < nd ? _mm512_loadu_ps(qp + 16 * c) : _mm512_setzero_ps();
+    const __m512 scale = _mm512_set1_ps(s->scale);
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    /* The position's block and slot advance together: no division a position. */
+    int blk = 0, slot = 0;
+    for (int p0 = 0; p0 < ctx; p0 += 16) {
+        const int n = ctx - p0 < 16 ? ctx - p0 : 16;
+        __m512 acc[16];
+        for (int j = 0; j < 16; j++) {
+            acc[j] = _mm512_setzero_ps();
+            if (j >= n) continue;
+            const float *k = keys + ((size_t)table[blk] * bs + slot) * d;
+            for (int c = 0; c < 8; c++)
+                if (c < nd) acc[j] = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(k + 16 * c), acc[j]);
+            if (++slot == bs) slot = 0, blk++;
+        }
+        const __mmask16 m = n == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+        const __m512 sc = _mm512_mul_ps(sum16x16(acc), scale);
+        _mm512_mask_storeu_ps(scores + p0, m, sc);
+        mx = _mm512_mask_max_ps(mx, m, mx, sc);
+    }
+    const float mxs = _mm512_reduce_max_ps(mx);
+    const __m512 mxv = _mm512_set1_ps(mxs), log2e = _mm512_set1_ps(1.44269504f);
+    __m512 sum = _mm512_setzero_ps();
+    for (int p0 = 0; p0 < ctx; p0 += 16) {
+        const int n = ctx - p0 < 16 ? ctx - p0 : 16;
+        const __mmask16 m = n == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+        const __m512 x = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + p0), mxv), log2e);
+        const __m512 e = exp2_512(x);
+        _mm512_mask_storeu_ps(scores + p0, m, e);
+        sum = _mm512_mask_add_ps(sum, m, sum, e);
+    }
+    const float inv = 1.0f / _mm512_reduce_add_ps(sum);
+    __m512 even[8], odd[8];
+    for (int c = 0; c < 8; c++) even[c] = odd[c] = _mm512_setzero_ps();
+    blk = 0;
+    slot = 0;
+    for (int p = 0; p < ctx; p++) {
+        const float *v = vals + ((size_t)table[blk] * bs + slot) * d;
+        const __m512 w = _mm512_set1_ps(scores[p]);
+        if (p & 1) {
+            for (int c = 0; c < 8; c++)
+                if (c < nd) odd[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * c), odd[c]);
+        } else {
+            for (int c = 0; c < 8; c++)
+                if (c < nd) even[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * c), even[c]);
+        }
+        if (++slot == bs) slot = 0, blk++;
+    }
+    float *o = t->attn + ((size_t)r * hq + head) * d;
+    for (int c = 0; c < nd; c++)
+        _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(_mm512_add_ps(even[c], odd[c]), _mm512_set1_ps(inv)));
+}
+#endif
+
 /* One row's query head over the positions up to its own. */
 static void attention_single(AttnTask *t, int r, int head) {
     const LayerShape *s = t->s;
@@ -789,6 +894,12 @@ static void attention_single(AttnTask *t, int r, int head) {
         tls_scores_cap = ctx;
     }
     float *scores = tls_scores;
+#if defined(__AVX512F__)
+    if (d % 16 == 0 && d <= 128) {
+        attention_single512(t, r, head, scores);
+        return;
+    }
+#endif
     const float *q = t->qkv + (size_t)r * nqkv + head * d;
     const int64_t *table = t->block_tables + (size_t)r * t->table_width;
     int g = head / (hq / hkv);

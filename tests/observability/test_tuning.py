@@ -247,8 +247,13 @@ def test_trials_leave_the_real_kv_tier_alone_and_start_cold(tiny_settings: Any) 
 
 
 def test_tuning_twice_on_the_same_load_agrees(tiny_settings: Any) -> None:
-    """The issue's acceptance test: the same winner both times, or no clear winner."""
-    reports = [run_job(SMALL), run_job(SMALL)]
+    """The issue's acceptance test: the same winner both times, or no clear winner.
+
+    Five runs a setting: on the tiny model two settings beat the current ones by about
+    the same (no flush delay, ngram), and with three runs each the full suite's noise
+    twice let each be named over the other."""
+    repeats = 5
+    reports = [run_job({**SMALL, "repeats": repeats}), run_job({**SMALL, "repeats": repeats})]
     for report in reports:
         assert report["current"] == CURRENT
         assert [row["label"] for row in report["rows"]] == [
@@ -257,9 +262,10 @@ def test_tuning_twice_on_the_same_load_agrees(tiny_settings: Any) -> None:
             "SPECULATIVE_MODE=ngram",
             "CHAT_FLUSH_INTERVAL_MS=0",
         ]
-        assert [t["setting"] for t in report["trials"]] == [0, 1, 2, 3] * 3
+        assert [t["setting"] for t in report["trials"]] == [0, 1, 2, 3] * repeats
         for row in report["rows"]:
-            assert len(row["runs"]) == 3 and all(run["requests"] == 6 for run in row["runs"])
+            assert len(row["runs"]) == repeats
+            assert all(run["requests"] == 6 for run in row["runs"])
             g = row["goodput_rps"]
             assert g["min"] <= g["median"] <= g["max"]
         if report["winner"] is None:

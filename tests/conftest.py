@@ -161,9 +161,17 @@ def pytest_terminal_summary(
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Empty this run's Redis KV tier namespace (chatapp/settings/test.py names it)."""
+    """Empty this run's Redis KV tier namespace (chatapp/settings/test.py names it), and
+    remove the SQLite test database's WAL files, which Django leaves beside it."""
     import redis
     from django.conf import settings
+
+    test_db = (
+        settings.DATABASES["default"].get("TEST", {}).get("NAME") if settings.configured else None
+    )
+    if test_db and settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+        for suffix in ("-wal", "-shm"):
+            Path(f"{test_db}{suffix}").unlink(missing_ok=True)
 
     namespace = os.environ.get("ENGINE_KV_TIER_NAMESPACE", "")
     url = settings.ENGINE.get("KV_TIER_URL") if settings.configured else ""

@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from inference.bench.api_clients import FOLLOW_UPS, QUESTIONS
+from inference.bench.spread import cell, spread
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
 from inference.engine.heap import freeze_loaded
@@ -92,10 +93,6 @@ def run_once(engine: LLMEngine, streams: int, turns: int, max_tokens: int) -> di
     return out
 
 
-def _cell(values: list[float]) -> str:
-    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default="")
@@ -118,7 +115,7 @@ def main() -> None:
     print("| streams | tok/s | decode-only steps | ms | rows | mixed steps | ms | rows |")
     print("|---:|---|---|---|---|---|---|---|")
     for n, rs in runs.items():
-        cells = [_cell([r[k] for r in rs]) for k in (
+        cells = [cell(spread([r[k] for r in rs])) for k in (
             "tok_s", "decode_steps", "decode_ms", "decode_rows", "mixed_steps", "mixed_ms",
             "mixed_rows")]  # fmt: skip
         print(f"| {n} | " + " | ".join(cells) + " |")

@@ -23,6 +23,7 @@ import uuid
 from typing import Any
 
 from inference.bench.driver import Arrival, drive
+from inference.bench.spread import spread
 from inference.bench.workloads import greedy
 from inference.chat_template import PromptBuilder, Turn
 from inference.engine.config import EngineConfig
@@ -125,7 +126,7 @@ def run(
             case: med([x["turn2_prompt_tokens"] - x["turn2_cached_tokens"] for x in rows[case]])
             for case in rows
         },
-        "with_over_without": {"median": med(ratios), "min": min(ratios), "max": max(ratios)},
+        "with_over_without": spread(ratios),
         "reread_over_without": med(ttft("document_reread")) / med(ttft("without")),
         "runs": rows,
     }

@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 from typing import Any
 
 import torch
 
+from inference.bench.spread import cell, spread
 from inference.bench.step_profile import _prompt, _serve_like
 from inference.engine import model_runner
 from inference.engine.config import EngineConfig
@@ -88,12 +88,9 @@ def main() -> None:
                         times[mode].append(ms)
             row: dict[str, Any] = {"decodes": streams, "chunk": chunk}
             for mode, ts in times.items():
-                row[mode] = {"median": statistics.median(ts), "min": min(ts), "max": max(ts)}
+                row[mode] = spread(ts)
             row["ratio"] = row["split"]["median"] / row["one"]["median"]
             rows.append(row)
-
-            def cell(v: dict[str, float]) -> str:
-                return f"{v['median']:.1f} ({v['min']:.1f}-{v['max']:.1f})"
 
             print(
                 f"{streams:>7} {chunk:>5} | {cell(row['one']):>22} | {cell(row['split']):>22} | "

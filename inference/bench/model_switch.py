@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from inference.bench.driver import Arrival, drive
+from inference.bench.spread import cell, spread
 from inference.chat_template import PromptBuilder, Turn
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
@@ -92,10 +93,6 @@ def one_repeat(a: LLMEngine, b: LLMEngine, args: argparse.Namespace, r: int) -> 
     return out
 
 
-def summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     a = make_engine(args.model, args.threads)
@@ -115,23 +112,22 @@ def main(argv: list[str] | None = None) -> None:
     ):
         rows[arm] = {
             "label": label,
-            "ttft_ms": summary([run[arm].ttft * 1000 for run in runs]),
-            "cached_tokens": summary([float(run[arm].cached_tokens) for run in runs]),
+            "ttft_ms": spread([run[arm].ttft * 1000 for run in runs]),
+            "cached_tokens": spread([float(run[arm].cached_tokens) for run in runs]),
         }
-    ratio = summary([run["switched"].ttft / run["same"].ttft for run in runs])
+    ratio = spread([run["switched"].ttft / run["same"].ttft for run in runs])
     building = {
-        "ids_kept_ms": summary([run["build_ids_ms"] for run in runs]),
-        "re_tokenized_ms": summary([run["build_text_ms"] for run in runs]),
+        "ids_kept_ms": spread([run["build_ids_ms"] for run in runs]),
+        "re_tokenized_ms": spread([run["build_text_ms"] for run in runs]),
     }
     prompt_tokens = int(statistics.median(run["prompt_tokens"] for run in runs))
     print(f"A conversation of {prompt_tokens} prompt tokens at turn 2 ({args.repeat} repeats)")
     print(f"{'':54} {'TTFT ms median (min-max)':>26} {'cached':>8}")
     for row in rows.values():
         t, c = row["ttft_ms"], row["cached_tokens"]
-        spread = f"{t['median']:.0f} ({t['min']:.0f}-{t['max']:.0f})"
-        print(f"{row['label']:54} {spread:>26} {c['median']:>8.0f}")
-    spread = f"{ratio['median']:.1f}x ({ratio['min']:.1f}-{ratio['max']:.1f})"
-    print(f"switched / same, per repeat: {spread}")
+        print(f"{row['label']:54} {cell(t, digits=0):>26} {c['median']:>8.0f}")
+    ratio_text = f"{ratio['median']:.1f}x ({ratio['min']:.1f}-{ratio['max']:.1f})"
+    print(f"switched / same, per repeat: {ratio_text}")
     print(
         "building the prompt: ids kept {:.2f} ms, replies re-tokenized {:.2f} ms (medians)".format(
             building["ids_kept_ms"]["median"], building["re_tokenized_ms"]["median"]

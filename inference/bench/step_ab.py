@@ -21,13 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from inference.bench.spread import spread
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
 from inference.engine.sampling_params import SamplingParams
@@ -103,17 +103,13 @@ def measure(engine: LLMEngine, name: str, seqs: list[Sequence], counts: list[int
     for k, ts in times.items():
         walls, cpus = [w for w, _ in ts], [c for _, c in ts]
         row = {
-            "case": name, "variant": k, "wall_ms": _stats(walls), "cpu_ms": _stats(cpus),
-            "wall_to_gather": _stats([w / b for w, b in zip(walls, base_wall, strict=True)]),
-            "cpu_to_gather": _stats([c / b for c, b in zip(cpus, base_cpu, strict=True)]),
+            "case": name, "variant": k, "wall_ms": spread(walls), "cpu_ms": spread(cpus),
+            "wall_to_gather": spread([w / b for w, b in zip(walls, base_wall, strict=True)]),
+            "cpu_to_gather": spread([c / b for c, b in zip(cpus, base_cpu, strict=True)]),
         }  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
-
-
-def _stats(v: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(v), "min": min(v), "max": max(v)}
 
 
 def main() -> None:

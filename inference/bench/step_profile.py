@@ -29,7 +29,6 @@ import bisect
 import functools
 import json
 import platform
-import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -39,6 +38,7 @@ import torch
 from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
 
+from inference.bench.spread import cell, spread
 from inference.engine.config import EngineConfig
 from inference.engine.detokenizer import IncrementalDetokenizer
 from inference.engine.engine import LLMEngine
@@ -323,10 +323,7 @@ def _row(
 
 
 def _cell(row: dict[str, Any], key: str) -> str:
-    v = row.get(key)
-    if not v:
-        return "-"
-    return f"{v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})"
+    return cell(row.get(key), digits=2)
 
 
 def print_tables(rows: list[dict[str, Any]]) -> None:
@@ -431,9 +428,7 @@ def main() -> None:
             for key in COLUMNS:
                 vals = [r[key] for r in rs if key in r]
                 if vals:
-                    row[key] = {
-                        "median": statistics.median(vals), "min": min(vals), "max": max(vals)
-                    }  # fmt: skip
+                    row[key] = spread(vals)
             results["rows"].append(row)
             print(json.dumps(row), flush=True)
     for engine in engines.values():

@@ -35,7 +35,6 @@ import asyncio
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,6 +51,7 @@ from inference.bench.llama_server import (
     stop,
     wait_for,
 )
+from inference.bench.spread import cell, spread
 from inference.model_files import bundled_gguf, default_model_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,15 +139,11 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for f in FIGURES:
         vals = [r[f] for r in runs if r.get(f) is not None]
         if vals:
-            out[f] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+            out[f] = spread(vals)
     return out
 
 
 def print_table(results: dict[str, Any]) -> None:
-    def cell(s: dict[str, Any], f: str) -> str:
-        v = s.get(f)
-        return f"{v['median']:.1f} ({v['min']:.1f}-{v['max']:.1f})" if v else "-"
-
     threads = results["threads"] or "default"
     load = results.get("load_avg", {})
     print(
@@ -164,7 +160,7 @@ def print_table(results: dict[str, Any]) -> None:
     for level in results["levels"]:
         c = level["concurrency"]
         for name in level["systems"]:
-            cells = " | ".join(cell(level[name], f) for f in FIGURES)
+            cells = " | ".join(cell(level[name].get(f)) for f in FIGURES)
             print(f"| {c} | {name} | {cells} |")
         base = "llama" if LLAMA in level["systems"] else level["systems"][0]
         for name, r in level["ratios"].items():

@@ -29,6 +29,16 @@ typedef void (*chunk_fn)(void *arg, int chunk);
  * them); returns when all are done. Not exported from the library. */
 __attribute__((visibility("hidden"))) void pool_run(chunk_fn fn, void *arg, int chunks, int nth);
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* The mask of a 512-bit vector's first n float lanes (all 16 from n = 16 on): a short
+ * tile's or a tail's loads and stores. */
+static inline __mmask16 first_lanes(int n) {
+    return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+}
+#endif
+
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
 

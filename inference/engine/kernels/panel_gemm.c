@@ -255,7 +255,7 @@ static inline __attribute__((always_inline)) void add_block512(
 }
 
 static inline void store_tile512(float *y, int N, int n0, int r0, int rows, const __m512 acc[MR512]) {
-    const __mmask16 keep = n0 + NR <= N ? (__mmask16)0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
+    const __mmask16 keep = first_lanes(N - n0);
     for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(y + (size_t)(r0 + r) * N + n0, keep, acc[r]);
 }
 

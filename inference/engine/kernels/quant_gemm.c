@@ -812,15 +812,10 @@ static inline __m512 sum16x16(__m512 a[16]) {
  * query in registers, 16 positions' scores reduced together (sum16x16), the exponentials
  * 16 at a time (exp2_512), the weighted values summed over even and odd positions apart
  * (two chains of adds). The scores are the same dot products summed in another order. */
-static void attention_single512(AttnTask *t, int r, int head, float *scores) {
-    const LayerShape *s = t->s;
-    const int d = s->head_dim, hq = s->heads, hkv = s->kv_heads, bs = s->block_size;
-    const int nd = d / 16, nqkv = (hq + 2 * hkv) * d, ctx = (int)t->positions[r] + 1;
-    const size_t head_stride = (size_t)s->num_blocks * bs * d;
-    const float *qp = t->qkv + (size_t)r * nqkv + head * d;
-    const int64_t *table = t->block_tables + (size_t)r * t->table_width;
-    const int g = head / (hq / hkv);
-    const float *keys = t->pool + g * head_stride, *vals = t->pool + (hkv + g) * head_stride;
+static void attention_single512(const LayerShape *s, int ctx, const float *qp,
+                                const int64_t *table, const float *keys, const float *vals,
+                                float *scores, float *o) {
+    const int d = s->head_dim, bs = s->block_size, nd = d / 16;
     __m512 q[8];
     for (int c = 0; c < 8; c++) q[c] = c < nd ? _mm512_loadu_ps(qp + 16 * c) : _mm512_setzero_ps();
     const __m512 scale = _mm512_set1_ps(s->scale);
@@ -838,7 +833,7 @@ static void attention_single512(AttnTask *t, int r, int head, float *scores) {
                 if (c < nd) acc[j] = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(k + 16 * c), acc[j]);
             if (++slot == bs) slot = 0, blk++;
         }
-        const __mmask16 m = n == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+        const __mmask16 m = first_lanes(n);
         const __m512 sc = _mm512_mul_ps(sum16x16(acc), scale);
         _mm512_mask_storeu_ps(scores + p0, m, sc);
         mx = _mm512_mask_max_ps(mx, m, mx, sc);
@@ -847,8 +842,7 @@ static void attention_single512(AttnTask *t, int r, int head, float *scores) {
     const __m512 mxv = _mm512_set1_ps(mxs), log2e = _mm512_set1_ps(1.44269504f);
     __m512 sum = _mm512_setzero_ps();
     for (int p0 = 0; p0 < ctx; p0 += 16) {
-        const int n = ctx - p0 < 16 ? ctx - p0 : 16;
-        const __mmask16 m = n == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+        const __mmask16 m = first_lanes(ctx - p0);
         const __m512 x = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + p0), mxv), log2e);
         const __m512 e = exp2_512(x);
         _mm512_mask_storeu_ps(scores + p0, m, e);
@@ -871,7 +865,6 @@ static void attention_single512(AttnTask *t, int r, int head, float *scores) {
         }
         if (++slot == bs) slot = 0, blk++;
     }
-    float *o = t->attn + ((size_t)r * hq + head) * d;
     for (int c = 0; c < nd; c++)
         _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(_mm512_add_ps(even[c], odd[c]), _mm512_set1_ps(inv)));
 }
@@ -894,16 +887,17 @@ static void attention_single(AttnTask *t, int r, int head) {
         tls_scores_cap = ctx;
     }
     float *scores = tls_scores;
-#if defined(__AVX512F__)
-    if (d % 16 == 0 && d <= 128) {
-        attention_single512(t, r, head, scores);
-        return;
-    }
-#endif
     const float *q = t->qkv + (size_t)r * nqkv + head * d;
     const int64_t *table = t->block_tables + (size_t)r * t->table_width;
     int g = head / (hq / hkv);
     const float *keys = t->pool + g * head_stride, *vals = t->pool + (hkv + g) * head_stride;
+    float *o = t->attn + ((size_t)r * hq + head) * d;
+#if defined(__AVX512F__)
+    if (d % 16 == 0 && d <= 128) {
+        attention_single512(s, ctx, q, table, keys, vals, scores, o);
+        return;
+    }
+#endif
     /* Positions go by block (a slot's `p / bs` and `p % bs` are integer divisions here). */
     float mx = -INFINITY;
     for (int p0 = 0; p0 < ctx; p0 += bs) {
@@ -920,7 +914,7 @@ static void attention_single(AttnTask *t, int r, int head) {
         scores[p] = expf(scores[p] - mx);
         sum += scores[p];
     }
-    float *o = t->attn + ((size_t)r * hq + head) * d, inv = 1.0f / sum;
+    const float inv = 1.0f / sum;
     if (d % 8) {
         for (int i = 0; i < d; i++) o[i] = 0.0f;
         for (int p = 0; p < ctx; p++) {

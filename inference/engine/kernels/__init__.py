@@ -140,6 +140,11 @@ def build_flags(cpu_flags: frozenset[str]) -> list[str]:
     return list(FLAGS)
 
 
+def cpu_build_flags() -> list[str]:
+    """build_flags for this machine's CPU."""
+    return build_flags(_cpu_flags())
+
+
 @cache
 def load() -> ctypes.CDLL | None:
     """The compiled kernels, built on first use; None where they cannot run here."""
@@ -148,7 +153,7 @@ def load() -> ctypes.CDLL | None:
     if missing:
         log.info("native 4-bit kernels off: the CPU lacks %s", ", ".join(sorted(missing)))
         return None
-    flags = build_flags(cpu)
+    flags = cpu_build_flags()
     try:
         lib = compiled_library("quant_gemm", SOURCES, flags, HEADERS)
     except (OSError, RuntimeError) as exc:
@@ -186,6 +191,8 @@ def load() -> ctypes.CDLL | None:
         ctypes.POINTER(LayerShape), ctypes.POINTER(LayerWeights), i, p, i, p, p, p, p, i, p, i
     ]  # fmt: skip
     lib.decode_layers.restype = i
+    lib.decode_attention.argtypes = [ctypes.POINTER(LayerShape), p, i, p, p, i, p, p, i]
+    lib.decode_attention.restype = i
     lib.chunk_attention.argtypes = [ctypes.POINTER(ChunkShape), p, i, p, p, i, p, p, i]
     lib.chunk_attention.restype = i
     lib.sample_rows.argtypes = [p, i, i, p, p, p, p, p, p, i]
@@ -249,6 +256,31 @@ class ChunkShape(PagedShape):
     """PagedShape, then whether the chunk attention's products run in bf16."""
 
     _fields_ = [("bf16", ctypes.c_int)]
+
+
+def decode_attention(
+    lib: ctypes.CDLL,
+    shape: LayerShape,
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    tables: torch.Tensor,
+    pool: torch.Tensor,
+    nthreads: int,
+) -> torch.Tensor:
+    """The native path's attention alone, as its steps run it (quant_gemm.c): qkv [rows,
+    heads + 2 * kv_heads, head_dim] float32 contiguous, the rows' K/V already in `pool`
+    (float32 [2 * kv_heads, blocks, block_size, head_dim]); positions int64 [rows]; tables
+    int64 [rows, width], one block table a row (consecutive rows with equal tables are one
+    sequence's chunk). Returns [rows, heads, head_dim]."""
+    rows = qkv.shape[0]
+    out = torch.empty(rows, shape.heads, shape.head_dim, dtype=torch.float32)
+    rc = lib.decode_attention(
+        ctypes.byref(shape), qkv.data_ptr(), rows, positions.data_ptr(), tables.data_ptr(),
+        tables.shape[1], pool.data_ptr(), out.data_ptr(), nthreads,
+    )  # fmt: skip
+    if rc:
+        raise MemoryError("decode_attention: out of memory for its scores")
+    return out
 
 
 def chunk_attention(

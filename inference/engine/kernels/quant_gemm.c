@@ -1091,6 +1091,23 @@ static int attention_items(const LayerShape *s, int rows, const int64_t *block_t
     return n;
 }
 
+/* The rows' attention as a step of this path runs it: qkv [rows, heads + 2 * kv_heads,
+ * head_dim] (rope applied; the rows' K/V in the pool already) over the positions up to
+ * each row's own -> out [rows, heads, head_dim]. Returns 0, or -1 where memory ran out. */
+int decode_attention(const LayerShape *s, const float *qkv, int rows, const int64_t *positions,
+                     const int64_t *block_tables, int table_width, const float *pool,
+                     float *out, int nthreads) {
+    /* Tiles never outnumber single items: a run of n rows makes at most ceil(n * group / 8)
+     * tiles per KV head, fewer than n * heads. */
+    AttnItem *items = malloc(sizeof(AttnItem) * (size_t)rows * s->heads);
+    if (!items) return -1;
+    int n_items = attention_items(s, rows, block_tables, table_width, items);
+    AttnTask at = {s, qkv, out, positions, block_tables, table_width, pool, items, 0};
+    pool_run(attention_item, &at, n_items, nthreads);
+    free(items);
+    return at.failed ? -1 : 0;
+}
+
 int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
                  const int64_t *positions, const float *cos, const float *sin,
                  const int64_t *block_tables, int table_width, float *pool, int nthreads) {
@@ -1101,11 +1118,8 @@ int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
     float *qkv = malloc(sizeof(float) * rows * nqkv);
     float *attn = malloc(sizeof(float) * rows * hq * d);
     float *gu = malloc(sizeof(float) * rows * 2 * s->inter);
-    /* Tiles never outnumber single items: a run of n rows makes at most ceil(n * group / 8)
-     * tiles per KV head, fewer than n * heads. */
-    AttnItem *items = malloc(sizeof(AttnItem) * (size_t)rows * hq);
     int rc = -1;
-    if (!h || !qkv || !attn || !gu || !items) goto out;
+    if (!h || !qkv || !attn || !gu) goto out;
 
     for (int r = 0; r < rows; r++) rms_norm(x + r * H, w->input_norm, H, s->eps, h + r * H);
     if (q4_matmul(&w->qkv, h, rows, qkv, nthreads)) goto out;
@@ -1119,10 +1133,9 @@ int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
         for (int g = 0; g < 2 * hkv; g++)
             memcpy(pool + g * head_stride + slot * d, row + (hq + g) * d, sizeof(float) * d);
     }
-    int n_items = attention_items(s, rows, block_tables, table_width, items);
-    AttnTask at = {s, qkv, attn, positions, block_tables, table_width, pool, items, 0};
-    pool_run(attention_item, &at, n_items, nthreads);
-    if (at.failed) goto out;
+    if (decode_attention(s, qkv, rows, positions, block_tables, table_width, pool, attn,
+                         nthreads))
+        goto out;
     if (q4_matmul(&w->o, attn, rows, h, nthreads)) goto out;
     for (int i = 0; i < rows * H; i++) x[i] += h[i];
     for (int r = 0; r < rows; r++) rms_norm(x + r * H, w->post_norm, H, s->eps, h + r * H);
@@ -1153,7 +1166,6 @@ out:
     free(qkv);
     free(attn);
     free(gu);
-    free(items);
     return rc;
 }
 

@@ -1,0 +1,150 @@
+"""The native path's decode attention alone (kernels.decode_attention), by rows and context.
+
+    python -m inference.bench.attention --rows 16 64 --context 100 300 --repeat 7
+    python -m inference.bench.attention --baseline /tmp/base   # another checkout, interleaved
+
+The default model's attention shape (30 layers of 9 query heads over 3 KV heads of 64,
+blocks of 16 positions), one pool per layer as a step has, each row a decode of its own
+sequence `--context` positions long. Two layouts of the rows' blocks: `scattered` (every
+row's blocks its own and out of order, as the blocks of many chats interleave in the pool)
+and `shared` (every row on the same blocks, which then stay in the caches: what the same
+arithmetic costs without waiting for memory). ms for the 30 layers, median (min-max) over
+`--repeat` rounds, and the rate the scattered rows' K/V are read at. With `--baseline DIR`
+the kernels of that checkout (built from its sources, same flags) run too, interleaved with
+these round by round, and the table gives this build's ratio to it. Writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inference.bench.spread import cell, spread
+from inference.engine import kernels
+from inference.engine.kernels.build import compiled_library
+
+LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 30, 9, 3, 64, 16
+LAYOUTS = ("scattered", "shared")
+
+
+def baseline_library(root: Path) -> ctypes.CDLL:
+    """The kernels of the checkout at `root`, built with this CPU's flags."""
+    src = root / "inference" / "engine" / "kernels"
+    lib = compiled_library(
+        "quant_gemm_baseline",
+        [src / p.name for p in kernels.SOURCES],
+        kernels.cpu_build_flags(),
+        [src / p.name for p in kernels.HEADERS],
+    )
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.decode_attention.argtypes = [ctypes.POINTER(kernels.LayerShape), p, i, p, p, i, p, p, i]
+    lib.decode_attention.restype = i
+    return lib
+
+
+def _inputs(rows: int, context: int, layout: str, gen: torch.Generator) -> dict[str, Any]:
+    width = -(-context // BLOCK)
+    blocks = width if layout == "shared" else width * rows
+    order = torch.arange(blocks) if layout == "shared" else torch.randperm(blocks, generator=gen)
+    tables = torch.stack([order[(0 if layout == "shared" else r * width) :][:width]
+                          for r in range(rows)]).contiguous()  # fmt: skip
+    pools = [torch.randn(2 * KV_HEADS, blocks, BLOCK, HEAD_DIM, generator=gen)
+             for _ in range(LAYERS)]  # fmt: skip
+    # Contexts a little apart, as chats' are.
+    positions = torch.tensor([context - 1 - r % 7 for r in range(rows)], dtype=torch.int64)
+    qkv = torch.randn(rows, HEADS + 2 * KV_HEADS, HEAD_DIM, generator=gen)
+    shape = kernels.LayerShape(
+        HEADS * HEAD_DIM, HEADS, KV_HEADS, HEAD_DIM, 4 * HEADS * HEAD_DIM, 1e-5,
+        HEAD_DIM**-0.5, BLOCK, blocks,
+    )  # fmt: skip
+    kv_mb = 2 * KV_HEADS * int(positions.add(1).sum()) * HEAD_DIM * 4 * LAYERS / 1e6
+    return {"tables": tables, "pools": pools, "positions": positions, "qkv": qkv,
+            "shape": shape, "kv_mb": kv_mb}  # fmt: skip
+
+
+def _time(lib: ctypes.CDLL, x: dict[str, Any], threads: int) -> float:
+    t0 = time.perf_counter()
+    for pool in x["pools"]:
+        kernels.decode_attention(
+            lib, x["shape"], x["qkv"], x["positions"], x["tables"], pool, threads
+        )
+    return (time.perf_counter() - t0) * 1000
+
+
+def run(
+    rows: list[int], contexts: list[int], threads: int, repeat: int, baseline: Path | None
+) -> dict[str, Any]:
+    lib = kernels.load()
+    if lib is None:
+        raise SystemExit("the native kernels are not available here")
+    libs = {"this": lib}
+    if baseline is not None:
+        libs["baseline"] = baseline_library(baseline)
+    gen = torch.Generator().manual_seed(0)
+    out: dict[str, Any] = {
+        "machine": platform.machine(), "cpus": os.cpu_count(), "threads": threads,
+        "repeat": repeat, "load_before": os.getloadavg()[0], "cases": [],
+    }  # fmt: skip
+    for n in rows:
+        for ctx in contexts:
+            for layout in LAYOUTS:
+                x = _inputs(n, ctx, layout, gen)
+                ms: dict[str, list[float]] = {name: [] for name in libs}
+                for one in libs.values():  # warm-up: the pools paged in, scores grown
+                    _time(one, x, threads)
+                for _ in range(repeat):
+                    for name, one in libs.items():
+                        ms[name].append(_time(one, x, threads))
+                case: dict[str, Any] = {"rows": n, "context": ctx, "layout": layout,
+                                        "kv_mb": x["kv_mb"]}  # fmt: skip
+                case.update({name: spread(v) for name, v in ms.items()})
+                if "baseline" in ms:
+                    case["ratio"] = case["this"]["median"] / case["baseline"]["median"]
+                out["cases"].append(case)
+                del x
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        prog="python -m inference.bench.attention",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--rows", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--context", type=int, nargs="+", default=[100, 300])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--baseline", type=Path, help="another checkout's root (git worktree add)")
+    ap.add_argument("--json", default="bench_attention.json")
+    args = ap.parse_args()
+    r = run(args.rows, args.context, args.threads, args.repeat, args.baseline)
+    base = "baseline" in r["cases"][0]
+    print(
+        f"{r['machine']}, {r['cpus']} CPUs, {r['threads']} threads, load (1 min) "
+        f"{r['load_before']:.2f}; ms for {LAYERS} layers, median (min-max) of {r['repeat']}"
+    )
+    head = "| rows | context | layout | this build | K/V GB/s |"
+    print(head + (" baseline | ratio |" if base else ""))
+    print("|---:|---:|---|---|---:|" + ("---|---:|" if base else ""))
+    for c in r["cases"]:
+        rate = c["kv_mb"] / c["this"]["median"] if c["layout"] == "scattered" else None
+        line = (f"| {c['rows']} | {c['context']} | {c['layout']} | {cell(c['this'], 2)} | "
+                f"{f'{rate:.1f}' if rate else '-'} |")  # fmt: skip
+        if base:
+            line += f" {cell(c['baseline'], 2)} | {c['ratio']:.2f}x |"
+        print(line)
+    Path(args.json).write_text(json.dumps(r, indent=2))
+    print(f"json: {args.json}")
+
+
+if __name__ == "__main__":
+    main()

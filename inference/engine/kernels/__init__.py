@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -258,6 +259,26 @@ class ChunkShape(PagedShape):
     _fields_ = [("bf16", ctypes.c_int)]
 
 
+def _attend(
+    fn: Callable[..., int],
+    shape: LayerShape | ChunkShape,
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    tables: torch.Tensor,
+    width: int,
+    pool: torch.Tensor,
+    nthreads: int,
+) -> tuple[int, torch.Tensor]:
+    """One of the attention kernels' calls over the pool: (its return code, the output)."""
+    rows = qkv.shape[0]
+    out = torch.empty(rows, shape.heads, shape.head_dim, dtype=torch.float32)
+    rc = fn(
+        ctypes.byref(shape), qkv.data_ptr(), rows, positions.data_ptr(), tables.data_ptr(),
+        width, pool.data_ptr(), out.data_ptr(), nthreads,
+    )  # fmt: skip
+    return int(rc), out
+
+
 def decode_attention(
     lib: ctypes.CDLL,
     shape: LayerShape,
@@ -272,12 +293,8 @@ def decode_attention(
     (float32 [2 * kv_heads, blocks, block_size, head_dim]); positions int64 [rows]; tables
     int64 [rows, width], one block table a row (consecutive rows with equal tables are one
     sequence's chunk). Returns [rows, heads, head_dim]."""
-    rows = qkv.shape[0]
-    out = torch.empty(rows, shape.heads, shape.head_dim, dtype=torch.float32)
-    rc = lib.decode_attention(
-        ctypes.byref(shape), qkv.data_ptr(), rows, positions.data_ptr(), tables.data_ptr(),
-        tables.shape[1], pool.data_ptr(), out.data_ptr(), nthreads,
-    )  # fmt: skip
+    rc, out = _attend(lib.decode_attention, shape, qkv, positions, tables, tables.shape[1],
+                      pool, nthreads)  # fmt: skip
     if rc:
         raise MemoryError("decode_attention: out of memory for its scores")
     return out
@@ -297,12 +314,8 @@ def chunk_attention(
     (float32 [2 * kv_heads, blocks, block_size, head_dim]); positions int64 [rows], table
     int64 [blocks of the sequence]. Returns [rows, heads, head_dim], or None for a shape the
     kernel does not take."""
-    rows = qkv.shape[0]
-    out = torch.empty(rows, shape.heads, shape.head_dim, dtype=torch.float32)
-    rc = lib.chunk_attention(
-        ctypes.byref(shape), qkv.data_ptr(), rows, positions.data_ptr(), table.data_ptr(),
-        table.shape[0], pool.data_ptr(), out.data_ptr(), nthreads,
-    )  # fmt: skip
+    rc, out = _attend(lib.chunk_attention, shape, qkv, positions, table, table.shape[0], pool,
+                      nthreads)  # fmt: skip
     if rc == -1:
         return None
     if rc:

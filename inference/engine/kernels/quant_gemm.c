@@ -808,6 +808,21 @@ static inline __m512 sum16x16(__m512 a[16]) {
                          _mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+/* The ctx scores in place to exp(score - max) (mx: the scores' maximum in each lane);
+ * returns 1 / their sum. */
+static inline float exp_scores512(float *scores, int ctx, __m512 mx) {
+    const __m512 mxv = _mm512_set1_ps(_mm512_reduce_max_ps(mx)), log2e = _mm512_set1_ps(1.44269504f);
+    __m512 sum = _mm512_setzero_ps();
+    for (int p0 = 0; p0 < ctx; p0 += 16) {
+        const __mmask16 m = first_lanes(ctx - p0);
+        const __m512 x = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + p0), mxv), log2e);
+        const __m512 e = exp2_512(x);
+        _mm512_mask_storeu_ps(scores + p0, m, e);
+        sum = _mm512_mask_add_ps(sum, m, sum, e);
+    }
+    return 1.0f / _mm512_reduce_add_ps(sum);
+}
+
 /* As a row's keys reach block blk: the next block's keys into L1 and this block's values
  * into L2, for the pass over values. A block's keys are a page of their own (4 KB at 16
  * positions of head_dim 64) and the blocks of many chats lie scattered, so the hardware's
@@ -853,17 +868,7 @@ static void attention_single512(const LayerShape *s, int ctx, const float *qp,
         _mm512_mask_storeu_ps(scores + p0, m, sc);
         mx = _mm512_mask_max_ps(mx, m, mx, sc);
     }
-    const float mxs = _mm512_reduce_max_ps(mx);
-    const __m512 mxv = _mm512_set1_ps(mxs), log2e = _mm512_set1_ps(1.44269504f);
-    __m512 sum = _mm512_setzero_ps();
-    for (int p0 = 0; p0 < ctx; p0 += 16) {
-        const __mmask16 m = first_lanes(ctx - p0);
-        const __m512 x = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + p0), mxv), log2e);
-        const __m512 e = exp2_512(x);
-        _mm512_mask_storeu_ps(scores + p0, m, e);
-        sum = _mm512_mask_add_ps(sum, m, sum, e);
-    }
-    const float inv = 1.0f / _mm512_reduce_add_ps(sum);
+    const float inv = exp_scores512(scores, ctx, mx);
     __m512 even[8], odd[8];
     for (int c = 0; c < 8; c++) even[c] = odd[c] = _mm512_setzero_ps();
     blk = 0;
@@ -929,21 +934,8 @@ static inline __attribute__((always_inline)) void attention_group512_n(
             mx[h] = _mm512_mask_max_ps(mx[h], m, mx[h], sc);
         }
     }
-    const __m512 log2e = _mm512_set1_ps(1.44269504f);
     float inv[4];
-    for (int h = 0; h < G; h++) {
-        float *sh = scores + h * ctx;
-        const __m512 mxv = _mm512_set1_ps(_mm512_reduce_max_ps(mx[h]));
-        __m512 sum = _mm512_setzero_ps();
-        for (int p0 = 0; p0 < ctx; p0 += 16) {
-            const __mmask16 m = first_lanes(ctx - p0);
-            const __m512 x = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sh + p0), mxv), log2e);
-            const __m512 e = exp2_512(x);
-            _mm512_mask_storeu_ps(sh + p0, m, e);
-            sum = _mm512_mask_add_ps(sum, m, sum, e);
-        }
-        inv[h] = 1.0f / _mm512_reduce_add_ps(sum);
-    }
+    for (int h = 0; h < G; h++) inv[h] = exp_scores512(scores + h * ctx, ctx, mx[h]);
     /* G * ND chains of adds, enough to cover the adds' latency without splitting positions. */
     __m512 out[4][4];
     for (int h = 0; h < G; h++)

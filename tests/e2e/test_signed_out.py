@@ -49,5 +49,10 @@ def test_a_page_reconnecting_without_a_login_shows_signed_out_and_stops(
     context.clear_cookies()
     page.evaluate("window.dispatchEvent(new Event('offline'))")
     expect_signed_out(page)
-    time.sleep(3)
-    assert len(opened) == 1, opened  # one reconnect, answered 4401, and no more
+    # It reconnected, and the socket answered 4401 was its last. (Not "exactly one": under
+    # the full suite's load a handshake once failed without a code and was retried, as it
+    # should be.)
+    answered = len(opened)
+    assert answered >= 1, opened
+    time.sleep(3)  # long enough for several reconnect attempts, were any made
+    assert len(opened) == answered, opened

@@ -44,9 +44,7 @@ def baseline_library(root: Path) -> ctypes.CDLL:
         kernels.cpu_build_flags(),
         [src / p.name for p in kernels.HEADERS],
     )
-    p, i = ctypes.c_void_p, ctypes.c_int
-    lib.decode_attention.argtypes = [ctypes.POINTER(kernels.LayerShape), p, i, p, p, i, p, p, i]
-    lib.decode_attention.restype = i
+    kernels.declare_decode_attention(lib)
     return lib
 
 
@@ -54,8 +52,8 @@ def _inputs(rows: int, context: int, layout: str, gen: torch.Generator) -> dict[
     width = -(-context // BLOCK)
     blocks = width if layout == "shared" else width * rows
     order = torch.arange(blocks) if layout == "shared" else torch.randperm(blocks, generator=gen)
-    tables = torch.stack([order[(0 if layout == "shared" else r * width) :][:width]
-                          for r in range(rows)]).contiguous()  # fmt: skip
+    starts = [0] * rows if layout == "shared" else [r * width for r in range(rows)]
+    tables = torch.stack([order[s : s + width] for s in starts]).contiguous()
     pools = [torch.randn(2 * KV_HEADS, blocks, BLOCK, HEAD_DIM, generator=gen)
              for _ in range(LAYERS)]  # fmt: skip
     # Contexts a little apart, as chats' are.

@@ -192,8 +192,7 @@ def load() -> ctypes.CDLL | None:
         ctypes.POINTER(LayerShape), ctypes.POINTER(LayerWeights), i, p, i, p, p, p, p, i, p, i
     ]  # fmt: skip
     lib.decode_layers.restype = i
-    lib.decode_attention.argtypes = [ctypes.POINTER(LayerShape), p, i, p, p, i, p, p, i]
-    lib.decode_attention.restype = i
+    declare_decode_attention(lib)
     lib.chunk_attention.argtypes = [ctypes.POINTER(ChunkShape), p, i, p, p, i, p, p, i]
     lib.chunk_attention.restype = i
     lib.sample_rows.argtypes = [p, i, i, p, p, p, p, p, p, i]
@@ -257,6 +256,14 @@ class ChunkShape(PagedShape):
     """PagedShape, then whether the chunk attention's products run in bf16."""
 
     _fields_ = [("bf16", ctypes.c_int)]
+
+
+def declare_decode_attention(lib: ctypes.CDLL) -> None:
+    """decode_attention's argument types in `lib` (this build, or another checkout's for a
+    benchmark)."""
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.decode_attention.argtypes = [ctypes.POINTER(LayerShape), p, i, p, p, i, p, p, i]
+    lib.decode_attention.restype = i
 
 
 def _attend(

@@ -1179,8 +1179,9 @@ static void attention_item(void *arg, int index) {
     if (it->lanes > 0) {
         attention_tile(t, it);
     } else if (it->lanes < 0) {
-        /* One after the other on this core: the KV head's keys and values come from memory
-         * for the first query head and from this core's caches for the others (an item a
+        /* The KV head's query heads on this core: in one pass where attention_group512 is
+         * built for their shape, else one after the other, the keys and values then coming
+         * from memory for the first and from this core's caches for the others (an item a
          * query head had the cores read them from memory up to once each). */
         int group = t->s->heads / t->s->kv_heads;
 #if defined(__AVX512F__)

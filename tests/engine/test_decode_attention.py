@@ -1,7 +1,8 @@
 """The native path's attention (quant_gemm.c) against softmax(q K^T) V computed in torch,
 for every shape its kernels branch on: query heads per KV head (the decode row's heads of
 one KV head in one pass for 2 to 4, head after head otherwise), head_dim (512-bit vectors
-for multiples of 16 up to 128, 256-bit for multiples of 8, scalar otherwise), contexts
+for multiples of 16 up to 128; 256-bit for 8 to 128 by powers of two in one pass, for other
+multiples of 8 head after head; scalar otherwise), contexts
 ending on and beside block edges over scattered blocks, and a chunk's rows in tiles."""
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ def _case(heads, kv_heads, d, seed=0):
         (10, 2, 64),  # 5 a group: head after head
         (4, 4, 64),  # no grouping
         (4, 2, 128),
-        (4, 2, 40),  # 256-bit vectors
+        (6, 2, 128),
+        (4, 2, 8),
+        (4, 2, 40),  # 256-bit vectors, head after head
         (4, 2, 12),  # scalar
     ],
 )

@@ -772,6 +772,20 @@ typedef struct {
 static __thread float *tls_scores;
 static __thread int tls_scores_cap;
 
+/* As a row's keys reach block blk: the next block's keys into L1 and this block's values
+ * into L2, for the pass over values. A block's keys are a page of their own (4 KB at 16
+ * positions of head_dim 64) and the blocks of many chats lie scattered, so the hardware's
+ * prefetchers, which stop at a page's end, started cold at every block. */
+static inline void prefetch_blocks(const LayerShape *s, int ctx, const int64_t *table, int blk,
+                                   const float *keys, const float *vals) {
+    const size_t bytes = sizeof(float) * (size_t)s->block_size * s->head_dim;
+    const char *v = (const char *)(vals + (size_t)table[blk] * s->block_size * s->head_dim);
+    for (size_t l = 0; l < bytes; l += 64) _mm_prefetch(v + l, _MM_HINT_T1);
+    if ((blk + 1) * s->block_size >= ctx) return;
+    const char *k = (const char *)(keys + (size_t)table[blk + 1] * s->block_size * s->head_dim);
+    for (size_t l = 0; l < bytes; l += 64) _mm_prefetch(k + l, _MM_HINT_T0);
+}
+
 #if defined(__AVX512F__)
 /* 2^x for x in [-126, 0] (exp's argument scaled by log2(e)): x = n + f with |f| <= 1/2, 2^f
  * by its Taylor series to f^6 (relative error ~1e-7, expf's order), times 2^n by scalef. */
@@ -821,20 +835,6 @@ static inline float exp_scores512(float *scores, int ctx, __m512 mx) {
         sum = _mm512_mask_add_ps(sum, m, sum, e);
     }
     return 1.0f / _mm512_reduce_add_ps(sum);
-}
-
-/* As a row's keys reach block blk: the next block's keys into L1 and this block's values
- * into L2, for the pass over values. A block's keys are a page of their own (4 KB at 16
- * positions of head_dim 64) and the blocks of many chats lie scattered, so the hardware's
- * prefetchers, which stop at a page's end, started cold at every block. */
-static inline void prefetch_blocks(const LayerShape *s, int ctx, const int64_t *table, int blk,
-                                   const float *keys, const float *vals) {
-    const size_t bytes = sizeof(float) * (size_t)s->block_size * s->head_dim;
-    const char *v = (const char *)(vals + (size_t)table[blk] * s->block_size * s->head_dim);
-    for (size_t l = 0; l < bytes; l += 64) _mm_prefetch(v + l, _MM_HINT_T1);
-    if ((blk + 1) * s->block_size >= ctx) return;
-    const char *k = (const char *)(keys + (size_t)table[blk + 1] * s->block_size * s->head_dim);
-    for (size_t l = 0; l < bytes; l += 64) _mm_prefetch(k + l, _MM_HINT_T0);
 }
 
 /* attention_single where head_dim is a multiple of 16 up to 128, on 512-bit vectors: the
@@ -975,6 +975,121 @@ static int attention_group512(const LayerShape *s, int G, int ctx, const float *
 #undef GROUP_CASE
     return 0;
 }
+#else
+/* 8 vectors' sums in one vector (r[j] = the sum of a[j]'s elements): pairs and quads by
+ * horizontal adds, then the two 128-bit halves, where a horizontal sum a vector took ~5. */
+static inline __m256 sum8x8(const __m256 a[8]) {
+    const __m256 b0 = _mm256_hadd_ps(a[0], a[1]), b1 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 b2 = _mm256_hadd_ps(a[4], a[5]), b3 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 c0 = _mm256_hadd_ps(b0, b1), c1 = _mm256_hadd_ps(b2, b3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(c0, c1, 0x20),
+                         _mm256_permute2f128_ps(c0, c1, 0x31));
+}
+
+/* The first n of 8 lanes set (all bits), the others clear. */
+static inline __m256i first_lanes8(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* The ctx scores in place to exp(score - max) (mx: the maximum in each lane); returns 1 /
+ * their sum. */
+static inline float exp_scores256(float *scores, int ctx, __m256 mx) {
+    const __m256 mxv = _mm256_set1_ps(hmax256(mx));
+    __m256 sum = _mm256_setzero_ps();
+    for (int p0 = 0; p0 < ctx; p0 += 8) {
+        const __m256i m = first_lanes8(ctx - p0);
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_maskload_ps(scores + p0, m), mxv));
+        _mm256_maskstore_ps(scores + p0, m, e);
+        sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(m)));
+    }
+    return 1.0f / hsum256(sum);
+}
+
+/* A decode row's G query heads of one KV head over its positions on 256-bit vectors (d =
+ * 8 * ND): 8 positions' scores of a head reduced together (sum8x8) where a horizontal sum
+ * each and a scalar exponential each had taken most of the time, the keys and values
+ * loaded from memory once for the G heads (the later heads find them in L1), the blocks
+ * fetched ahead (prefetch_blocks). The values go in slices of head_dim whose G heads'
+ * sums fit the 16 registers. scores: G * ctx floats; q and o: the G heads', d apart. */
+static inline __attribute__((always_inline)) void attention_group256_n(
+    const LayerShape *s, int ctx, const float *qp, const int64_t *table, const float *keys,
+    const float *vals, float *scores, float *o, const int G, const int ND) {
+    const int d = s->head_dim, bs = s->block_size;
+    const __m256 scale = _mm256_set1_ps(s->scale), neg_inf = _mm256_set1_ps(-INFINITY);
+    __m256 mx[4];
+    for (int h = 0; h < G; h++) mx[h] = neg_inf;
+    int blk = 0, slot = 0;
+    for (int p0 = 0; p0 < ctx; p0 += 8) {
+        const int n = ctx - p0 < 8 ? ctx - p0 : 8;
+        const float *kp[8];
+        for (int j = 0; j < 8; j++) {
+            if (j >= n) {
+                kp[j] = kp[0]; /* a lane past the context: computed, then masked */
+                continue;
+            }
+            if (slot == 0) prefetch_blocks(s, ctx, table, blk, keys, vals);
+            kp[j] = keys + ((size_t)table[blk] * bs + slot) * d;
+            if (++slot == bs) slot = 0, blk++;
+        }
+        const __m256i m = first_lanes8(n);
+        for (int h = 0; h < G; h++) {
+            __m256 acc[8];
+            for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+            for (int c = 0; c < ND; c++) {
+                const __m256 qc = _mm256_loadu_ps(qp + h * d + 8 * c);
+                for (int j = 0; j < 8; j++)
+                    acc[j] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kp[j] + 8 * c), acc[j]);
+            }
+            const __m256 sc = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(sum8x8(acc), scale),
+                                               _mm256_castsi256_ps(m));
+            _mm256_maskstore_ps(scores + h * ctx + p0, m, sc);
+            mx[h] = _mm256_max_ps(mx[h], sc);
+        }
+    }
+    float inv[4];
+    for (int h = 0; h < G; h++) inv[h] = exp_scores256(scores + h * ctx, ctx, mx[h]);
+    /* A slice of NC vectors: G * NC sums, at most 12. */
+    const int NC = ND < (G == 1 ? 8 : G <= 3 ? 4 : 2) ? ND : (G == 1 ? 8 : G <= 3 ? 4 : 2);
+    for (int c0 = 0; c0 < ND; c0 += NC) {
+        __m256 out[4][8];
+        for (int h = 0; h < G; h++)
+            for (int c = 0; c < NC; c++) out[h][c] = _mm256_setzero_ps();
+        blk = 0;
+        slot = 0;
+        for (int p = 0; p < ctx; p++) {
+            const float *v = vals + ((size_t)table[blk] * bs + slot) * d + 8 * c0;
+            for (int h = 0; h < G; h++) {
+                const __m256 w = _mm256_broadcast_ss(scores + h * ctx + p);
+                for (int c = 0; c < NC; c++)
+                    out[h][c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * c), out[h][c]);
+            }
+            if (++slot == bs) slot = 0, blk++;
+        }
+        for (int h = 0; h < G; h++)
+            for (int c = 0; c < NC; c++)
+                _mm256_storeu_ps(o + h * d + 8 * (c0 + c),
+                                 _mm256_mul_ps(out[h][c], _mm256_set1_ps(inv[h])));
+    }
+}
+
+/* attention_group256_n for the shapes it is built for (1 to 4 heads a group, head_dim 8,
+ * 16, 32, 64 or 128); returns 0 for others. */
+static int attention_group256(const LayerShape *s, int G, int ctx, const float *q,
+                              const int64_t *table, const float *keys, const float *vals,
+                              float *scores, float *o) {
+#define GROUP_CASE(g, nd)                                                                   \
+    case (g) * 32 + (nd):                                                                  \
+        attention_group256_n(s, ctx, q, table, keys, vals, scores, o, g, nd);              \
+        return 1;
+#define GROUP_CASES(g) GROUP_CASE(g, 1) GROUP_CASE(g, 2) GROUP_CASE(g, 4) GROUP_CASE(g, 8) GROUP_CASE(g, 16)
+    if (s->head_dim % 8 || G < 1 || G > 4) return 0;
+    switch (G * 32 + s->head_dim / 8) {
+        GROUP_CASES(1) GROUP_CASES(2) GROUP_CASES(3) GROUP_CASES(4)
+    }
+#undef GROUP_CASES
+#undef GROUP_CASE
+    return 0;
+}
 #endif
 
 /* Each thread's scores for n positions, grown to the most it has seen; NULL (and the task
@@ -1011,6 +1126,8 @@ static void attention_single(AttnTask *t, int r, int head) {
         attention_single512(s, ctx, q, table, keys, vals, scores, o);
         return;
     }
+#else
+    if (attention_group256(s, 1, ctx, q, table, keys, vals, scores, o)) return;
 #endif
     /* Positions go by block (a slot's `p / bs` and `p % bs` are integer divisions here). */
     float mx = -INFINITY;
@@ -1059,9 +1176,9 @@ static void attention_single(AttnTask *t, int r, int head) {
     }
 }
 
-#if defined(__AVX512F__)
-/* Row r's query heads of KV head g in one pass (attention_group512), where built for
- * their shape; 0 where not (or memory ran out: the task is then marked failed). */
+/* Row r's query heads of KV head g in one pass (attention_group512, or attention_group256
+ * without AVX512), where built for their shape; 0 where not (or memory ran out: the task
+ * is then marked failed). */
 static int attention_group(AttnTask *t, int r, int g, int group) {
     const LayerShape *s = t->s;
     const int d = s->head_dim, hq = s->heads, hkv = s->kv_heads;
@@ -1070,11 +1187,15 @@ static int attention_group(AttnTask *t, int r, int g, int group) {
     if (!scores) return 1;
     const size_t head_stride = (size_t)s->num_blocks * s->block_size * d;
     const float *q = t->qkv + (size_t)r * (hq + 2 * hkv) * d + (size_t)g * group * d;
-    return attention_group512(s, group, ctx, q, t->block_tables + (size_t)r * t->table_width,
-                              t->pool + g * head_stride, t->pool + (hkv + g) * head_stride,
-                              scores, t->attn + ((size_t)r * hq + (size_t)g * group) * d);
-}
+#if defined(__AVX512F__)
+    return attention_group512(
+#else
+    return attention_group256(
 #endif
+        s, group, ctx, q, t->block_tables + (size_t)r * t->table_width,
+        t->pool + g * head_stride, t->pool + (hkv + g) * head_stride, scores,
+        t->attn + ((size_t)r * hq + (size_t)g * group) * d);
+}
 
 /* A tile's lanes over their sequence's keys, TILE_KEYS at a time, with the running
  * (online) softmax of flash attention: per lane a maximum, a sum and an output, rescaled
@@ -1179,14 +1300,12 @@ static void attention_item(void *arg, int index) {
     if (it->lanes > 0) {
         attention_tile(t, it);
     } else if (it->lanes < 0) {
-        /* The KV head's query heads on this core: in one pass where attention_group512 is
+        /* The KV head's query heads on this core: in one pass where attention_group is
          * built for their shape, else one after the other, the keys and values then coming
          * from memory for the first and from this core's caches for the others (an item a
          * query head had the cores read them from memory up to once each). */
         int group = t->s->heads / t->s->kv_heads;
-#if defined(__AVX512F__)
         if (attention_group(t, it->row0, it->g, group)) return;
-#endif
         for (int h = 0; h < group; h++) attention_single(t, it->row0, it->g * group + h);
     } else {
         attention_single(t, it->row0, it->first);

@@ -2,6 +2,7 @@
 
     python -m inference.bench.attention --rows 16 64 --context 100 300 --repeat 7
     python -m inference.bench.attention --baseline /tmp/base   # another checkout, interleaved
+    python -m inference.bench.attention --kv-dtypes float32 float16   # the pool's two formats
 
 The default model's attention shape (30 layers of 9 query heads over 3 KV heads of 64,
 blocks of 16 positions), one pool per layer as a step has, each row a decode of its own
@@ -11,7 +12,10 @@ and `shared` (every row on the same blocks, which then stay in the caches: what 
 arithmetic costs without waiting for memory). ms for the 30 layers, median (min-max) over
 `--repeat` rounds, and the rate the scattered rows' K/V are read at. With `--baseline DIR`
 the kernels of that checkout (built from its sources, same flags) run too, interleaved with
-these round by round, and the table gives this build's ratio to it. Writes JSON.
+these round by round, and the table gives this build's ratio to it; with `--kv-dtypes`
+this build (and the baseline: a checkout from before ENGINE_KV_DTYPE reads float32 only)
+runs over pools of each element type, interleaved the same way, the ratios to the first.
+Writes JSON.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ def baseline_library(root: Path) -> ctypes.CDLL:
 
 
 def _inputs(rows: int, context: int, layout: str, gen: torch.Generator) -> dict[str, Any]:
+    """One case's rows, block tables and float32 pools (kv_pools: as another dtype)."""
     width = -(-context // BLOCK)
     blocks = width if layout == "shared" else width * rows
     order = torch.arange(blocks) if layout == "shared" else torch.randperm(blocks, generator=gen)
@@ -68,24 +73,38 @@ def _inputs(rows: int, context: int, layout: str, gen: torch.Generator) -> dict[
             "shape": shape, "kv_mb": kv_mb}  # fmt: skip
 
 
-def _time(lib: ctypes.CDLL, x: dict[str, Any], threads: int) -> float:
+def kv_pools(x: dict[str, Any], dtype: torch.dtype) -> tuple[list[torch.Tensor], Any]:
+    """The case's pools in `dtype`, and its shape saying so (kv_half)."""
+    shape = kernels.LayerShape.from_buffer_copy(x["shape"])
+    shape.kv_half = int(dtype == torch.float16)
+    return [p.to(dtype) for p in x["pools"]], shape
+
+
+def _time(
+    lib: ctypes.CDLL, x: dict[str, Any], pools: list[torch.Tensor], shape: Any, threads: int
+) -> float:
     t0 = time.perf_counter()
-    for pool in x["pools"]:
-        kernels.decode_attention(
-            lib, x["shape"], x["qkv"], x["positions"], x["tables"], pool, threads
-        )
+    for pool in pools:
+        kernels.decode_attention(lib, shape, x["qkv"], x["positions"], x["tables"], pool, threads)
     return (time.perf_counter() - t0) * 1000
 
 
 def run(
-    rows: list[int], contexts: list[int], threads: int, repeat: int, baseline: Path | None
+    rows: list[int],
+    contexts: list[int],
+    threads: int,
+    repeat: int,
+    baseline: Path | None,
+    kv_dtypes: list[str],
 ) -> dict[str, Any]:
     lib = kernels.load()
     if lib is None:
         raise SystemExit("the native kernels are not available here")
-    libs = {"this": lib}
+    # name -> (library, pool dtype); the first is what the others' ratios are to.
+    variants = {f"this {dt}": (lib, getattr(torch, dt)) for dt in kv_dtypes}
     if baseline is not None:
-        libs["baseline"] = baseline_library(baseline)
+        base = baseline_library(baseline)
+        variants |= {f"baseline {dt}": (base, getattr(torch, dt)) for dt in kv_dtypes}
     gen = torch.Generator().manual_seed(0)
     out: dict[str, Any] = {
         "machine": platform.machine(), "cpus": os.cpu_count(), "threads": threads,
@@ -95,19 +114,24 @@ def run(
         for ctx in contexts:
             for layout in LAYOUTS:
                 x = _inputs(n, ctx, layout, gen)
-                ms: dict[str, list[float]] = {name: [] for name in libs}
-                for one in libs.values():  # warm-up: the pools paged in, scores grown
-                    _time(one, x, threads)
+                pools = {dt: kv_pools(x, dt) for _, dt in variants.values()}
+                ms: dict[str, list[float]] = {name: [] for name in variants}
+                for one, dt in variants.values():  # warm-up: pools paged in, scores grown
+                    _time(one, x, *pools[dt], threads)
                 for _ in range(repeat):
-                    for name, one in libs.items():
-                        ms[name].append(_time(one, x, threads))
+                    for name, (one, dt) in variants.items():
+                        ms[name].append(_time(one, x, *pools[dt], threads))
                 case: dict[str, Any] = {"rows": n, "context": ctx, "layout": layout,
-                                        "kv_mb": x["kv_mb"]}  # fmt: skip
-                case.update({name: spread(v) for name, v in ms.items()})
-                if "baseline" in ms:
-                    case["ratio"] = case["this"]["median"] / case["baseline"]["median"]
+                                        "kv_mb": x["kv_mb"], "variants": {}}  # fmt: skip
+                first = None
+                for name, (_, dt) in variants.items():
+                    v = spread(ms[name])
+                    v["kv_mb"] = x["kv_mb"] * dt.itemsize / 4
+                    first = first or v
+                    v["ratio"] = v["median"] / first["median"]
+                    case["variants"][name] = v
                 out["cases"].append(case)
-                del x
+                del x, pools
     return out
 
 
@@ -122,23 +146,23 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--baseline", type=Path, help="another checkout's root (git worktree add)")
+    ap.add_argument("--kv-dtypes", nargs="+", default=["float32"], choices=["float32", "float16"])
     ap.add_argument("--json", default="bench_attention.json")
     args = ap.parse_args()
-    r = run(args.rows, args.context, args.threads, args.repeat, args.baseline)
-    base = "baseline" in r["cases"][0]
+    r = run(args.rows, args.context, args.threads, args.repeat, args.baseline, args.kv_dtypes)
     print(
         f"{r['machine']}, {r['cpus']} CPUs, {r['threads']} threads, load (1 min) "
-        f"{r['load_before']:.2f}; ms for {LAYERS} layers, median (min-max) of {r['repeat']}"
+        f"{r['load_before']:.2f}; ms for {LAYERS} layers, median (min-max) of {r['repeat']}; "
+        f"K/V GB/s for the scattered rows; ratios to the first column"
     )
-    head = "| rows | context | layout | this build | K/V GB/s |"
-    print(head + (" baseline | ratio |" if base else ""))
-    print("|---:|---:|---|---|---:|" + ("---|---:|" if base else ""))
+    names = list(r["cases"][0]["variants"])
+    print("| rows | context | layout | " + " | ".join(f"{n} | GB/s | ratio" for n in names) + " |")
+    print("|---:|---:|---|" + "---|---:|---:|" * len(names))
     for c in r["cases"]:
-        rate = c["kv_mb"] / c["this"]["median"] if c["layout"] == "scattered" else None
-        line = (f"| {c['rows']} | {c['context']} | {c['layout']} | {cell(c['this'], 2)} | "
-                f"{f'{rate:.1f}' if rate else '-'} |")  # fmt: skip
-        if base:
-            line += f" {cell(c['baseline'], 2)} | {c['ratio']:.2f}x |"
+        line = f"| {c['rows']} | {c['context']} | {c['layout']} |"
+        for v in c["variants"].values():
+            rate = f"{v['kv_mb'] / v['median']:.1f}" if c["layout"] == "scattered" else "-"
+            line += f" {cell(v, 2)} | {rate} | {v['ratio']:.2f}x |"
         print(line)
     Path(args.json).write_text(json.dumps(r, indent=2))
     print(f"json: {args.json}")

@@ -660,11 +660,12 @@ class LlamaModel:
             for p in meta.prefills:
                 rows = slice(p.start, p.start + p.length)
                 assert p.slots is not None  # set for every chunk of such a step
-                new_kv = qkv[rows, self.num_heads :].transpose(0, 1)
+                new_kv = qkv[rows, self.num_heads :].transpose(0, 1).to(kv_cache.dtype)
                 kv_cache.view(2 * hkv, -1, d).index_copy_(1, p.slots, new_kv)
                 out[rows] = self._prefill_attention(qkv[rows], kv_cache, p, meta.positions[rows])
             return out
-        new_kv = qkv[:, self.num_heads :].transpose(0, 1)  # [2 * hkv, T, d]
+        # [2 * hkv, T, d], rounded to the pool's dtype where it is narrower
+        new_kv = qkv[:, self.num_heads :].transpose(0, 1).to(kv_cache.dtype)
         kv_cache.view(2 * hkv, -1, d).index_copy_(1, meta.slot_mapping, new_kv)
         return self._attention(qkv, kv_cache, meta)
 
@@ -701,7 +702,7 @@ class LlamaModel:
         # The pool is head-major, so one gather lands each head's context contiguously:
         # [2 * hkv, D * blocks, block_size, d] -> keys and values as [hkv, D, ctx, d].
         # (index_select copies whole blocks; advanced indexing goes element by element.)
-        kv = torch.index_select(kv_cache, 1, group.blocks).view(2, hkv, nd, -1, d)
+        kv = torch.index_select(kv_cache, 1, group.blocks).view(2, hkv, nd, -1, d).to(q.dtype)
         # The kv heads' query heads ride as a query length of per_kv: one plain (non-GQA)
         # fused attention call over [D, kv_heads, ...], no score matrix in Python.
         out = F.scaled_dot_product_attention(
@@ -725,11 +726,15 @@ class LlamaModel:
         n, hq, hkv, d = qkv.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         q = qkv[:, :hq].transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
         if p.context_len == n:
-            # Nothing cached before this chunk: its own K/V are the whole context.
-            kv, mask, causal = qkv[:, hq:].transpose(0, 1), None, True
+            # Nothing cached before this chunk: its own K/V are the whole context, as the
+            # pool holds them (rounded to its dtype), so that every path attends over the
+            # same values whatever the chunking.
+            kv = qkv[:, hq:].transpose(0, 1).to(kv_cache.dtype).to(qkv.dtype)
+            mask, causal = None, True
         else:
             ctx = p.context_len
             kv = torch.index_select(kv_cache, 1, p.block_table).view(2 * hkv, -1, d)[:, :ctx]
+            kv = kv.to(qkv.dtype)
             q_pos = torch.arange(ctx - n, ctx, device=qkv.device)
             mask = torch.arange(ctx, device=qkv.device)[None, :] <= q_pos[:, None]
             causal = False
@@ -750,13 +755,22 @@ class LlamaModel:
         """The chunk over its context read where it lies in the pool (kernels/
         chunk_attention.c); None where the pool or shape is not the kernel's."""
         assert self.chunk_kernel is not None
-        if kv_cache.dtype != torch.float32 or not kv_cache.is_contiguous():
+        if (
+            qkv.dtype != torch.float32
+            or kv_cache.dtype not in (torch.float32, torch.float16)
+            or not kv_cache.is_contiguous()
+        ):
             return None
+        half = int(kv_cache.dtype == torch.float16)
         shape = self._chunk_shape
-        if shape is None or (shape.num_blocks, shape.block_size) != kv_cache.shape[1:3]:
+        if shape is None or (shape.num_blocks, shape.block_size, shape.kv_half) != (
+            *kv_cache.shape[1:3],
+            half,
+        ):
             shape = self._chunk_shape = kernels.ChunkShape(
-                self.num_heads, self.num_kv_heads, self.head_dim, kv_cache.shape[2],
-                kv_cache.shape[1], self.scale, int(self.chunk_bf16),
+                heads=self.num_heads, kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                block_size=kv_cache.shape[2], num_blocks=kv_cache.shape[1], scale=self.scale,
+                kv_half=half, bf16=int(self.chunk_bf16),
             )  # fmt: skip
         return kernels.chunk_attention(
             self.chunk_kernel, shape, qkv.contiguous(), positions.contiguous(),

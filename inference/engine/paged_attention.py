@@ -3,8 +3,9 @@
 The torch path gathered each decode group's blocks into a contiguous tensor and ran SDPA
 with a padding mask over it; at 64 rows the gather cost as much as the attention itself
 (docs/performance.md). The kernel reads each row's blocks where they lie and writes the
-step's new K/V first, so decodes, guesses and prefill chunks all take it. Float32 pools on
-a CPU with AVX2/FMA only; anything else keeps the gather + SDPA path.
+step's new K/V first, so decodes, guesses and prefill chunks all take it. Float32 models
+on a CPU with AVX2/FMA/F16C, over float32 or float16 pools; anything else keeps the gather
++ SDPA path.
 
 The C file is built once with the system's gcc into the cache folder, as quant_gemm.c is
 (kernels/__init__.py), and called through ctypes, which releases the GIL.
@@ -26,8 +27,10 @@ from inference.engine.kernels.build import compiled_library
 log = logging.getLogger(__name__)
 
 SOURCE = Path(kernels.__file__).with_name("paged_attention.c")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-pthread", "-shared", "-fPIC"]
-_REQUIRED_CPU_FLAGS = {"avx2", "fma"}
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC"]
+_REQUIRED_CPU_FLAGS = {"avx2", "fma", "f16c"}
+# The pools the kernel reads (PagedShape.kv_half: float16).
+KV_DTYPES = (torch.float32, torch.float16)
 
 
 @cache
@@ -36,7 +39,7 @@ def load() -> ctypes.CDLL | None:
     if not kernels._cpu_flags() >= _REQUIRED_CPU_FLAGS:
         return None
     try:
-        lib = compiled_library("paged_attention", [SOURCE], FLAGS)
+        lib = compiled_library("paged_attention", [SOURCE], FLAGS, [SOURCE.with_name("simd.h")])
     except (OSError, RuntimeError) as exc:
         log.warning("native paged attention unavailable, gathering blocks for SDPA: %s", exc)
         return None
@@ -55,7 +58,7 @@ class PagedAttention:
         self.lib = lib
         self.heads, self.kv_heads, self.head_dim, self.scale = heads, kv_heads, head_dim, scale
         self._shape: PagedShape | None = None
-        self._pool_shape: tuple[int, ...] = ()
+        self._pool_shape: tuple[object, ...] = ()
 
     @staticmethod
     def usable(device: torch.device, dtype: torch.dtype) -> bool:
@@ -90,11 +93,13 @@ class PagedAttention:
         return out
 
     def _shape_for(self, pool: torch.Tensor) -> PagedShape:
-        if self._shape is None or tuple(pool.shape) != self._pool_shape:
-            if pool.dtype != torch.float32 or not pool.is_contiguous():
-                raise ValueError("paged attention needs a contiguous float32 KV pool")
-            self._pool_shape = tuple(pool.shape)
+        key = (*pool.shape, pool.dtype)
+        if self._shape is None or key != self._pool_shape:
+            if pool.dtype not in KV_DTYPES or not pool.is_contiguous():
+                raise ValueError("paged attention needs a contiguous float32 or float16 KV pool")
+            self._pool_shape = key
             self._shape = PagedShape(
-                self.heads, self.kv_heads, self.head_dim, pool.shape[2], pool.shape[1], self.scale
-            )
+                self.heads, self.kv_heads, self.head_dim, pool.shape[2], pool.shape[1],
+                self.scale, int(pool.dtype == torch.float16),
+            )  # fmt: skip
         return self._shape

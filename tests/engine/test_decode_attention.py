@@ -3,7 +3,8 @@ for every shape its kernels branch on: query heads per KV head (the decode row's
 one KV head in one pass for 2 to 4, head after head otherwise), head_dim (512-bit vectors
 for multiples of 16 up to 128; 256-bit for 8 to 128 by powers of two in one pass, for other
 multiples of 8 head after head; scalar otherwise), contexts
-ending on and beside block edges over scattered blocks, and a chunk's rows in tiles."""
+ending on and beside block edges over scattered blocks, a chunk's rows in tiles, and the
+pool's two formats (float32, float16)."""
 
 from __future__ import annotations
 
@@ -73,16 +74,19 @@ def _case(heads, kv_heads, d, seed=0):
     ],
 )
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
 def test_decode_attention_is_softmax_of_the_scores_times_the_values(
-    heads, kv_heads, head_dim, threads
+    heads, kv_heads, head_dim, threads, kv_dtype
 ):
     lib = kernels.load()
     qkv, positions, tables, pool = _case(heads, kv_heads, head_dim)
+    pool = pool.to(kv_dtype)
     scale = head_dim**-0.5
     shape = kernels.LayerShape(
         heads * head_dim, heads, kv_heads, head_dim, 4 * heads * head_dim, 1e-5, scale,
-        BLOCK, pool.shape[1],
+        BLOCK, pool.shape[1], int(kv_dtype == torch.float16),
     )  # fmt: skip
     got = kernels.decode_attention(lib, shape, qkv, positions, tables, pool, threads)
-    want = _reference(qkv, positions, tables, pool, heads, kv_heads, scale)
+    # A float16 pool's values, exactly as the kernels read them.
+    want = _reference(qkv, positions, tables, pool.float(), heads, kv_heads, scale)
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)

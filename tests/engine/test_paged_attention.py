@@ -10,23 +10,24 @@ from inference.engine.sampling_params import SamplingParams
 from inference.engine.scheduler import ScheduledBatch
 from inference.engine.sequence import Sequence
 
-pytestmark = pytest.mark.skipif(load() is None, reason="needs gcc and an AVX2/FMA CPU")
+pytestmark = pytest.mark.skipif(load() is None, reason="needs gcc and an AVX2/FMA/F16C CPU")
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, BLOCKS = 6, 2, 64, 4, 40
 
 
 def _reference(qkv, pool, positions, row_seq, tables):
-    """Each row over positions 0..its own of its sequence, K/V of every row written first."""
+    """Each row over positions 0..its own of its sequence, K/V of every row written first
+    (in the pool's dtype: a float16 pool's rows rounded to it)."""
     pool = pool.clone()
     per = HEADS // KV_HEADS
     for r in range(qkv.shape[0]):
         table, pos = tables[row_seq[r]], int(positions[r])
         slot_block, offset = table[pos // BLOCK], pos % BLOCK
-        pool[:, slot_block, offset] = qkv[r, HEADS:]
+        pool[:, slot_block, offset] = qkv[r, HEADS:].to(pool.dtype)
     out = torch.empty(qkv.shape[0], HEADS, HEAD_DIM)
     for r in range(qkv.shape[0]):
         table, ctx = tables[row_seq[r]], int(positions[r]) + 1
-        keys = pool[:, table].reshape(2 * KV_HEADS, -1, HEAD_DIM)[:, :ctx]
+        keys = pool[:, table].reshape(2 * KV_HEADS, -1, HEAD_DIM)[:, :ctx].float()
         for h in range(HEADS):
             g = h // per
             scores = keys[g] @ qkv[r, h] * HEAD_DIM**-0.5
@@ -48,8 +49,10 @@ def _case(seed: int):
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-def test_rows_attend_over_their_own_blocks_after_every_row_wrote_its_kv(threads):
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+def test_rows_attend_over_their_own_blocks_after_every_row_wrote_its_kv(threads, kv_dtype):
     qkv, pool, positions, row_seq, tables = _case(seed=threads)
+    pool = pool.to(kv_dtype)
     expected, expected_pool = _reference(qkv, pool, positions, row_seq, tables)
     attention = PagedAttention(load(), HEADS, KV_HEADS, HEAD_DIM, HEAD_DIM**-0.5)
     got = attention(qkv, pool, positions, row_seq, tables, threads)

@@ -235,6 +235,7 @@ class LayerShape(ctypes.Structure):
         ("scale", ctypes.c_float),
         ("block_size", ctypes.c_int),
         ("num_blocks", ctypes.c_int),
+        ("kv_half", ctypes.c_int),  # the pool's elements: float16 (1) or float32 (0)
     ]
 
 
@@ -249,6 +250,7 @@ class PagedShape(ctypes.Structure):
         ("block_size", ctypes.c_int),
         ("num_blocks", ctypes.c_int),
         ("scale", ctypes.c_float),
+        ("kv_half", ctypes.c_int),  # the pool's elements: float16 (1) or float32 (0)
     ]
 
 
@@ -297,7 +299,8 @@ def decode_attention(
 ) -> torch.Tensor:
     """The native path's attention alone, as its steps run it (quant_gemm.c): qkv [rows,
     heads + 2 * kv_heads, head_dim] float32 contiguous, the rows' K/V already in `pool`
-    (float32 [2 * kv_heads, blocks, block_size, head_dim]); positions int64 [rows]; tables
+    (float32, or float16 with shape.kv_half: [2 * kv_heads, blocks, block_size, head_dim]);
+    positions int64 [rows]; tables
     int64 [rows, width], one block table a row (consecutive rows with equal tables are one
     sequence's chunk). Returns [rows, heads, head_dim]."""
     rc, out = _attend(lib.decode_attention, shape, qkv, positions, tables, tables.shape[1],
@@ -318,7 +321,8 @@ def chunk_attention(
 ) -> torch.Tensor | None:
     """One sequence's chunk of rows over its paged context (chunk_attention.c): qkv [rows,
     heads + 2 * kv_heads, head_dim] float32 contiguous, its rows' K/V already in `pool`
-    (float32 [2 * kv_heads, blocks, block_size, head_dim]); positions int64 [rows], table
+    (float32, or float16 with shape.kv_half: [2 * kv_heads, blocks, block_size, head_dim]);
+    positions int64 [rows], table
     int64 [blocks of the sequence]. Returns [rows, heads, head_dim], or None for a shape the
     kernel does not take."""
     rc, out = _attend(lib.chunk_attention, shape, qkv, positions, table, table.shape[0], pool,

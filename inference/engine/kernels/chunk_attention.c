@@ -75,7 +75,8 @@ static inline vec vmask_before(vec s, ivec pos, int p) {
 typedef struct {
     int heads, kv_heads, head_dim, block_size, num_blocks;
     float scale;
-    int bf16; /* products in bfloat16 (float32 sums) where the build has AVX512-BF16 */
+    int kv_half; /* the pool's elements: float16, else float32 */
+    int bf16;    /* products in bfloat16 (float32 sums) where the build has AVX512-BF16 */
 } ChunkShape;
 
 typedef struct {
@@ -85,10 +86,21 @@ typedef struct {
     const int64_t *positions; /* [rows] */
     const int64_t *table;     /* the sequence's blocks, covering its longest position */
     int table_len;
-    const float *pool;
+    const void *pool;
     float *out; /* [rows, heads, head_dim] */
     int tiles;  /* per KV head */
 } ChunkTask;
+
+/* Block b's keys (kv = 0) or values (kv = 1) of KV head g, its first n rows, as float32:
+ * in the pool where it is float32, else converted into buf (block_size * head_dim floats),
+ * once for the tile's lanes. */
+static inline const float *block_floats(const ChunkTask *t, int kv, int g, int b, int n,
+                                        float *buf) {
+    const ChunkShape *s = t->s;
+    const size_t d = (size_t)s->head_dim, bs = (size_t)s->block_size;
+    const size_t at = ((size_t)(kv * s->kv_heads + g) * s->num_blocks + (size_t)t->table[b]) * bs * d;
+    return kv_floats(t->pool, at, n * (int)d, s->kv_half, buf);
+}
 
 /* The tile's queries, transposed to [head_dim][TL] and scaled, and its lanes' positions.
  * Spare lanes repeat lane 0's row with a zero query: finite, then ignored. */
@@ -152,11 +164,9 @@ static void tile(void *arg, int index) {
     /* The last tiles hold the latest rows, which see the most keys: they go first. */
     int g = index % hkv, first = (t->tiles - 1 - index / hkv) * TL;
     int lanes = lanes_all - first < TL ? lanes_all - first : TL;
-    size_t head_stride = (size_t)s->num_blocks * bs * d;
-    const float *keys = t->pool + g * head_stride, *vals = t->pool + (hkv + g) * head_stride;
-
     float qt[d * TL] __attribute__((aligned(64)));
     float acc[d * TL] __attribute__((aligned(64)));
+    float kbuf[s->kv_half ? bs * d : 1], vbuf[s->kv_half ? bs * d : 1];
     float sc[(MAX_BLOCK + KJ) * TL] __attribute__((aligned(64)));
     int32_t pos[TL] __attribute__((aligned(64)));
     int minpos, maxpos;
@@ -169,8 +179,8 @@ static void tile(void *arg, int index) {
     for (int b = 0; b * bs < ctx; b++) {
         int p0 = b * bs, nk = ctx - p0 < bs ? ctx - p0 : bs;
         int nj = (nk + KJ - 1) / KJ * KJ;
-        const float *kb = keys + (size_t)t->table[b] * bs * d;
-        const float *vb = vals + (size_t)t->table[b] * bs * d;
+        const float *kb = block_floats(t, 0, g, b, nk, kbuf);
+        const float *vb = block_floats(t, 1, g, b, nk, vbuf);
         for (int j0 = 0; j0 < nk; j0 += KJ) {
             const float *k[KJ];
             for (int j = 0; j < KJ; j++) k[j] = kb + (size_t)(j0 + j < nk ? j0 + j : nk - 1) * d;
@@ -276,10 +286,8 @@ static void tile_bf16(void *arg, int index) {
     int group = hq / hkv, lanes_all = t->rows * group, d2 = d / 2;
     int g = index % hkv, first = (t->tiles - 1 - index / hkv) * TL;
     int lanes = lanes_all - first < TL ? lanes_all - first : TL;
-    size_t head_stride = (size_t)s->num_blocks * bs * d;
-    const float *keys = t->pool + g * head_stride, *vals = t->pool + (hkv + g) * head_stride;
-
     float qt[d * TL] __attribute__((aligned(64)));
+    float kbuf[s->kv_half ? bs * d : 1], vbuf[s->kv_half ? bs * d : 1];
     uint32_t q2[d2 * TL] __attribute__((aligned(64)));          /* query pairs, per lane */
     float acc[d * TL] __attribute__((aligned(64)));
     float sc[(MAX_BLOCK + KJ) * TL] __attribute__((aligned(64)));
@@ -302,8 +310,8 @@ static void tile_bf16(void *arg, int index) {
     for (int b = 0; b * bs < ctx; b++) {
         int p0 = b * bs, nk = ctx - p0 < bs ? ctx - p0 : bs;
         int nj = (nk + KJ - 1) / KJ * KJ;
-        const float *kb = keys + (size_t)t->table[b] * bs * d;
-        const float *vb = vals + (size_t)t->table[b] * bs * d;
+        const float *kb = block_floats(t, 0, g, b, nk, kbuf);
+        const float *vb = block_floats(t, 1, g, b, nk, vbuf);
         for (int j0 = 0; j0 < nk; j0 += KJ) {
             for (int j = 0; j < KJ; j++) {
                 const float *k = kb + (size_t)(j0 + j < nk ? j0 + j : nk - 1) * d;
@@ -392,7 +400,7 @@ static void tile_bf16(void *arg, int index) {
  * for a shape this kernel does not take (the caller keeps its other path), -2 for a
  * position past the table. */
 int chunk_attention(const ChunkShape *s, const float *qkv, int rows, const int64_t *positions,
-                    const int64_t *table, int table_len, const float *pool, float *out,
+                    const int64_t *table, int table_len, const void *pool, float *out,
                     int nthreads) {
     if (rows <= 0) return 0;
     if (s->kv_heads <= 0 || s->heads % s->kv_heads || s->head_dim % DI || s->head_dim > 256 ||

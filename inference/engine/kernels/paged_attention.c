@@ -22,12 +22,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "simd.h"
+
 #define MAX_GROUP 16   /* query heads per KV head */
 #define MAX_THREADS 64
 
 typedef struct {
     int heads, kv_heads, head_dim, block_size, num_blocks;
     float scale;
+    int kv_half; /* the pool's elements: float16, else float32 */
 } PagedShape;
 
 typedef struct {
@@ -38,7 +41,7 @@ typedef struct {
     const int32_t *row_seq;
     const int64_t *tables;
     int table_width;
-    const float *pool;
+    const void *pool;
     float *out;
     int max_ctx;
     int ith, nth;
@@ -78,7 +81,7 @@ static inline void axpy(float *o, float w, const float *v, int n) {
 
 /* One (row, KV head) item: the group's query heads over the row's context, in two passes
  * (scores, then the weighted values), each key and value row read once for the group. */
-static void attend(const Task *t, int r, int g, float *scores) {
+static void attend(const Task *t, int r, int g, float *scores, float *row) {
     const PagedShape *s = t->s;
     int d = s->head_dim, hq = s->heads, hkv = s->kv_heads, bs = s->block_size;
     int per = hq / hkv, nqkv = (hq + 2 * hkv) * d;
@@ -86,14 +89,14 @@ static void attend(const Task *t, int r, int g, float *scores) {
     const float *q = t->qkv + (size_t)r * nqkv + (size_t)g * per * d;
     const int64_t *table = t->tables + (size_t)t->row_seq[r] * t->table_width;
     int ctx = (int)t->positions[r] + 1;
-    const float *keys = t->pool + g * head_stride, *vals = t->pool + (hkv + g) * head_stride;
+    const size_t keys = g * head_stride, vals = (hkv + g) * head_stride;
     float mx[MAX_GROUP], sum[MAX_GROUP];
     for (int j = 0; j < per; j++) mx[j] = -INFINITY, sum[j] = 0.0f;
     for (int p0 = 0; p0 < ctx; p0 += bs) {
-        const float *kb = keys + (size_t)table[p0 / bs] * bs * d;
+        const size_t kb = keys + (size_t)table[p0 / bs] * bs * d;
         int n = ctx - p0 < bs ? ctx - p0 : bs;
         for (int i = 0; i < n; i++) {
-            const float *k = kb + (size_t)i * d;
+            const float *k = kv_floats(t->pool, kb + (size_t)i * d, d, s->kv_half, row);
             for (int j = 0; j < per; j++) {
                 float v = dot(q + j * d, k, d) * s->scale;
                 scores[(size_t)j * t->max_ctx + p0 + i] = v;
@@ -111,11 +114,13 @@ static void attend(const Task *t, int r, int g, float *scores) {
     float *o = t->out + ((size_t)r * hq + (size_t)g * per) * d;
     memset(o, 0, sizeof(float) * per * d);
     for (int p0 = 0; p0 < ctx; p0 += bs) {
-        const float *vb = vals + (size_t)table[p0 / bs] * bs * d;
+        const size_t vb = vals + (size_t)table[p0 / bs] * bs * d;
         int n = ctx - p0 < bs ? ctx - p0 : bs;
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
+            const float *v = kv_floats(t->pool, vb + (size_t)i * d, d, s->kv_half, row);
             for (int j = 0; j < per; j++)
-                axpy(o + j * d, scores[(size_t)j * t->max_ctx + p0 + i], vb + (size_t)i * d, d);
+                axpy(o + j * d, scores[(size_t)j * t->max_ctx + p0 + i], v, d);
+        }
     }
     for (int j = 0; j < per; j++) {
         float inv = 1.0f / sum[j];
@@ -126,16 +131,17 @@ static void attend(const Task *t, int r, int g, float *scores) {
 static void *run_task(void *arg) {
     Task *t = (Task *)arg;
     int hkv = t->s->kv_heads, per = t->s->heads / hkv;
-    float *scores = malloc(sizeof(float) * (size_t)per * t->max_ctx);
+    float *scores = malloc(sizeof(float) * ((size_t)per * t->max_ctx + t->s->head_dim));
     if (!scores) {
         t->failed = 1;
         return NULL;
     }
+    float *row = scores + (size_t)per * t->max_ctx; /* a half pool's key or value row */
     /* Contiguous ranges of items: a thread's rows of one sequence read the same blocks,
      * which stay in its cache from one row to the next. */
     long total = (long)t->rows * hkv;
     long i0 = total * t->ith / t->nth, i1 = total * (t->ith + 1) / t->nth;
-    for (long item = i0; item < i1; item++) attend(t, (int)(item / hkv), (int)(item % hkv), scores);
+    for (long item = i0; item < i1; item++) attend(t, (int)(item / hkv), (int)(item % hkv), scores, row);
     free(scores);
     return NULL;
 }
@@ -145,7 +151,7 @@ static void *run_task(void *arg) {
  * each) and sits at positions[r]. Returns 0, or -1 (bad input or out of memory). */
 int paged_attention(const PagedShape *s, const float *qkv, int rows, const int64_t *positions,
                     const int32_t *row_seq, const int64_t *tables, int num_tables,
-                    int table_width, float *pool, float *out, int nthreads) {
+                    int table_width, void *pool, float *out, int nthreads) {
     int d = s->head_dim, hq = s->heads, hkv = s->kv_heads, bs = s->block_size;
     if (rows <= 0) return 0;
     if (hkv <= 0 || hq % hkv || hq / hkv > MAX_GROUP || bs <= 0) return -1;
@@ -168,7 +174,7 @@ int paged_attention(const PagedShape *s, const float *qkv, int rows, const int64
         int64_t slot = table[pos / bs] * bs + pos % bs;
         const float *row = qkv + (size_t)r * nqkv + (size_t)hq * d;
         for (int g = 0; g < 2 * hkv; g++)
-            memcpy(pool + g * head_stride + slot * d, row + (size_t)g * d, sizeof(float) * d);
+            kv_put(pool, g * head_stride + slot * d, row + (size_t)g * d, d, s->kv_half);
     }
     if (nthreads < 1) nthreads = 1;
     if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;

@@ -699,6 +699,7 @@ typedef struct {
     int hidden, heads, kv_heads, head_dim, inter;
     float eps, scale;
     int block_size, num_blocks;  /* pool: [2 * kv_heads, num_blocks * block_size, head_dim] */
+    int kv_half;                 /* the pool's elements: float16, else float32 */
 } LayerShape;
 
 static void rms_norm(const float *x, const float *w, int n, float eps, float *out) {
@@ -763,10 +764,16 @@ typedef struct {
     float *attn;
     const int64_t *positions, *block_tables;
     int table_width;
-    const float *pool;
+    const void *pool;
     const AttnItem *items;
     atomic_int failed;
 } AttnTask;
+
+/* The first K/V element of KV head g's keys (kv = 0) or values (kv = 1) in a layer's pool. */
+static inline const void *kv_head(const LayerShape *s, const void *pool, int kv, int g) {
+    const size_t head = (size_t)s->num_blocks * s->block_size * s->head_dim;
+    return (const char *)pool + (size_t)(kv * s->kv_heads + g) * head * (s->kv_half ? 2 : 4);
+}
 
 /* Each thread's scores, grown to the longest context it has seen. */
 static __thread float *tls_scores;
@@ -777,12 +784,12 @@ static __thread int tls_scores_cap;
  * positions of head_dim 64) and the blocks of many chats lie scattered, so the hardware's
  * prefetchers, which stop at a page's end, started cold at every block. */
 static inline void prefetch_blocks(const LayerShape *s, int ctx, const int64_t *table, int blk,
-                                   const float *keys, const float *vals) {
-    const size_t bytes = sizeof(float) * (size_t)s->block_size * s->head_dim;
-    const char *v = (const char *)(vals + (size_t)table[blk] * s->block_size * s->head_dim);
+                                   const void *keys, const void *vals) {
+    const size_t bytes = (s->kv_half ? 2 : 4) * (size_t)s->block_size * s->head_dim;
+    const char *v = (const char *)vals + (size_t)table[blk] * bytes;
     for (size_t l = 0; l < bytes; l += 64) _mm_prefetch(v + l, _MM_HINT_T1);
     if ((blk + 1) * s->block_size >= ctx) return;
-    const char *k = (const char *)(keys + (size_t)table[blk + 1] * s->block_size * s->head_dim);
+    const char *k = (const char *)keys + (size_t)table[blk + 1] * bytes;
     for (size_t l = 0; l < bytes; l += 64) _mm_prefetch(k + l, _MM_HINT_T0);
 }
 
@@ -841,9 +848,9 @@ static inline float exp_scores512(float *scores, int ctx, __m512 mx) {
  * query in registers, 16 positions' scores reduced together (sum16x16), the exponentials
  * 16 at a time (exp2_512), the weighted values summed over even and odd positions apart
  * (two chains of adds). The scores are the same dot products summed in another order. */
-static void attention_single512(const LayerShape *s, int ctx, const float *qp,
-                                const int64_t *table, const float *keys, const float *vals,
-                                float *scores, float *o) {
+static inline __attribute__((always_inline)) void attention_single512_h(
+    const LayerShape *s, int ctx, const float *qp, const int64_t *table, const void *keys,
+    const void *vals, float *scores, float *o, const int H) {
     const int d = s->head_dim, bs = s->block_size, nd = d / 16;
     __m512 q[8];
     for (int c = 0; c < 8; c++) q[c] = c < nd ? _mm512_loadu_ps(qp + 16 * c) : _mm512_setzero_ps();
@@ -857,10 +864,10 @@ static void attention_single512(const LayerShape *s, int ctx, const float *qp,
         for (int j = 0; j < 16; j++) {
             acc[j] = _mm512_setzero_ps();
             if (j >= n) continue;
-            const float *k = keys + ((size_t)table[blk] * bs + slot) * d;
+            const size_t k = ((size_t)table[blk] * bs + slot) * d;
             if (slot == 0) prefetch_blocks(s, ctx, table, blk, keys, vals);
             for (int c = 0; c < 8; c++)
-                if (c < nd) acc[j] = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(k + 16 * c), acc[j]);
+                if (c < nd) acc[j] = _mm512_fmadd_ps(q[c], kv_load16(keys, k + 16 * c, H), acc[j]);
             if (++slot == bs) slot = 0, blk++;
         }
         const __mmask16 m = first_lanes(n);
@@ -874,19 +881,28 @@ static void attention_single512(const LayerShape *s, int ctx, const float *qp,
     blk = 0;
     slot = 0;
     for (int p = 0; p < ctx; p++) {
-        const float *v = vals + ((size_t)table[blk] * bs + slot) * d;
+        const size_t v = ((size_t)table[blk] * bs + slot) * d;
         const __m512 w = _mm512_set1_ps(scores[p]);
         if (p & 1) {
             for (int c = 0; c < 8; c++)
-                if (c < nd) odd[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * c), odd[c]);
+                if (c < nd) odd[c] = _mm512_fmadd_ps(w, kv_load16(vals, v + 16 * c, H), odd[c]);
         } else {
             for (int c = 0; c < 8; c++)
-                if (c < nd) even[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * c), even[c]);
+                if (c < nd) even[c] = _mm512_fmadd_ps(w, kv_load16(vals, v + 16 * c, H), even[c]);
         }
         if (++slot == bs) slot = 0, blk++;
     }
     for (int c = 0; c < nd; c++)
         _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(_mm512_add_ps(even[c], odd[c]), _mm512_set1_ps(inv)));
+}
+
+static void attention_single512(const LayerShape *s, int ctx, const float *qp,
+                                const int64_t *table, const void *keys, const void *vals,
+                                float *scores, float *o) {
+    if (s->kv_half)
+        attention_single512_h(s, ctx, qp, table, keys, vals, scores, o, 1);
+    else
+        attention_single512_h(s, ctx, qp, table, keys, vals, scores, o, 0);
 }
 
 /* A decode row's G query heads of one KV head together (d = 16 * ND): each key and value
@@ -898,8 +914,8 @@ static void attention_single512(const LayerShape *s, int ctx, const float *qp,
  * shared (cached) ones; this pass took 0.87-0.94x of it, the cached case unchanged.
  * scores: G * ctx floats; q and o: the G heads' queries and outputs, d apart. */
 static inline __attribute__((always_inline)) void attention_group512_n(
-    const LayerShape *s, int ctx, const float *qp, const int64_t *table, const float *keys,
-    const float *vals, float *scores, float *o, const int G, const int ND) {
+    const LayerShape *s, int ctx, const float *qp, const int64_t *table, const void *keys,
+    const void *vals, float *scores, float *o, const int G, const int ND, const int H) {
     const int d = s->head_dim, bs = s->block_size;
     __m512 q[4][4], mx[4];
     for (int h = 0; h < G; h++) {
@@ -916,10 +932,10 @@ static inline __attribute__((always_inline)) void attention_group512_n(
                 for (int h = 0; h < G; h++) acc[h][j] = _mm512_setzero_ps();
                 continue;
             }
-            const float *k = keys + ((size_t)table[blk] * bs + slot) * d;
+            const size_t k = ((size_t)table[blk] * bs + slot) * d;
             if (slot == 0) prefetch_blocks(s, ctx, table, blk, keys, vals);
             __m512 kv[4];
-            for (int c = 0; c < ND; c++) kv[c] = _mm512_loadu_ps(k + 16 * c);
+            for (int c = 0; c < ND; c++) kv[c] = kv_load16(keys, k + 16 * c, H);
             for (int h = 0; h < G; h++) {
                 __m512 a = _mm512_mul_ps(q[h][0], kv[0]);
                 for (int c = 1; c < ND; c++) a = _mm512_fmadd_ps(q[h][c], kv[c], a);
@@ -943,9 +959,9 @@ static inline __attribute__((always_inline)) void attention_group512_n(
     blk = 0;
     slot = 0;
     for (int p = 0; p < ctx; p++) {
-        const float *v = vals + ((size_t)table[blk] * bs + slot) * d;
+        const size_t v = ((size_t)table[blk] * bs + slot) * d;
         __m512 vv[4];
-        for (int c = 0; c < ND; c++) vv[c] = _mm512_loadu_ps(v + 16 * c);
+        for (int c = 0; c < ND; c++) vv[c] = kv_load16(vals, v + 16 * c, H);
         for (int h = 0; h < G; h++) {
             const __m512 w = _mm512_set1_ps(scores[h * ctx + p]);
             for (int c = 0; c < ND; c++) out[h][c] = _mm512_fmadd_ps(w, vv[c], out[h][c]);
@@ -960,11 +976,14 @@ static inline __attribute__((always_inline)) void attention_group512_n(
 /* attention_group512_n for the shapes it is built for (2 to 4 heads a group, head_dim 16,
  * 32 or 64); returns 0 for others. */
 static int attention_group512(const LayerShape *s, int G, int ctx, const float *q,
-                              const int64_t *table, const float *keys, const float *vals,
+                              const int64_t *table, const void *keys, const void *vals,
                               float *scores, float *o) {
 #define GROUP_CASE(g, nd)                                                                   \
     case (g) * 16 + (nd):                                                                  \
-        attention_group512_n(s, ctx, q, table, keys, vals, scores, o, g, nd);              \
+        if (s->kv_half)                                                                    \
+            attention_group512_n(s, ctx, q, table, keys, vals, scores, o, g, nd, 1);       \
+        else                                                                               \
+            attention_group512_n(s, ctx, q, table, keys, vals, scores, o, g, nd, 0);       \
         return 1;
     if (s->head_dim % 16) return 0;
     switch (G * 16 + s->head_dim / 16) {
@@ -1012,8 +1031,8 @@ static inline float exp_scores256(float *scores, int ctx, __m256 mx) {
  * fetched ahead (prefetch_blocks). The values go in slices of head_dim whose G heads'
  * sums fit the 16 registers. scores: G * ctx floats; q and o: the G heads', d apart. */
 static inline __attribute__((always_inline)) void attention_group256_n(
-    const LayerShape *s, int ctx, const float *qp, const int64_t *table, const float *keys,
-    const float *vals, float *scores, float *o, const int G, const int ND) {
+    const LayerShape *s, int ctx, const float *qp, const int64_t *table, const void *keys,
+    const void *vals, float *scores, float *o, const int G, const int ND, const int H) {
     const int d = s->head_dim, bs = s->block_size;
     const __m256 scale = _mm256_set1_ps(s->scale), neg_inf = _mm256_set1_ps(-INFINITY);
     __m256 mx[4];
@@ -1021,14 +1040,14 @@ static inline __attribute__((always_inline)) void attention_group256_n(
     int blk = 0, slot = 0;
     for (int p0 = 0; p0 < ctx; p0 += 8) {
         const int n = ctx - p0 < 8 ? ctx - p0 : 8;
-        const float *kp[8];
+        size_t kp[8];
         for (int j = 0; j < 8; j++) {
             if (j >= n) {
                 kp[j] = kp[0]; /* a lane past the context: computed, then masked */
                 continue;
             }
             if (slot == 0) prefetch_blocks(s, ctx, table, blk, keys, vals);
-            kp[j] = keys + ((size_t)table[blk] * bs + slot) * d;
+            kp[j] = ((size_t)table[blk] * bs + slot) * d;
             if (++slot == bs) slot = 0, blk++;
         }
         const __m256i m = first_lanes8(n);
@@ -1038,7 +1057,7 @@ static inline __attribute__((always_inline)) void attention_group256_n(
             for (int c = 0; c < ND; c++) {
                 const __m256 qc = _mm256_loadu_ps(qp + h * d + 8 * c);
                 for (int j = 0; j < 8; j++)
-                    acc[j] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kp[j] + 8 * c), acc[j]);
+                    acc[j] = _mm256_fmadd_ps(qc, kv_load8(keys, kp[j] + 8 * c, H), acc[j]);
             }
             const __m256 sc = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(sum8x8(acc), scale),
                                                _mm256_castsi256_ps(m));
@@ -1057,11 +1076,11 @@ static inline __attribute__((always_inline)) void attention_group256_n(
         blk = 0;
         slot = 0;
         for (int p = 0; p < ctx; p++) {
-            const float *v = vals + ((size_t)table[blk] * bs + slot) * d + 8 * c0;
+            const size_t v = ((size_t)table[blk] * bs + slot) * d + 8 * c0;
             for (int h = 0; h < G; h++) {
                 const __m256 w = _mm256_broadcast_ss(scores + h * ctx + p);
                 for (int c = 0; c < NC; c++)
-                    out[h][c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * c), out[h][c]);
+                    out[h][c] = _mm256_fmadd_ps(w, kv_load8(vals, v + 8 * c, H), out[h][c]);
             }
             if (++slot == bs) slot = 0, blk++;
         }
@@ -1075,11 +1094,14 @@ static inline __attribute__((always_inline)) void attention_group256_n(
 /* attention_group256_n for the shapes it is built for (1 to 4 heads a group, head_dim 8,
  * 16, 32, 64 or 128); returns 0 for others. */
 static int attention_group256(const LayerShape *s, int G, int ctx, const float *q,
-                              const int64_t *table, const float *keys, const float *vals,
+                              const int64_t *table, const void *keys, const void *vals,
                               float *scores, float *o) {
 #define GROUP_CASE(g, nd)                                                                   \
     case (g) * 32 + (nd):                                                                  \
-        attention_group256_n(s, ctx, q, table, keys, vals, scores, o, g, nd);              \
+        if (s->kv_half)                                                                    \
+            attention_group256_n(s, ctx, q, table, keys, vals, scores, o, g, nd, 1);       \
+        else                                                                               \
+            attention_group256_n(s, ctx, q, table, keys, vals, scores, o, g, nd, 0);       \
         return 1;
 #define GROUP_CASES(g) GROUP_CASE(g, 1) GROUP_CASE(g, 2) GROUP_CASE(g, 4) GROUP_CASE(g, 8) GROUP_CASE(g, 16)
     if (s->head_dim % 8 || G < 1 || G > 4) return 0;
@@ -1112,14 +1134,14 @@ static void attention_single(AttnTask *t, int r, int head) {
     const LayerShape *s = t->s;
     int d = s->head_dim, hq = s->heads, hkv = s->kv_heads, bs = s->block_size;
     int nqkv = (hq + 2 * hkv) * d;
-    size_t head_stride = (size_t)s->num_blocks * bs * d;
     int ctx = (int)t->positions[r] + 1;
     float *scores = scores_for(t, ctx);
     if (!scores) return;
     const float *q = t->qkv + (size_t)r * nqkv + head * d;
     const int64_t *table = t->block_tables + (size_t)r * t->table_width;
     int g = head / (hq / hkv);
-    const float *keys = t->pool + g * head_stride, *vals = t->pool + (hkv + g) * head_stride;
+    const void *keys = kv_head(s, t->pool, 0, g), *vals = kv_head(s, t->pool, 1, g);
+    const int half = s->kv_half;
     float *o = t->attn + ((size_t)r * hq + head) * d;
 #if defined(__AVX512F__)
     if (d % 16 == 0 && d <= 128) {
@@ -1130,12 +1152,13 @@ static void attention_single(AttnTask *t, int r, int head) {
     if (attention_group256(s, 1, ctx, q, table, keys, vals, scores, o)) return;
 #endif
     /* Positions go by block (a slot's `p / bs` and `p % bs` are integer divisions here). */
-    float mx = -INFINITY;
+    float mx = -INFINITY, row[d];
     for (int p0 = 0; p0 < ctx; p0 += bs) {
-        const float *kb = keys + (size_t)table[p0 / bs] * bs * d;
+        const size_t kb = (size_t)table[p0 / bs] * bs * d;
         const int n = ctx - p0 < bs ? ctx - p0 : bs;
         for (int j = 0; j < n; j++) {
-            const float sc = dot_f32(q, kb + (size_t)j * d, d) * s->scale;
+            const float *k = kv_floats(keys, kb + (size_t)j * d, d, half, row);
+            const float sc = dot_f32(q, k, d) * s->scale;
             scores[p0 + j] = sc;
             mx = sc > mx ? sc : mx;
         }
@@ -1149,7 +1172,7 @@ static void attention_single(AttnTask *t, int r, int head) {
     if (d % 8) {
         for (int i = 0; i < d; i++) o[i] = 0.0f;
         for (int p = 0; p < ctx; p++) {
-            const float *v = vals + (table[p / bs] * bs + p % bs) * d;
+            const float *v = kv_floats(vals, (table[p / bs] * bs + p % bs) * d, d, half, row);
             for (int i = 0; i < d; i++) o[i] += scores[p] * inv * v[i];
         }
         return;
@@ -1162,13 +1185,13 @@ static void attention_single(AttnTask *t, int r, int head) {
         __m256 acc[8];
         for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
         for (int p0 = 0; p0 < ctx; p0 += bs) {
-            const float *vb = vals + (size_t)table[p0 / bs] * bs * d + i0;
+            const size_t vb = (size_t)table[p0 / bs] * bs * d + i0;
             const int n = ctx - p0 < bs ? ctx - p0 : bs;
             for (int j = 0; j < n; j++) {
                 const __m256 w = _mm256_set1_ps(scores[p0 + j]);
-                const float *v = vb + (size_t)j * d;
+                const size_t v = vb + (size_t)j * d;
                 for (int c = 0; c < 8; c++)
-                    if (c < nv) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * c), acc[c]);
+                    if (c < nv) acc[c] = _mm256_fmadd_ps(w, kv_load8(vals, v + 8 * c, half), acc[c]);
             }
         }
         for (int c = 0; c < nv; c++)
@@ -1185,7 +1208,6 @@ static int attention_group(AttnTask *t, int r, int g, int group) {
     const int ctx = (int)t->positions[r] + 1;
     float *scores = scores_for(t, group * ctx);
     if (!scores) return 1;
-    const size_t head_stride = (size_t)s->num_blocks * s->block_size * d;
     const float *q = t->qkv + (size_t)r * (hq + 2 * hkv) * d + (size_t)g * group * d;
 #if defined(__AVX512F__)
     return attention_group512(
@@ -1193,7 +1215,7 @@ static int attention_group(AttnTask *t, int r, int g, int group) {
     return attention_group256(
 #endif
         s, group, ctx, q, t->block_tables + (size_t)r * t->table_width,
-        t->pool + g * head_stride, t->pool + (hkv + g) * head_stride, scores,
+        kv_head(s, t->pool, 0, g), kv_head(s, t->pool, 1, g), scores,
         t->attn + ((size_t)r * hq + (size_t)g * group) * d);
 }
 
@@ -1204,11 +1226,11 @@ static void attention_tile(AttnTask *t, const AttnItem *it) {
     const LayerShape *s = t->s;
     int d = s->head_dim, hq = s->heads, hkv = s->kv_heads, bs = s->block_size;
     int group = hq / hkv, nqkv = (hq + 2 * hkv) * d;
-    size_t head_stride = (size_t)s->num_blocks * bs * d;
-    const float *keys = t->pool + it->g * head_stride;
-    const float *vals = t->pool + (hkv + it->g) * head_stride;
+    const void *keys = kv_head(s, t->pool, 0, it->g), *vals = kv_head(s, t->pool, 1, it->g);
     const int64_t *table = t->block_tables + (size_t)it->row0 * t->table_width;
     float qt[d][TILE_LANES], acc[d][TILE_LANES], sc[TILE_KEYS][TILE_LANES];
+    /* A half pool's keys and values, converted once for the tile's lanes. */
+    float kbuf[TILE_KEYS][d], vbuf[TILE_KEYS][d];
     int32_t pos[TILE_LANES];
     int ctx = 0;
     for (int l = 0; l < TILE_LANES; l++) {
@@ -1231,8 +1253,8 @@ static void attention_tile(AttnTask *t, const AttnItem *it) {
         for (int j = 0; j < np; j++) {
             int p = p0 + j;
             size_t slot = (size_t)table[p / bs] * bs + p % bs;
-            kp[j] = keys + slot * d;
-            vp[j] = vals + slot * d;
+            kp[j] = kv_floats(keys, slot * d, d, s->kv_half, kbuf[j]);
+            vp[j] = kv_floats(vals, slot * d, d, s->kv_half, vbuf[j]);
             __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
             for (int i = 0; i + 1 < d; i += 2) {
                 a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(kp[j] + i), _mm256_loadu_ps(qt[i]), a0);
@@ -1349,7 +1371,7 @@ static int attention_items(const LayerShape *s, int rows, const int64_t *block_t
  * head_dim] (rope applied; the rows' K/V in the pool already) over the positions up to
  * each row's own -> out [rows, heads, head_dim]. Returns 0, or -1 where memory ran out. */
 int decode_attention(const LayerShape *s, const float *qkv, int rows, const int64_t *positions,
-                     const int64_t *block_tables, int table_width, const float *pool,
+                     const int64_t *block_tables, int table_width, const void *pool,
                      float *out, int nthreads) {
     /* Tiles never outnumber single items: a run of n rows makes at most ceil(n * group / 8)
      * tiles per KV head, fewer than n * heads. */
@@ -1364,7 +1386,7 @@ int decode_attention(const LayerShape *s, const float *qkv, int rows, const int6
 
 int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
                  const int64_t *positions, const float *cos, const float *sin,
-                 const int64_t *block_tables, int table_width, float *pool, int nthreads) {
+                 const int64_t *block_tables, int table_width, void *pool, int nthreads) {
     int H = s->hidden, d = s->head_dim, hq = s->heads, hkv = s->kv_heads;
     int nqkv = (hq + 2 * hkv) * d, bs = s->block_size;
     size_t head_stride = (size_t)s->num_blocks * bs * d;
@@ -1385,7 +1407,7 @@ int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
         const int64_t *table = block_tables + (size_t)r * table_width;
         int64_t slot = table[pos / bs] * bs + pos % bs;
         for (int g = 0; g < 2 * hkv; g++)
-            memcpy(pool + g * head_stride + slot * d, row + (hq + g) * d, sizeof(float) * d);
+            kv_put(pool, g * head_stride + slot * d, row + (hq + g) * d, d, s->kv_half);
     }
     if (decode_attention(s, qkv, rows, positions, block_tables, table_width, pool, attn,
                          nthreads))
@@ -1429,7 +1451,7 @@ out:
  * decode_layer code, 0 when all went through. */
 int decode_layers(const LayerShape *s, const LayerWeights *w, int layers, float *x, int rows,
                   const int64_t *positions, const float *cos, const float *sin,
-                  const int64_t *block_tables, int table_width, float *const *pools,
+                  const int64_t *block_tables, int table_width, void *const *pools,
                   int nthreads) {
     for (int i = 0; i < layers; i++) {
         int rc = decode_layer(s, w + i, x, rows, positions, cos, sin, block_tables, table_width,

@@ -1,7 +1,10 @@
-/* Small vector helpers shared by the kernels' C files (AVX2 / FMA). */
+/* Small vector helpers shared by the kernels' C files (AVX2 / FMA / F16C). */
 #ifndef CHATAPP_KERNELS_SIMD_H
 #define CHATAPP_KERNELS_SIMD_H
 #include <immintrin.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 /* exp(x), eight at a time (Cephes' polynomial, relative error ~1e-7), for x up to 88;
  * exactly 0 below -87 (where float32's exp underflows anyway), so masked logits stay
@@ -25,7 +28,54 @@ static inline __m256 exp256(__m256 x) {
     return _mm256_andnot_ps(zero, _mm256_mul_ps(y, _mm256_castsi256_ps(n)));
 }
 
+/* The KV pool's elements: float32, or float16 where the pool is half (its shape's kv_half):
+ * half the bytes for attention to read, which waits on memory over chats' scattered
+ * blocks. `half` is a constant in the kernels' inlined bodies, one build of each per
+ * format. Eight from element i: */
+static inline __m256 kv_load8(const void *base, size_t i, const int half) {
+    if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)));
+    return _mm256_loadu_ps((const float *)base + i);
+}
+
+/* ... one: */
+static inline float kv_at(const void *base, size_t i, const int half) {
+    return half ? _cvtsh_ss(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
+
+/* n floats of x into the pool at element i (rounded to nearest even where half). */
+static inline void kv_put(void *base, size_t i, const float *x, int n, const int half) {
+    if (!half) {
+        memcpy((float *)base + i, x, sizeof(float) * (size_t)n);
+        return;
+    }
+    uint16_t *h = (uint16_t *)base + i;
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm_storeu_si128((__m128i *)(h + j),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + j), _MM_FROUND_TO_NEAREST_INT));
+    for (; j < n; j++) h[j] = _cvtss_sh(x[j], _MM_FROUND_TO_NEAREST_INT);
+}
+
+/* n elements of the pool from element i as float32: the pool itself where it is float32,
+ * else converted into buf. */
+static inline const float *kv_floats(const void *base, size_t i, int n, const int half,
+                                     float *buf) {
+    if (!half) return (const float *)base + i;
+    const uint16_t *h = (const uint16_t *)base + i;
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(buf + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j))));
+    for (; j < n; j++) buf[j] = _cvtsh_ss(h[j]);
+    return buf;
+}
+
 #ifdef __AVX512F__
+/* kv_load8's sixteen. */
+static inline __m512 kv_load16(const void *base, size_t i, const int half) {
+    if (half) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i)));
+    return _mm512_loadu_ps((const float *)base + i);
+}
+
 /* exp512: exp256's polynomial, sixteen at a time. */
 static inline __m512 exp512(__m512 x) {
     const __m512 lo = _mm512_set1_ps(-87.0f);

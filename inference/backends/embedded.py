@@ -210,6 +210,7 @@ class EmbeddedClient:
             self._fingerprint = model_fingerprint(
                 str(self.engine.config.model),
                 dtype=str(stats["dtype"]),
+                kv_dtype=str(stats.get("kv_dtype", stats["dtype"])),
                 quantization=str(stats["quantization"]),
                 max_model_len=self.max_model_len,
             )

@@ -100,9 +100,16 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--kv-dtype", default="auto", help="ENGINE_KV_DTYPE")
+    ap.add_argument("--kv-mb", type=int, default=0, help="ENGINE_KV_CACHE_MEMORY_MB")
     ap.add_argument("--json", default="bench_chat_engine.json")
     args = ap.parse_args()
-    engine = LLMEngine(EngineConfig(model=args.model or str(default_model_path())))
+    config = EngineConfig(
+        model=args.model or str(default_model_path()),
+        kv_dtype=args.kv_dtype,
+        kv_cache_memory_mb=args.kv_mb,
+    )
+    engine = LLMEngine(config)
     engine.defer_text = True  # as the async front runs it
     freeze_loaded()
     runs: dict[int, list[dict[str, Any]]] = {n: [] for n in args.streams}
@@ -110,7 +117,9 @@ def main() -> None:
         for n in args.streams:
             engine.kv.reset_prefix_cache()  # each run's conversations start cold
             runs[n].append(run_once(engine, n, args.turns, args.max_tokens))
-    print(f"{platform.machine()}; {args.turns} turns of {args.max_tokens} tokens; "
+    runner = engine.runner
+    pool = f"KV pool {str(runner.kv_dtype).removeprefix('torch.')}, {runner.num_blocks} blocks"
+    print(f"{platform.machine()}; {args.turns} turns of {args.max_tokens} tokens; {pool}; "
           f"median (min-max) of {args.repeat}")  # fmt: skip
     print("| streams | tok/s | decode-only steps | ms | rows | mixed steps | ms | rows |")
     print("|---:|---|---|---|---|---|---|---|")

@@ -1,15 +1,17 @@
 """How closely each weight format follows the exact float32 model, next to llama.cpp.
 
     python -m inference.bench.quality [--llama-server PATH] [--prompts 16 --tokens 48]
+    python -m inference.bench.quality --formats hybrid --kv-dtypes float16 float32
 
 The reference is our engine with exact float32 weights (`none`). For a fixed set of chat
-prompts it decodes a greedy continuation; every format is then fed that same text one
-token per step (teacher forcing, so each position is a real decode step) and compared at
-each position: greedy agreement (its argmax equals the reference's) and the mean
-KL(reference || format) of the next-token distribution, over the whole vocabulary and
-over the reference's top 20 tokens. llama-server, when given or built (make
-bench-baseline), answers the same prefixes greedily: its greedy agreement is reported (its
-probabilities for a greedy request are post-sampling, so no KL).
+prompts it decodes a greedy continuation; every format is then fed that same text one token
+per step (teacher forcing, so each position is a real decode step) and compared at each
+position: greedy agreement (its argmax equals the reference's) and the mean KL(reference ||
+format) of the next-token distribution, over the whole vocabulary and over the reference's
+top 20 tokens; with `--kv-dtypes`, each format over each KV pool element type
+(ENGINE_KV_DTYPE; the reference keeps its float32 pool). llama-server, when given or built
+(make bench-baseline), answers the same prefixes greedily: its greedy agreement is reported
+(its probabilities for a greedy request are post-sampling, so no KL).
 """
 
 from __future__ import annotations
@@ -110,13 +112,15 @@ def main() -> None:
     ap.add_argument("--formats", nargs="+", default=["hybrid", "int4", "fp16", "int8"])
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--kv-dtypes", nargs="+", default=["auto"], help="ENGINE_KV_DTYPE values")
     ap.add_argument("--llama-server", default="", help="binary; 'build' builds it; default none")
     ap.add_argument("--json", default="bench_quality.json")
     args = ap.parse_args()
 
-    def engine(q: str) -> LLMEngine:
-        return LLMEngine(EngineConfig(model=args.model, dtype="float32", quantization=q,
-                                      num_threads=1, kv_tier_url=""))  # fmt: skip
+    def engine(q: str, kv_dtype: str = "auto") -> LLMEngine:
+        config = EngineConfig(model=args.model, dtype="float32", quantization=q,
+                              num_threads=1, kv_tier_url="", kv_dtype=kv_dtype)  # fmt: skip
+        return LLMEngine(config)
 
     ref_engine = engine("none")
     ps = prompts(ref_engine, args.prompts)
@@ -126,13 +130,17 @@ def main() -> None:
     del ref_engine
     results: dict[str, Any] = {"reference": "float32 (none)", "formats": {}}
     for q in args.formats:
-        e = engine(q)
-        per = [
-            compare(r, forced_logprobs(e, p, c)) for p, c, r in zip(ps, conts, refs, strict=True)
-        ]
-        results["formats"][q] = {k: statistics.mean(x[k] for x in per) for k in per[0]}
-        print(q, results["formats"][q], flush=True)
-        del e
+        for kv in args.kv_dtypes:
+            e = engine(q, kv)
+            kv_name = str(e.runner.kv_dtype).removeprefix("torch.")
+            name = q if args.kv_dtypes == ["auto"] else f"{q}, KV {kv_name}"
+            per = [
+                compare(r, forced_logprobs(e, p, c))
+                for p, c, r in zip(ps, conts, refs, strict=True)
+            ]
+            results["formats"][name] = {k: statistics.mean(x[k] for x in per) for k in per[0]}
+            print(name, results["formats"][name], flush=True)
+            del e
     if args.llama_server:
         from inference.bench.llama_server import LlamaServer, llama_server_binary
 

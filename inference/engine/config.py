@@ -35,6 +35,13 @@ class EngineConfig:
     # 0: by the machine (model_runner.kv_pool_mb: 2 GB, or an eighth of its memory).
     block_size: int = 16
     kv_cache_memory_mb: int = 0
+    # The KV pool's element type. "auto": float16 where a float32 model with quantized
+    # weights (hybrid, int4, int8, fp16) runs on a CPU whose native kernels build (attention
+    # reads half the bytes over chats' scattered blocks, and the same memory holds twice the
+    # tokens; docs/performance.md, "The KV pool"), else the model dtype (quantization "none"
+    # stays exact). Or "float32", "float16", "bfloat16" (this one with a bfloat16 model
+    # only on a CPU: the kernels read float32 or float16 pools).
+    kv_dtype: str = "auto"
     enable_prefix_caching: bool = True
     # Bounded waiting queue: past either limit a request is refused as busy.
     max_waiting_requests: int = 256

@@ -191,9 +191,10 @@ class CudaGraphStep:
         m = self.model
         hq, hkv, d = m.num_heads, m.num_kv_heads, m.head_dim
         rows, width = tables.shape
-        new_kv = qkv[:, hq:].transpose(0, 1)  # [2 * hkv, rows, d]
+        new_kv = qkv[:, hq:].transpose(0, 1).to(kv_cache.dtype)  # [2 * hkv, rows, d]
         kv_cache.view(2 * hkv, -1, d).index_copy_(1, slots, new_kv)
         kv = kv_cache.index_select(1, tables.reshape(-1)).view(2, hkv, rows, -1, d)
+        kv = kv.to(qkv.dtype)
         key_pos = torch.arange(width * self.block_size, device=qkv.device)
         mask = (key_pos[None, :] < context_lens[:, None])[:, None, None, :]
         per_kv = hq // hkv

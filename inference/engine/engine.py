@@ -450,10 +450,14 @@ class LLMEngine:
 
     def _start_kv_tier(self) -> KVTier:
         m, runner, c = self.runner.model, self.runner, self.config
-        layout = BlockLayout(m.num_layers, m.num_kv_heads, c.block_size, m.head_dim, runner.dtype)
+        layout = BlockLayout(
+            m.num_layers, m.num_kv_heads, c.block_size, m.head_dim, runner.kv_dtype
+        )
         fingerprint = model_fingerprint(
             c.model,
             dtype=str(runner.dtype).removeprefix("torch."),
+            # The blocks' bytes are the pool's: another element type is another layout.
+            kv_dtype=str(runner.kv_dtype).removeprefix("torch."),
             quantization=runner.quantization,
             device=runner.device.type,
             block_size=c.block_size,
@@ -597,6 +601,7 @@ class LLMEngine:
             "prefix_cache_hit_rate": kv.hit_tokens / kv.query_tokens if kv.query_tokens else 0.0,
             "preemptions": self.scheduler.num_preemptions,
             "dtype": str(self.runner.dtype).removeprefix("torch."),
+            "kv_dtype": str(self.runner.kv_dtype).removeprefix("torch."),
             "device": str(self.runner.device),
             "quantization": self.runner.quantization,
             "max_model_len": self.max_model_len,

@@ -79,6 +79,29 @@ def resolve_dtype(name: str, device: torch.device, quantization: str = "none") -
     return _DTYPES[name]
 
 
+def resolve_kv_dtype(
+    name: str, device: torch.device, dtype: torch.dtype, quantization: str = "none"
+) -> torch.dtype:
+    """The KV pool's element type (EngineConfig.kv_dtype) for a model of `dtype`: with
+    "auto", float16 for a float32 model with quantized weights on a CPU where the native
+    kernels load (their attention, the paged and the chunk kernels read float16 pools),
+    else `dtype`: the exact path (quantization "none") stays exact."""
+    if name == "auto":
+        quantized = quantization != "none"
+        if device.type == "cpu" and dtype == torch.float32 and quantized and kernels.load():
+            return torch.float16
+        return dtype
+    if name not in _DTYPES:
+        raise ValueError(f"kv_dtype must be auto, {', '.join(_DTYPES)}; got {name!r}")
+    kv = _DTYPES[name]
+    if device.type == "cpu" and kv == torch.bfloat16 and dtype == torch.float32:
+        raise ValueError(
+            "kv_dtype bfloat16 needs a bfloat16 model on a CPU (dtype bfloat16): a float32 "
+            "model's kernels read float32 or float16 KV pools"
+        )
+    return kv
+
+
 def resolve_quantization(
     name: str,
     device: torch.device,
@@ -116,6 +139,7 @@ def describe_engine(
     block_bytes: int,
     native_rows: int | None = None,
     split: bool = False,
+    kv_dtype: torch.dtype | None = None,
 ) -> str:
     """The resolved configuration, as the one line an engine logs when it starts: what
     `auto` chose, and why, is visible without reading the code."""
@@ -134,6 +158,8 @@ def describe_engine(
             layers, head = kernels.amx_min_rows()
             native += f", AMX tiles from {layers} rows (head {head})"
     pool_mb = num_blocks * block_bytes / 2**20
+    kv_name = str(kv_dtype or dtype).removeprefix("torch.")
+    kv_src = "auto" if config.kv_dtype == "auto" else "set"
     tier = redacted(config.kv_tier_url) if config.kv_tier_url else "off"
     if config.kv_tier_url and config.tensor_parallel_size > 1:
         tier += " (off: tensor parallel)"
@@ -141,7 +167,8 @@ def describe_engine(
         f"engine config: model={config.model} device={device} dtype={dtype_name} ({dtype_src}) "
         f"quantization={quantization} ({why}{native}) threads={config.cpu_threads()} "
         f"(small steps {config.small_step_cpu_threads()}) kv_pool={num_blocks} blocks x "
-        f"{config.block_size} tokens ({pool_mb:.0f} MB) max_num_seqs={config.max_num_seqs} "
+        f"{config.block_size} tokens ({pool_mb:.0f} MB, {kv_name} {kv_src}) "
+        f"max_num_seqs={config.max_num_seqs} "
         f"tensor_parallel={config.tensor_parallel_size} "
         f"speculative={config.speculative_mode or 'off'} kv_tier={tier}"
     )
@@ -186,6 +213,9 @@ class ModelRunner:
             dtype_explicit=config.dtype != "auto",
         )
         self.dtype = resolve_dtype(config.dtype, self.device, self.quantization)
+        self.kv_dtype = resolve_kv_dtype(
+            config.kv_dtype, self.device, self.dtype, self.quantization
+        )
         self.model = build_model(  # LlamaModel, or rank 0 of tensor_parallel_size ranks
             config,
             dtype=self.dtype,
@@ -196,7 +226,12 @@ class ModelRunner:
         m = self.model
         self.block_size = config.block_size
         block_bytes = (
-            2 * m.num_layers * self.block_size * m.num_kv_heads * m.head_dim * self.dtype.itemsize
+            2
+            * m.num_layers
+            * self.block_size
+            * m.num_kv_heads
+            * m.head_dim
+            * self.kv_dtype.itemsize
         )
         self.kv_cache_mb = kv_pool_mb(config.kv_cache_memory_mb, self.device)
         self.num_blocks = max(2, self.kv_cache_mb * 2**20 // block_bytes)
@@ -207,6 +242,7 @@ class ModelRunner:
             describe_engine(
                 config, self.device, self.dtype, self.quantization, self.num_blocks,
                 block_bytes, native.max_rows if native is not None else None, self.split_mixed,
+                self.kv_dtype,
             ),
         )  # fmt: skip
         # Per layer one pool, head-major: keys are heads [0, kv_heads), values the rest, so
@@ -218,7 +254,7 @@ class ModelRunner:
         pool_blocks = self.num_blocks + 1 if graphs else self.num_blocks
         shape = (2 * m.num_kv_heads, pool_blocks, self.block_size, m.head_dim)
         self.kv_caches = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(m.num_layers)
+            torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(m.num_layers)
         ]
         self.compiled: CompiledStep | CudaGraphStep | None = None
         if graphs:

@@ -179,7 +179,8 @@ class TensorParallelModel:
             )
         start = time.perf_counter()
         try:
-            step = ("forward", _to_cpu(input_ids), _to_cpu(meta), tuple(kv_caches[0].shape))
+            pool = kv_caches[0]
+            step = ("forward", _to_cpu(input_ids), _to_cpu(meta), tuple(pool.shape), pool.dtype)
             dist.broadcast_object_list([step], src=0, group=self.control)
             self._stats["broadcast_seconds"] += time.perf_counter() - start
             _timer.sync = self.sync_timing and input_ids.device.type == "cuda"
@@ -239,10 +240,10 @@ def serve(model: LlamaModel, device: torch.device) -> None:
             kind, *args = message[0]
             if kind == "stop":
                 return
-            input_ids, meta, pool_shape = args
-            if not pools or tuple(pools[0].shape) != pool_shape:
+            input_ids, meta, pool_shape, pool_dtype = args
+            if not pools or (tuple(pools[0].shape), pools[0].dtype) != (pool_shape, pool_dtype):
                 pools = [
-                    torch.zeros(pool_shape, dtype=model.dtype, device=device)
+                    torch.zeros(pool_shape, dtype=pool_dtype, device=device)
                     for _ in range(model.num_layers)
                 ]
             model.forward(input_ids.to(device), _to_device(meta, device), pools)

@@ -50,11 +50,14 @@ def test_compiled_steps_give_the_eager_greedy_tokens(make_engine):
     assert got == _generate(make_engine(compile="off"), PROMPTS)
 
 
-def test_compiled_logits_match_the_eager_ones_for_a_mixed_step(make_engine):
-    """Decodes, a short chunk and a long chunk in one compiled step."""
+@pytest.mark.parametrize(("kv_dtype", "tol"), [("float32", 1e-4), ("float16", 2e-3)])
+def test_compiled_logits_match_the_eager_ones_for_a_mixed_step(make_engine, kv_dtype, tol):
+    """Decodes, a short chunk and a long chunk in one compiled step. Over a float16 pool
+    the graph's K/V, a few float32 ulps off the eager ones, can round to the neighbouring
+    float16 (~5e-4 relative): the logits then differ by more than float32's noise."""
 
     def logits(mode: str) -> torch.Tensor:
-        engine = make_engine(compile=mode, block_size=4)
+        engine = make_engine(compile=mode, block_size=4, kv_dtype=kv_dtype)
         seqs = [
             Sequence(f"s{i}", _prompt(n, i), SamplingParams())
             for i, n in enumerate((9, 30, 17, 40))
@@ -72,7 +75,7 @@ def test_compiled_logits_match_the_eager_ones_for_a_mixed_step(make_engine):
             assert _steps_compiled(engine) >= 3
         return out
 
-    torch.testing.assert_close(logits("on"), logits("off"), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits("on"), logits("off"), atol=tol, rtol=tol)
 
 
 def test_second_turn_reuses_first_turn_kv_on_the_compiled_step(make_engine):

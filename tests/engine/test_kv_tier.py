@@ -101,18 +101,19 @@ def _entries(store: redis.Redis, namespace: str) -> list[bytes]:
     return [k for k in store.scan_iter(f"{namespace}:*", count=1000) if k.count(b":") == 2]
 
 
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
 def test_next_turn_after_a_restart_is_restored_from_redis_and_equals_a_cold_start(
-    tier_engine, make_engine
+    tier_engine, make_engine, kv_dtype
 ):
-    first = tier_engine()
+    first = tier_engine(kv_dtype=kv_dtype)
     turn2 = _first_turn(first)
     first.close()
-    restarted = tier_engine()
+    restarted = tier_engine(kv_dtype=kv_dtype)
     tokens, figures = _generate(restarted, turn2)
     # Every full block of turn 1 (prompt and reply but its last token) came from Redis.
     assert figures.cached_tokens == 0
     assert figures.cached_tokens_redis == (70 + 20 - 1) // 8 * 8
-    assert tokens == _cold(make_engine, turn2)
+    assert tokens == _cold(make_engine, turn2, kv_dtype=kv_dtype)
     stats = restarted.stats()
     assert stats["kv_tier_hits"] == 1
     assert stats["kv_tier_hit_tokens"] == figures.cached_tokens_redis
@@ -183,6 +184,16 @@ def test_a_different_dtype_finds_nothing(tier_engine, make_engine):
     tokens, figures = _generate(engine, turn2)
     assert figures.cached_tokens_redis == 0 and engine.stats()["kv_tier_hits"] == 0
     assert tokens == _cold(make_engine, turn2, dtype="bfloat16")
+
+
+def test_a_different_kv_pool_dtype_finds_nothing(tier_engine, make_engine):
+    """The same weights and compute dtype over a float16 pool: the blocks' bytes are
+    another layout, so the float32 pool's entries are not read into it."""
+    turn2 = _first_turn(tier_engine())
+    engine = tier_engine(kv_dtype="float16")
+    tokens, figures = _generate(engine, turn2)
+    assert figures.cached_tokens_redis == 0 and engine.stats()["kv_tier_hits"] == 0
+    assert tokens == _cold(make_engine, turn2, kv_dtype="float16")
 
 
 def test_entries_expire_after_their_ttl(tier_engine, store, namespace):

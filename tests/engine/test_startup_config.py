@@ -72,7 +72,8 @@ def test_one_line_names_the_resolved_configuration_without_the_tier_password(
         assert "device=cpu" in line and "dtype=float32 (set)" in line
         assert "quantization=none (auto: kept in float32 as the dtype was set explicitly" in line
         assert "threads=1" in line
-        assert f"kv_pool={engine.runner.num_blocks} blocks x 16 tokens (8 MB)" in line
+        pool = f"kv_pool={engine.runner.num_blocks} blocks x 16 tokens (8 MB, float32 auto)"
+        assert pool in line
         assert "kv_tier=redis://:***@127.0.0.1:1/4" in line
         assert "s3cret" not in caplog.text
     finally:

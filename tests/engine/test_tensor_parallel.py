@@ -96,20 +96,21 @@ def test_two_ranks_generate_the_same_greedy_tokens_as_one(one_and_two_ranks):
     assert _generate(two) == expected
 
 
+def _logits_at_every_position(engine: LLMEngine) -> torch.Tensor:
+    seq = Sequence("x", _prompt(40, seed=5), SamplingParams())
+    rows = []
+    for n in (16, 16, 7, 1):  # chunked prefill through the paged cache, then a decode
+        assert engine.kv.allocate(seq, seq.num_computed_tokens + n)
+        rows.append(engine.runner.run(ScheduledBatch([seq], [n]), all_logits=True)[1])
+        seq.num_computed_tokens += n
+    engine.kv.free(seq)
+    return torch.cat(rows)
+
+
 def test_two_ranks_give_the_same_logits_as_one_at_every_position(one_and_two_ranks):
-    prompt = _prompt(40, seed=5)
-    logits = []
-    for engine in one_and_two_ranks:
-        seq = Sequence("x", prompt, SamplingParams())
-        rows = []
-        for n in (16, 16, 7, 1):  # chunked prefill through the paged cache, then a decode
-            assert engine.kv.allocate(seq, seq.num_computed_tokens + n)
-            rows.append(engine.runner.run(ScheduledBatch([seq], [n]), all_logits=True)[1])
-            seq.num_computed_tokens += n
-        engine.kv.free(seq)
-        logits.append(torch.cat(rows))
+    one, two = (_logits_at_every_position(e) for e in one_and_two_ranks)
     # float32 both ways; only the order of the sums differs.
-    torch.testing.assert_close(logits[1], logits[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(two, one, atol=1e-5, rtol=1e-5)
 
 
 def test_each_rank_holds_half_the_heads_and_half_the_kv_pool(one_and_two_ranks):

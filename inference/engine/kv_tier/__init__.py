@@ -19,16 +19,15 @@ One Redis entry per full KV block, under
 
     {namespace}:{fingerprint}:{chain digest}
 
-The fingerprint covers the model's weights, dtype, quantization, device type, block size and
-cache layout (fingerprint.py); the chain digest is blake2b over the previous block's digest
-and this block's exact token ids (cache_scope.chain_digest), the link into a request's first
-salted block salted with its owner (cache_scope.CacheScope), so one owner's keys never name
-another's blocks. The value is a header (magic,
-version, compression, fingerprint, parent digest, lengths) and the block's token ids, then
-the block's K and V for every layer in the pool dtype, byte for byte (or compressed), then a
-crc32 of all that. A reader checks
-every field against what it expects and the crc over the whole value; anything off is
-deleted and counted, never used.
+The fingerprint covers the model's weights, dtype, KV pool dtype, quantization, device type,
+block size and cache layout (fingerprint.py); the chain digest is blake2b over the previous
+block's digest and this block's exact token ids (cache_scope.chain_digest), the link into a
+request's first salted block salted with its owner (cache_scope.CacheScope), so one owner's
+keys never name another's blocks. The value is a header (magic, version, compression,
+fingerprint, parent digest, lengths) and the block's token ids, then the block's K and V for
+every layer in the pool dtype, byte for byte (or compressed), then a crc32 of all that. A
+reader checks every field against what it expects and the crc over the whole value; anything
+off is deleted and counted, never used.
 
 Lookups run on a reader thread (one MGET for all candidate blocks of a prompt), writes on a
 writer thread (a pipeline of small Lua scripts that also keep a last-use sorted set and a

@@ -769,6 +769,10 @@ typedef struct {
     atomic_int failed;
 } AttnTask;
 
+/* fn(..., 1) over a float16 pool, fn(..., 0) over a float32 one: each pool type its own
+ * inlined build of the attention passes (their last argument, a constant there). */
+#define BY_KV_TYPE(s, fn, ...) ((s)->kv_half ? fn(__VA_ARGS__, 1) : fn(__VA_ARGS__, 0))
+
 /* The first K/V element of KV head g's keys (kv = 0) or values (kv = 1) in a layer's pool. */
 static inline const void *kv_head(const LayerShape *s, const void *pool, int kv, int g) {
     const size_t head = (size_t)s->num_blocks * s->block_size * s->head_dim;
@@ -899,10 +903,7 @@ static inline __attribute__((always_inline)) void attention_single512_h(
 static void attention_single512(const LayerShape *s, int ctx, const float *qp,
                                 const int64_t *table, const void *keys, const void *vals,
                                 float *scores, float *o) {
-    if (s->kv_half)
-        attention_single512_h(s, ctx, qp, table, keys, vals, scores, o, 1);
-    else
-        attention_single512_h(s, ctx, qp, table, keys, vals, scores, o, 0);
+    BY_KV_TYPE(s, attention_single512_h, s, ctx, qp, table, keys, vals, scores, o);
 }
 
 /* A decode row's G query heads of one KV head together (d = 16 * ND): each key and value
@@ -980,10 +981,7 @@ static int attention_group512(const LayerShape *s, int G, int ctx, const float *
                               float *scores, float *o) {
 #define GROUP_CASE(g, nd)                                                                   \
     case (g) * 16 + (nd):                                                                  \
-        if (s->kv_half)                                                                    \
-            attention_group512_n(s, ctx, q, table, keys, vals, scores, o, g, nd, 1);       \
-        else                                                                               \
-            attention_group512_n(s, ctx, q, table, keys, vals, scores, o, g, nd, 0);       \
+        BY_KV_TYPE(s, attention_group512_n, s, ctx, q, table, keys, vals, scores, o, g, nd); \
         return 1;
     if (s->head_dim % 16) return 0;
     switch (G * 16 + s->head_dim / 16) {
@@ -1098,10 +1096,7 @@ static int attention_group256(const LayerShape *s, int G, int ctx, const float *
                               float *scores, float *o) {
 #define GROUP_CASE(g, nd)                                                                   \
     case (g) * 32 + (nd):                                                                  \
-        if (s->kv_half)                                                                    \
-            attention_group256_n(s, ctx, q, table, keys, vals, scores, o, g, nd, 1);       \
-        else                                                                               \
-            attention_group256_n(s, ctx, q, table, keys, vals, scores, o, g, nd, 0);       \
+        BY_KV_TYPE(s, attention_group256_n, s, ctx, q, table, keys, vals, scores, o, g, nd); \
         return 1;
 #define GROUP_CASES(g) GROUP_CASE(g, 1) GROUP_CASE(g, 2) GROUP_CASE(g, 4) GROUP_CASE(g, 8) GROUP_CASE(g, 16)
     if (s->head_dim % 8 || G < 1 || G > 4) return 0;

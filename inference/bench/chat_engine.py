@@ -27,6 +27,7 @@ from inference.bench.spread import cell, spread
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
 from inference.engine.heap import freeze_loaded
+from inference.engine.model_runner import dtype_name
 from inference.engine.sampling_params import SamplingParams
 from inference.model_files import default_model_path
 
@@ -118,7 +119,7 @@ def main() -> None:
             engine.kv.reset_prefix_cache()  # each run's conversations start cold
             runs[n].append(run_once(engine, n, args.turns, args.max_tokens))
     runner = engine.runner
-    pool = f"KV pool {str(runner.kv_dtype).removeprefix('torch.')}, {runner.num_blocks} blocks"
+    pool = f"KV pool {dtype_name(runner.kv_dtype)}, {runner.num_blocks} blocks"
     print(f"{platform.machine()}; {args.turns} turns of {args.max_tokens} tokens; {pool}; "
           f"median (min-max) of {args.repeat}")  # fmt: skip
     print("| streams | tok/s | decode-only steps | ms | rows | mixed steps | ms | rows |")

@@ -27,6 +27,7 @@ import torch
 
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
+from inference.engine.model_runner import dtype_name
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.scheduler import ScheduledBatch
 from inference.engine.sequence import Sequence
@@ -132,8 +133,7 @@ def main() -> None:
     for q in args.formats:
         for kv in args.kv_dtypes:
             e = engine(q, kv)
-            kv_name = str(e.runner.kv_dtype).removeprefix("torch.")
-            name = q if args.kv_dtypes == ["auto"] else f"{q}, KV {kv_name}"
+            name = q if args.kv_dtypes == ["auto"] else f"{q}, KV {dtype_name(e.runner.kv_dtype)}"
             per = [
                 compare(r, forced_logprobs(e, p, c))
                 for p, c, r in zip(ps, conts, refs, strict=True)

@@ -24,6 +24,7 @@ from inference.bench.driver import Arrival, drive
 from inference.bench.workloads import greedy, make_prompts
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
+from inference.engine.model_runner import dtype_name
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -68,7 +69,7 @@ def run_size(args: argparse.Namespace, size: int) -> dict[str, Any]:
         return {
             "tensor_parallel_size": size,
             "device": str(engine.runner.device),
-            "dtype": str(engine.runner.dtype).removeprefix("torch."),
+            "dtype": dtype_name(engine.runner.dtype),
             "quantization": engine.runner.quantization,
             "single": single,
             f"streams{args.streams}": batch,

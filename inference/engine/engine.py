@@ -45,7 +45,7 @@ from inference.engine.kv_tier import (
     start_tier,
 )
 from inference.engine.model import HYBRID_MAX_ROWS
-from inference.engine.model_runner import ModelRunner
+from inference.engine.model_runner import ModelRunner, dtype_name
 from inference.engine.outputs import Delta
 from inference.engine.sampler import Sampler
 from inference.engine.sampling_params import SamplingParams
@@ -455,9 +455,9 @@ class LLMEngine:
         )
         fingerprint = model_fingerprint(
             c.model,
-            dtype=str(runner.dtype).removeprefix("torch."),
+            dtype=dtype_name(runner.dtype),
             # The blocks' bytes are the pool's: another element type is another layout.
-            kv_dtype=str(runner.kv_dtype).removeprefix("torch."),
+            kv_dtype=dtype_name(runner.kv_dtype),
             quantization=runner.quantization,
             device=runner.device.type,
             block_size=c.block_size,
@@ -600,8 +600,8 @@ class LLMEngine:
             "prefix_cache_hits": kv.hit_tokens,
             "prefix_cache_hit_rate": kv.hit_tokens / kv.query_tokens if kv.query_tokens else 0.0,
             "preemptions": self.scheduler.num_preemptions,
-            "dtype": str(self.runner.dtype).removeprefix("torch."),
-            "kv_dtype": str(self.runner.kv_dtype).removeprefix("torch."),
+            "dtype": dtype_name(self.runner.dtype),
+            "kv_dtype": dtype_name(self.runner.kv_dtype),
             "device": str(self.runner.device),
             "quantization": self.runner.quantization,
             "max_model_len": self.max_model_len,

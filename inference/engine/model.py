@@ -757,11 +757,11 @@ class LlamaModel:
         assert self.chunk_kernel is not None
         if (
             qkv.dtype != torch.float32
-            or kv_cache.dtype not in (torch.float32, torch.float16)
+            or kv_cache.dtype not in kernels.KV_DTYPES
             or not kv_cache.is_contiguous()
         ):
             return None
-        half = int(kv_cache.dtype == torch.float16)
+        half = kernels.kv_half(kv_cache)
         shape = self._chunk_shape
         if shape is None or (shape.num_blocks, shape.block_size, shape.kv_half) != (
             *kv_cache.shape[1:3],

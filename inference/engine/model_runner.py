@@ -79,6 +79,11 @@ def resolve_dtype(name: str, device: torch.device, quantization: str = "none") -
     return _DTYPES[name]
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """ "float16" for torch.float16: as the settings, the config line and stats spell it."""
+    return str(dtype).removeprefix("torch.")
+
+
 def resolve_kv_dtype(
     name: str, device: torch.device, dtype: torch.dtype, quantization: str = "none"
 ) -> torch.dtype:
@@ -143,12 +148,12 @@ def describe_engine(
 ) -> str:
     """The resolved configuration, as the one line an engine logs when it starts: what
     `auto` chose, and why, is visible without reading the code."""
-    dtype_name = str(dtype).removeprefix("torch.")
+    name = dtype_name(dtype)
     dtype_src = "auto" if config.dtype == "auto" else "set"
     if config.quantization != "auto":
         why = "set"
     elif config.dtype != "auto":
-        why = f"auto: kept in {dtype_name} as the dtype was set explicitly"
+        why = f"auto: kept in {name} as the dtype was set explicitly"
     else:
         why = "auto"
     native = f", 4-bit native path up to {native_rows} rows" if native_rows else ""
@@ -158,13 +163,13 @@ def describe_engine(
             layers, head = kernels.amx_min_rows()
             native += f", AMX tiles from {layers} rows (head {head})"
     pool_mb = num_blocks * block_bytes / 2**20
-    kv_name = str(kv_dtype or dtype).removeprefix("torch.")
+    kv_name = dtype_name(kv_dtype or dtype)
     kv_src = "auto" if config.kv_dtype == "auto" else "set"
     tier = redacted(config.kv_tier_url) if config.kv_tier_url else "off"
     if config.kv_tier_url and config.tensor_parallel_size > 1:
         tier += " (off: tensor parallel)"
     return (
-        f"engine config: model={config.model} device={device} dtype={dtype_name} ({dtype_src}) "
+        f"engine config: model={config.model} device={device} dtype={name} ({dtype_src}) "
         f"quantization={quantization} ({why}{native}) threads={config.cpu_threads()} "
         f"(small steps {config.small_step_cpu_threads()}) kv_pool={num_blocks} blocks x "
         f"{config.block_size} tokens ({pool_mb:.0f} MB, {kv_name} {kv_src}) "

@@ -121,7 +121,7 @@ class NativeDecoder:
 
     def _layer_shape(self, pool: torch.Tensor) -> kernels.LayerShape:
         if self._shape is None:
-            if pool.dtype not in (torch.float32, torch.float16):
+            if pool.dtype not in kernels.KV_DTYPES:
                 raise ValueError(
                     f"the native path's KV pool must be float32 or float16, not {pool.dtype}"
                 )
@@ -129,7 +129,7 @@ class NativeDecoder:
             inter = m.layers[0].down.blocks.shape[1]  # type: ignore[union-attr]
             self._shape = kernels.LayerShape(
                 m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, inter,
-                m.eps, m.scale, pool.shape[2], pool.shape[1], int(pool.dtype == torch.float16),
+                m.eps, m.scale, pool.shape[2], pool.shape[1], kernels.kv_half(pool),
             )  # fmt: skip
         return self._shape
 

@@ -29,8 +29,6 @@ log = logging.getLogger(__name__)
 SOURCE = Path(kernels.__file__).with_name("paged_attention.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC"]
 _REQUIRED_CPU_FLAGS = {"avx2", "fma", "f16c"}
-# The pools the kernel reads (PagedShape.kv_half: float16).
-KV_DTYPES = (torch.float32, torch.float16)
 
 
 @cache
@@ -95,11 +93,11 @@ class PagedAttention:
     def _shape_for(self, pool: torch.Tensor) -> PagedShape:
         key = (*pool.shape, pool.dtype)
         if self._shape is None or key != self._pool_shape:
-            if pool.dtype not in KV_DTYPES or not pool.is_contiguous():
+            if pool.dtype not in kernels.KV_DTYPES or not pool.is_contiguous():
                 raise ValueError("paged attention needs a contiguous float32 or float16 KV pool")
             self._pool_shape = key
             self._shape = PagedShape(
                 self.heads, self.kv_heads, self.head_dim, pool.shape[2], pool.shape[1],
-                self.scale, int(pool.dtype == torch.float16),
+                self.scale, kernels.kv_half(pool),
             )  # fmt: skip
         return self._shape

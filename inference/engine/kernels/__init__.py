@@ -239,6 +239,15 @@ class LayerShape(ctypes.Structure):
     ]
 
 
+# The KV pools the attention kernels read: float32, or float16 (their shapes' kv_half).
+KV_DTYPES = (torch.float32, torch.float16)
+
+
+def kv_half(pool: torch.Tensor) -> int:
+    """The kernels' shapes' kv_half for this pool: 1 where it is float16."""
+    return int(pool.dtype == torch.float16)
+
+
 class PagedShape(ctypes.Structure):
     """An attention layer's heads and its KV pool's blocks, as the attention kernels over the
     pool take them (paged_attention.c, chunk_attention.c)."""

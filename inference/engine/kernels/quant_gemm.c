@@ -773,10 +773,13 @@ typedef struct {
  * inlined build of the attention passes (their last argument, a constant there). */
 #define BY_KV_TYPE(s, fn, ...) ((s)->kv_half ? fn(__VA_ARGS__, 1) : fn(__VA_ARGS__, 0))
 
+/* Bytes of one K/V element of the pool. */
+static inline size_t kv_bytes(const LayerShape *s) { return s->kv_half ? 2 : 4; }
+
 /* The first K/V element of KV head g's keys (kv = 0) or values (kv = 1) in a layer's pool. */
 static inline const void *kv_head(const LayerShape *s, const void *pool, int kv, int g) {
     const size_t head = (size_t)s->num_blocks * s->block_size * s->head_dim;
-    return (const char *)pool + (size_t)(kv * s->kv_heads + g) * head * (s->kv_half ? 2 : 4);
+    return (const char *)pool + (size_t)(kv * s->kv_heads + g) * head * kv_bytes(s);
 }
 
 /* Each thread's scores, grown to the longest context it has seen. */
@@ -789,7 +792,7 @@ static __thread int tls_scores_cap;
  * prefetchers, which stop at a page's end, started cold at every block. */
 static inline void prefetch_blocks(const LayerShape *s, int ctx, const int64_t *table, int blk,
                                    const void *keys, const void *vals) {
-    const size_t bytes = (s->kv_half ? 2 : 4) * (size_t)s->block_size * s->head_dim;
+    const size_t bytes = kv_bytes(s) * (size_t)s->block_size * s->head_dim;
     const char *v = (const char *)vals + (size_t)table[blk] * bytes;
     for (size_t l = 0; l < bytes; l += 64) _mm_prefetch(v + l, _MM_HINT_T1);
     if ((blk + 1) * s->block_size >= ctx) return;

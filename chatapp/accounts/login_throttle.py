@@ -1,56 +1,97 @@
-"""Log-in throttling: failed log-ins are counted per account and per address
-(django-ratelimit's counters in the Django cache, shared by every process when the cache
-is Redis); past either limit the form refuses to check passwords at all until the window
-ends, with a message that says so. Both the site's log-in page and the admin's use it."""
+"""Log-in throttling: failed log-ins are counted per account and per address in the Django
+cache (shared by every process when the cache is Redis); past either limit the form refuses
+to check passwords at all until the window ends, with a message that says so. Both the
+site's log-in page and the admin's use it.
+
+The window opens at the first failure and lasts LOGIN_FAILURE_WINDOW_S. django-ratelimit's
+windows (which the chat socket's and API keys' rate limits use) are buckets fixed to the
+clock instead: failures that straddle a bucket's edge start again from zero, so a guesser
+timed to the edge got twice the limit, and a lock could end seconds after it began."""
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
+import logging
 import math
+import time
 from typing import Any
 
 from django import forms
 from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
+from django.core.cache import cache
 from django.http import HttpRequest
+from django.utils.module_loading import import_string
 
-from chatapp.ratelimit import usage
+log = logging.getLogger(__name__)
 
 
-def _counters(username: str) -> list[tuple[str, Any, int]]:
-    account = username.strip().casefold()
+def client_address(request: HttpRequest) -> str:
+    """The client's address as django-ratelimit reads it: `RATELIMIT_IP_META_KEY` (a META
+    key such as a proxy's header, a function of the request, or its dotted path) else
+    REMOTE_ADDR, masked by `RATELIMIT_IPV4_MASK` (32) or `RATELIMIT_IPV6_MASK` (64: one
+    client usually holds a whole /64). "" when there is none (a Unix socket)."""
+    source = getattr(settings, "RATELIMIT_IP_META_KEY", None) or "REMOTE_ADDR"
+    if isinstance(source, str) and "." in source:
+        source = import_string(source)
+    raw = source(request) if callable(source) else request.META.get(source, "")
+    address = str(raw or "").strip()
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    default_mask = 32 if parsed.version == 4 else 64
+    mask = getattr(settings, f"RATELIMIT_IPV{parsed.version}_MASK", default_mask)
+    return str(ipaddress.ip_network(f"{parsed}/{mask}", strict=False).network_address)
+
+
+def _counters(request: HttpRequest, username: str) -> list[tuple[str, int]]:
+    """(cache key, limit) for the account and, where the request has one, the address;
+    hashed, so any username makes a valid key."""
+    pairs = [("account", username.strip().casefold(), settings.LOGIN_FAILURES_PER_ACCOUNT)]
+    address = client_address(request)
+    if address:
+        pairs.append(("address", address, settings.LOGIN_FAILURES_PER_ADDRESS))
     return [
-        ("login-account", lambda _g, _r: account, settings.LOGIN_FAILURES_PER_ACCOUNT),
-        ("login-address", "ip", settings.LOGIN_FAILURES_PER_ADDRESS),
+        (f"login-failures:{kind}:{hashlib.sha256(value.encode()).hexdigest()[:32]}", limit)
+        for kind, value, limit in pairs
     ]
-
-
-def _usage(request: HttpRequest, username: str, increment: bool) -> list[dict[str, Any]]:
-    """The counters' usage; none while the cache (Redis) is away: people can still log in
-    then, uncounted, and a warning says so (chatapp/ratelimit.py)."""
-    window = settings.LOGIN_FAILURE_WINDOW_S
-    usages = []
-    for group, key, limit in _counters(username):
-        found = usage(request, group=group, key=key, rate=f"{limit}/{window}s", increment=increment)
-        if found is None:
-            return []
-        usages.append(found)
-    return usages
 
 
 def seconds_refused(request: HttpRequest, username: str) -> int:
-    """0 while this account and this address may still try; else how long until they can.
-    The count is of failures so far, so the limit-th failure is the last one allowed."""
-    waits = [
-        u["time_left"]
-        for u in _usage(request, username, increment=False)
-        if u["count"] >= u["limit"]
-    ]
-    return max(waits, default=0)
+    """0 while this account and this address may still try; else the whole seconds until
+    they can (at least 1). The count is of failures so far, so the limit-th failure is the
+    last one allowed. While the cache (Redis) is away: 0, and a warning."""
+    window = settings.LOGIN_FAILURE_WINDOW_S
+    now = time.time()
+    waits = [0]
+    try:
+        for key, limit in _counters(request, username):
+            found = cache.get_many([key, key + ":since"])
+            if int(found.get(key) or 0) >= limit:
+                since = float(found.get(key + ":since") or now)
+                waits.append(math.ceil(since + window - now))
+    except Exception as exc:
+        log.warning("log-in failure counters unavailable (%s); not limiting", exc)
+        return 0
+    return max(waits)
 
 
 def count_failure(request: HttpRequest, username: str) -> None:
-    _usage(request, username, increment=True)
+    window = settings.LOGIN_FAILURE_WINDOW_S
+    try:
+        for key, _limit in _counters(request, username):
+            # The first failure opens the window: both keys expire at its end.
+            cache.add(key + ":since", time.time(), timeout=window)
+            if not cache.add(key, 1, timeout=window):
+                try:
+                    cache.incr(key)
+                except ValueError:  # expired between the add and the incr
+                    cache.add(key, 1, timeout=window)
+    except Exception as exc:
+        log.warning("log-in failure counters unavailable (%s); not counting", exc)
 
 
 def refusal_message(seconds: int) -> str:
@@ -74,7 +115,7 @@ class ThrottledLoginMixin:
             return super().clean()  # type: ignore[misc]
         username = str(self.data.get("username", ""))
         wait = seconds_refused(request, username)
-        if wait:
+        if wait > 0:
             raise forms.ValidationError(refusal_message(wait), code="throttled")
         try:
             return super().clean()  # type: ignore[misc]

@@ -3,6 +3,7 @@ same-origin rule, log-in throttling, API keys in the admin and never cached."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -183,6 +184,53 @@ def test_one_address_guessing_across_accounts_is_throttled(make_user: Any, setti
     refused = log_in("target", PASSWORD, address="10.6.6.6")
     assert not refused.logged_in and "Too many failed log-ins" in refused.content.decode()
     assert log_in("target", PASSWORD, address="10.7.7.7").logged_in
+
+
+def test_the_window_opens_at_the_first_failure_and_locks_until_it_ends(
+    make_user: Any, settings: Any
+) -> None:
+    # Buckets fixed to the clock (5 s ones here) would split these failures 2 s apart
+    # about 40% of the time and start the count again; the window must not.
+    settings.LOGIN_FAILURE_WINDOW_S = 5
+    settings.LOGIN_FAILURES_PER_ACCOUNT = 3
+    make_user("patient", PASSWORD)
+    first = time.monotonic()
+    assert not log_in("patient", "wrong-1").logged_in
+    time.sleep(2)
+    assert not any(log_in("patient", f"wrong-{i}").logged_in for i in (2, 3))
+    refused = log_in("patient", PASSWORD)
+    assert not refused.logged_in
+    assert "from this address. Try again in 1 minute." in refused.content.decode()
+    time.sleep(max(0.0, first + 5.5 - time.monotonic()))
+    assert log_in("patient", PASSWORD).logged_in
+
+
+def test_one_ipv6_client_cannot_dodge_the_limit_by_walking_its_64(
+    make_user: Any, settings: Any
+) -> None:
+    settings.LOGIN_FAILURES_PER_ADDRESS = 3
+    make_user("v6", PASSWORD)
+    for i in range(3):
+        assert not log_in(f"ghost{i}", "wrong", address=f"2001:db8:1:2::{i + 1:x}").logged_in
+    assert not log_in("v6", PASSWORD, address="2001:db8:1:2:ffff::9").logged_in
+    assert log_in("v6", PASSWORD, address="2001:db8:1:3::1").logged_in
+
+
+def test_log_in_works_uncounted_while_the_cache_is_away(
+    make_user: Any, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A Redis cache at a port where nothing listens: the counters are unreachable.
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": "redis://127.0.0.1:9/0",
+        }
+    }
+    settings.LOGIN_FAILURES_PER_ACCOUNT = 2
+    make_user("unlucky", PASSWORD)
+    assert not any(log_in("unlucky", f"wrong-{i}").logged_in for i in range(4))
+    assert log_in("unlucky", PASSWORD).logged_in
+    assert "log-in failure counters unavailable" in caplog.text
 
 
 def test_successful_log_ins_are_never_throttled(make_user: Any) -> None:

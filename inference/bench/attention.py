@@ -6,11 +6,12 @@
 
 The default model's attention shape (30 layers of 9 query heads over 3 KV heads of 64,
 blocks of 16 positions), one pool per layer as a step has, each row a decode of its own
-sequence `--context` positions long. Two layouts of the rows' blocks: `scattered` (every
-row's blocks its own and out of order, as the blocks of many chats interleave in the pool)
-and `shared` (every row on the same blocks, which then stay in the caches: what the same
+sequence `--context` positions long. Layouts of the rows' blocks (`--layouts`): `scattered`
+(every row's blocks its own and out of order, as the blocks of many chats interleave in the
+pool), `contiguous` (every row's blocks its own and in order, one run of the pool each) and
+`shared` (every row on the same blocks, which then stay in the caches: what the same
 arithmetic costs without waiting for memory). ms for the 30 layers, median (min-max) over
-`--repeat` rounds, and the rate the scattered rows' K/V are read at. With `--baseline DIR`
+`--repeat` rounds, and the rate the rows' own K/V are read at. With `--baseline DIR`
 the kernels of that checkout (built from its sources, same flags) run too, interleaved with
 these round by round, and the table gives this build's ratio to it; with `--kv-dtypes`
 this build (and the baseline: a checkout from before ENGINE_KV_DTYPE reads float32 only)
@@ -36,7 +37,7 @@ from inference.engine import kernels
 from inference.engine.kernels.build import compiled_library
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 30, 9, 3, 64, 16
-LAYOUTS = ("scattered", "shared")
+LAYOUTS = ("scattered", "contiguous", "shared")
 
 
 def baseline_library(root: Path) -> ctypes.CDLL:
@@ -56,7 +57,7 @@ def _inputs(rows: int, context: int, layout: str, gen: torch.Generator) -> dict[
     """One case's rows, block tables and float32 pools (kv_pools: as another dtype)."""
     width = -(-context // BLOCK)
     blocks = width if layout == "shared" else width * rows
-    order = torch.arange(blocks) if layout == "shared" else torch.randperm(blocks, generator=gen)
+    order = torch.randperm(blocks, generator=gen) if layout == "scattered" else torch.arange(blocks)
     starts = [0] * rows if layout == "shared" else [r * width for r in range(rows)]
     tables = torch.stack([order[s : s + width] for s in starts]).contiguous()
     pools = [torch.randn(2 * KV_HEADS, blocks, BLOCK, HEAD_DIM, generator=gen)
@@ -96,6 +97,7 @@ def run(
     repeat: int,
     baseline: Path | None,
     kv_dtypes: list[str],
+    layouts: list[str],
 ) -> dict[str, Any]:
     lib = kernels.load()
     if lib is None:
@@ -112,7 +114,7 @@ def run(
     }  # fmt: skip
     for n in rows:
         for ctx in contexts:
-            for layout in LAYOUTS:
+            for layout in layouts:
                 x = _inputs(n, ctx, layout, gen)
                 pools = {dt: kv_pools(x, dt) for _, dt in variants.values()}
                 ms: dict[str, list[float]] = {name: [] for name in variants}
@@ -147,13 +149,22 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--baseline", type=Path, help="another checkout's root (git worktree add)")
     ap.add_argument("--kv-dtypes", nargs="+", default=["float32"], choices=["float32", "float16"])
+    ap.add_argument("--layouts", nargs="+", default=["scattered", "shared"], choices=LAYOUTS)
     ap.add_argument("--json", default="bench_attention.json")
     args = ap.parse_args()
-    r = run(args.rows, args.context, args.threads, args.repeat, args.baseline, args.kv_dtypes)
+    r = run(
+        args.rows,
+        args.context,
+        args.threads,
+        args.repeat,
+        args.baseline,
+        args.kv_dtypes,
+        args.layouts,
+    )
     print(
         f"{r['machine']}, {r['cpus']} CPUs, {r['threads']} threads, load (1 min) "
         f"{r['load_before']:.2f}; ms for {LAYERS} layers, median (min-max) of {r['repeat']}; "
-        f"K/V GB/s for the scattered rows; ratios to the first column"
+        f"K/V GB/s for the rows' own blocks; ratios to the first column"
     )
     names = list(r["cases"][0]["variants"])
     print("| rows | context | layout | " + " | ".join(f"{n} | GB/s | ratio" for n in names) + " |")
@@ -161,7 +172,7 @@ def main() -> None:
     for c in r["cases"]:
         line = f"| {c['rows']} | {c['context']} | {c['layout']} |"
         for v in c["variants"].values():
-            rate = f"{v['kv_mb'] / v['median']:.1f}" if c["layout"] == "scattered" else "-"
+            rate = f"{v['kv_mb'] / v['median']:.1f}" if c["layout"] != "shared" else "-"
             line += f" {cell(v, 2)} | {rate} | {v['ratio']:.2f}x |"
         print(line)
     Path(args.json).write_text(json.dumps(r, indent=2))

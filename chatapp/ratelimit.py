@@ -1,5 +1,6 @@
 """django-ratelimit's counters, failing open (a declared shared module: the chat socket's
-per-user limits, the API keys' limits and the log-in throttle all count through it).
+per-user and the API keys' limits count through it; the log-in throttle keeps counters of
+its own, whose window opens at the first failure: accounts/login_throttle.py).
 The counters live in the Django cache, shared by every process when that is Redis."""
 
 from __future__ import annotations

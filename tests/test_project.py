@@ -223,3 +223,13 @@ def test_every_engine_setting_is_read_from_its_variable() -> None:
     # The app's own defaults where they differ from the library's; the rest are its.
     assert config["kv_tier_url"] == "redis://127.0.0.1:6379/4"
     assert config["kv_tier_namespace"] == "kvtier" and config["kv_tier_max_mb"] == 2048
+    # Speculation: "auto" unless set; set empty, off.
+    for value, mode in ((None, "auto"), ("", "")):
+        env.pop("ENGINE_SPECULATIVE_MODE", None)
+        if value is not None:
+            env["ENGINE_SPECULATIVE_MODE"] = value
+        run = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr
+        assert json.loads(run.stdout.splitlines()[-1])["speculative_mode"] == mode

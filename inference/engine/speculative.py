@@ -190,7 +190,8 @@ class Speculator:
       - for a sequence whose acceptance stayed below speculative_min_acceptance (paused
         for PAUSE_TOKENS tokens), or with a repetition penalty (it depends on every
         earlier token, guesses included: one more case to get exactly right for little);
-      - where fewer than two tokens are left under max_tokens or the context window.
+      - where fewer than two tokens are left under max_tokens or the context window;
+      - with "auto", for a sampled request with a seed (its text must not depend on timing).
     """
 
     def __init__(
@@ -211,6 +212,7 @@ class Speculator:
         # native small-step path, where reading the weights dominates). Beyond it a guess
         # costs nearly as much as the token it may save.
         self.row_budget = row_budget if config.speculative_mode == "auto" else None
+        self.auto = config.speculative_mode == "auto"
         self.max_model_len = max_model_len
         self.k = config.num_speculative_tokens
         self.ngram: NgramProposer | None = None
@@ -249,6 +251,13 @@ class Speculator:
         wanted: list[tuple[Sequence, int]] = []
         for seq in decoding:
             if seq.sampling.repetition_penalty != 1.0:
+                continue
+            if self.auto and seq.generator is not None and not seq.sampling.greedy:
+                # A seeded sampled request promises the same text for the same seed. A kept
+                # guess draws from its generator otherwise than plain sampling does, and
+                # whether "auto" guesses depends on measured step times and on the batch:
+                # so such a request samples plainly. (ngram, chosen explicitly, keeps the
+                # rule's "same distribution, another text".)
                 continue
             if seq.num_output_tokens < seq.spec_resume_at:
                 continue

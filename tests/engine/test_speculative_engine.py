@@ -215,3 +215,29 @@ def test_sampled_output_keeps_the_plain_distribution(
         assert 0.05 < stats["spec_acceptance_rate"] < 0.95  # both branches of the rule
     chi = _chi_square(counts, joint)
     assert chi < 60.0
+
+
+def test_auto_leaves_seeded_sampled_requests_to_plain_sampling(
+    make_engine: Callable[..., LLMEngine],
+) -> None:
+    """The same seed gives the same text (docs/api.md): with `auto`, the server's default,
+    a seeded sampled request never guesses, so its text is plain sampling's whatever the
+    step times and the batch; greedy and unseeded requests beside it still guess."""
+    seeded = [
+        SamplingParams(max_tokens=30, temperature=0.8, top_p=0.9, seed=7 + i, ignore_eos=True)
+        for i in range(len(PROMPTS))
+    ]
+    plain, _ = _generate(make_engine(), PROMPTS, seeded)
+    auto = make_engine(speculative_mode="auto", num_speculative_tokens=4)
+
+    # A proposer with a guess for every history (the random model rarely repeats itself).
+    def always(token_ids: list[int], limit: int | None = None) -> list[int]:
+        return [token_ids[-1]] * (limit or 4)
+
+    auto.speculator.ngram.propose = always  # type: ignore[union-attr,method-assign]
+    again, _ = _generate(auto, PROMPTS, seeded)
+    assert again == plain
+    assert auto.stats()["spec_drafted_tokens"] == 0
+    mixed = [greedy(30, ignore_eos=True), SamplingParams(max_tokens=30, ignore_eos=True)]
+    _generate(auto, PROMPTS[:2], mixed)
+    assert auto.stats()["spec_drafted_tokens"] > 0

@@ -70,6 +70,11 @@ QUESTIONS = [
 # moves a step of 1/254 of its block's largest, as two float32 runs differing in their
 # last bits would (hybrid against float32 weights: ~2e-3, python -m inference.bench.quality).
 KL_LIMIT = {"none": 1e-5, "hybrid": 1e-2}
+# Top-two logit gaps below which a position counts as a near-tie, whose argmax may flip.
+# The native path's 8-bit roundings move a logit by up to ~1.2 between the pools (an AVX512
+# Zen 5: one of 72 positions flipped at a gap of 0.12, none past 0.2); the exact path's by
+# ~0.02.
+NEAR_TIE = {"none": 0.1, "hybrid": 0.25}
 
 
 @pytest.mark.slow
@@ -122,6 +127,6 @@ def test_a_float16_pool_gives_the_float32_pools_next_tokens(real_model_path, qua
     ).sum(-1)
     assert float(kl.mean()) < KL_LIMIT[quantization], float(kl.mean())
     top2 = wide.topk(2, dim=-1).values
-    clear = (top2[..., 0] - top2[..., 1]) > 0.1
+    clear = (top2[..., 0] - top2[..., 1]) > NEAR_TIE[quantization]
     assert clear.float().mean() > 0.5  # the check below is about most positions
     assert torch.equal(half.argmax(-1)[clear], wide.argmax(-1)[clear])

@@ -14,6 +14,14 @@ extends turn N's prompt and reply, finds turn N's KV in the index.
 A block whose reference count drops to zero stays in the index (its KV is still valid) and
 joins an LRU list; it is only reused, and dropped from the index, when the free list is empty.
 
+A finished sequence's last block is usually partial: a chat's reply ends mid-block, and
+the next turn's prompt (that reply, then the new question) would recompute up to
+block_size - 1 tokens whose KV is still in the pool. So that block is kept too, as a
+*tail*, under the chain hash of the full blocks before it (in `tails`, evictable like a
+cached block). A new sequence whose full-block hit ends there and whose next tokens start
+as the tail's did takes the block over whole (no copy: nobody else holds it, and the slots
+past the shared tokens are written over by the new ones). A tail serves one sequence.
+
 Each full block also gets a stable digest, a blake2b chain over the exact token ids
 (Python's hash() differs between processes): the Redis tier (kv_tier/) keys blocks by it.
 A block records whether the tier holds it (`persisted`); `on_evict` is told before an
@@ -55,6 +63,7 @@ class Block:
         "parent_digest",
         "persisted",
         "ref_count",
+        "tail_key",
         "token_ids",
     )
 
@@ -68,10 +77,13 @@ class Block:
         self.parent_digest: bytes = ROOT_DIGEST
         # The Redis tier holds this block's KV (reset when the block is reused).
         self.persisted = False
+        # Set while the block is a finished sequence's partial tail (its key in `tails`).
+        self.tail_key: int | None = None
 
     def forget(self) -> None:
         """Drop the block's identity: it is about to hold other tokens."""
         self.block_hash = None
+        self.tail_key = None
         self.token_ids = ()
         self.digest = None
         self.parent_digest = ROOT_DIGEST
@@ -89,6 +101,8 @@ class KVCacheManager:
         # Unreferenced blocks still in the prefix index, least recently used first.
         self.evictable: OrderedDict[int, None] = OrderedDict()
         self.index: dict[int, int] = {}  # block hash -> block id
+        # Partial tails of finished sequences: the chain hash before them -> block id.
+        self.tails: dict[int, int] = {}
         # Called with an indexed block the Redis tier lacks, just before it is reused.
         self.on_evict: Callable[[Block], None] | None = None
         # Prefix cache counters (for stats()), in tokens.
@@ -113,10 +127,12 @@ class KVCacheManager:
 
     # -- prefix reuse -----------------------------------------------------------------
 
-    def match_prefix(self, seq: Sequence) -> int:
+    def match_prefix(self, seq: Sequence, tails: bool = True) -> int:
         """Attach the longest cached prefix of a sequence with no blocks; return its tokens.
 
         At least one token is always left to compute: its logits pick the next token.
+        `tails`: also take over a finished sequence's partial block that continues the
+        full-block hit (module docstring).
         """
         assert not seq.block_table
         if not self.enable_prefix_caching:
@@ -140,9 +156,37 @@ class KVCacheManager:
             seq.block_hashes.append(block.block_hash)  # type: ignore[arg-type]
             seq.block_digests.append(block.digest)  # type: ignore[arg-type]
         num_tokens = len(hit_blocks) * bs
+        if tails:
+            num_tokens += self._take_tail(seq, len(hit_blocks), parent)
         seq.num_computed_tokens = num_tokens
         self.hit_tokens += num_tokens
         return num_tokens
+
+    def _take_tail(self, seq: Sequence, index: int, parent: int | None) -> int:
+        """Give `seq` the tail kept after its full-block hit, if its tokens start as the
+        tail's did (leaving one to compute); the tokens it covers, else 0."""
+        key = self._tail_key(seq, index, parent)
+        block_id = self.tails.get(key)
+        if block_id is None:
+            return 0
+        block = self.blocks[block_id]
+        start = index * self.block_size
+        room = len(seq) - 1 - start
+        same = 0
+        ahead = seq.token_ids[start : start + room]
+        for kept, new in zip(block.token_ids[:room], ahead, strict=False):
+            if kept != new:
+                break
+            same += 1
+        if same == 0:
+            return 0
+        del self.tails[key]
+        self.evictable.pop(block_id, None)
+        block.forget()
+        block.ref_count = 1
+        seq.block_table.append(block_id)
+        self.query_tokens += same
+        return same
 
     def peek_prefix(self, seq: Sequence) -> int:
         """Tokens match_prefix would attach now, without attaching or counting anything."""
@@ -209,19 +253,57 @@ class KVCacheManager:
         return True
 
     def free(self, seq: Sequence) -> None:
-        """Drop the sequence's references. The tail goes first so LRU evicts tails first."""
+        """Drop the sequence's references. The tail goes first so LRU evicts tails first;
+        a last block holding computed tokens past the full ones is kept as a tail."""
+        tail = self._tail_of(seq)
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
                 if block.block_hash is not None:
                     self.evictable[block_id] = None
+                elif tail is not None and block_id == tail[1]:
+                    self._keep_tail(seq, *tail)
                 else:
                     self.free_ids.append(block_id)
         seq.block_table = []
         seq.block_hashes = []
         seq.block_digests = []
         seq.num_computed_tokens = 0
+
+    def _tail_of(self, seq: Sequence) -> tuple[int, int] | None:
+        """(index, block id) of the sequence's partial last block worth keeping, or None."""
+        if not self.enable_prefix_caching:
+            return None
+        index, partial = divmod(seq.num_computed_tokens, self.block_size)
+        # Its full blocks all committed (their hashes are the tail's key) and it owns the
+        # block, which is not indexed (a full block is, or has an indexed twin).
+        if partial == 0 or len(seq.block_hashes) != index or len(seq.block_table) <= index:
+            return None
+        block_id = seq.block_table[index]
+        if self.blocks[block_id].ref_count != 1 or self.blocks[block_id].block_hash is not None:
+            return None
+        return index, block_id
+
+    @staticmethod
+    def _tail_key(seq: Sequence, index: int, parent: int | None) -> int:
+        # The chain hash of an empty block after the full ones: never None (a tail at
+        # index 0 has no parent), never a full block's hash.
+        return chain_hash(seq.cache_scope.link_hash(index, parent), ())
+
+    def _keep_tail(self, seq: Sequence, index: int, block_id: int) -> None:
+        key = self._tail_key(seq, index, seq.block_hashes[-1] if index else None)
+        old = self.tails.get(key)
+        if old is not None:  # the newer tail replaces the older one
+            self.evictable.pop(old, None)
+            self.blocks[old].forget()
+            self.free_ids.append(old)
+        block = self.blocks[block_id]
+        start = index * self.block_size
+        block.token_ids = tuple(seq.token_ids[start : seq.num_computed_tokens])
+        block.tail_key = key
+        self.tails[key] = block_id
+        self.evictable[block_id] = None
 
     def _acquire(self, block: Block) -> None:
         if block.ref_count == 0:
@@ -233,17 +315,27 @@ class KVCacheManager:
             return self.blocks[self.free_ids.pop()]
         block_id, _ = self.evictable.popitem(last=False)
         block = self.blocks[block_id]
-        if not block.persisted and self.on_evict is not None:
-            self.on_evict(block)
-        del self.index[block.block_hash]  # type: ignore[arg-type]
-        block.forget()
+        self._unindex(block)
         return block
+
+    def _unindex(self, block: Block) -> None:
+        """An evictable block is about to be reused: drop it from the index or the tails."""
+        if block.tail_key is not None:
+            del self.tails[block.tail_key]
+        else:
+            if not block.persisted and self.on_evict is not None:
+                self.on_evict(block)
+            del self.index[block.block_hash]  # type: ignore[arg-type]
+        block.forget()
 
     def reset_prefix_cache(self) -> None:
         """Forget every unreferenced cached block (used by benchmarks to start cold)."""
         while self.evictable:
             block_id, _ = self.evictable.popitem(last=False)
             block = self.blocks[block_id]
-            del self.index[block.block_hash]  # type: ignore[arg-type]
+            if block.tail_key is not None:
+                del self.tails[block.tail_key]
+            else:
+                del self.index[block.block_hash]  # type: ignore[arg-type]
             block.forget()
             self.free_ids.append(block_id)

@@ -195,7 +195,8 @@ class Scheduler:
         Keeps a block in reserve for every running sequence, so that admitting does not
         force a preemption at the next decode step (that would only thrash the pool)."""
         first_time = seq.figures.scheduled_time is None
-        cached = self.kv.match_prefix(seq)
+        # A Redis restore continues at a block boundary: no partial tail before it.
+        cached = self.kv.match_prefix(seq, tails=seq.kv_restore is None)
         restore = self._restorable(seq, cached)
         restored = restore[1] * self.kv.block_size if restore else 0
         seq.num_computed_tokens = cached + restored

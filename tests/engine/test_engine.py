@@ -55,6 +55,39 @@ def test_second_turn_reuses_first_turn_kv(make_engine):
     assert engine.stats()["prefix_cache_hits"] >= final.figures.cached_tokens
 
 
+@pytest.mark.parametrize("new_tokens", [12, 4])
+@pytest.mark.parametrize("quantization", ["none", "hybrid"])
+def test_a_follow_up_takes_over_the_last_turns_partial_block(make_engine, quantization, new_tokens):
+    """Turn 1's last block is partial (its prompt and reply fill 8 blocks and 3 tokens):
+    turn 2 gets those 3 tokens' KV too, in that very block, and says what a cold engine
+    says (its chunk starting mid-block: 13 rows on the torch path, or 5 on the native
+    path with hybrid); a third request with the same history finds the tail gone (it
+    serves one)."""
+    from inference.engine import kernels
+
+    if quantization == "hybrid" and kernels.load() is None:
+        pytest.skip("the native kernels do not build here")
+    engine = make_engine(block_size=8, quantization=quantization)
+    turn1 = _prompt(45, seed=17)
+    engine.add_request(turn1, greedy(23, ignore_eos=True), request_id="t1")
+    reply = token_ids_of(run_to_completion(engine)["t1"])
+    assert len(engine.kv.tails) == 1
+    (tail_block,) = engine.kv.tails.values()
+    turn2 = turn1 + reply + _prompt(new_tokens, seed=18)
+    engine.add_request(turn2, greedy(8, ignore_eos=True), request_id="t2")
+    out = run_to_completion(engine)["t2"]
+    computed_in_turn1 = len(turn1) + len(reply) - 1  # 67: 8 full blocks and 3 tokens
+    assert out[-1].figures.cached_tokens == computed_in_turn1
+    cold = make_engine(block_size=8, quantization=quantization, enable_prefix_caching=False)
+    cold.add_request(turn2, greedy(8, ignore_eos=True), request_id="t2")
+    assert token_ids_of(out) == token_ids_of(run_to_completion(cold)["t2"])
+    # The block holds turn 2's tokens now; what turn 2 leaves is a new tail.
+    assert tail_block not in engine.kv.tails.values()
+    engine.add_request(turn1 + reply + [5], greedy(1), request_id="t3")
+    final = run_to_completion(engine)["t3"][-1]
+    assert final.figures.cached_tokens == computed_in_turn1 // 8 * 8
+
+
 def test_cached_prefix_gives_the_same_output_as_a_cold_run(make_engine):
     prompt = _prompt(50, seed=9)
     cold = make_engine(enable_prefix_caching=False)

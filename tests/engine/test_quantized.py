@@ -330,7 +330,10 @@ def test_chunks_on_the_native_path_attend_in_tiles_like_the_torch_path(make_engi
     takes whole: more lanes than one tile, many tiles of keys, 19 blocks) attends in tiles
     of (row, head) lanes that read each key once: greedy tokens equal the torch path's."""
     first = [(7 * i) % 500 + 3 for i in range(292)]
-    follow = first + [(11 * i) % 400 + 5 for i in range(7)]
+    # It parts from `first` right after its 18 full blocks (first's partial tail, kept for
+    # a follow-up, would otherwise serve 4 more tokens).
+    follow = first[:288] + [(13 * i) % 300 + 7 for i in range(4)]
+    follow += [(11 * i) % 400 + 5 for i in range(7)]
 
     def run(native: bool) -> list[int]:
         engine = make_engine(quantization="hybrid", kv_dtype="float32")  # as _generate's

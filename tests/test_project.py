@@ -210,11 +210,15 @@ def test_every_engine_setting_is_read_from_its_variable() -> None:
         "ENGINE_SPECULATIVE_MODE": "ngram",
     }
     env.pop("ENGINE_KV_TIER_NAMESPACE", None)  # the test run's own (chatapp/settings/test.py)
-    run = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
-    )
-    assert run.returncode == 0, run.stderr
-    config = json.loads(run.stdout.splitlines()[-1])
+
+    def config_under(env: dict[str, str]) -> dict:
+        run = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr
+        return json.loads(run.stdout.splitlines()[-1])
+
+    config = config_under(env)
     assert config["model"] == "/models/other"
     assert config["block_size"] == 32 and config["kv_tier_ttl_s"] == 5
     assert config["enable_prefix_caching"] is False
@@ -228,8 +232,4 @@ def test_every_engine_setting_is_read_from_its_variable() -> None:
         env.pop("ENGINE_SPECULATIVE_MODE", None)
         if value is not None:
             env["ENGINE_SPECULATIVE_MODE"] = value
-        run = subprocess.run(
-            [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
-        )
-        assert run.returncode == 0, run.stderr
-        assert json.loads(run.stdout.splitlines()[-1])["speculative_mode"] == mode
+        assert config_under(env)["speculative_mode"] == mode

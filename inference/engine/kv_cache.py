@@ -180,9 +180,8 @@ class KVCacheManager:
             same += 1
         if same == 0:
             return 0
-        del self.tails[key]
-        self.evictable.pop(block_id, None)
-        block.forget()
+        self.evictable.pop(block_id)
+        self._uncache(block)
         block.ref_count = 1
         seq.block_table.append(block_id)
         self.query_tokens += same
@@ -295,8 +294,8 @@ class KVCacheManager:
         key = self._tail_key(seq, index, seq.block_hashes[-1] if index else None)
         old = self.tails.get(key)
         if old is not None:  # the newer tail replaces the older one
-            self.evictable.pop(old, None)
-            self.blocks[old].forget()
+            self.evictable.pop(old)
+            self._uncache(self.blocks[old])
             self.free_ids.append(old)
         block = self.blocks[block_id]
         start = index * self.block_size
@@ -319,12 +318,17 @@ class KVCacheManager:
         return block
 
     def _unindex(self, block: Block) -> None:
-        """An evictable block is about to be reused: drop it from the index or the tails."""
+        """An evictable block is about to be reused: the tier hears of an indexed block it
+        lacks, then the block leaves the index or the tails."""
+        if block.tail_key is None and not block.persisted and self.on_evict is not None:
+            self.on_evict(block)
+        self._uncache(block)
+
+    def _uncache(self, block: Block) -> None:
+        """Drop a cached block (indexed, or a tail) from its map and forget its identity."""
         if block.tail_key is not None:
             del self.tails[block.tail_key]
         else:
-            if not block.persisted and self.on_evict is not None:
-                self.on_evict(block)
             del self.index[block.block_hash]  # type: ignore[arg-type]
         block.forget()
 
@@ -332,10 +336,5 @@ class KVCacheManager:
         """Forget every unreferenced cached block (used by benchmarks to start cold)."""
         while self.evictable:
             block_id, _ = self.evictable.popitem(last=False)
-            block = self.blocks[block_id]
-            if block.tail_key is not None:
-                del self.tails[block.tail_key]
-            else:
-                del self.index[block.block_hash]  # type: ignore[arg-type]
-            block.forget()
+            self._uncache(self.blocks[block_id])
             self.free_ids.append(block_id)

@@ -39,6 +39,8 @@ QUESTIONS = [
     "Name a few uses of Redis.",
     "Tell me a fun fact about octopuses.",
 ]
+REFUSED_WAIT_S = 3.0
+
 FOLLOW_UPS = [
     "Tell me more.",
     "Can you make it shorter?",
@@ -113,6 +115,7 @@ async def chat(
                 sent = time.monotonic()
                 await sock.send(json.dumps(frame))
                 reply, last, first = "", None, None
+                refused = False
                 while True:
                     msg = json.loads(await asyncio.wait_for(sock.recv(), timeout=300))
                     kind = msg["type"]
@@ -130,6 +133,9 @@ async def chat(
                     elif kind == "error":
                         person.errors[msg["code"]] += 1
                         if msg.get("message_id") is None:
+                            # Refused before anything was stored (rate_limited, busy...):
+                            # the message was never sent, so there is nothing to find later.
+                            refused = True
                             break
                     elif kind == "done":
                         person.replies += 1
@@ -137,6 +143,10 @@ async def chat(
                         if msg["status"] != "complete":
                             person.errors[f"reply_{msg['status']}"] += 1
                         break
+                if refused:
+                    # A person told to wait waits, then sends it again.
+                    await asyncio.sleep(REFUSED_WAIT_S)
+                    continue
                 if conv_id is not None:
                     person.seen.setdefault(conv_id, []).append((text, reply))
                 turn += 1

@@ -1,4 +1,4 @@
-import { useEffect, useState } from 'preact/hooks';
+import { useEffect, useRef, useState } from 'preact/hooks';
 import { exportUrl } from '../api';
 import { applyTheme, effectiveTheme, setTheme, watchSystemTheme, type Theme } from '../theme';
 import { AccountDialog } from './AccountDialog';
@@ -36,6 +36,11 @@ export function App(props: AppProps) {
   const [shareOpen, setShareOpen] = useState(false);
   const [accountOpen, setAccountOpen] = useState(false);
   const [drawer, setDrawer] = useState(false);
+  // The key listener is added once and reads these, so a key pressed between a render and
+  // the next effect never acts on the state before it (an Escape that stopped a reply
+  // instead of closing the dialog that had just opened).
+  const open = useRef({ settingsOpen, drawer });
+  open.current = { settingsOpen, drawer };
 
   useEffect(() => {
     applyTheme();
@@ -58,14 +63,14 @@ export function App(props: AppProps) {
         return;
       }
       if (e.key === 'Escape' && !e.defaultPrevented) {
-        if (settingsOpen) setSettingsOpen(false);
-        else if (drawer) setDrawer(false);
+        if (open.current.settingsOpen) setSettingsOpen(false);
+        else if (open.current.drawer) setDrawer(false);
         else protocol.stop();
       }
     };
     window.addEventListener('keydown', onKey);
     return () => window.removeEventListener('keydown', onKey);
-  }, [settingsOpen, drawer]);
+  }, []);
 
   const toggleTheme = () => setThemeState(setTheme(theme === 'dark' ? 'light' : 'dark'));
 

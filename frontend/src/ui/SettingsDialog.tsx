@@ -2,6 +2,7 @@ import { useEffect, useRef, useState } from 'preact/hooks';
 import { FALLBACK_LIMITS, num, rangeText, validateSettings, type DialogValues, type Field } from '../limits';
 import type { Settings } from '../types';
 import { useChat } from './hooks';
+import { useModal } from './modal';
 
 export function SettingsDialog({ onClose }: { onClose(): void }) {
   const { conversations } = useChat();
@@ -9,21 +10,24 @@ export function SettingsDialog({ onClose }: { onClose(): void }) {
   const conv = conversations.conversation(currentId);
   // Right after a page load the conversation may not have arrived yet: the form waits for
   // its settings (showing defaults instead would save them over the real ones).
-  if (currentId != null && !conv) {
-    return (
-      <div class="overlay" onMouseDown={(e) => e.target === e.currentTarget && onClose()}>
-        <div class="dialog" role="dialog" aria-modal="true" aria-labelledby="settings-title" data-testid="settings-dialog">
-          <h2 id="settings-title">Conversation settings</h2>
-          <p class="muted" data-testid="settings-loading">Loading this conversation’s settings…</p>
-          <div class="dialog-actions">
-            <span class="spacer" />
-            <button type="button" class="btn" data-testid="settings-cancel" onClick={onClose}>Cancel</button>
-          </div>
+  if (currentId != null && !conv) return <SettingsLoading onClose={onClose} />;
+  return <SettingsForm currentId={currentId} initial={(currentId != null ? conv?.settings : conversations.draftSettings.value) || {}} onClose={onClose} />;
+}
+
+function SettingsLoading({ onClose }: { onClose(): void }) {
+  const modal = useModal(onClose);
+  return (
+    <div class="overlay" onMouseDown={(e) => e.target === e.currentTarget && onClose()}>
+      <div class="dialog" role="dialog" aria-modal="true" aria-labelledby="settings-title" data-testid="settings-dialog" tabIndex={-1} {...modal}>
+        <h2 id="settings-title">Conversation settings</h2>
+        <p class="muted" data-testid="settings-loading">Loading this conversation’s settings…</p>
+        <div class="dialog-actions">
+          <span class="spacer" />
+          <button type="button" class="btn" data-testid="settings-cancel" onClick={onClose}>Cancel</button>
         </div>
       </div>
-    );
-  }
-  return <SettingsForm currentId={currentId} initial={(currentId != null ? conv?.settings : conversations.draftSettings.value) || {}} onClose={onClose} />;
+    </div>
+  );
 }
 
 function SettingsForm({ currentId, initial, onClose }: { currentId: number | null; initial: Settings; onClose(): void }) {
@@ -45,6 +49,7 @@ function SettingsForm({ currentId, initial, onClose }: { currentId: number | nul
   const [error, setError] = useState('');
   const [saving, setSaving] = useState(false);
   const first = useRef<HTMLTextAreaElement>(null);
+  const modal = useModal<HTMLFormElement>(onClose);
 
   useEffect(() => {
     if (!engine) server.loadEngine();
@@ -82,7 +87,7 @@ function SettingsForm({ currentId, initial, onClose }: { currentId: number | nul
 
   return (
     <div class="overlay" onMouseDown={(e) => e.target === e.currentTarget && onClose()}>
-      <form class="dialog" role="dialog" aria-modal="true" aria-labelledby="settings-title" data-testid="settings-dialog" noValidate onSubmit={save}>
+      <form class="dialog" role="dialog" aria-modal="true" aria-labelledby="settings-title" data-testid="settings-dialog" tabIndex={-1} {...modal} noValidate onSubmit={save}>
         <h2 id="settings-title">Conversation settings</h2>
         {currentId == null ? <p class="muted small">These apply to the new chat you are about to start.</p> : null}
         <label>

@@ -8,8 +8,8 @@ const FOCUSABLE = 'a[href], button:not([disabled]), input:not([disabled]), texta
  * inside it; Escape closes it and goes no further (the page's own Escape stops a reply).
  * Spread the result on the dialog element, which needs `tabIndex={-1}`.
  */
-export function useModal(onClose: () => void) {
-  const ref = useRef<HTMLDivElement>(null);
+export function useModal<T extends HTMLElement = HTMLDivElement>(onClose: () => void) {
+  const ref = useRef<T>(null);
   const close = useRef(onClose);
   close.current = onClose;
   useEffect(() => {

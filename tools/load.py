@@ -39,8 +39,6 @@ QUESTIONS = [
     "Name a few uses of Redis.",
     "Tell me a fun fact about octopuses.",
 ]
-REFUSED_WAIT_S = 3.0
-
 FOLLOW_UPS = [
     "Tell me more.",
     "Can you make it shorter?",
@@ -48,6 +46,8 @@ FOLLOW_UPS = [
     "Give an example.",
     "Thanks! And?",
 ]
+# A person told to wait (a refusal before anything was stored) waits this long.
+REFUSED_WAIT_S = 3.0
 
 
 @dataclass
@@ -144,7 +144,7 @@ async def chat(
                             person.errors[f"reply_{msg['status']}"] += 1
                         break
                 if refused:
-                    # A person told to wait waits, then sends it again.
+                    # Then the same turn again (not counted: nothing of it was stored).
                     await asyncio.sleep(REFUSED_WAIT_S)
                     continue
                 if conv_id is not None:

@@ -36,6 +36,7 @@ from inference.engine import kernels, paged_attention
 from inference.engine.native_decode import NativeDecoder
 from inference.engine.paged_attention import PagedAttention
 from inference.engine.quantized import Q4_1, Q8_0, BlockWeight
+from inference.engine.row_ops import PoolRowOps, RowOps, TorchRowOps
 
 
 @dataclass
@@ -573,6 +574,11 @@ class LlamaModel:
         cos_sin = rope_tables(config, self.max_len, self.head_dim)
         self.cos = cos_sin[0].to(device=self.device, dtype=dtype)
         self.sin = rope_rotation_sin(cos_sin[1]).to(device=self.device, dtype=dtype)
+        self.torch_ops = TorchRowOps(self.eps)
+        # The eager forward's work between products in the kernels' pool where they load.
+        self.pool_ops: PoolRowOps | None = None
+        if PoolRowOps.usable(self.device, dtype, tp_size) and (pool_lib := kernels.load()):
+            self.pool_ops = PoolRowOps(pool_lib, self.eps)
         self.native: NativeDecoder | None = None
         lib = kernels.load() if formats.blocks is not None else None
         if lib is not None and NativeDecoder.usable(self):
@@ -609,7 +615,9 @@ class LlamaModel:
         def attend(i: int, qkv: torch.Tensor) -> torch.Tensor:
             return self.attend(qkv, kv_caches[i], meta)
 
-        return self.layers_forward(input_ids, meta.positions, _call_linear, attend)
+        return self.layers_forward(
+            input_ids, meta.positions, _call_linear, attend, self.pool_ops or self.torch_ops
+        )
 
     def layers_forward(
         self,
@@ -617,29 +625,35 @@ class LlamaModel:
         positions: torch.Tensor,
         linear: Callable[[Linear, torch.Tensor], torch.Tensor],
         attend: Callable[[int, torch.Tensor], torch.Tensor],
+        ops: RowOps | None = None,
     ) -> torch.Tensor:
         """The torch path's layers, with the products (`linear`) and the attention of layer
         i (`attend(i, qkv)`: writes the rows' K/V, returns [T, heads, head_dim]) supplied by
         the caller: the eager forward calls them directly, the compiled step
-        (compiled_step.py) through opaque custom ops, so one graph holds everything else."""
+        (compiled_step.py) through opaque custom ops, so one graph holds everything else.
+        `ops`: the work between the products (row_ops.py; torch ops by default)."""
+        ops = ops or self.torch_ops
         x = F.embedding(input_ids, self.embed)
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
+        cos, sin = self.cos[positions], self.sin[positions]
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         reduce = self.all_reduce or _unchanged
-        for i, layer in enumerate(self.layers):
-            h = _rms_norm(x, layer.input_norm, self.eps)
+        layers = self.layers
+        x, h = ops.add_norm(x, None, layers[0].input_norm)
+        for i, layer in enumerate(layers):
             qkv = linear(layer.qkv, h).view(-1, hq + 2 * hkv, d)
-            # Rotate q and k in place, together: they are adjacent heads of the fused
-            # projection. Then k and v are adjacent too and go to the cache in one copy.
-            qk = qkv[:, : hq + hkv]
-            qk.copy_(torch.addcmul(qk * cos, qk.roll(d // 2, dims=-1), sin))
+            # q and k are adjacent heads of the fused projection: rotated together, and
+            # then k and v are adjacent too and go to the cache in one copy.
+            ops.rope(qkv, hq + hkv, cos, sin)
             attn = attend(i, qkv)
-            x = x + reduce(linear(layer.o, attn.reshape(-1, hq * d)))
-            h = _rms_norm(x, layer.post_norm, self.eps)
-            gate, up = linear(layer.gate_up, h).chunk(2, dim=-1)
-            x = x + reduce(linear(layer.down, F.silu(gate) * up))
-        return _rms_norm(x, self.norm, self.eps)
+            x, h = ops.add_norm(
+                x, reduce(linear(layer.o, attn.reshape(-1, hq * d))), layer.post_norm
+            )
+            # The residual add is fused with the next layer's norm (the final one last).
+            after = layers[i + 1].input_norm if i + 1 < len(layers) else self.norm
+            x, h = ops.add_norm(
+                x, reduce(linear(layer.down, ops.act(linear(layer.gate_up, h)))), after
+            )
+        return h
 
     def attend(
         self, qkv: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
@@ -793,16 +807,6 @@ def _unchanged(x: torch.Tensor) -> torch.Tensor:
 
 def _call_linear(linear: Linear, x: torch.Tensor) -> torch.Tensor:
     return linear(x)
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # As transformers computes it: in float32, scaled by the weight in the model dtype.
-    if x.dtype == torch.float32:
-        # One fused kernel; bit-identical to the three-step form in float32.
-        return F.rms_norm(x, weight.shape, weight, eps)
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
 
 
 def load_config(folder: str) -> PretrainedConfig:

@@ -3,7 +3,8 @@ products and a whole decoder layer for steps of a few rows (quant_gemm.c), the s
 products for many rows on AMX's tiles where the CPU has them (amx_gemm.c) or in float32
 from weights unpacked once (panel_gemm.c, AVX2), spread over the engine's threads by a pool
 of their own (spinning between a step's products, asleep between steps), prompts' chunk
-attention (chunk_attention.c) and the sampler's filtered draws (sample.c).
+attention (chunk_attention.c), the torch path's norms, rope and activation for steps whose
+products run in the pool (row_ops.c) and the sampler's filtered draws (sample.c).
 
 Why our own: at one row a step is bound by the bytes of weights it reads, so 4-bit weights
 should cost a quarter of bf16. torch's `_weight_int4pack_mm_for_cpu` is fast only with
@@ -30,7 +31,14 @@ log = logging.getLogger(__name__)
 
 SOURCES = [
     Path(__file__).with_name(n)
-    for n in ("quant_gemm.c", "amx_gemm.c", "panel_gemm.c", "sample.c", "chunk_attention.c")
+    for n in (
+        "quant_gemm.c",
+        "amx_gemm.c",
+        "panel_gemm.c",
+        "sample.c",
+        "chunk_attention.c",
+        "row_ops.c",
+    )
 ]
 HEADERS = [Path(__file__).with_name(n) for n in ("simd.h", "common.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC"]
@@ -195,9 +203,15 @@ def load() -> ctypes.CDLL | None:
     declare_decode_attention(lib)
     lib.chunk_attention.argtypes = [ctypes.POINTER(ChunkShape), p, i, p, p, i, p, p, i]
     lib.chunk_attention.restype = i
+    f = ctypes.c_float
+    lib.add_rms_norm.argtypes = [p, p, p, i, i, f, p, i]
+    lib.add_rms_norm.restype = None
+    lib.rope_rows.argtypes = [p, i, i, i, i, p, p, i]
+    lib.rope_rows.restype = None
+    lib.silu_mul.argtypes = [p, i, i, p, i]
+    lib.silu_mul.restype = None
     lib.sample_rows.argtypes = [p, i, i, p, p, p, p, p, p, i]
     lib.sample_rows.restype = None
-    f = ctypes.c_float
     lib.spec_sample.argtypes = [p, i, f, i, f, f, ctypes.c_int64, f, f]
     lib.spec_sample.restype = ctypes.c_int64
     return lib

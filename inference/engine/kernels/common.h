@@ -2,6 +2,7 @@
  * (quant_gemm.c), and the products on AMX tiles (amx_gemm.c). */
 #ifndef CHATAPP_KERNELS_COMMON_H
 #define CHATAPP_KERNELS_COMMON_H
+#include <stddef.h>
 #include <stdint.h>
 
 #define QK 32   /* weights a block, along k */
@@ -28,6 +29,22 @@ typedef void (*chunk_fn)(void *arg, int chunk);
 /* fn(arg, c) for every chunk c in 0..chunks-1, on up to nth threads (the caller one of
  * them); returns when all are done. Not exported from the library. */
 __attribute__((visibility("hidden"))) void pool_run(chunk_fn fn, void *arg, int chunks, int nth);
+
+/* row_ops.c: the work between a layer's products, rows spread over the pool. */
+void add_rms_norm(float *x, const float *delta, const float *w, int rows, int n, float eps,
+                  float *out, int nthreads);
+void silu_mul(const float *gu, int rows, int n, float *out, int nthreads);
+/* Where rope_put_rows writes each row's K/V after rotating it: heads first..first+count-1
+ * of the row, head g to pool element g * head_stride + slots[row] * d. */
+typedef struct {
+    const int64_t *slots;
+    void *pool;
+    int first, count;
+    size_t head_stride;
+    int half; /* the pool's elements: float16, else float32 */
+} KvPut;
+void rope_put_rows(float *qkv, int rows, int stride, int heads, int d, const float *cos,
+                   const float *sin, const KvPut *put, int nthreads);
 
 #if defined(__AVX512F__)
 #include <immintrin.h>

@@ -702,21 +702,6 @@ typedef struct {
     int kv_half;                 /* the pool's elements: float16, else float32 */
 } LayerShape;
 
-static void rms_norm(const float *x, const float *w, int n, float eps, float *out) {
-    float ss = 0.0f;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    float inv = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int i = 0; i < n; i++) out[i] = x[i] * inv * w[i];
-}
-
-/* x * cos + roll(x, d / 2) * sin_rot (sin_rot: sin with its first half negated). */
-static void rope(float *x, const float *cos, const float *sin, int d) {
-    float tmp[d];
-    int half = d / 2;
-    for (int i = 0; i < d; i++) tmp[i] = x[i] * cos[i] + x[(i + half) % d] * sin[i];
-    memcpy(x, tmp, sizeof(float) * d);
-}
-
 static inline float hsum256(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
     lo = _mm_add_ps(lo, hi);
@@ -1392,47 +1377,29 @@ int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
     float *qkv = malloc(sizeof(float) * rows * nqkv);
     float *attn = malloc(sizeof(float) * rows * hq * d);
     float *gu = malloc(sizeof(float) * rows * 2 * s->inter);
+    float *act = malloc(sizeof(float) * rows * s->inter);
+    int64_t *slots = malloc(sizeof(int64_t) * rows);
     int rc = -1;
-    if (!h || !qkv || !attn || !gu) goto out;
+    if (!h || !qkv || !attn || !gu || !act || !slots) goto out;
 
-    for (int r = 0; r < rows; r++) rms_norm(x + r * H, w->input_norm, H, s->eps, h + r * H);
+    /* The work between the products runs over the pool too (row_ops.c), as they do. */
+    add_rms_norm(x, NULL, w->input_norm, rows, H, s->eps, h, nthreads);
     if (q4_matmul(&w->qkv, h, rows, qkv, nthreads)) goto out;
     for (int r = 0; r < rows; r++) {
-        float *row = qkv + (size_t)r * nqkv;
-        const float *c = cos + (size_t)r * d, *sn = sin + (size_t)r * d;
-        for (int head = 0; head < hq + hkv; head++) rope(row + head * d, c, sn, d);
         int64_t pos = positions[r];
         const int64_t *table = block_tables + (size_t)r * table_width;
-        int64_t slot = table[pos / bs] * bs + pos % bs;
-        for (int g = 0; g < 2 * hkv; g++)
-            kv_put(pool, g * head_stride + slot * d, row + (hq + g) * d, d, s->kv_half);
+        slots[r] = table[pos / bs] * bs + pos % bs;
     }
+    KvPut put = {slots, pool, hq, 2 * hkv, head_stride, s->kv_half};
+    rope_put_rows(qkv, rows, nqkv, hq + hkv, d, cos, sin, &put, nthreads);
     if (decode_attention(s, qkv, rows, positions, block_tables, table_width, pool, attn,
                          nthreads))
         goto out;
     if (q4_matmul(&w->o, attn, rows, h, nthreads)) goto out;
-    for (int i = 0; i < rows * H; i++) x[i] += h[i];
-    for (int r = 0; r < rows; r++) rms_norm(x + r * H, w->post_norm, H, s->eps, h + r * H);
+    add_rms_norm(x, h, w->post_norm, rows, H, s->eps, h, nthreads);
     if (q4_matmul(&w->gate_up, h, rows, gu, nthreads)) goto out;
-    int I = s->inter;
-    /* SiLU(gate) * up, packed densely in place: row r's I results go to gu + r * I, which
-     * never overlaps a value still to be read (those sit at gu + 2 * r * I and later). */
-    for (int r = 0; r < rows; r++) {
-        const float *g = gu + (size_t)r * 2 * I;
-        float *act = gu + (size_t)r * I;
-        int i = 0;
-        const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
-        for (; i + 8 <= I; i += 8) {
-            __m256 a = _mm256_loadu_ps(g + i), u = _mm256_loadu_ps(g + I + i);
-            __m256 e = exp256(_mm256_xor_ps(a, sign));
-            _mm256_storeu_ps(act + i, _mm256_mul_ps(_mm256_div_ps(a, _mm256_add_ps(one, e)), u));
-        }
-        for (; i < I; i++) {
-            float a = g[i], u = g[I + i];
-            act[i] = a / (1.0f + expf(-a)) * u;
-        }
-    }
-    if (q4_matmul(&w->down, gu, rows, h, nthreads)) goto out;
+    silu_mul(gu, rows, s->inter, act, nthreads);
+    if (q4_matmul(&w->down, act, rows, h, nthreads)) goto out;
     for (int i = 0; i < rows * H; i++) x[i] += h[i];
     rc = 0;
 out:
@@ -1440,6 +1407,8 @@ out:
     free(qkv);
     free(attn);
     free(gu);
+    free(act);
+    free(slots);
     return rc;
 }
 

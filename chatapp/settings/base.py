@@ -310,6 +310,16 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {
+        "not_a_loading_probe": {
+            "()": "django.utils.log.CallbackFilter",
+            "callback": "ext://chatapp.log_filters.not_a_loading_probe",
+        }
+    },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # The readiness probe's 503 while the model loads is expected, not an error.
+        "django.request": {"filters": ["not_a_loading_probe"]},
+    },
 }

@@ -615,9 +615,7 @@ class LlamaModel:
         def attend(i: int, qkv: torch.Tensor) -> torch.Tensor:
             return self.attend(qkv, kv_caches[i], meta)
 
-        return self.layers_forward(
-            input_ids, meta.positions, _call_linear, attend, self.pool_ops or self.torch_ops
-        )
+        return self.layers_forward(input_ids, meta.positions, _call_linear, attend, self.pool_ops)
 
     def layers_forward(
         self,

@@ -48,14 +48,6 @@ typedef struct {
     int failed;
 } Task;
 
-static inline float hsum256(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
-}
-
 static inline float dot(const float *a, const float *b, int n) {
     int i = 0;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();

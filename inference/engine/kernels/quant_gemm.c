@@ -702,14 +702,6 @@ typedef struct {
     int kv_half;                 /* the pool's elements: float16, else float32 */
 } LayerShape;
 
-static inline float hsum256(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
-}
-
 /* A float dot product: -O3 alone keeps a reduction scalar (it may not reorder the sum),
  * which made attention over a long context the slowest part of a decode step. */
 static inline float dot_f32(const float *a, const float *b, int n) {

@@ -14,13 +14,6 @@
 
 static int row_chunks(int rows) { return (rows + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK; }
 
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* ---- x += delta; out = RMSNorm(x) * w --------------------------------------------------- */
 
 typedef struct {
@@ -54,7 +47,7 @@ static void norm_chunk(void *arg, int c) {
             if (dl) x[i] += dl[i];
             tail += x[i] * x[i];
         }
-        float inv = 1.0f / sqrtf((hsum8(acc) + tail) / (float)n + t->eps);
+        float inv = 1.0f / sqrtf((hsum256(acc) + tail) / (float)n + t->eps);
         __m256 s = _mm256_set1_ps(inv);
         for (i = 0; i + 8 <= n; i += 8)
             _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), s),

@@ -6,6 +6,15 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The sum of v's eight floats. */
+static inline float hsum256(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
 /* exp(x), eight at a time (Cephes' polynomial, relative error ~1e-7), for x up to 88;
  * exactly 0 below -87 (where float32's exp underflows anyway), so masked logits stay
  * masked. */

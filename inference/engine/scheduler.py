@@ -7,11 +7,15 @@ Each step packs, under a token budget and a sequence cap:
   2. prefill chunks: running sequences still prefilling and waiting sequences that have a
      seat, shortest remaining prompt first (so a short request arriving under load gets its
      whole prompt into the very next step; a preempted sequence goes first).
-While any sequence decodes, prefill chunks are capped further (`max_prefill_tokens_during_decode`,
-or 4 tokens per decoding stream if that is more); a prompt too long for that allowance is
-sliced at half of it, and not at all in a step that already carries a whole short prompt, so
-a long prompt never stretches the running streams' inter-token gap much. A waiting sequence
-is admitted only if a block stays free for every running one (no thrash at the next step).
+A waiting prompt whose next full blocks a chunk of this step computes (the same system
+prompt, document or question, arriving in a burst) waits a step if they are at least half
+of what it would compute: the next step finds them in the prefix index (SGLang's in-batch
+prefix caching). While any sequence decodes, prefill chunks are capped further
+(`max_prefill_tokens_during_decode`, or 4 tokens per decoding stream if that is more); a
+prompt too long for that allowance is sliced at half of it, and not at all in a step that
+already carries a whole short prompt, so a long prompt never stretches the running streams'
+inter-token gap much. A waiting sequence is admitted only if a block stays free for every
+running one (no thrash at the next step).
 A waiting sequence whose prefix is being looked up in the Redis tier waits for that lookup
 (only it: the others carry on); at admission, the blocks found there beyond the memory hit
 are allocated, entered in the prefix index, and handed to the engine to copy into the pool.
@@ -116,21 +120,26 @@ class Scheduler:
         # a long prompt is prefilled so gets its whole prompt into the very next step (low
         # TTFT under load), and the long prompt takes the rest of the allowance every step.
         seats = self.config.max_num_seqs - len(self.running)
-        candidates: list[tuple[int, int, Sequence]] = [
-            (s.num_uncomputed_tokens, 0, s) for s in self.running if s.num_uncomputed_tokens > 1
+        candidates: list[tuple[int, int, Sequence, int]] = [
+            (s.num_uncomputed_tokens, 0, s, 0) for s in self.running if s.num_uncomputed_tokens > 1
         ]
         if seats > 0:
             ready = (s for s in self.waiting if not s.kv_lookup_pending)
             for i, seq in enumerate(itertools.islice(ready, seats)):
+                cached = self._prefix_tokens(seq)
                 # Preempted sequences (back at the head of the queue) keep their turn.
-                key = 0 if seq.figures.preemptions else len(seq) - self._prefix_tokens(seq)
-                candidates.append((key, 1 + i, seq))
+                key = 0 if seq.figures.preemptions else len(seq) - cached
+                candidates.append((key, 1 + i, seq, cached))
         candidates.sort(key=lambda c: (c[0], c[1]))
         whole_prompts = 0
-        for _, order, seq in candidates:
+        # Chain hashes of the full blocks this step's chunks complete so far.
+        computing: set[int] = set()
+        for _, order, seq, cached in candidates:
             cap = self._prefill_cap(batch, budget)
             if cap <= 0:
                 break
+            if order and computing and self._shares_this_step(seq, cached, computing):
+                continue
             if seq.num_uncomputed_tokens > cap and batch.num_decodes:
                 # A prompt that does not fit goes in thinner slices beside the decodes, so
                 # the running streams' inter-token gap stays within ~2x a plain step; and
@@ -158,7 +167,25 @@ class Scheduler:
             batch.num_tokens.append(n)
             budget = self.config.max_num_batched_tokens - batch.total_tokens
             whole_prompts += n == seq.num_uncomputed_tokens
+            if self.kv.enable_prefix_caching:
+                computing.update(self.kv.block_hashes_ahead(seq, seq.num_computed_tokens + n))
         return batch
+
+    def _shares_this_step(self, seq: Sequence, cached: int, computing: set[int]) -> bool:
+        """Whether a waiting sequence should wait a step for blocks of its prompt that a
+        chunk of this step computes: at least a block, and at least half of what it would
+        compute now. Next step it finds them in the prefix index instead of computing the
+        same tokens a second time beside them (a burst of prompts that share a system
+        prompt or a document, or the same question)."""
+        if seq.kv_restore is not None:
+            return False  # its blocks come from the Redis tier
+        bs = self.kv.block_size
+        shared = 0
+        for h in self.kv.block_hashes_ahead(seq, len(seq) - 1)[cached // bs :]:
+            if h not in computing:
+                break
+            shared += bs
+        return shared > 0 and 2 * shared >= len(seq) - cached
 
     def _allocate_or_preempt(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
         """Blocks for n more tokens of a running sequence, preempting the newest running

@@ -293,3 +293,75 @@ def test_admission_keeps_a_block_per_running_sequence(make_engine):
     out = run_to_completion(engine)
     assert out["b"][-1].finish_reason == "length"
     assert engine.stats()["preemptions"] == 0
+
+
+def _steps_until_idle(engine) -> tuple[list[int], dict[str, list]]:
+    """Step to completion; each step's token count, and the deltas by request."""
+    tokens, out = [], {}
+    while engine.has_work():
+        for delta in engine.step():
+            out.setdefault(delta.request_id, []).append(delta)
+        tokens.append(engine.last_step["tokens"])
+    return tokens, out
+
+
+def test_identical_prompts_arriving_together_compute_their_blocks_once(make_engine):
+    engine = make_engine(block_size=8)
+    prompt = _prompt(37, seed=11)  # 4 full blocks and 5 tokens
+    for rid in ("a", "b", "c"):
+        engine.add_request(prompt, greedy(4, ignore_eos=True), request_id=rid)
+    tokens, out = _steps_until_idle(engine)
+    # Step 1 computes the prompt once; b and c wait a step and find its 4 blocks cached,
+    # computing the last 5 tokens beside a's decode.
+    assert tokens[:2] == [37, 1 + 5 + 5]
+    assert sum(tokens) == 37 + 5 + 5 + 3 * 3
+    first = token_ids_of(out["a"])
+    for rid, cached in (("a", 0), ("b", 32), ("c", 32)):
+        assert token_ids_of(out[rid]) == first, rid
+        assert out[rid][-1].figures.cached_tokens == cached, rid
+
+
+def test_a_long_shared_system_prompt_is_computed_once_in_a_burst(make_engine, hf_tiny):
+    engine = make_engine(block_size=8)
+    system = _prompt(48, seed=12)
+    prompts = {f"q{i}": system + _prompt(6, seed=20 + i) for i in range(4)}
+    for rid, p in prompts.items():
+        engine.add_request(p, greedy(3, ignore_eos=True), request_id=rid)
+    tokens, out = _steps_until_idle(engine)
+    # The 48 shared tokens (6 blocks) are most of each 54-token prompt: computed once.
+    assert tokens[0] == 54
+    assert tokens[1] == 1 + 3 * 6
+    for rid, p in prompts.items():
+        assert token_ids_of(out[rid]) == _hf_greedy(hf_tiny, p, 3), rid
+
+
+def test_prompts_sharing_less_than_half_go_in_the_same_step(make_engine):
+    engine = make_engine(block_size=8)
+    system = _prompt(8, seed=13)
+    engine.add_request(system + _prompt(30, seed=14), greedy(2, ignore_eos=True), request_id="a")
+    engine.add_request(system + _prompt(30, seed=15), greedy(2, ignore_eos=True), request_id="b")
+    engine.step()
+    # One shared block of 38 tokens: not worth a step's wait.
+    assert engine.last_step["tokens"] == 76
+
+
+def test_identical_prompts_in_different_cache_scopes_are_not_held_back(make_engine):
+    engine = make_engine(block_size=8)
+    prompt = _prompt(37, seed=16)
+    engine.add_request(prompt, greedy(2, ignore_eos=True), request_id="a", cache_salt="alice")
+    engine.add_request(prompt, greedy(2, ignore_eos=True), request_id="b", cache_salt="bob")
+    engine.step()
+    # Neither may read the other's blocks, so waiting would gain nothing.
+    assert engine.last_step["tokens"] == 74
+
+
+def test_a_prompt_behind_an_identical_one_prefilled_in_chunks_completes(make_engine):
+    engine = make_engine(block_size=8, max_num_batched_tokens=16)
+    prompt = _prompt(70, seed=17)
+    engine.add_request(prompt, greedy(3, ignore_eos=True), request_id="a")
+    engine.add_request(prompt, greedy(3, ignore_eos=True), request_id="b")
+    tokens, out = _steps_until_idle(engine)
+    assert token_ids_of(out["a"]) == token_ids_of(out["b"])
+    # b computed less than the whole prompt: it found a's blocks as they were written.
+    assert out["b"][-1].figures.cached_tokens > 0
+    assert max(tokens) <= 16

@@ -125,3 +125,20 @@ def test_a_tail_in_the_first_block_is_evicted_and_reset_like_any_cached_block():
     b = Sequence("b", list(range(8)), SamplingParams())
     assert kv.allocate(b, 8)  # takes the free block, then evicts the tail
     assert not kv.tails
+
+
+def test_block_hashes_ahead_are_the_hashes_a_commit_enters():
+    kv = KVCacheManager(num_blocks=10, block_size=4)
+    seq = Sequence("a", list(range(14)), SamplingParams())
+    kv.match_prefix(seq)
+    assert kv.allocate(seq, 14)
+    ahead = kv.block_hashes_ahead(seq, 9)  # two full blocks in the first 9 tokens
+    assert len(ahead) == 2 and not kv.index
+    seq.num_computed_tokens = 9
+    kv.commit_full_blocks(seq)
+    assert seq.block_hashes == ahead
+    # Past the committed blocks: only the next one.
+    later = kv.block_hashes_ahead(seq, 14)
+    seq.num_computed_tokens = 14
+    kv.commit_full_blocks(seq)
+    assert seq.block_hashes == ahead + later and len(later) == 1

@@ -7,16 +7,19 @@ attention reads little memory. Here each of `--streams` conversations holds its 
 as api_clients.py's chat clients do (the same questions and follow-ups, the chat template,
 replies of `--max-tokens` sampled at temperature 0.7 / top-p 0.95, each turn sent as the
 previous reply ends), driven straight through `LLMEngine.step` with no web side: the
-engine's own throughput on that workload. Prints per stream count the output tok/s and the
-steps split into decode-only and mixed (a prompt's chunk beside decodes): count, mean ms,
-mean rows; median (min-max) over `--repeat` runs; writes JSON. Run it from two checkouts
-(`git worktree add`) to compare a change, alternating, on a quiet machine.
+engine's own throughput on that workload. Prints per stream count the output tok/s, the
+engine's TTFT (arrival in the engine to first token: p50 and p90 over every turn, and p90 of
+the first turns, which arrive together), the prompt tokens it computed (not found cached),
+and the steps split into decode-only and mixed (a prompt's chunk beside decodes): count,
+mean ms, mean rows; median (min-max) over `--repeat` runs; writes JSON. Run it from two
+checkouts (`git worktree add`) to compare a change, alternating, on a quiet machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import statistics
 import time
@@ -41,6 +44,8 @@ class Conversations:
         self.reply: list[list[str]] = [[] for _ in range(n)]
         self.turn = [0] * n
         self.output_tokens = 0
+        self.prompt_rows = 0  # prompt tokens computed: neither memory- nor Redis-cached
+        self.ttft: list[list[float]] = [[] for _ in range(turns)]  # by turn
         for c in range(n):
             self._ask(c)
 
@@ -66,7 +71,14 @@ class Conversations:
                 d.resolve_text()
             self.reply[c].append(d.text or "")
             if d.finished:
-                self.output_tokens += d.figures.output_tokens if d.figures else 0
+                fig = d.figures
+                if fig is not None:
+                    self.output_tokens += fig.output_tokens
+                    self.prompt_rows += (
+                        fig.prompt_tokens - fig.cached_tokens - fig.cached_tokens_redis
+                    )
+                    if fig.ttft is not None:
+                        self.ttft[self.turn[c]].append(fig.ttft)
                 self.history[c].append({"role": "assistant", "content": "".join(self.reply[c])})
                 self.turn[c] += 1
                 if self.turn[c] < self.turns:
@@ -87,6 +99,13 @@ def run_once(engine: LLMEngine, streams: int, turns: int, max_tokens: int) -> di
         chats.take(deltas)
     wall = time.perf_counter() - start
     out: dict[str, Any] = {"tok_s": chats.output_tokens / wall, "seconds": wall}
+    everyone = sorted(t for ts in chats.ttft for t in ts)
+    out["ttft_p50_ms"] = 1000 * statistics.median(everyone)
+    out["ttft_p90_ms"] = 1000 * everyone[max(0, math.ceil(0.9 * len(everyone)) - 1)]
+    out["first_turn_ttft_p90_ms"] = (
+        1000 * sorted(chats.ttft[0])[max(0, math.ceil(0.9 * len(chats.ttft[0])) - 1)]
+    )
+    out["prompt_rows"] = chats.prompt_rows
     for kind, v in steps.items():
         out[f"{kind}_steps"] = len(v)
         out[f"{kind}_ms"] = 1000 * statistics.mean(t for t, _ in v) if v else 0.0
@@ -122,11 +141,13 @@ def main() -> None:
     pool = f"KV pool {dtype_name(runner.kv_dtype)}, {runner.num_blocks} blocks"
     print(f"{platform.machine()}; {args.turns} turns of {args.max_tokens} tokens; {pool}; "
           f"median (min-max) of {args.repeat}")  # fmt: skip
-    print("| streams | tok/s | decode-only steps | ms | rows | mixed steps | ms | rows |")
-    print("|---:|---|---|---|---|---|---|---|")
+    print("| streams | tok/s | TTFT p50 ms | TTFT p90 ms | first turns' TTFT p90 ms | prompt "
+          "rows computed | decode-only steps | ms | rows | mixed steps | ms | rows |")  # fmt: skip
+    print("|---:|---|---|---|---|---|---|---|---|---|---|---|")
     for n, rs in runs.items():
         cells = [cell(spread([r[k] for r in rs])) for k in (
-            "tok_s", "decode_steps", "decode_ms", "decode_rows", "mixed_steps", "mixed_ms",
+            "tok_s", "ttft_p50_ms", "ttft_p90_ms", "first_turn_ttft_p90_ms", "prompt_rows",
+            "decode_steps", "decode_ms", "decode_rows", "mixed_steps", "mixed_ms",
             "mixed_rows")]  # fmt: skip
         print(f"| {n} | " + " | ".join(cells) + " |")
     with open(args.json, "w") as f:

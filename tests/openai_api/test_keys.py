@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -161,3 +162,17 @@ def test_a_refused_name_on_the_page_is_said_and_shows_no_key(alice: Any) -> None
     assert answer.status_code == 400
     assert "The name is empty." in answer.content.decode()
     assert not ApiKey.objects.exists()
+
+
+def test_a_keys_last_use_is_written_at_most_once_a_minute(alice: Any) -> None:
+    """A request with a key updates its last use only if the one recorded is a minute old
+    or more (the page shows it to the minute): a burst of requests makes one write."""
+    secret = create(logged_in(alice), {"name": "burst"}).json()["secret"]
+    key_for_token(secret)
+    first = ApiKey.objects.get().last_used_at
+    assert first is not None
+    key_for_token(secret)
+    assert ApiKey.objects.get().last_used_at == first
+    ApiKey.objects.update(last_used_at=first - timedelta(seconds=61))
+    key_for_token(secret)
+    assert ApiKey.objects.get().last_used_at > first

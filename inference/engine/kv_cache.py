@@ -38,7 +38,7 @@ prompt starts with (a server-wide system prompt) may be shared.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from inference.engine.cache_scope import (
@@ -204,20 +204,19 @@ class KVCacheManager:
             parent = h
         return hits
 
-    def block_hashes_ahead(self, seq: Sequence, num_tokens: int) -> list[int]:
+    def block_hashes_ahead(self, seq: Sequence, num_tokens: int) -> Iterator[int]:
         """The chain hashes of the full blocks within the first `num_tokens` tokens past
-        those the sequence has committed: what commit_full_blocks enters once they are
-        computed. Nothing is entered or attached (a waiting sequence: from its first block)."""
+        those the sequence has committed, one by one: what commit_full_blocks enters once
+        they are computed. Nothing is entered or attached (a waiting sequence: from its
+        first block)."""
         bs = self.block_size
         scope = seq.cache_scope
         parent = seq.block_hashes[-1] if seq.block_hashes else None
-        out = []
         for i in range(len(seq.block_hashes), num_tokens // bs):
             parent = chain_hash(
                 scope.link_hash(i, parent), tuple(seq.token_ids[i * bs : (i + 1) * bs])
             )
-            out.append(parent)
-        return out
+            yield parent
 
     def commit_full_blocks(self, seq: Sequence) -> None:
         """Enter the sequence's newly filled blocks into the prefix index."""

@@ -181,7 +181,10 @@ class Scheduler:
             return False  # its blocks come from the Redis tier
         bs = self.kv.block_size
         shared = 0
-        for h in self.kv.block_hashes_ahead(seq, len(seq) - 1)[cached // bs :]:
+        # Hashed one by one, up to the first block this step does not compute: a long
+        # prompt sharing nothing costs no more than its cache lookup did.
+        hashes = self.kv.block_hashes_ahead(seq, len(seq) - 1)
+        for h in itertools.islice(hashes, cached // bs, None):
             if h not in computing:
                 break
             shared += bs

@@ -132,13 +132,13 @@ def test_block_hashes_ahead_are_the_hashes_a_commit_enters():
     seq = Sequence("a", list(range(14)), SamplingParams())
     kv.match_prefix(seq)
     assert kv.allocate(seq, 14)
-    ahead = kv.block_hashes_ahead(seq, 9)  # two full blocks in the first 9 tokens
+    ahead = list(kv.block_hashes_ahead(seq, 9))  # two full blocks in the first 9 tokens
     assert len(ahead) == 2 and not kv.index
     seq.num_computed_tokens = 9
     kv.commit_full_blocks(seq)
     assert seq.block_hashes == ahead
     # Past the committed blocks: only the next one.
-    later = kv.block_hashes_ahead(seq, 14)
+    later = list(kv.block_hashes_ahead(seq, 14))
     seq.num_computed_tokens = 14
     kv.commit_full_blocks(seq)
     assert seq.block_hashes == ahead + later and len(later) == 1

@@ -138,18 +138,9 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return 0
         bs = self.block_size
-        max_blocks = (len(seq) - 1) // bs
-        self.query_tokens += max_blocks * bs
-        parent: int | None = None
-        hit_blocks: list[Block] = []
-        for i in range(max_blocks):
-            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            h = chain_hash(seq.cache_scope.link_hash(i, parent), tokens)
-            block_id = self.index.get(h)
-            if block_id is None or self.blocks[block_id].token_ids != tokens:
-                break
-            hit_blocks.append(self.blocks[block_id])
-            parent = h
+        self.query_tokens += (len(seq) - 1) // bs * bs
+        hit_blocks = self._cached_blocks(seq)
+        parent = hit_blocks[-1].block_hash if hit_blocks else None
         for block in hit_blocks:
             self._acquire(block)
             seq.block_table.append(block.block_id)
@@ -191,47 +182,49 @@ class KVCacheManager:
         """Tokens match_prefix would attach now, without attaching or counting anything."""
         if not self.enable_prefix_caching or seq.block_table:
             return 0
-        bs = self.block_size
-        parent: int | None = None
-        hits = 0
-        for i in range((len(seq) - 1) // bs):
-            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            h = chain_hash(seq.cache_scope.link_hash(i, parent), tokens)
+        return len(self._cached_blocks(seq)) * self.block_size
+
+    def _cached_blocks(self, seq: Sequence) -> list[Block]:
+        """The indexed blocks holding the longest prefix of a sequence with no blocks, one
+        token at least left out (a hit must match the tokens, not just the hash)."""
+        hits: list[Block] = []
+        for _, h, tokens in self._chain(seq, len(seq) - 1):
             block_id = self.index.get(h)
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
-            hits += bs
-            parent = h
+            hits.append(self.blocks[block_id])
         return hits
+
+    def _chain(self, seq: Sequence, num_tokens: int) -> Iterator[tuple[int, int, tuple[int, ...]]]:
+        """(index, chain hash, tokens) of each full block within the first `num_tokens`
+        tokens past those the sequence has committed, made one by one as they are asked
+        for (a waiting sequence: from its first block)."""
+        bs = self.block_size
+        scope = seq.cache_scope
+        start = len(seq.block_hashes)
+        parent = seq.block_hashes[-1] if seq.block_hashes else None
+        for i in range(start, num_tokens // bs):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            parent = chain_hash(scope.link_hash(i, parent), tokens)
+            yield i, parent, tokens
 
     def block_hashes_ahead(self, seq: Sequence, num_tokens: int) -> Iterator[int]:
         """The chain hashes of the full blocks within the first `num_tokens` tokens past
         those the sequence has committed, one by one: what commit_full_blocks enters once
-        they are computed. Nothing is entered or attached (a waiting sequence: from its
-        first block)."""
-        bs = self.block_size
-        scope = seq.cache_scope
-        parent = seq.block_hashes[-1] if seq.block_hashes else None
-        for i in range(len(seq.block_hashes), num_tokens // bs):
-            parent = chain_hash(
-                scope.link_hash(i, parent), tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            )
-            yield parent
+        they are computed. Nothing is entered or attached."""
+        return (h for _, h, _ in self._chain(seq, num_tokens))
 
     def commit_full_blocks(self, seq: Sequence) -> None:
         """Enter the sequence's newly filled blocks into the prefix index."""
         if not self.enable_prefix_caching:
             return
-        bs = self.block_size
-        num_full = seq.num_computed_tokens // bs
         scope = seq.cache_scope
-        for i in range(len(seq.block_hashes), num_full):
-            parent = scope.link_hash(i, seq.block_hashes[-1] if seq.block_hashes else None)
+        # The chain is made from the hashes committed before this call: its blocks'
+        # hashes are appended as it goes.
+        for i, h, tokens in list(self._chain(seq, seq.num_computed_tokens)):
             parent_digest = scope.link_digest(
                 i, seq.block_digests[-1] if seq.block_digests else ROOT_DIGEST
             )
-            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            h = chain_hash(parent, tokens)
             digest = chain_digest(parent_digest, tokens)
             seq.block_hashes.append(h)
             seq.block_digests.append(digest)

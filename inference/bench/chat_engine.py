@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import statistics
 import time
 from typing import Any
 
-from inference.bench.api_clients import FOLLOW_UPS, QUESTIONS
+from inference.bench.api_clients import FOLLOW_UPS, QUESTIONS, pct
 from inference.bench.spread import cell, spread
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
@@ -99,12 +98,10 @@ def run_once(engine: LLMEngine, streams: int, turns: int, max_tokens: int) -> di
         chats.take(deltas)
     wall = time.perf_counter() - start
     out: dict[str, Any] = {"tok_s": chats.output_tokens / wall, "seconds": wall}
-    everyone = sorted(t for ts in chats.ttft for t in ts)
+    everyone = [t for ts in chats.ttft for t in ts]
     out["ttft_p50_ms"] = 1000 * statistics.median(everyone)
-    out["ttft_p90_ms"] = 1000 * everyone[max(0, math.ceil(0.9 * len(everyone)) - 1)]
-    out["first_turn_ttft_p90_ms"] = (
-        1000 * sorted(chats.ttft[0])[max(0, math.ceil(0.9 * len(chats.ttft[0])) - 1)]
-    )
+    out["ttft_p90_ms"] = 1000 * pct(everyone, 0.9)
+    out["first_turn_ttft_p90_ms"] = 1000 * pct(chats.ttft[0], 0.9)
     out["prompt_rows"] = chats.prompt_rows
     for kind, v in steps.items():
         out[f"{kind}_steps"] = len(v)

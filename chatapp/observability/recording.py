@@ -16,9 +16,9 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 
+from chatapp import db_worker
 from chatapp.observability import percentiles
 from chatapp.observability.models import RequestRecord
 from inference import metrics
@@ -106,7 +106,8 @@ async def record_request(
         label = model or model_name(settings.ENGINE["MODEL"])
         metrics.observe_request(label, fig, m.itl if m else [])
         await asyncio.shield(
-            database_sync_to_async(save)(
+            db_worker.run(
+                save,
                 fig,
                 source=source,
                 request_id=request_id,

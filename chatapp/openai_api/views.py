@@ -21,12 +21,12 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from chatapp import db_worker
 from chatapp.errors import openai_error_body
 from chatapp.openai_api.keys import key_for_token
 from chatapp.openai_api.limits import RateLimited, limiter
@@ -410,7 +410,7 @@ async def authenticate(request: HttpRequest) -> ApiKey:
             "invalid_request_error",
             code="invalid_api_key",
         )
-    key = await sync_to_async(key_for_token)(token.strip())
+    key = await db_worker.run(key_for_token, token.strip())
     if key is None:
         raise ApiError(
             401, "Incorrect API key provided.", "invalid_request_error", code="invalid_api_key"

@@ -140,6 +140,7 @@ static int quantize_rows16(const float *x, int rows, int K, Wide *out) {
 
 /* ---- Q4_1 by int8 activations (the layout: common.h) ----------------------------------------- */
 
+#if HAVE_VNNI
 static inline void q4_unpack(const uint8_t *wb, __m256i w[8]) {
     const __m256i mask = _mm256_set1_epi8(0x0F);
     for (int j = 0; j < 4; j++) {
@@ -149,18 +150,20 @@ static inline void q4_unpack(const uint8_t *wb, __m256i w[8]) {
     }
 }
 
-/* Each column's sum(q * qx) over one block, in its lane. Without VNNI the pairs are summed
- * in int16 first: 8 x 2 x 15 x 127 < 32767, so nothing saturates. */
+/* Each column's sum(q * qx) over one block, in its lane. */
 static inline __m256i q4_block_dot(const __m256i w[8], const int8_t *xq) {
-#if HAVE_VNNI
     __m256i s = _mm256_setzero_si256();
     for (int i = 0; i < 8; i++) s = _mm256_dpbusd_epi32(s, w[i], bcast4(xq + 4 * i));
     return s;
-#else
-    __m256i s = _mm256_maddubs_epi16(w[0], bcast4(xq));
-    for (int i = 1; i < 8; i++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[i], bcast4(xq + 4 * i)));
-    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+}
 #endif
+
+/* acc += v (int16 lanes) in place: an add gcc cannot reassociate. Written as intrinsics, a
+ * tile's 32 products of a block were all computed before any sum, and their results spilled
+ * to the stack. */
+static inline __m256i add16_into(__m256i acc, __m256i v) {
+    __asm__("vpaddw %1, %0, %0" : "+x"(acc) : "x"(v));
+    return acc;
 }
 
 static inline void store_group(float *y, int col, int n, __m256 v) {
@@ -174,7 +177,13 @@ static inline void store_group(float *y, int col, int n, __m256 v) {
 }
 
 /* Rows r0 .. r0 + NR of y for groups g0 .. g1: each weight block unpacked once for the rows.
- * NR is a constant at each call (q4_tile), so the accumulators stay in registers. */
+ * NR is a constant at each call (q4_tile), so the accumulators stay in registers. Without
+ * VNNI the pairs' products are summed in int16 first (8 x 2 x 15 x 127 < 32767: nothing
+ * saturates), and a block is unpacked in halves (16 k: 4 vectors), each half's products
+ * added into every row's sums before the next half is unpacked. AVX2's 16 registers then
+ * hold the tile: the whole block's 8 vectors and two accumulators a row spilled to the
+ * stack, and the 30 layers' products took 1.13-1.3x as long at 4-64 rows on a 2-core
+ * Zen 1 (docs/performance.md). */
 static inline __attribute__((always_inline)) void q4_tile_n(const Q4Matrix *W, int g0, int g1,
                                                             const QuantizedRows *q, int r0,
                                                             const int NR, float *y) {
@@ -182,20 +191,51 @@ static inline __attribute__((always_inline)) void q4_tile_n(const Q4Matrix *W, i
     for (int g = g0; g < g1; g++) {
         const uint8_t *wq = W->qs + (size_t)g * nb * 128;
         const uint16_t *wd = W->d + (size_t)g * nb * GROUP, *wm = W->m + (size_t)g * nb * GROUP;
-        __m256 acc[ROW_TILE], accm[ROW_TILE];
-        for (int r = 0; r < NR; r++) acc[r] = accm[r] = _mm256_setzero_ps();
+        __m256 acc[ROW_TILE];
+        for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
+            __m256i s[ROW_TILE];
+#if HAVE_VNNI
             __m256i w[8];
             q4_unpack(wq + (size_t)b * 128, w);
+            for (int r = 0; r < NR; r++)
+                s[r] = q4_block_dot(w, q->qx + (size_t)(r0 + r) * K + b * QK);
+#else
+            const __m256i mask = _mm256_set1_epi8(0x0F);
+            for (int h = 0; h < 2; h++) {
+                __m256i w[4];
+                for (int j = 0; j < 2; j++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(wq + (size_t)b * 128 +
+                                                                     64 * h + 32 * j));
+                    w[2 * j] = _mm256_and_si256(v, mask);
+                    w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+                }
+                for (int r = 0; r < NR; r++) {
+                    const int8_t *xq = q->qx + (size_t)(r0 + r) * K + b * QK + 16 * h;
+                    if (!h) s[r] = _mm256_setzero_si256();
+                    for (int i = 0; i < 4; i++)
+                        s[r] = add16_into(s[r], _mm256_maddubs_epi16(w[i], bcast4(xq + 4 * i)));
+                }
+            }
+            for (int r = 0; r < NR; r++) s[r] = _mm256_madd_epi16(s[r], _mm256_set1_epi16(1));
+#endif
             __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b * GROUP)));
-            __m256 m8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + b * GROUP)));
             for (int r = 0; r < NR; r++) {
                 size_t row = (size_t)(r0 + r);
-                __m256 s = _mm256_cvtepi32_ps(q4_block_dot(w, q->qx + row * K + b * QK));
-                acc[r] = _mm256_fmadd_ps(s, _mm256_mul_ps(d8, _mm256_set1_ps(q->dx[row * nb + b])),
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]),
+                                         _mm256_mul_ps(d8, _mm256_set1_ps(q->dx[row * nb + b])),
                                          acc[r]);
-                accm[r] = _mm256_fmadd_ps(m8, _mm256_set1_ps(q->sx[row * nb + b]), accm[r]);
             }
+        }
+        /* The offsets' terms after the products: summed apart, as they always were (so the
+         * results are the same to the bit), and not holding registers in the loop above. */
+        __m256 accm[ROW_TILE];
+        for (int r = 0; r < NR; r++) accm[r] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            __m256 m8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + b * GROUP)));
+            for (int r = 0; r < NR; r++)
+                accm[r] = _mm256_fmadd_ps(m8, _mm256_set1_ps(q->sx[(size_t)(r0 + r) * nb + b]),
+                                          accm[r]);
         }
         for (int r = 0; r < NR; r++)
             store_group(y + (size_t)(r0 + r) * N, g * GROUP, N, _mm256_add_ps(acc[r], accm[r]));
@@ -221,7 +261,10 @@ static inline __m256i dot16(__m256i acc, __m256i w, __m256i x) {
 #if HAVE_VNNI
     return _mm256_dpwssd_epi32(acc, w, x);
 #else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x));
+    /* in place, as add16_into: reassociated, the 16 pairs' products of 4 rows spilled */
+    const __m256i v = _mm256_madd_epi16(w, x);
+    __asm__("vpaddd %1, %0, %0" : "+x"(acc) : "x"(v));
+    return acc;
 #endif
 }
 

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "simd.h"
 
 #define NR 16 /* output columns a chunk: two groups of the kernel layout */
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
@@ -163,13 +164,6 @@ static inline void add_block(float *acc, __m256i s0, __m256i s1, const float *d,
                                 _mm256_mul_ps(_mm256_load_ps(d + 8), vdx), _mm256_load_ps(acc + 8));
     _mm256_store_ps(acc, _mm256_fmadd_ps(_mm256_load_ps(m), vsx, a0));
     _mm256_store_ps(acc + 8, _mm256_fmadd_ps(_mm256_load_ps(m + 8), vsx, a1));
-}
-
-/* acc += v in place: gcc 12 otherwise adds into v's register and copies the sum back, a
- * third more instructions in the tile's inner loop. */
-static inline __m256i add_into(__m256i acc, __m256i v) {
-    __asm__("vpaddd %1, %0, %0" : "+x"(acc) : "x"(v));
-    return acc;
 }
 
 #define MADD2(S0, S1, X)                                                                      \

@@ -140,16 +140,18 @@ static int quantize_rows16(const float *x, int rows, int K, Wide *out) {
 
 /* ---- Q4_1 by int8 activations (the layout: common.h) ----------------------------------------- */
 
-#if HAVE_VNNI
-static inline void q4_unpack(const uint8_t *wb, __m256i w[8]) {
+/* One half of a block (64 bytes: 16 k x 8 columns) into 4 vectors of q (0..15), in the
+ * order of x's 4-byte groups: w[i] pairs with x[4i .. 4i + 3] of the half. */
+static inline void q4_unpack_half(const uint8_t *wb, __m256i w[4]) {
     const __m256i mask = _mm256_set1_epi8(0x0F);
-    for (int j = 0; j < 4; j++) {
+    for (int j = 0; j < 2; j++) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(wb + 32 * j));
         w[2 * j] = _mm256_and_si256(v, mask);
         w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
     }
 }
 
+#if HAVE_VNNI
 /* Each column's sum(q * qx) over one block, in its lane. */
 static inline __m256i q4_block_dot(const __m256i w[8], const int8_t *xq) {
     __m256i s = _mm256_setzero_si256();
@@ -157,14 +159,6 @@ static inline __m256i q4_block_dot(const __m256i w[8], const int8_t *xq) {
     return s;
 }
 #endif
-
-/* acc += v (int16 lanes) in place: an add gcc cannot reassociate. Written as intrinsics, a
- * tile's 32 products of a block were all computed before any sum, and their results spilled
- * to the stack. */
-static inline __m256i add16_into(__m256i acc, __m256i v) {
-    __asm__("vpaddw %1, %0, %0" : "+x"(acc) : "x"(v));
-    return acc;
-}
 
 static inline void store_group(float *y, int col, int n, __m256 v) {
     if (col + GROUP <= n) {
@@ -197,19 +191,14 @@ static inline __attribute__((always_inline)) void q4_tile_n(const Q4Matrix *W, i
             __m256i s[ROW_TILE];
 #if HAVE_VNNI
             __m256i w[8];
-            q4_unpack(wq + (size_t)b * 128, w);
+            q4_unpack_half(wq + (size_t)b * 128, w);
+            q4_unpack_half(wq + (size_t)b * 128 + 64, w + 4);
             for (int r = 0; r < NR; r++)
                 s[r] = q4_block_dot(w, q->qx + (size_t)(r0 + r) * K + b * QK);
 #else
-            const __m256i mask = _mm256_set1_epi8(0x0F);
             for (int h = 0; h < 2; h++) {
                 __m256i w[4];
-                for (int j = 0; j < 2; j++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(wq + (size_t)b * 128 +
-                                                                     64 * h + 32 * j));
-                    w[2 * j] = _mm256_and_si256(v, mask);
-                    w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-                }
+                q4_unpack_half(wq + (size_t)b * 128 + 64 * h, w);
                 for (int r = 0; r < NR; r++) {
                     const int8_t *xq = q->qx + (size_t)(r0 + r) * K + b * QK + 16 * h;
                     if (!h) s[r] = _mm256_setzero_si256();
@@ -261,10 +250,8 @@ static inline __m256i dot16(__m256i acc, __m256i w, __m256i x) {
 #if HAVE_VNNI
     return _mm256_dpwssd_epi32(acc, w, x);
 #else
-    /* in place, as add16_into: reassociated, the 16 pairs' products of 4 rows spilled */
-    const __m256i v = _mm256_madd_epi16(w, x);
-    __asm__("vpaddd %1, %0, %0" : "+x"(acc) : "x"(v));
-    return acc;
+    /* in place: reassociated, the 16 pairs' products of 4 rows spilled */
+    return add_into(acc, _mm256_madd_epi16(w, x));
 #endif
 }
 

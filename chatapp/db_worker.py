@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import queue
 import threading
@@ -27,8 +26,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections
-
-log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

@@ -30,7 +30,8 @@ import httpx
 
 from inference.bench.api_clients import pct
 from inference.bench.spread import cell, spread
-from inference.bench.vs_llama import OurServer, cpu_model
+from inference.bench.vs_llama import OurServer, cpu_model, settings
+from inference.model_files import default_model_path
 
 FIGURES = ("ttft_p50_ms", "ttft_p90_ms", "ttft_max_ms", "wall_ms")
 
@@ -84,14 +85,6 @@ async def _burst(
     }
 
 
-def _model_id(server: OurServer) -> str:
-    answer = httpx.get(
-        f"{server.url}/v1/models", headers={"Authorization": f"Bearer {server.key}"}, timeout=30
-    )
-    answer.raise_for_status()
-    return str(answer.json()["data"][0]["id"])
-
-
 def run(
     variants: dict[str, dict[str, str]],
     requests: int = 64,
@@ -113,12 +106,12 @@ def run(
         "variants": variants,
         "runs": {name: [] for name in variants},
     }
+    model = default_model_path().name  # the id our servers serve it under, as vs_llama asks
     with tempfile.TemporaryDirectory(prefix="bench-burst-") as tmp:
         servers: list[OurServer] = []
         try:
             for name, settings in variants.items():
                 servers.append(OurServer(Path(tmp), 0, settings, name).start())
-            model = _model_id(servers[0])
             for server in servers:
                 for _ in range(2):  # warm-up: the prompts cached, the code paths loaded
                     asyncio.run(_burst(server, model, requests, prompts, max_tokens))
@@ -175,12 +168,7 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--json", default="bench_burst.json")
     args = ap.parse_args()
-    variants: dict[str, dict[str, str]] = {}
-    for name, *pairs in args.variant or [["ours"]]:
-        bad = [kv for kv in pairs if "=" not in kv]
-        if bad:
-            ap.error(f"settings are KEY=VALUE, not {' '.join(bad)}")
-        variants[name] = dict(kv.split("=", 1) for kv in pairs)
+    variants = {v[0]: settings(ap, v[1:]) for v in args.variant or [["ours"]]}
     results = run(variants, args.requests, args.rounds, args.prompts, args.max_tokens)
     Path(args.json).write_text(json.dumps(results, indent=2))
     print(f"json: {args.json}")

@@ -290,6 +290,14 @@ def _level(
     return level
 
 
+def settings(ap: argparse.ArgumentParser, pairs: list[str]) -> dict[str, str]:
+    """A variant's or --env's KEY=VALUE pairs as a dict; anything else is a usage error."""
+    bad = [kv for kv in pairs if "=" not in kv]
+    if bad:
+        ap.error(f"settings are KEY=VALUE, not {' '.join(bad)}")
+    return dict(kv.split("=", 1) for kv in pairs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         prog="python -m inference.bench.vs_llama",
@@ -319,17 +327,10 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--json", default="bench_vs_llama.json")
     args = ap.parse_args()
-
-    def settings(pairs: list[str]) -> dict[str, str]:
-        bad = [kv for kv in pairs if "=" not in kv]
-        if bad:
-            ap.error(f"settings are KEY=VALUE, not {' '.join(bad)}")
-        return dict(kv.split("=", 1) for kv in pairs)
-
-    variants = {v[0]: settings(v[1:]) for v in args.variant} or None
+    variants = {v[0]: settings(ap, v[1:]) for v in args.variant} or None
     results = run(
         tuple(args.concurrency), args.repeat, args.turns, args.max_tokens, args.threads,
-        args.llama_server, settings(args.env), variants, args.workload, not args.no_llama,
+        args.llama_server, settings(ap, args.env), variants, args.workload, not args.no_llama,
         not args.natural_lengths,
     )  # fmt: skip
     Path(args.json).write_text(json.dumps(results, indent=2))

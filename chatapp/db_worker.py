@@ -60,11 +60,14 @@ def _serve() -> None:
                     # A broken connection (the server restarted, the file went away) must
                     # not fail the next item too.
                     connections.close_all()
+        # Closed before the answer goes out, not after: a caller that queues its next item
+        # as soon as it has this one would otherwise race the check, and a test database
+        # dropped right after its last test would still have this connection on it.
+        if _queue.empty():
+            connections.close_all()
         # RuntimeError: that loop has closed, nobody waits for the answer.
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(_settle, future, result, error)
-        if _queue.empty():
-            connections.close_all()
 
 
 def _ensure_thread() -> None:

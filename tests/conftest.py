@@ -35,6 +35,25 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, real_model_dir: Pat
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), real_model_dir)
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """pytest-django's test database, and on PostgreSQL no session left on it when it is
+    dropped: a test's async ORM call (asgiref's thread) or `asyncio.to_thread` keeps its
+    thread's connection, and PostgreSQL refuses to drop a database in use, which left a
+    test_chatapp_<pid> database behind on the server after each run."""
+    yield
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            connection.close()
+
+
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_model_dir: Path) -> Iterator[Any]:
     """The real engine on the tiny model, installed as the web app's engine."""

@@ -28,7 +28,8 @@ def connection_is_open() -> bool:
 
 
 async def test_a_burst_shares_one_connection_which_closes_when_the_queue_is_empty() -> None:
-    await asyncio.to_thread(get_user_model().objects.create_user, "dora", password="pw-12345678")
+    # Not asyncio.to_thread: its executor thread would keep a connection open past the test.
+    await db_worker.run(get_user_model().objects.create_user, "dora", password="pw-12345678")
     opened: list[Any] = []
 
     def created(sender: Any, connection: Any, **kwargs: Any) -> None:

@@ -129,6 +129,9 @@ class _Pending:
     queue: asyncio.Queue[Delta | EngineError] = field(default_factory=asyncio.Queue)
     # Since when the worker's heartbeat has not listed this request (None: it does).
     unlisted_since: float | None = None
+    # Its last delta (or its refusal) is queued: the worker is done with it, and a reader
+    # slow to take the queue must not see it ended again as lost.
+    ended: bool = False
 
 
 @dataclass(eq=False)
@@ -370,10 +373,13 @@ class RemoteEngine:
                 pending = link.requests.get(event.get("request_id"))
                 if pending is None:
                     continue  # aborted, or already ended by the watchdog
-                refused = is_refusal(event)
-                pending.queue.put_nowait(
-                    error_from_event(event) if refused else delta_from_event(event, worker)
+                item = (
+                    error_from_event(event)
+                    if is_refusal(event)
+                    else delta_from_event(event, worker)
                 )
+                pending.queue.put_nowait(item)
+                pending.ended = pending.ended or isinstance(item, EngineError) or item.finished
 
         def failed(exc: Exception, first: bool) -> None:
             if first:
@@ -409,6 +415,8 @@ class RemoteEngine:
         now = time.monotonic()
         for rid, p in list(link.requests.items()):
             worker = alive.get(p.worker_id)
+            if p.ended:
+                continue
             if worker is None or worker.incarnation != p.incarnation:
                 self._fail(link, WORKER_LOST, [rid])
             elif rid in worker.requests:
@@ -422,7 +430,7 @@ class RemoteEngine:
         """End requests (all, or these) with an error delta."""
         for rid in list(link.requests) if rids is None else rids:
             p = link.requests.pop(rid, None)
-            if p is not None:
+            if p is not None and not p.ended:
                 log.warning("request %s on engine worker %s ended: %s", rid, p.worker_id, why)
                 p.queue.put_nowait(lost_delta(rid, why))
 

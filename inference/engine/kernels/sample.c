@@ -49,10 +49,7 @@ static float max_of(const float *l, int V) {
     for (; i + 32 <= V; i += 32)
         for (int j = 0; j < 4; j++) a[j] = _mm256_max_ps(_mm256_loadu_ps(l + i + 8 * j), a[j]);
     for (; i + 8 <= V; i += 8) a[0] = _mm256_max_ps(_mm256_loadu_ps(l + i), a[0]);
-    float lanes[8];
-    _mm256_storeu_ps(lanes, _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3])));
-    float mx = -INFINITY;
-    for (int j = 0; j < 8; j++) mx = lanes[j] > mx ? lanes[j] : mx;
+    float mx = hmax256(_mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3])));
     for (; i < V; i++) mx = l[i] > mx ? l[i] : mx;
     return mx;
 }

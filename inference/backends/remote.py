@@ -414,9 +414,9 @@ class RemoteEngine:
         for dead_after_s (the request or its last delta was lost on the way)."""
         now = time.monotonic()
         for rid, p in list(link.requests.items()):
-            worker = alive.get(p.worker_id)
             if p.ended:
                 continue
+            worker = alive.get(p.worker_id)
             if worker is None or worker.incarnation != p.incarnation:
                 self._fail(link, WORKER_LOST, [rid])
             elif rid in worker.requests:

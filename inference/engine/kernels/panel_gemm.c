@@ -100,14 +100,11 @@ static inline int hsum8(__m256i v) {
     return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
 }
 
-static int rows16(const float *x, int rows, int K, Rows16 *out) {
+/* Row r's blocks at 16 bits. */
+static void row16(const float *x, int r, int K, Rows16 *out) {
     const int nb = K / QK;
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    out->qx = (int16_t *)aligned_alloc(32, ((size_t)rows * K * 2 + 31) / 32 * 32);
-    out->dx = (float *)malloc(sizeof(float) * (size_t)rows * nb);
-    out->sx = (float *)malloc(sizeof(float) * (size_t)rows * nb);
-    if (!out->qx || !out->dx || !out->sx) return -1;
-    for (size_t i = 0; i < (size_t)rows * nb; i++) {
+    for (size_t i = (size_t)r * nb; i < (size_t)(r + 1) * nb; i++) {
         const float *xb = x + i * QK;
         __m256 v[4], amax = _mm256_setzero_ps();
         for (int j = 0; j < 4; j++) {
@@ -128,6 +125,32 @@ static int rows16(const float *x, int rows, int K, Rows16 *out) {
         out->dx[i] = d;
         out->sx[i] = d * (float)sum;
     }
+}
+
+#define ROWS16_A_CHUNK 8
+
+typedef struct {
+    const float *x;
+    int rows, K;
+    Rows16 *out;
+} Rows16Task;
+
+static void rows16_chunk(void *arg, int c) {
+    const Rows16Task *t = (const Rows16Task *)arg;
+    for (int r = c * ROWS16_A_CHUNK; r < (c + 1) * ROWS16_A_CHUNK && r < t->rows; r++)
+        row16(t->x, r, t->K, t->out);
+}
+
+/* x at 16 bits a block, rows spread over the pool (a prompt's hundreds of rows took the
+ * caller alone while the other thread waited). */
+static int rows16(const float *x, int rows, int K, Rows16 *out, int nthreads) {
+    const int nb = K / QK;
+    out->qx = (int16_t *)aligned_alloc(32, ((size_t)rows * K * 2 + 31) / 32 * 32);
+    out->dx = (float *)malloc(sizeof(float) * (size_t)rows * nb);
+    out->sx = (float *)malloc(sizeof(float) * (size_t)rows * nb);
+    if (!out->qx || !out->dx || !out->sx) return -1;
+    Rows16Task t = {x, rows, K, out};
+    pool_run(rows16_chunk, &t, (rows + ROWS16_A_CHUNK - 1) / ROWS16_A_CHUNK, nthreads);
     return 0;
 }
 
@@ -333,7 +356,7 @@ static void panel_chunk(void *arg, int c) {
 static int q4_panel_matmul(const Q4Matrix *w, const float *x, int rows, float *y, int nthreads) {
     if (w->k % QK || w->n <= 0 || rows <= 0) return -2;
     PanelTask t = {w, {NULL, NULL, NULL}, rows, y, 0, NULL};
-    int rc = rows16(x, rows, w->k, &t.q);
+    int rc = rows16(x, rows, w->k, &t.q, nthreads);
     if (!rc) {
         pool_run(panel_chunk, &t, (w->n + NR - 1) / NR, nthreads);
         rc = atomic_load(&t.failed) ? -1 : 0;
@@ -468,7 +491,7 @@ int q8_panel16_matmul(const Q8Matrix *w, const float *x, int rows, float *y, int
 #if HAVE_I16_VNNI
     const Q4Matrix shape = {NULL, NULL, NULL, w->n, w->k};
     PanelTask t = {&shape, {NULL, NULL, NULL}, rows, y, 0, w};
-    int rc = rows16(x, rows, w->k, &t.q);
+    int rc = rows16(x, rows, w->k, &t.q, nthreads);
     if (!rc) {
         pool_run(panel16_q8_chunk, &t, (w->n + NR - 1) / NR, nthreads);
         rc = atomic_load(&t.failed) ? -1 : 0;

@@ -162,8 +162,8 @@ class WorkerServer:
         )
 
     async def _beat_loop(self) -> None:
-        """Beat every heartbeat_s, and soon after a request starts or ends, so that the
-        load the web side routes by is fresh."""
+        """Beat every heartbeat_s, and soon after a request arrives, is scheduled (its first
+        delta) or ends, so that the load the web side routes by and shows is fresh."""
         assert self.registry is not None
         failing = False
         while True:
@@ -233,8 +233,11 @@ class WorkerServer:
             )
             async for delta in stream:
                 self._post(reply_to, delta_event(delta), urgent=first or delta.finished)
-                if first and session_id:
-                    self._spawn(self._note_affinity(session_id))
+                if first:
+                    # Scheduled now: the next beat shows it running, not waiting, at once.
+                    self._load_changed.set()
+                    if session_id:
+                        self._spawn(self._note_affinity(session_id))
                 first = False
         except EngineError as exc:  # refused before the first delta
             self._post(reply_to, refusal_event(rid, exc), urgent=True)

@@ -30,6 +30,10 @@ typedef void (*chunk_fn)(void *arg, int chunk);
  * them); returns when all are done. Not exported from the library. */
 __attribute__((visibility("hidden"))) void pool_run(chunk_fn fn, void *arg, int chunks, int nth);
 
+typedef void (*row_fn)(void *arg, int row);
+/* fn(arg, r) for every row r in 0..rows-1, 8 rows a chunk over pool_run. */
+__attribute__((visibility("hidden"))) void pool_rows(row_fn fn, void *arg, int rows, int nth);
+
 /* row_ops.c: the work between a layer's products, rows spread over the pool. */
 void add_rms_norm(float *x, const float *delta, const float *w, int rows, int n, float eps,
                   float *out, int nthreads);

@@ -127,18 +127,15 @@ static void row16(const float *x, int r, int K, Rows16 *out) {
     }
 }
 
-#define ROWS16_A_CHUNK 8
-
 typedef struct {
     const float *x;
-    int rows, K;
+    int K;
     Rows16 *out;
 } Rows16Task;
 
-static void rows16_chunk(void *arg, int c) {
+static void row16_of(void *arg, int r) {
     const Rows16Task *t = (const Rows16Task *)arg;
-    for (int r = c * ROWS16_A_CHUNK; r < (c + 1) * ROWS16_A_CHUNK && r < t->rows; r++)
-        row16(t->x, r, t->K, t->out);
+    row16(t->x, r, t->K, t->out);
 }
 
 /* x at 16 bits a block, rows spread over the pool (a prompt's hundreds of rows took the
@@ -149,8 +146,8 @@ static int rows16(const float *x, int rows, int K, Rows16 *out, int nthreads) {
     out->dx = (float *)malloc(sizeof(float) * (size_t)rows * nb);
     out->sx = (float *)malloc(sizeof(float) * (size_t)rows * nb);
     if (!out->qx || !out->dx || !out->sx) return -1;
-    Rows16Task t = {x, rows, K, out};
-    pool_run(rows16_chunk, &t, (rows + ROWS16_A_CHUNK - 1) / ROWS16_A_CHUNK, nthreads);
+    Rows16Task t = {x, K, out};
+    pool_rows(row16_of, &t, rows, nthreads);
     return 0;
 }
 

@@ -86,20 +86,17 @@ static void quantize_row(const float *x, int K, int8_t *qx, float *dx, float *sx
     }
 }
 
-#define QUANT_ROWS_A_CHUNK 8
-
 typedef struct {
     const float *x;
-    int rows, K;
+    int K;
     QuantizedRows *out;
 } QuantTask;
 
-static void quantize_chunk(void *arg, int c) {
+static void quantize_one(void *arg, int r) {
     const QuantTask *t = (const QuantTask *)arg;
-    const int nb = t->K / QK, r1 = (c + 1) * QUANT_ROWS_A_CHUNK;
-    for (int r = c * QUANT_ROWS_A_CHUNK; r < r1 && r < t->rows; r++)
-        quantize_row(t->x + (size_t)r * t->K, t->K, t->out->qx + (size_t)r * t->K,
-                     t->out->dx + (size_t)r * nb, t->out->sx + (size_t)r * nb);
+    const int nb = t->K / QK;
+    quantize_row(t->x + (size_t)r * t->K, t->K, t->out->qx + (size_t)r * t->K,
+                 t->out->dx + (size_t)r * nb, t->out->sx + (size_t)r * nb);
 }
 
 /* Over the pool: at a step of 64 rows, quantizing a product's input on the caller alone
@@ -110,8 +107,8 @@ static int quantize_rows(const float *x, int rows, int K, QuantizedRows *out, in
     out->dx = (float *)malloc(sizeof(float) * (size_t)rows * nb);
     out->sx = (float *)malloc(sizeof(float) * (size_t)rows * nb);
     if (!out->qx || !out->dx || !out->sx) return -1;
-    QuantTask t = {x, rows, K, out};
-    pool_run(quantize_chunk, &t, (rows + QUANT_ROWS_A_CHUNK - 1) / QUANT_ROWS_A_CHUNK, nthreads);
+    QuantTask t = {x, K, out};
+    pool_rows(quantize_one, &t, rows, nthreads);
     return 0;
 }
 
@@ -459,6 +456,24 @@ void pool_run(chunk_fn fn, void *arg, int chunks, int nth) {
             sched_yield();
     }
     pthread_mutex_unlock(&pool.run_lock);
+}
+
+#define ROWS_A_CHUNK 8
+
+typedef struct {
+    row_fn fn;
+    void *arg;
+    int rows;
+} RowsTask;
+
+static void rows_chunk(void *arg, int c) {
+    const RowsTask *t = (const RowsTask *)arg;
+    for (int r = c * ROWS_A_CHUNK; r < (c + 1) * ROWS_A_CHUNK && r < t->rows; r++) t->fn(t->arg, r);
+}
+
+void pool_rows(row_fn fn, void *arg, int rows, int nth) {
+    RowsTask t = {fn, arg, rows};
+    pool_run(rows_chunk, &t, (rows + ROWS_A_CHUNK - 1) / ROWS_A_CHUNK, nth);
 }
 
 /* ---- The products, chunked for the pool --------------------------------------------------- */

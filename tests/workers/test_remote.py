@@ -171,8 +171,9 @@ async def test_stats_add_up_the_workers_and_show_each_one_s_load(client: Any) ->
     await stream.__anext__()
     try:
         # Running, not waiting: the worker beats as the request arrives (when the engine may
-        # not have scheduled it yet) and again once its first token is out. (A request an
-        # earlier test walked away from can still be listed for a beat or so.)
+        # not have scheduled it yet) and again once its first token is out. (One full run
+        # read a waiting request beside it on the first beat that showed it running, cause
+        # not found: the loop waits for a beat without one.)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             stats = client.stats()

@@ -88,18 +88,6 @@ typedef struct {
     float *sx;   /* [rows][K / 32]: dx * sum(qx) */
 } Rows16;
 
-static inline float hmax8(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
-
-static inline int hsum8(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
-}
-
 /* Row r's blocks at 16 bits. */
 static void row16(const float *x, int r, int K, Rows16 *out) {
     const int nb = K / QK;
@@ -111,12 +99,12 @@ static void row16(const float *x, int r, int K, Rows16 *out) {
             v[j] = _mm256_loadu_ps(xb + 8 * j);
             amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
         }
-        const float d = hmax8(amax) / 32767.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        const float d = hmax256(amax) / 32767.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
         __m256i q[4];
         for (int j = 0; j < 4; j++)
             q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], _mm256_set1_ps(id)));
         const int sum =
-            hsum8(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+            hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
         /* packs works within 128-bit halves: put the quarters back in order */
         __m256i a = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
         __m256i b = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);

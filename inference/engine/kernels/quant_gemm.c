@@ -54,13 +54,6 @@ typedef struct {
     float *dx, *sx; /* per row and block: the scale, and scale * sum(qx) */
 } QuantizedRows;
 
-static inline int hsum_epi32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
-
 /* Per block of 32: d = max|x| / 127, q = round(x / d) (to nearest even, as lrintf). */
 static void quantize_row(const float *x, int K, int8_t *qx, float *dx, float *sx) {
     const __m256 sign = _mm256_set1_ps(-0.0f);

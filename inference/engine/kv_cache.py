@@ -27,6 +27,16 @@ Each full block also gets a stable digest, a blake2b chain over the exact token 
 A block records whether the tier holds it (`persisted`); `on_evict` is told before an
 indexed block the tier does not hold is reused, while its KV is still in the pool.
 
+Where a block lies in the pool matters to the decode attention: it reads each sequence's
+K/V block by block, and memory serves a run of neighbouring blocks at up to twice the rate
+of the same bytes scattered (docs/performance.md, "Where a sequence's blocks lie"). So a
+sequence grows into the block after its last one when that block is empty, and a new run
+starts where empty blocks leave room for the sequence's reply too (next fit from a
+cursor, so that sequences admitted together do not grow into each other). Once only
+cached blocks are left, a run takes the least recently used cached blocks in pool order,
+and growth may take the cached block after its last one if that block has been idle for
+the older half of the cache's span (so eviction stays close to least recently used).
+
 Prefix reuse is scoped by a request's `CacheScope` (cache_scope.py, vLLM's `cache_salt`):
 the link into its first salted block mixes the salt into both chains, so every later hash
 and digest differs from another salt's (or no salt's) and another owner's blocks, in
@@ -54,12 +64,20 @@ if TYPE_CHECKING:
 
 __all__ = ["ROOT_DIGEST", "UNSALTED", "Block", "CacheScope", "KVCacheManager"]
 
+# The most blocks a new run leaves empty after itself for its sequence's reply (512 tokens
+# at 16 a block).
+RUNWAY_BLOCKS = 32
+# What a new run leaves after its reply's blocks for the next turn's question and the
+# start of its reply (128 tokens).
+FOLLOW_UP_BLOCKS = 8
+
 
 class Block:
     __slots__ = (
         "block_hash",
         "block_id",
         "digest",
+        "idle_since",
         "parent_digest",
         "persisted",
         "ref_count",
@@ -79,6 +97,8 @@ class Block:
         self.persisted = False
         # Set while the block is a finished sequence's partial tail (its key in `tails`).
         self.tail_key: int | None = None
+        # The manager's clock when the block last became evictable (unreferenced, cached).
+        self.idle_since = 0
 
     def forget(self) -> None:
         """Drop the block's identity: it is about to hold other tokens."""
@@ -96,8 +116,14 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
-        # Blocks holding nothing worth keeping.
-        self.free_ids: list[int] = list(range(num_blocks - 1, -1, -1))
+        # Blocks holding nothing worth keeping ("empty"): empty[i] is 1 for block i, so
+        # that bytes.find finds a run of them.
+        self.empty = bytearray(b"\x01" * num_blocks)
+        self.num_empty = num_blocks
+        # Where the next run of empty blocks is looked for first (next fit).
+        self.cursor = 0
+        # Counts calls of free(): blocks made evictable in one call share its value.
+        self.clock = 0
         # Unreferenced blocks still in the prefix index, least recently used first.
         self.evictable: OrderedDict[int, None] = OrderedDict()
         self.index: dict[int, int] = {}  # block hash -> block id
@@ -114,7 +140,7 @@ class KVCacheManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation may take: truly free plus evictable."""
-        return len(self.free_ids) + len(self.evictable)
+        return self.num_empty + len(self.evictable)
 
     @property
     def num_used_blocks(self) -> int:
@@ -252,8 +278,8 @@ class KVCacheManager:
         needed = self.blocks_needed(seq, num_tokens)
         if needed > self.num_free_blocks:
             return False
-        for _ in range(needed):
-            block = self._take_block()
+        for i in range(needed):
+            block = self._take_block(seq, needed - i)
             block.ref_count = 1
             seq.block_table.append(block.block_id)
         return True
@@ -262,16 +288,18 @@ class KVCacheManager:
         """Drop the sequence's references. The tail goes first so LRU evicts tails first;
         a last block holding computed tokens past the full ones is kept as a tail."""
         tail = self._tail_of(seq)
+        self.clock += 1
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
                 if block.block_hash is not None:
+                    block.idle_since = self.clock
                     self.evictable[block_id] = None
                 elif tail is not None and block_id == tail[1]:
                     self._keep_tail(seq, *tail)
                 else:
-                    self.free_ids.append(block_id)
+                    self._empty(block_id)
         seq.block_table = []
         seq.block_hashes = []
         seq.block_digests = []
@@ -303,8 +331,9 @@ class KVCacheManager:
         if old is not None:  # the newer tail replaces the older one
             self.evictable.pop(old)
             self._uncache(self.blocks[old])
-            self.free_ids.append(old)
+            self._empty(old)
         block = self.blocks[block_id]
+        block.idle_since = self.clock
         start = index * self.block_size
         block.token_ids = tuple(seq.token_ids[start : seq.num_computed_tokens])
         block.tail_key = key
@@ -316,13 +345,75 @@ class KVCacheManager:
             self.evictable.pop(block.block_id, None)
         block.ref_count += 1
 
-    def _take_block(self) -> Block:
-        if self.free_ids:
-            return self.blocks[self.free_ids.pop()]
-        block_id, _ = self.evictable.popitem(last=False)
+    def _take_block(self, seq: Sequence, remaining: int) -> Block:
+        """The block `seq` grows into, `remaining` of this allocation's blocks still to
+        take: the one after its last if that is empty (or cached and cold), else the start
+        of a new run (module docstring)."""
+        after = seq.block_table[-1] + 1 if seq.block_table else self.num_blocks
+        if self.num_empty:
+            if after < self.num_blocks and self.empty[after]:
+                return self._take_empty(after)
+            return self._take_empty(self._empty_run(remaining, remaining + self._runway(seq)))
+        # Only cached blocks are left: one is evicted, whichever is taken.
+        if after < self.num_blocks and after in self.evictable and self._cold(self.blocks[after]):
+            return self._take_evictable(after)
+        return self._take_evictable(self._evictable_run(remaining))
+
+    def _runway(self, seq: Sequence) -> int:
+        """Room a new run leaves after itself before the next sequence's run: the blocks
+        the sequence's reply may still fill, and FOLLOW_UP_BLOCKS more for a chat's next
+        turn, which continues from the reply's last block; RUNWAY_BLOCKS at most."""
+        left = max(0, (seq.max_tokens or 0) - seq.num_output_tokens)
+        return min(RUNWAY_BLOCKS, -(-left // self.block_size) + FOLLOW_UP_BLOCKS)
+
+    def _empty_run(self, needed: int, wanted: int) -> int:
+        """The first block of a run of `wanted` empty blocks from the cursor on (wrapping),
+        else of `needed`, else any empty block; the cursor moves past the run."""
+        for length in (wanted, needed, 1):
+            pattern = b"\x01" * length
+            start = self.empty.find(pattern, self.cursor)
+            if start < 0:
+                start = self.empty.find(pattern)
+            if start >= 0:
+                self.cursor = (start + length) % self.num_blocks
+                return start
+        raise AssertionError("no empty block although num_empty > 0")
+
+    def _evictable_run(self, needed: int) -> int:
+        """The least recently used cached block, or, when the blocks before it in the pool
+        went idle in the same free(), the first of up to `needed` of them: the same blocks
+        least-recently-used eviction takes, in pool order."""
+        last = next(iter(self.evictable))
+        start, since = last, self.blocks[last].idle_since
+        while (
+            last - start + 1 < needed
+            and start > 0
+            and start - 1 in self.evictable
+            and self.blocks[start - 1].idle_since == since
+        ):
+            start -= 1
+        return start
+
+    def _cold(self, block: Block) -> bool:
+        """Idle since the older half of the span between the least recently used cached
+        block and now."""
+        oldest = self.blocks[next(iter(self.evictable))].idle_since
+        return 2 * block.idle_since <= oldest + self.clock
+
+    def _take_empty(self, block_id: int) -> Block:
+        self.empty[block_id] = 0
+        self.num_empty -= 1
+        return self.blocks[block_id]
+
+    def _take_evictable(self, block_id: int) -> Block:
+        self.evictable.pop(block_id)
         block = self.blocks[block_id]
         self._unindex(block)
         return block
+
+    def _empty(self, block_id: int) -> None:
+        self.empty[block_id] = 1
+        self.num_empty += 1
 
     def _unindex(self, block: Block) -> None:
         """An evictable block is about to be reused: the tier hears of an indexed block it
@@ -344,4 +435,4 @@ class KVCacheManager:
         while self.evictable:
             block_id, _ = self.evictable.popitem(last=False)
             self._uncache(self.blocks[block_id])
-            self.free_ids.append(block_id)
+            self._empty(block_id)

@@ -12,7 +12,7 @@ Generated tokens fill blocks like prompt tokens do, so turn N+1 of a chat, whose
 extends turn N's prompt and reply, finds turn N's KV in the index.
 
 A block whose reference count drops to zero stays in the index (its KV is still valid) and
-joins an LRU list; it is only reused, and dropped from the index, when the free list is empty.
+joins an LRU list; it is only reused, and dropped from the index, when no empty block is left.
 
 A finished sequence's last block is usually partial: a chat's reply ends mid-block, and
 the next turn's prompt (that reply, then the new question) would recompute up to

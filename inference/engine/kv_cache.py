@@ -139,7 +139,7 @@ class KVCacheManager:
 
     @property
     def num_free_blocks(self) -> int:
-        """Blocks an allocation may take: truly free plus evictable."""
+        """Blocks an allocation may take: empty plus evictable."""
         return self.num_empty + len(self.evictable)
 
     @property

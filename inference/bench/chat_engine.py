@@ -11,13 +11,21 @@ engine's own throughput on that workload. Prints per stream count the output tok
 engine's TTFT (arrival in the engine to first token: p50 and p90 over every turn, and p90 of
 the first turns, which arrive together), the prompt tokens it computed (not found cached),
 and the steps split into decode-only and mixed (a prompt's chunk beside decodes): count,
-mean ms, mean rows; median (min-max) over `--repeat` runs; writes JSON. Run it from two
-checkouts (`git worktree add`) to compare a change, alternating, on a quiet machine.
+mean ms, mean rows, and the share of the running sequences' neighbouring block-table
+entries that are neighbours in the KV pool too (where the decode attention reads runs);
+median (min-max) over `--repeat` runs; writes JSON. Run it from two checkouts (`git
+worktree add`) to compare a change, alternating, on a quiet machine.
+
+Each run starts from an empty prefix cache; with `--fill` it starts instead from a pool
+full of other conversations' cached blocks, as a long-running server's is: rounds of the
+same conversations under other first questions run until (almost) no block is empty. A
+small `--kv-mb` keeps that quick.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import statistics
@@ -37,8 +45,10 @@ from inference.model_files import default_model_path
 class Conversations:
     """`n` chats on one engine: each turn's prompt is the whole history, templated."""
 
-    def __init__(self, engine: LLMEngine, n: int, turns: int, max_tokens: int) -> None:
-        self.engine, self.turns, self.max_tokens = engine, turns, max_tokens
+    def __init__(
+        self, engine: LLMEngine, n: int, turns: int, max_tokens: int, tag: str = ""
+    ) -> None:
+        self.engine, self.turns, self.max_tokens, self.tag = engine, turns, max_tokens, tag
         self.history: list[list[dict[str, str]]] = [[] for _ in range(n)]
         self.reply: list[list[str]] = [[] for _ in range(n)]
         self.turn = [0] * n
@@ -51,7 +61,9 @@ class Conversations:
     def _ask(self, c: int) -> None:
         turn = self.turn[c]
         question = (
-            QUESTIONS[c % len(QUESTIONS)] if turn == 0 else FOLLOW_UPS[(c + turn) % len(FOLLOW_UPS)]
+            self.tag + QUESTIONS[c % len(QUESTIONS)]
+            if turn == 0
+            else FOLLOW_UPS[(c + turn) % len(FOLLOW_UPS)]
         )
         self.history[c].append({"role": "user", "content": question})
         tok: Any = self.engine.tokenizer
@@ -84,9 +96,29 @@ class Conversations:
                     self._ask(c)
 
 
-def run_once(engine: LLMEngine, streams: int, turns: int, max_tokens: int) -> dict[str, Any]:
-    chats = Conversations(engine, streams, turns, max_tokens)
+def adjacency(engine: LLMEngine) -> float | None:
+    """The share of running sequences' neighbouring block-table entries that are
+    neighbours in the pool; None with no such pair."""
+    pairs = [p for s in engine.scheduler.running for p in itertools.pairwise(s.block_table)]
+    return sum(b == a + 1 for a, b in pairs) / len(pairs) if pairs else None
+
+
+def fill_pool(engine: LLMEngine, streams: int, turns: int, max_tokens: int) -> int:
+    """Run other conversations until under 2% of the pool's blocks are empty (20 rounds
+    at most); the rounds run."""
+    kv, rounds = engine.kv, 0
+    while kv.num_empty >= kv.num_blocks // 50 and rounds < 20:
+        rounds += 1
+        run_once(engine, streams, turns, max_tokens, tag=f"(an earlier chat, {rounds}) ")
+    return rounds
+
+
+def run_once(
+    engine: LLMEngine, streams: int, turns: int, max_tokens: int, tag: str = ""
+) -> dict[str, Any]:
+    chats = Conversations(engine, streams, turns, max_tokens, tag)
     steps: dict[str, list[tuple[float, int]]] = {"decode": [], "mixed": []}
+    adjacent: list[float] = []
     start = time.perf_counter()
     while engine.has_work():
         t0 = time.perf_counter()
@@ -95,6 +127,9 @@ def run_once(engine: LLMEngine, streams: int, turns: int, max_tokens: int) -> di
         last = engine.last_step
         rows, tokens = int(last["batch_size"]), int(last["tokens"])
         steps["decode" if tokens == rows else "mixed"].append((took, rows))
+        share = adjacency(engine)
+        if share is not None:
+            adjacent.append(share)
         chats.take(deltas)
     wall = time.perf_counter() - start
     out: dict[str, Any] = {"tok_s": chats.output_tokens / wall, "seconds": wall}
@@ -103,6 +138,7 @@ def run_once(engine: LLMEngine, streams: int, turns: int, max_tokens: int) -> di
     out["ttft_p90_ms"] = 1000 * pct(everyone, 0.9)
     out["first_turn_ttft_p90_ms"] = 1000 * pct(chats.ttft[0], 0.9)
     out["prompt_rows"] = chats.prompt_rows
+    out["adjacent"] = statistics.mean(adjacent) if adjacent else 0.0
     for kind, v in steps.items():
         out[f"{kind}_steps"] = len(v)
         out[f"{kind}_ms"] = 1000 * statistics.mean(t for t, _ in v) if v else 0.0
@@ -119,6 +155,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--kv-dtype", default="auto", help="ENGINE_KV_DTYPE")
     ap.add_argument("--kv-mb", type=int, default=0, help="ENGINE_KV_CACHE_MEMORY_MB")
+    ap.add_argument("--fill", action="store_true", help="start each run from a full pool")
     ap.add_argument("--json", default="bench_chat_engine.json")
     args = ap.parse_args()
     config = EngineConfig(
@@ -133,19 +170,24 @@ def main() -> None:
     for _ in range(args.repeat):
         for n in args.streams:
             engine.kv.reset_prefix_cache()  # each run's conversations start cold
+            rounds = fill_pool(engine, n, args.turns, args.max_tokens) if args.fill else 0
+            empty = engine.kv.num_empty
             runs[n].append(run_once(engine, n, args.turns, args.max_tokens))
+            runs[n][-1].update(fill_rounds=rounds, empty_before=empty)
     runner = engine.runner
     pool = f"KV pool {dtype_name(runner.kv_dtype)}, {runner.num_blocks} blocks"
+    start = "a full pool (--fill)" if args.fill else "an empty prefix cache"
     print(f"{platform.machine()}; {args.turns} turns of {args.max_tokens} tokens; {pool}; "
-          f"median (min-max) of {args.repeat}")  # fmt: skip
+          f"each run from {start}; median (min-max) of {args.repeat}")  # fmt: skip
     print("| streams | tok/s | TTFT p50 ms | TTFT p90 ms | first turns' TTFT p90 ms | prompt "
-          "rows computed | decode-only steps | ms | rows | mixed steps | ms | rows |")  # fmt: skip
-    print("|---:|---|---|---|---|---|---|---|---|---|---|---|")
+          "rows computed | decode-only steps | ms | rows | mixed steps | ms | rows | "
+          "neighbouring blocks adjacent |")  # fmt: skip
+    print("|---:|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n, rs in runs.items():
-        cells = [cell(spread([r[k] for r in rs])) for k in (
+        cells = [cell(spread([r[k] for r in rs]), 2 if k == "adjacent" else 1) for k in (
             "tok_s", "ttft_p50_ms", "ttft_p90_ms", "first_turn_ttft_p90_ms", "prompt_rows",
             "decode_steps", "decode_ms", "decode_rows", "mixed_steps", "mixed_ms",
-            "mixed_rows")]  # fmt: skip
+            "mixed_rows", "adjacent")]  # fmt: skip
         print(f"| {n} | " + " | ".join(cells) + " |")
     with open(args.json, "w") as f:
         json.dump({"args": vars(args), "runs": runs}, f, indent=1)

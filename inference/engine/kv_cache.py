@@ -30,12 +30,17 @@ indexed block the tier does not hold is reused, while its KV is still in the poo
 Where a block lies in the pool matters to the decode attention: it reads each sequence's
 K/V block by block, and memory serves a run of neighbouring blocks at up to twice the rate
 of the same bytes scattered (docs/performance.md, "Where a sequence's blocks lie"). So a
-sequence grows into the block after its last one when that block is empty, and a new run
-starts where empty blocks leave room for the sequence's reply too (next fit from a
-cursor, so that sequences admitted together do not grow into each other). Once only
-cached blocks are left, a run takes the least recently used cached blocks in pool order,
-and growth may take the cached block after its last one if that block has been idle for
-the older half of the cache's span (so eviction stays close to least recently used).
+sequence grows into the block after its last one, and when it cannot, a new run starts
+where there is room for the sequence's reply too (next fit from a cursor). The sequence
+claims that room (`Sequence.kv_room`): no other run starts in it, and no other sequence
+grows into it, while its owner runs. A run is made of empty blocks, or, where empty ones
+leave no run of a few blocks, of empty and *cold* cached blocks: those idle since the
+older half of the span between the least recently used cached block and now. That is
+what keeps runs in a long-running server, whose pool is all cached blocks left wherever
+earlier chats were placed: evicting strictly least recently used first would take them
+one by one from all over the pool. Growth takes a cold cached block only where the block
+is in the sequence's room or empty blocks make no run of a few; blocks that went idle
+recently (a chat between turns) are not evicted while cold or empty ones are left.
 
 Prefix reuse is scoped by a request's `CacheScope` (cache_scope.py, vLLM's `cache_salt`):
 the link into its first salted block mixes the salt into both chains, so every later hash
@@ -64,12 +69,19 @@ if TYPE_CHECKING:
 
 __all__ = ["ROOT_DIGEST", "UNSALTED", "Block", "CacheScope", "KVCacheManager"]
 
-# The most blocks a new run leaves empty after itself for its sequence's reply (512 tokens
+# The most blocks a new run claims after itself for its sequence's reply (512 tokens
 # at 16 a block).
 RUNWAY_BLOCKS = 32
-# What a new run leaves after its reply's blocks for the next turn's question and the
+# What a new run claims after its reply's blocks for the next turn's question and the
 # start of its reply (128 tokens).
 FOLLOW_UP_BLOCKS = 8
+# Candidate runs a new run's search looks at before it tries a shorter kind (each look is
+# a bytes.find and a check of the candidate's blocks).
+RUN_TRIES = 16
+# Shorter runs a new run settles for, in turn, when no run of its wanted length is found.
+SHORT_RUNS = (8, 4, 2)
+# The shortest run worth evicting cold blocks for while empty blocks would do.
+GOOD_RUN = 4
 
 
 class Block:
@@ -120,6 +132,12 @@ class KVCacheManager:
         # that bytes.find finds a run of them.
         self.empty = bytearray(b"\x01" * num_blocks)
         self.num_empty = num_blocks
+        # Blocks nobody references (empty or evictable), likewise: where a run may be
+        # made of empty and cold cached blocks once empty ones alone leave no room.
+        self.unheld = bytearray(b"\x01" * num_blocks)
+        # Blocks in some running sequence's room (Sequence.kv_room): another run starts
+        # there only when nothing else is left.
+        self.claimed = bytearray(num_blocks)
         # Where the next run of empty blocks is looked for first (next fit).
         self.cursor = 0
         # Counts calls of free(): blocks made evictable in one call share its value.
@@ -197,7 +215,7 @@ class KVCacheManager:
             same += 1
         if same == 0:
             return 0
-        self.evictable.pop(block_id)
+        self._hold(block_id)
         self._uncache(block)
         block.ref_count = 1
         seq.block_table.append(block_id)
@@ -295,11 +313,12 @@ class KVCacheManager:
             if block.ref_count == 0:
                 if block.block_hash is not None:
                     block.idle_since = self.clock
-                    self.evictable[block_id] = None
+                    self._release(block_id)
                 elif tail is not None and block_id == tail[1]:
                     self._keep_tail(seq, *tail)
                 else:
                     self._empty(block_id)
+        self._unclaim(seq)
         seq.block_table = []
         seq.block_hashes = []
         seq.block_digests = []
@@ -338,26 +357,44 @@ class KVCacheManager:
         block.token_ids = tuple(seq.token_ids[start : seq.num_computed_tokens])
         block.tail_key = key
         self.tails[key] = block_id
-        self.evictable[block_id] = None
+        self._release(block_id)
 
     def _acquire(self, block: Block) -> None:
-        if block.ref_count == 0:
-            self.evictable.pop(block.block_id, None)
+        if block.ref_count == 0 and block.block_id in self.evictable:
+            self._hold(block.block_id)
         block.ref_count += 1
 
     def _take_block(self, seq: Sequence, remaining: int) -> Block:
         """The block `seq` grows into, `remaining` of this allocation's blocks still to
-        take: the one after its last if that is empty (or cached and cold), else the start
-        of a new run (module docstring)."""
+        take: the one after its last if that is empty, or cold where the sequence has
+        claimed it or no run of GOOD_RUN empty blocks is left (as a new run would be made
+        of cold blocks then too), and not another sequence's; else the start of a new
+        run, which the sequence then claims (module docstring)."""
         after = seq.block_table[-1] + 1 if seq.block_table else self.num_blocks
-        if self.num_empty:
-            if after < self.num_blocks and self.empty[after]:
-                return self._take_empty(after)
-            return self._take_empty(self._empty_run(remaining, remaining + self._runway(seq)))
-        # Only cached blocks are left: one is evicted, whichever is taken.
-        if after < self.num_blocks and after in self.evictable and self._cold(self.blocks[after]):
-            return self._take_evictable(after)
-        return self._take_evictable(self._evictable_run(remaining))
+        if after < self.num_blocks:
+            # Still claimed and in its room: not taken by another since the claim.
+            mine = bool(self.claimed[after]) and _within(seq.kv_room, after)
+            if (mine or not self.claimed[after]) and (
+                self.empty[after]
+                or (
+                    after in self.evictable
+                    and (mine or self.empty.find(b"\x01" * GOOD_RUN) < 0)
+                    and self._cold(after)
+                )
+            ):
+                return self._take(after)
+        self._unclaim(seq)
+        start, length = self._new_run(remaining, remaining + self._runway(seq))
+        if length > 1:
+            seq.kv_room = (start, start + length)
+            self.claimed[start : start + length] = b"\x01" * length
+        return self._take(start)
+
+    def _unclaim(self, seq: Sequence) -> None:
+        if seq.kv_room is not None:
+            start, end = seq.kv_room
+            self.claimed[start:end] = bytes(end - start)
+            seq.kv_room = None
 
     def _runway(self, seq: Sequence) -> int:
         """Room a new run leaves after itself before the next sequence's run: the blocks
@@ -366,27 +403,62 @@ class KVCacheManager:
         left = max(0, (seq.max_tokens or 0) - seq.num_output_tokens)
         return min(RUNWAY_BLOCKS, -(-left // self.block_size) + FOLLOW_UP_BLOCKS)
 
-    def _empty_run(self, needed: int, wanted: int) -> int:
-        """The first block of a run of `wanted` empty blocks from the cursor on (wrapping),
-        else of `needed`, else any empty block; the cursor moves past the run."""
-        for length in (wanted, needed, 1):
-            pattern = b"\x01" * length
-            start = self.empty.find(pattern, self.cursor)
-            if start < 0:
-                start = self.empty.find(pattern)
+    def _new_run(self, needed: int, wanted: int) -> tuple[int, int]:
+        """(first block, length) of a new run, looked for from the cursor on (wrapping),
+        which then moves past it; outside every running sequence's room. Runs of `wanted`
+        blocks are looked for first, then of the SHORT_RUNS lengths (at least `needed`):
+        those of at least GOOD_RUN blocks made of empty blocks, then of empty or cold ones,
+        then the shorter ones likewise. Then any empty block, and last the least recently
+        used cached blocks (`_evictable_run`). So a run evicts only cold blocks, and only
+        where empty ones leave no good run; and it does not settle for a lone empty block
+        while a run can be had, since a pool whose empty blocks lie scattered (one left
+        here and there by each finished sequence) would scatter every sequence after it."""
+        lengths = sorted({wanted, needed, *(min(wanted, max(needed, n)) for n in SHORT_RUNS)})
+        good = [n for n in reversed(lengths) if n >= min(GOOD_RUN, wanted)]
+        short = [n for n in reversed(lengths) if n < min(GOOD_RUN, wanted)]
+        tries = [(n, False) for n in good] + [(n, True) for n in good]
+        for length, cold_too in tries + [(n, c) for n in short for c in (False, True)]:
+            start = self._run_of(length, cold_too)
             if start >= 0:
                 self.cursor = (start + length) % self.num_blocks
-                return start
-        raise AssertionError("no empty block although num_empty > 0")
+                return start, length
+        if self.num_empty:
+            start = self._run_of(1, False)
+            return (start if start >= 0 else self.empty.find(b"\x01")), 1
+        return self._evictable_run(wanted), 1
 
-    def _evictable_run(self, needed: int) -> int:
+    def _run_of(self, length: int, cold_too: bool) -> int:
+        """The first block of `length` neighbouring empty blocks (or, with `cold_too`,
+        blocks each empty or cold) in no running sequence's room, from the cursor on and
+        then from the pool's start; -1 if none is found within RUN_TRIES looks."""
+        if cold_too and not self.evictable:
+            return -1
+        where = self.unheld if cold_too else self.empty
+        pattern, pos = b"\x01" * length, self.cursor
+        for _ in range(RUN_TRIES):
+            start = where.find(pattern, pos)
+            if start < 0:
+                if pos == 0:
+                    return -1
+                pos = 0
+                continue
+            end = start + length
+            bad = self.claimed.rfind(b"\x01", start, end)
+            if bad < 0 and cold_too:
+                bad = next((i for i in range(end - 1, start - 1, -1) if not self._reusable(i)), -1)
+            if bad < 0:
+                return start
+            pos = bad + 1
+        return -1
+
+    def _evictable_run(self, wanted: int) -> int:
         """The least recently used cached block, or, when the blocks before it in the pool
-        went idle in the same free(), the first of up to `needed` of them: the same blocks
+        went idle in the same free(), the first of up to `wanted` of them: the same blocks
         least-recently-used eviction takes, in pool order."""
         last = next(iter(self.evictable))
         start, since = last, self.blocks[last].idle_since
         while (
-            last - start + 1 < needed
+            last - start + 1 < wanted
             and start > 0
             and start - 1 in self.evictable
             and self.blocks[start - 1].idle_since == since
@@ -394,26 +466,43 @@ class KVCacheManager:
             start -= 1
         return start
 
-    def _cold(self, block: Block) -> bool:
-        """Idle since the older half of the span between the least recently used cached
-        block and now."""
+    def _reusable(self, block_id: int) -> bool:
+        """Empty, or cached and cold."""
+        return bool(self.empty[block_id]) or (block_id in self.evictable and self._cold(block_id))
+
+    def _cold(self, block_id: int) -> bool:
+        """Cached and idle since the older half of the span between the least recently
+        used cached block and now."""
         oldest = self.blocks[next(iter(self.evictable))].idle_since
-        return 2 * block.idle_since <= oldest + self.clock
+        return 2 * self.blocks[block_id].idle_since <= oldest + self.clock
 
-    def _take_empty(self, block_id: int) -> Block:
-        self.empty[block_id] = 0
-        self.num_empty -= 1
-        return self.blocks[block_id]
-
-    def _take_evictable(self, block_id: int) -> Block:
-        self.evictable.pop(block_id)
+    def _take(self, block_id: int) -> Block:
+        """Hand out an empty block, or evict a cached one."""
         block = self.blocks[block_id]
-        self._unindex(block)
+        self.claimed[block_id] = 0
+        if self.empty[block_id]:
+            self.empty[block_id] = 0
+            self.num_empty -= 1
+            self.unheld[block_id] = 0
+        else:
+            self._hold(block_id)
+            self._unindex(block)
         return block
+
+    def _release(self, block_id: int) -> None:
+        """An unreferenced cached block joins the LRU list (most recently used)."""
+        self.evictable[block_id] = None
+        self.unheld[block_id] = 1
+
+    def _hold(self, block_id: int) -> None:
+        """A cached block leaves the LRU list: referenced again, or about to be reused."""
+        del self.evictable[block_id]
+        self.unheld[block_id] = 0
 
     def _empty(self, block_id: int) -> None:
         self.empty[block_id] = 1
         self.num_empty += 1
+        self.unheld[block_id] = 1
 
     def _unindex(self, block: Block) -> None:
         """An evictable block is about to be reused: the tier hears of an indexed block it
@@ -436,3 +525,7 @@ class KVCacheManager:
             block_id, _ = self.evictable.popitem(last=False)
             self._uncache(self.blocks[block_id])
             self._empty(block_id)
+
+
+def _within(room: tuple[int, int] | None, block_id: int) -> bool:
+    return room is not None and room[0] <= block_id < room[1]

@@ -52,6 +52,9 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
+        # Blocks [start, end) the KV cache holds back for this sequence to grow into: the
+        # room its latest run left after itself (kv_cache.py, "claims").
+        self.kv_room: tuple[int, int] | None = None
         # Prefix-index hashes of this sequence's full blocks, in order (a hash chain).
         self.block_hashes: list[int] = []
         # The same chain as stable digests (the Redis tier's keys), one per full block.

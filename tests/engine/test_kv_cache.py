@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import random
+
 from inference.engine.kv_cache import FOLLOW_UP_BLOCKS, KVCacheManager
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.sequence import Sequence
@@ -41,21 +44,17 @@ def test_different_earlier_tokens_mean_no_hit():
     assert kv.match_prefix(b) == 0
 
 
-def test_freed_blocks_stay_cached_until_evicted_least_recently_used_first():
+def test_freed_blocks_stay_cached_until_their_blocks_are_needed():
     kv = KVCacheManager(num_blocks=4, block_size=4)
     a = _computed(kv, "a", [*range(8), 100])
     kv.free(a)
     # Its two full blocks and its partial tail (token 100) stay cached.
     assert kv.num_free_blocks == 4 and len(kv.evictable) == 3 and len(kv.tails) == 1
-    b = _computed(kv, "b", [50, 51, 52, 53, 54])  # the free block, then a's tail (LRU)
-    assert not kv.tails
-    kv.free(b)
-    # A new 4-block request must evict; the cached blocks go, the least recently used first.
+    # A request for the whole pool evicts them all.
     c = Sequence("c", list(range(200, 216)), SamplingParams())
     assert kv.allocate(c, 13)
     again = Sequence("again", [*range(8), 100], SamplingParams())
-    assert kv.match_prefix(again) == 0
-    assert kv.query_tokens > 0
+    assert kv.match_prefix(again) == 0 and not kv.tails
 
 
 def test_allocation_fails_cleanly_when_the_pool_is_full():
@@ -187,53 +186,80 @@ def test_a_growing_sequence_starts_a_new_run_when_the_next_block_is_taken():
     assert kv.num_free_blocks == 5
 
 
-def test_with_only_cached_blocks_left_a_run_takes_the_least_recent_ones_in_pool_order():
+def test_with_only_cached_blocks_left_a_run_takes_cold_ones_and_spares_warm_ones():
     kv = KVCacheManager(num_blocks=8, block_size=4)
     old = _computed(kv, "old", list(range(16)))  # blocks 0-3, indexed
     new = _computed(kv, "new", list(range(100, 116)))  # blocks 4-7
+    assert (old.block_table, new.block_table) == ([0, 1, 2, 3], [4, 5, 6, 7])
     kv.free(old)
     kv.free(new)
     assert kv.num_empty == 0 and len(kv.evictable) == 8
-    # Two blocks: the least recently used are old's last two (freed tail first), taken in
-    # pool order, so old's first two stay found.
-    c = Sequence("c", list(range(200, 208)), SamplingParams(max_tokens=0))
+    # old went idle in the older half of the cache's span: cold. A run is made of its
+    # blocks, room for the reply included; new's blocks are not touched.
+    c = Sequence("c", list(range(200, 208)), SamplingParams(max_tokens=8))
     kv.match_prefix(c)
     assert kv.allocate(c, 8)
-    assert c.block_table == [2, 3]
-    again = Sequence("again", list(range(12)), SamplingParams())
-    assert kv.match_prefix(again) == 8
-    kv.free(again)
-    assert kv.blocks[4].block_hash is not None  # new's blocks were not touched
+    assert c.block_table == [0, 1] and c.kv_room == (0, 4)
+    c.num_computed_tokens = 8
+    _grow(kv, c, 8)
+    assert c.block_table == [0, 1, 2, 3]
+    again = Sequence("again", list(range(100, 116)), SamplingParams())
+    assert kv.match_prefix(again) == 12
 
 
 def test_growth_takes_the_cached_block_after_it_only_when_that_block_is_cold():
-    kv = KVCacheManager(num_blocks=7, block_size=4)
+    kv = KVCacheManager(num_blocks=12, block_size=4)
+    # Three chats, each freed as it finishes: idle since 1, 2 and (after time passes) 7.
+    gens = []
+    for g in range(3):
+        if g == 2:
+            for _ in range(4):
+                kv.free(Sequence("x", [], SamplingParams()))
+        gen = _computed(kv, f"g{g}", list(range(100 * g, 100 * g + 16)))
+        kv.free(gen)
+        gens.append(gen)
+    assert kv.num_empty == 0 and [kv.blocks[4 * g].idle_since for g in range(3)] == [1, 2, 7]
+    # The cold blocks (idle since 1 and 2, older than (1 + 7) / 2) make one run.
+    s = Sequence("s", list(range(500, 504)), SamplingParams(max_tokens=28))
+    kv.match_prefix(s)
+    assert kv.allocate(s, 4)
+    assert s.block_table == [0] and s.kv_room == (0, 8)
+    s.num_computed_tokens = 4
+    _grow(kv, s, 28)
+    assert s.block_table == list(range(8))
+    # The next block is g2's, which went idle at 7: still the only cached blocks, so the
+    # least recently used, and cold; it is taken.
+    _grow(kv, s, 4)
+    assert s.block_table == list(range(9))
+
+
+def test_growth_leaves_a_warm_cached_block_after_it_while_cold_ones_are_left():
+    kv = KVCacheManager(num_blocks=12, block_size=4)
 
     def placed(rid: str, tokens: list[int]) -> Sequence:
-        seq = Sequence(rid, tokens, SamplingParams(max_tokens=0))  # no room left after it
+        seq = Sequence(rid, tokens, SamplingParams(max_tokens=0))
         kv.match_prefix(seq)
         assert kv.allocate(seq, len(tokens))
         seq.num_computed_tokens = len(tokens)
+        kv.commit_full_blocks(seq)
         return seq
 
-    s = placed("s", list(range(4)))  # block 0
-    a = _computed(kv, "a", list(range(100, 108)))  # blocks 1-2
-    t = placed("t", list(range(200, 204)))  # block 3
-    c = _computed(kv, "c", list(range(300, 308)))  # blocks 4-5
-    u = placed("u", list(range(400, 404)))  # block 6
-    assert [q.block_table for q in (s, a, t, c, u)] == [[0], [1, 2], [3], [4, 5], [6]]
+    a = placed("a", list(range(16)))  # its run claims the pool as its room
+    b = placed("b", list(range(100, 116)))  # so these take what is left, block by block
+    s = placed("s", list(range(200, 204)))
+    w = placed("w", list(range(300, 312)))
+    assert [q.block_table for q in (a, b, s, w)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8], [9, 10, 11]]
     kv.free(a)  # idle since 1
-    for _ in range(3):  # time passes
+    kv.free(b)  # 2
+    for _ in range(4):
         kv.free(Sequence("x", [], SamplingParams()))
-    kv.free(c)  # idle since 5
-    # t's next block (c's, idle since 5) is in the newer half of [1, 5]: the least
-    # recently used block is taken instead (a's last; its first stays found).
-    _grow(kv, t, 1)
-    assert t.block_table == [3, 2]
-    # s's next block (a's first, idle since 1) is in the older half: taken.
+    kv.free(w)  # 7: the newer half of [1, 7]
+    assert kv.num_empty == 0
     _grow(kv, s, 1)
-    assert s.block_table == [0, 1]
-    assert kv.blocks[4].block_hash is not None and kv.blocks[5].block_hash is not None
+    # w's block after s is warm: s starts a run over a's and b's cold blocks instead.
+    assert s.block_table == [8, 0] and s.kv_room == (0, 8)
+    again = Sequence("again", list(range(300, 313)), SamplingParams())
+    assert kv.match_prefix(again) == 12
 
 
 def test_growth_never_evicts_a_cached_block_while_empty_ones_are_left():
@@ -270,3 +296,43 @@ def test_a_chats_next_turn_continues_in_the_run_of_the_turn_before():
     table = follow_up.block_table
     assert table == list(range(table[0], table[0] + 5))
     assert not set(table) & set(other.block_table)
+
+
+def _chats(kv: KVCacheManager, rng: random.Random, tag: int, reply: int) -> list[Sequence]:
+    """Eight chats' prompts of random lengths, then their replies decoded side by side."""
+    seqs = []
+    for i in range(8):
+        prompt = [tag * 100_000 + i * 1_000 + j for j in range(rng.randrange(8, 40))]
+        seq = Sequence(f"{tag}-{i}", prompt, SamplingParams(max_tokens=reply))
+        kv.match_prefix(seq)
+        assert kv.allocate(seq, len(prompt))
+        seq.num_computed_tokens = len(prompt)
+        kv.commit_full_blocks(seq)
+        seqs.append(seq)
+    for _ in range(reply):
+        for seq in seqs:
+            _grow(kv, seq, 1)
+    return seqs
+
+
+def test_in_a_pool_full_of_earlier_chats_blocks_new_chats_still_grow_in_runs():
+    # A long-running server's pool: every block holds some earlier chat's cached KV, in
+    # the order those chats happened to be placed. (The placement before runs were made
+    # of cold blocks left 40-56% of neighbouring table entries adjacent here.)
+    for seed in range(3):
+        rng = random.Random(seed)
+        kv = KVCacheManager(num_blocks=400, block_size=4)
+        last: list[Sequence] = []
+        for tag in range(1, 30):
+            last = _chats(kv, rng, tag, 24)
+            for seq in last:
+                kv.free(seq)
+        assert kv.num_empty < 10
+        seqs = _chats(kv, rng, 99, 40)
+        pairs = [(x, y) for s in seqs for x, y in itertools.pairwise(s.block_table)]
+        assert sum(y == x + 1 for x, y in pairs) / len(pairs) > 0.75
+        # The chats freed last are still found whole: only cold blocks were taken.
+        for seq in last:
+            probe = Sequence("probe", [*seq.token_ids[:-1], 1], SamplingParams())
+            assert kv.match_prefix(probe) >= (len(seq.token_ids) - 1) // 4 * 4 - 4
+            kv.free(probe)

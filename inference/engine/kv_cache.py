@@ -397,9 +397,9 @@ class KVCacheManager:
             seq.kv_room = None
 
     def _runway(self, seq: Sequence) -> int:
-        """Room a new run leaves after itself before the next sequence's run: the blocks
-        the sequence's reply may still fill, and FOLLOW_UP_BLOCKS more for a chat's next
-        turn, which continues from the reply's last block; RUNWAY_BLOCKS at most."""
+        """Room a new run claims after the blocks taken now: the blocks the sequence's
+        reply may still fill, and FOLLOW_UP_BLOCKS more for a chat's next turn, which
+        continues from the reply's last block; RUNWAY_BLOCKS at most."""
         left = max(0, (seq.max_tokens or 0) - seq.num_output_tokens)
         return min(RUNWAY_BLOCKS, -(-left // self.block_size) + FOLLOW_UP_BLOCKS)
 
@@ -434,13 +434,13 @@ class KVCacheManager:
         if cold_too and not self.evictable:
             return -1
         where = self.unheld if cold_too else self.empty
-        pattern, pos = b"\x01" * length, self.cursor
+        pattern, pos, wrapped = b"\x01" * length, self.cursor, self.cursor == 0
         for _ in range(RUN_TRIES):
             start = where.find(pattern, pos)
-            if start < 0:
-                if pos == 0:
+            if start < 0 or (wrapped and start >= self.cursor > 0):
+                if wrapped:
                     return -1
-                pos = 0
+                pos, wrapped = 0, True
                 continue
             end = start + length
             bad = self.claimed.rfind(b"\x01", start, end)

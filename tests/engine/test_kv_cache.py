@@ -10,9 +10,13 @@ from inference.engine.sampling_params import SamplingParams
 from inference.engine.sequence import Sequence
 
 
-def _computed(kv: KVCacheManager, rid: str, tokens: list[int]) -> Sequence:
-    """A sequence whose tokens all sit in the cache, its full blocks indexed."""
-    seq = Sequence(rid, tokens, SamplingParams())
+def _computed(
+    kv: KVCacheManager, rid: str, tokens: list[int], max_tokens: int | None = None
+) -> Sequence:
+    """A sequence whose tokens all sit in the cache, its full blocks indexed; its reply
+    `max_tokens` long where given (the room its run claims), else the default."""
+    params = SamplingParams() if max_tokens is None else SamplingParams(max_tokens=max_tokens)
+    seq = Sequence(rid, tokens, params)
     kv.match_prefix(seq)
     assert kv.allocate(seq, len(tokens))
     seq.num_computed_tokens = len(tokens)
@@ -235,19 +239,10 @@ def test_growth_takes_the_cached_block_after_it_only_when_that_block_is_cold():
 
 def test_growth_leaves_a_warm_cached_block_after_it_while_cold_ones_are_left():
     kv = KVCacheManager(num_blocks=12, block_size=4)
-
-    def placed(rid: str, tokens: list[int]) -> Sequence:
-        seq = Sequence(rid, tokens, SamplingParams(max_tokens=0))
-        kv.match_prefix(seq)
-        assert kv.allocate(seq, len(tokens))
-        seq.num_computed_tokens = len(tokens)
-        kv.commit_full_blocks(seq)
-        return seq
-
-    a = placed("a", list(range(16)))  # its run claims the pool as its room
-    b = placed("b", list(range(100, 116)))  # so these take what is left, block by block
-    s = placed("s", list(range(200, 204)))
-    w = placed("w", list(range(300, 312)))
+    a = _computed(kv, "a", list(range(16)), max_tokens=0)  # its run claims the pool as room
+    b = _computed(kv, "b", list(range(100, 116)), max_tokens=0)  # so these take what is left
+    s = _computed(kv, "s", list(range(200, 204)), max_tokens=0)  # block by block
+    w = _computed(kv, "w", list(range(300, 312)), max_tokens=0)
     assert [q.block_table for q in (a, b, s, w)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8], [9, 10, 11]]
     kv.free(a)  # idle since 1
     kv.free(b)  # 2
@@ -280,11 +275,7 @@ def test_growth_never_evicts_a_cached_block_while_empty_ones_are_left():
 
 def test_a_chats_next_turn_continues_in_the_run_of_the_turn_before():
     kv = KVCacheManager(num_blocks=64, block_size=4)
-    first = Sequence("t1", list(range(8)), SamplingParams(max_tokens=8))
-    kv.match_prefix(first)
-    assert kv.allocate(first, 8)
-    first.num_computed_tokens = 8
-    kv.commit_full_blocks(first)
+    first = _computed(kv, "t1", list(range(8)), max_tokens=8)
     other = Sequence("other", list(range(100, 108)), SamplingParams(max_tokens=8))
     kv.match_prefix(other)
     assert kv.allocate(other, 8)  # its run starts after first's room
@@ -303,12 +294,7 @@ def _chats(kv: KVCacheManager, rng: random.Random, tag: int, reply: int) -> list
     seqs = []
     for i in range(8):
         prompt = [tag * 100_000 + i * 1_000 + j for j in range(rng.randrange(8, 40))]
-        seq = Sequence(f"{tag}-{i}", prompt, SamplingParams(max_tokens=reply))
-        kv.match_prefix(seq)
-        assert kv.allocate(seq, len(prompt))
-        seq.num_computed_tokens = len(prompt)
-        kv.commit_full_blocks(seq)
-        seqs.append(seq)
+        seqs.append(_computed(kv, f"{tag}-{i}", prompt, max_tokens=reply))
     for _ in range(reply):
         for seq in seqs:
             _grow(kv, seq, 1)

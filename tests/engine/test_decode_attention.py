@@ -8,6 +8,10 @@ pool's two formats (float32, float16)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -78,6 +82,10 @@ def _case(heads, kv_heads, d, seed=0):
 def test_decode_attention_is_softmax_of_the_scores_times_the_values(
     heads, kv_heads, head_dim, threads, kv_dtype
 ):
+    _check(heads, kv_heads, head_dim, threads, kv_dtype)
+
+
+def _check(heads: int, kv_heads: int, head_dim: int, threads: int, kv_dtype: torch.dtype) -> None:
     lib = kernels.load()
     qkv, positions, tables, pool = _case(heads, kv_heads, head_dim)
     pool = pool.to(kv_dtype)
@@ -90,3 +98,24 @@ def test_decode_attention_is_softmax_of_the_scores_times_the_values(
     # A float16 pool's values, exactly as the kernels read them.
     want = _reference(qkv, positions, tables, pool.float(), heads, kv_heads, scale)
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
+
+
+def test_the_avx2_builds_attention_where_the_cpu_has_avx512_too():
+    """The 256-bit passes serve CPUs without AVX512; on one that has it they are built only
+    when asked (ENGINE_KERNELS_AVX512=0), so a process of their own checks the shapes they
+    branch on, both pool formats, wherever the suite runs."""
+    code = (
+        "import torch\n"
+        "from inference.engine import kernels\n"
+        "from tests.engine.test_decode_attention import _check\n"
+        "assert '-mavx512f' not in kernels.cpu_build_flags()\n"
+        "for shape in ((9, 3, 64), (4, 2, 16), (8, 2, 128), (4, 1, 64), (4, 4, 64), (4, 2, 40)):\n"
+        "    for dtype in (torch.float32, torch.float16):\n"
+        "        _check(*shape, 2, dtype)\n"
+        "print('agreed')\n"
+    )
+    env = {**os.environ, "ENGINE_KERNELS_AVX512": "0"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0 and "agreed" in done.stdout, done.stderr[-2000:]

@@ -825,6 +825,22 @@ static inline void prefetch_blocks(const LayerShape *s, int ctx, const int64_t *
     for (size_t l = 0; l < bytes; l += 64) _mm_prefetch(k + l, _MM_HINT_T0);
 }
 
+/* Block blk's elements [from, from + n) of each position into L1, where the context reaches
+ * it: the pass over values reads a slice of head_dim at a time, block after block, and
+ * without it waited on each block's first reads (on a 2-core Zen 1, 64 decode rows over 300
+ * scattered positions of a float16 pool took ~0.7x as long with it). */
+static inline __attribute__((always_inline)) void prefetch_slice(
+    const LayerShape *s, int ctx, const int64_t *table, int blk, const void *base, int from,
+    int n, const int H) {
+    const int bs = s->block_size, d = s->head_dim;
+    if (blk * bs >= ctx) return;
+    const size_t e = H ? 2 : 4;
+    const char *b = (const char *)base + ((size_t)table[blk] * bs * d + from) * e;
+    for (int p = 0; p < bs; p++)
+        for (size_t l = 0; l < (size_t)n * e; l += 64)
+            _mm_prefetch(b + (size_t)p * d * e + l, _MM_HINT_T0);
+}
+
 #if defined(__AVX512F__)
 /* 2^x for x in [-126, 0] (exp's argument scaled by log2(e)): x = n + f with |f| <= 1/2, 2^f
  * by its Taylor series to f^6 (relative error ~1e-7, expf's order), times 2^n by scalef. */
@@ -1055,13 +1071,21 @@ static inline float exp_scores256(float *scores, int ctx, __m256 mx) {
  * each and a scalar exponential each had taken most of the time, the keys and values
  * loaded from memory once for the G heads (the later heads find them in L1), the blocks
  * fetched ahead (prefetch_blocks). The values go in slices of head_dim whose G heads'
- * sums fit the 16 registers. scores: G * ctx floats; q and o: the G heads', d apart. */
+ * sums fit the 16 registers. scores: G * ctx floats; q and o: the G heads', d apart.
+ *
+ * A float16 pool's keys and values are converted once for the G heads: the 8 keys into
+ * float32 in L1 (kf), each value's slice in registers that every head then multiplies.
+ * Converted again for each head, as they were, the conversions bounded the pass: on a
+ * 2-core Zen 1, 64 decode rows over 300 positions took as long as over a float32 pool,
+ * which is twice the bytes; now ~0.85x, and ~0.7x with the values' blocks fetched ahead
+ * (prefetch_slice; docs/performance.md). */
 static inline __attribute__((always_inline)) void attention_group256_n(
     const LayerShape *s, int ctx, const float *qp, const int64_t *table, const void *keys,
     const void *vals, float *scores, float *o, const int G, const int ND, const int H) {
     const int d = s->head_dim, bs = s->block_size;
     const __m256 scale = _mm256_set1_ps(s->scale), neg_inf = _mm256_set1_ps(-INFINITY);
     __m256 mx[4];
+    float kf[H ? 8 * 8 * ND : 1] __attribute__((aligned(32)));
     for (int h = 0; h < G; h++) mx[h] = neg_inf;
     int blk = 0, slot = 0;
     for (int p0 = 0; p0 < ctx; p0 += 8) {
@@ -1076,6 +1100,10 @@ static inline __attribute__((always_inline)) void attention_group256_n(
             kp[j] = ((size_t)table[blk] * bs + slot) * d;
             if (++slot == bs) slot = 0, blk++;
         }
+        if (H && G > 1)
+            for (int j = 0; j < 8; j++)
+                for (int c = 0; c < ND; c++)
+                    _mm256_store_ps(kf + (j * ND + c) * 8, kv_load8(keys, kp[j] + 8 * c, 1));
         const __m256i m = first_lanes8(n);
         for (int h = 0; h < G; h++) {
             __m256 acc[8];
@@ -1083,7 +1111,10 @@ static inline __attribute__((always_inline)) void attention_group256_n(
             for (int c = 0; c < ND; c++) {
                 const __m256 qc = _mm256_loadu_ps(qp + h * d + 8 * c);
                 for (int j = 0; j < 8; j++)
-                    acc[j] = _mm256_fmadd_ps(qc, kv_load8(keys, kp[j] + 8 * c, H), acc[j]);
+                    acc[j] = _mm256_fmadd_ps(qc,
+                                             H && G > 1 ? _mm256_load_ps(kf + (j * ND + c) * 8)
+                                                        : kv_load8(keys, kp[j] + 8 * c, H),
+                                             acc[j]);
             }
             const __m256 sc = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(sum8x8(acc), scale),
                                                _mm256_castsi256_ps(m));
@@ -1093,7 +1124,8 @@ static inline __attribute__((always_inline)) void attention_group256_n(
     }
     float inv[4];
     for (int h = 0; h < G; h++) inv[h] = exp_scores256(scores + h * ctx, ctx, mx[h]);
-    /* A slice of NC vectors: G * NC sums, at most 12. */
+    /* A slice of NC vectors: G * NC sums, at most 12 (with a float16 pool's G weights held
+     * for the slice's conversions). */
     const int NC = ND < (G == 1 ? 8 : G <= 3 ? 4 : 2) ? ND : (G == 1 ? 8 : G <= 3 ? 4 : 2);
     for (int c0 = 0; c0 < ND; c0 += NC) {
         __m256 out[4][8];
@@ -1103,10 +1135,20 @@ static inline __attribute__((always_inline)) void attention_group256_n(
         slot = 0;
         for (int p = 0; p < ctx; p++) {
             const size_t v = ((size_t)table[blk] * bs + slot) * d + 8 * c0;
-            for (int h = 0; h < G; h++) {
-                const __m256 w = _mm256_broadcast_ss(scores + h * ctx + p);
-                for (int c = 0; c < NC; c++)
-                    out[h][c] = _mm256_fmadd_ps(w, kv_load8(vals, v + 8 * c, H), out[h][c]);
+            if (slot == 0) prefetch_slice(s, ctx, table, blk + 1, vals, 8 * c0, 8 * NC, H);
+            if (H && G > 1) {
+                __m256 w[4];
+                for (int h = 0; h < G; h++) w[h] = _mm256_broadcast_ss(scores + h * ctx + p);
+                for (int c = 0; c < NC; c++) {
+                    const __m256 vc = kv_load8(vals, v + 8 * c, 1);
+                    for (int h = 0; h < G; h++) out[h][c] = _mm256_fmadd_ps(w[h], vc, out[h][c]);
+                }
+            } else {
+                for (int h = 0; h < G; h++) {
+                    const __m256 w = _mm256_broadcast_ss(scores + h * ctx + p);
+                    for (int c = 0; c < NC; c++)
+                        out[h][c] = _mm256_fmadd_ps(w, kv_load8(vals, v + 8 * c, H), out[h][c]);
+                }
             }
             if (++slot == bs) slot = 0, blk++;
         }

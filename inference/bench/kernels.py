@@ -9,12 +9,13 @@ The default model's shapes (30 layers of q/k/v 960x576, o 576x576, gate/up 3072x
 ms per step's worth of products and the rate the weights are read at (GB/s; at one row the
 products are bound by it: compare with what one core streams). The layers' products by
 `--kinds`: int8 (8-bit activations, the native path's grouped kernel alone), panel (the
-same activations on panel_gemm.c's 512-bit tiles at every row count; AVX512-VNNI), bf16
+same activations on panel_gemm.c's tiles at every row count: 512-bit ones where built for
+AVX512-VNNI, else AVX2's), bf16
 (bf16 activations, exact weights; AVX512-BF16), amx (both rounded to bf16, on AMX tiles),
 i16 (x at 16 bits a block against the weights' integers, vpmaddwd; AVX2), onednn (torch's
 bf16 F.linear on bf16 copies of the weights, at the same thread count), fbgemm (torch's
 fp16-weight products, the large steps' format on CPUs without bf16, likewise); the head's
-by the same kinds (int8: its 16-bit activations' kernel; panel: the same on the 512-bit
+by the same kinds (int8: its 16-bit activations' kernel; panel: the same on the panels'
 tile; no bf16 or i16 one). Variants run interleaved, `--repeat` times; medians (min-max).
 Writes JSON.
 """
@@ -53,7 +54,7 @@ def _row_limits(lib: Any, amx: tuple[int, int], panel: tuple[int, int]) -> Itera
     finally:
         if kernels.amx_available():
             lib.set_amx_min_rows(*kernels.amx_min_rows())
-        lib.set_panel_min_rows(*kernels.panel_min_rows(kernels.amx_available()))
+        lib.set_panel_min_rows(*kernels.default_panel_min_rows())
 
 
 def head_kinds(kinds: list[str]) -> list[str]:

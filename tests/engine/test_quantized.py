@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -158,11 +161,6 @@ def test_amx_min_rows_reads_its_setting(monkeypatch):
         kernels.amx_min_rows()
 
 
-needs_panels = pytest.mark.skipif(
-    not kernels.i16_vnni_available(), reason="the kernels were not built for AVX512-VNNI here"
-)
-
-
 @contextmanager
 def _panel_rows(layers: int, head: int) -> Iterator[None]:
     lib = kernels.load()
@@ -171,18 +169,24 @@ def _panel_rows(layers: int, head: int) -> Iterator[None]:
     try:
         yield
     finally:
-        lib.set_panel_min_rows(*kernels.panel_min_rows(kernels.amx_available()))
+        lib.set_panel_min_rows(*kernels.default_panel_min_rows())
 
 
-@needs_panels
-@pytest.mark.parametrize("rows", [1, 7, 8, 9, 16, 17, 64])
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 7, 8, 9, 16, 17, 64])
 @pytest.mark.parametrize("n", [70, 96, 1000])
 def test_panel_tiles_give_the_8bit_kernels_products(rows, n):
-    """The native path's products on panel_gemm.c's 512-bit tiles take the same activations
-    (8 bits a block for the layers, 16 for the head) and make the same integer sums as the
-    8-bit kernels, whatever the rows (whole and partial tiles of 8) and columns (a last
-    panel of 16 cut short, a zero-padded group): the layers' float sums differ only in
-    their order, the head's not at all."""
+    """The native path's products on panel_gemm.c's tiles (512-bit where built for
+    AVX512-VNNI, else AVX2's) take the same activations (8 bits a block for the layers, 16
+    for the head) and make the same integer sums as the 8-bit kernels, whatever the rows
+    (whole and partial tiles of 8 or 4) and columns (a last panel of 16 cut short, a
+    zero-padded group): the layers' float sums differ only in their order, the head's not
+    at all."""
+    _panel_products_agree(rows, n)
+    assert not kernels.amx_available() or kernels.panel_min_rows(True) == (0, 0)
+
+
+def _panel_products_agree(rows: int, n: int) -> None:
     x = torch.randn(rows, 256)
     x[:, 7] *= 30
     q4 = Q4_1.quantize(_weight(n, 256)).for_kernel()
@@ -193,12 +197,36 @@ def test_panel_tiles_give_the_8bit_kernels_products(rows, n):
         got4, got8 = q4.matmul_t(x), q8.matmul_t(x)
     torch.testing.assert_close(got4, want4, rtol=1e-5, atol=1e-5)
     assert torch.equal(got8, want8)
-    assert not kernels.amx_available() or kernels.panel_min_rows(True) == (0, 0)
+
+
+@needs_kernels
+def test_the_avx2_builds_panel_tiles_where_the_cpu_has_avx512_too():
+    """The AVX2 tiles serve CPUs without AVX512-VNNI; on one that has it they are built only
+    when asked (ENGINE_KERNELS_AVX512=0, as for comparisons), so a process of its own checks
+    them here as the test above does, wherever the suite runs."""
+    code = (
+        "from inference.engine import kernels\n"
+        "from tests.engine.test_quantized import _panel_products_agree\n"
+        "assert not kernels.i16_vnni_available()\n"
+        "for rows in (1, 3, 4, 5, 17, 64):\n"
+        "    for n in (70, 1000):\n"
+        "        _panel_products_agree(rows, n)\n"
+        "print('agreed')\n"
+    )
+    env = {**os.environ, "ENGINE_KERNELS_AVX512": "0"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0 and "agreed" in done.stdout, done.stderr[-2000:]
 
 
 def test_panel_min_rows_reads_its_setting(monkeypatch):
     monkeypatch.setenv("ENGINE_PANEL_MIN_ROWS", "")
     assert kernels.panel_min_rows() == (kernels.PANEL_MIN_ROWS, kernels.PANEL_HEAD_MIN_ROWS)
+    assert kernels.panel_min_rows(vnni=False) == (
+        kernels.PANEL_MIN_ROWS_AVX2,
+        kernels.PANEL_HEAD_MIN_ROWS_AVX2,
+    )
     assert kernels.panel_min_rows(amx=True) == (0, 0)
     monkeypatch.setenv("ENGINE_PANEL_MIN_ROWS", "0")
     assert kernels.panel_min_rows() == (0, 0)

@@ -73,6 +73,14 @@ PANEL_MIN_ROWS = 16
 # The head's (16-bit activations, vpdpwssd): 4.16 / 6.26 / 9.23 / 18.5 ms at 16 / 24 / 32
 # / 64 rows against 4.39 / 5.71 / 7.24 / 12.4 (oneDNN's bf16 on 2 threads: 12.3 at 64).
 PANEL_HEAD_MIN_ROWS = 24
+# Built for AVX2 alone, the same panels take 4-row tiles of 256-bit sums (vpmaddubsw for the
+# layers, vpmaddwd for the head). 2-core Zen 1, 2 threads, the 8-bit kernels against the
+# panels, medians of 5-9 in two or three runs: the layers 50.7-50.8 / 73-89 / 92-95 / 181-194 ms
+# at 16 / 24 / 32 / 64 rows against 48.8-52.3 / 72-81 / 89-90 / 168-183, the head 18.8-20.5
+# / 30.1-30.5 / 35-40 / 77-84 against 19.6-20.1 / 28.0-28.4 / 33-36 / 67-72 (at 4 and 8
+# rows the panels lost: 18.1 against 14.9 ms, 29.2 against 27.1).
+PANEL_MIN_ROWS_AVX2 = 24
+PANEL_HEAD_MIN_ROWS_AVX2 = 24
 
 
 def _row_limits(setting: str, layers: int, head: int) -> tuple[int, int]:
@@ -91,12 +99,27 @@ def amx_min_rows() -> tuple[int, int]:
     return _row_limits("ENGINE_AMX_MIN_ROWS", AMX_MIN_ROWS, AMX_HEAD_MIN_ROWS)
 
 
-def panel_min_rows(amx: bool = False) -> tuple[int, int]:
-    """(PANEL_MIN_ROWS, PANEL_HEAD_MIN_ROWS), or ENGINE_PANEL_MIN_ROWS's one value for both.
-    Where AMX's tiles run (`amx`), (0, 0) unless set: the tiles were never measured there
-    against AMX and the 8-bit kernel, which share those steps (AMX_MIN_ROWS)."""
-    layers, head = (0, 0) if amx else (PANEL_MIN_ROWS, PANEL_HEAD_MIN_ROWS)
+def panel_min_rows(amx: bool = False, vnni: bool = True) -> tuple[int, int]:
+    """(layers, head): from how many rows the native path's products take panel_gemm.c's
+    tiles, by the kernels' build (`vnni`: the 512-bit tiles, else AVX2's), or
+    ENGINE_PANEL_MIN_ROWS's one value for both. Where AMX's tiles run (`amx`), (0, 0) unless
+    set: the panels were never measured there against AMX and the 8-bit kernel, which share
+    those steps (AMX_MIN_ROWS)."""
+    if amx:
+        layers, head = 0, 0
+    elif vnni:
+        layers, head = PANEL_MIN_ROWS, PANEL_HEAD_MIN_ROWS
+    else:
+        layers, head = PANEL_MIN_ROWS_AVX2, PANEL_HEAD_MIN_ROWS_AVX2
     return _row_limits("ENGINE_PANEL_MIN_ROWS", layers, head)
+
+
+def default_panel_min_rows() -> tuple[int, int]:
+    """What `load()` sets for the kernels built here (tests and benchmarks put it back)."""
+    lib = load()
+    if lib is None:
+        return 0, 0
+    return panel_min_rows(bool(lib.q4_1_amx_available()), bool(lib.q4_1_i16_vnni()))
 
 
 @cache
@@ -189,7 +212,9 @@ def load() -> ctypes.CDLL | None:
         lib.set_amx_min_rows(*amx_min_rows())
     lib.set_panel_min_rows.argtypes = [i, i]
     lib.set_panel_min_rows.restype = None
-    lib.set_panel_min_rows(*panel_min_rows(amx=bool(lib.q4_1_amx_available())))
+    lib.set_panel_min_rows(
+        *panel_min_rows(bool(lib.q4_1_amx_available()), bool(lib.q4_1_i16_vnni()))
+    )
     lib.q8_0_gemm.argtypes = [p, p, i, i, p, i, p, i]
     lib.q8_0_gemm.restype = i
     lib.decode_layer.argtypes = [

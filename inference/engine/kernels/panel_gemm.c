@@ -1,7 +1,7 @@
 /* Products for many rows from weights unpacked once per 16 output columns: prompts' chunks
- * and large steps (Q4_1, x at 16 bits; AVX2, or AVX512-VNNI's tile512), and where built for
- * AVX512-VNNI the native path's steps of many rows too (Q4_1 by 8-bit x, tile512_u8; the
- * head's Q8_0 on tile512; see the last sections).
+ * and large steps (Q4_1, x at 16 bits; AVX2, or AVX512-VNNI's tile512), and the native
+ * path's steps of many rows too (Q4_1 by 8-bit x, tile512_u8 or AVX2's tile256_u8; the
+ * head's Q8_0 on the 16-bit tile; see the last sections).
  *
  * The 8-bit kernels (quant_gemm.c) unpack every weight block again for each 4 rows, which
  * is right while reading the weights bounds a step, and their 8-bit activations cost a
@@ -181,6 +181,16 @@ static inline void add_block(float *acc, __m256i s0, __m256i s1, const float *d,
         const __m256i a_ = _mm256_set1_epi32(pair_);                                          \
         S0 = add_into(S0, _mm256_madd_epi16(a_, w0));                                         \
         S1 = add_into(S1, _mm256_madd_epi16(a_, w1));                                         \
+    } while (0)
+
+/* S0, S1 += the int16 pairs of w0, w1's bytes times the row's 4 int8 of x at quad i */
+#define MADDUBS2(S0, S1, X)                                                                   \
+    do {                                                                                      \
+        int32_t quad_;                                                                        \
+        memcpy(&quad_, (X) + 4 * i, 4);                                                       \
+        const __m256i a_ = _mm256_set1_epi32(quad_);                                          \
+        S0 = add16_into(S0, _mm256_maddubs_epi16(w0, a_));                                    \
+        S1 = add16_into(S1, _mm256_maddubs_epi16(w1, a_));                                    \
     } while (0)
 
 #if !HAVE_I16_VNNI
@@ -372,14 +382,14 @@ int q4_1_gemm_i16(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N
  *
  * quant_gemm.c's 8-bit kernel unpacks each weight block again for every 4 rows, in 256-bit
  * vectors of 8 columns, and at a decode step of 64 rows that unpacking and the per-row
- * broadcasts of x are most of its instructions. Where the kernels are built for
- * AVX512-VNNI, steps of at least panel_min_rows rows instead unpack 16 columns once into a
- * panel of their q as bytes, 4 consecutive k a 32-bit lane ([K / 4][16], one 512-bit vector
- * per 4 k), and 8 rows take one register tile: vpdpbusd multiplies the weights' bytes (0..15)
+ * broadcasts of x are most of its instructions. Steps of at least panel_min_rows rows
+ * instead unpack 16 columns once into a panel of their q as bytes, 4 consecutive k a 32-bit
+ * lane ([K / 4][16], one 512-bit vector per 4 k). Where the kernels are built for
+ * AVX512-VNNI, 8 rows take one register tile: vpdpbusd multiplies the weights' bytes (0..15)
  * by x's 4 int8 broadcast from memory and adds into 32-bit sums, 64 multiply-adds an
- * instruction, twice vpdpwssd's. Same activations (quant_gemm.c's per-block int8, scale
- * max|x| / 127) and same integer sums: only the float sums' order differs. */
-#if HAVE_I16_VNNI
+ * instruction, twice vpdpwssd's; on AVX2 alone, 4 rows (tile256_u8). Same activations
+ * (quant_gemm.c's per-block int8, scale max|x| / 127) and same integer sums: only the float
+ * sums' order differs. */
 static void panel_q4_u8(const void *w, int g, int h, int32_t *panel) {
     const Q4Matrix *W = (const Q4Matrix *)w;
     const int nb = W->k / QK;
@@ -409,6 +419,7 @@ typedef struct {
     atomic_int failed;
 } Panel8Task;
 
+#if HAVE_I16_VNNI
 /* acc += w's bytes times the 4 int8 of x at `quad`, broadcast from memory, in place. */
 static inline __m512i dpb_into(__m512i acc, __m512i w, const int8_t *quad) {
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)quad));
@@ -437,17 +448,66 @@ static void tile512_u8(const void *task, const int32_t *panel, int r0, int rows,
     store_tile512(t->y, t->w->n, n0, r0, rows, acc);
 }
 
+#endif
+
+#if !HAVE_I16_VNNI
+/* The same panels on AVX2 (no vpdpbusd): a tile of 4 rows by the panel's 16 columns, each
+ * k quad's two weight vectors loaded once for the 4 rows and each row's x quad broadcast
+ * once for the 16 columns (quant_gemm.c's grouped tile unpacks each block again for every
+ * 4 rows and broadcasts x for every 8 columns). vpmaddubsw multiplies the bytes (0..15) by
+ * x's int8 into int16 pairs, summed in int16 over the block (8 x 2 x 15 x 127 < 32767:
+ * nothing saturates) and widened once a block; 8 sums, 2 weights, x and a product fill 12
+ * of AVX2's 16 registers, and the rows' float sums stay in memory (add_block). */
+static void tile256_u8(const void *task, const int32_t *panel, int r0, int rows, int n0) {
+    const Panel8Task *t = (const Panel8Task *)task;
+    const int K = t->w->k, N = t->w->n, nb = K / QK;
+    const float *ds = (const float *)(panel + (size_t)K / 4 * NR), *ms = ds + (size_t)nb * NR;
+    const __m256i ones = _mm256_set1_epi16(1);
+    float acc[MR][NR] __attribute__((aligned(32)));
+    memset(acc, 0, sizeof acc);
+    const int8_t *x[MR];
+    for (int r = 0; r < MR; r++) x[r] = t->qx + (size_t)(r0 + (r < rows ? r : rows - 1)) * K;
+    for (int b = 0; b < nb; b++) {
+        __m256i s00 = _mm256_setzero_si256(), s01 = s00, s10 = s00, s11 = s00;
+        __m256i s20 = s00, s21 = s00, s30 = s00, s31 = s00;
+        const int8_t *x0 = x[0] + b * QK, *x1 = x[1] + b * QK, *x2 = x[2] + b * QK,
+                     *x3 = x[3] + b * QK;
+        const int32_t *wb = panel + (size_t)b * (QK / 4) * NR;
+        for (int i = 0; i < QK / 4; i++) {
+            const __m256i w0 = _mm256_load_si256((const __m256i *)(wb + i * NR));
+            const __m256i w1 = _mm256_load_si256((const __m256i *)(wb + i * NR + 8));
+            MADDUBS2(s00, s01, x0);
+            MADDUBS2(s10, s11, x1);
+            MADDUBS2(s20, s21, x2);
+            MADDUBS2(s30, s31, x3);
+        }
+        const __m256i s[MR][2] = {{s00, s01}, {s10, s11}, {s20, s21}, {s30, s31}};
+        for (int r = 0; r < rows; r++) {
+            const size_t rb = (size_t)(r0 + r) * nb + b;
+            add_block(acc[r], _mm256_madd_epi16(s[r][0], ones), _mm256_madd_epi16(s[r][1], ones),
+                      ds + b * NR, ms + b * NR, t->dx[rb], t->sx[rb]);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        store_tile_row(t->y + (size_t)(r0 + r) * N, N, n0, _mm256_load_ps(acc[r]),
+                       _mm256_load_ps(acc[r] + 8));
+}
+#define TILE_U8 tile256_u8
+#define TILE_U8_ROWS MR
+#else
+#define TILE_U8 tile512_u8
+#define TILE_U8_ROWS MR512
+#endif
+
 static void panel8_chunk(void *arg, int c) {
     Panel8Task *t = (Panel8Task *)arg;
     /* a byte a weight, then d and m: 4 bytes a column and block each */
     const size_t need = (size_t)t->w->k * NR + (size_t)t->w->k / QK * NR * 8;
-    if (panel_pass(t, t->w, t->w->n, t->rows, c, need, panel_q4_u8, tile512_u8, MR512))
+    if (panel_pass(t, t->w, t->w->n, t->rows, c, need, panel_q4_u8, TILE_U8, TILE_U8_ROWS))
         atomic_store(&t->failed, 1);
 }
-#endif
 
-#if HAVE_I16_VNNI
-/* The head's Q8_0 blocks as tile512's panel: the int8 pairs (k, k + 1) widened to int16
+/* The head's Q8_0 blocks as the 16-bit tile's panel: the int8 pairs (k, k + 1) widened to int16
  * pairs, d in float32 and m zero (t->w8 set: the tile adds no offsets). */
 static void panel_q8(const void *w, int g, int h, int32_t *panel) {
     const Q8Matrix *W = (const Q8Matrix *)w;
@@ -467,13 +527,11 @@ static void panel_q8(const void *w, int g, int h, int32_t *panel) {
 
 static void panel16_q8_chunk(void *arg, int c) {
     PanelTask *t = (PanelTask *)arg;
-    if (panel_pass(t, t->w8, t->w->n, t->rows, c, panel16_bytes(t->w->k), panel_q8, tile512, MR512))
+    if (panel_pass(t, t->w8, t->w->n, t->rows, c, panel16_bytes(t->w->k), panel_q8, TILE, TILE_ROWS))
         atomic_store(&t->failed, 1);
 }
-#endif
 
 int q8_panel16_matmul(const Q8Matrix *w, const float *x, int rows, float *y, int nthreads) {
-#if HAVE_I16_VNNI
     const Q4Matrix shape = {NULL, NULL, NULL, w->n, w->k};
     PanelTask t = {&shape, {NULL, NULL, NULL}, rows, y, 0, w};
     int rc = rows16(x, rows, w->k, &t.q, nthreads);
@@ -485,20 +543,11 @@ int q8_panel16_matmul(const Q8Matrix *w, const float *x, int rows, float *y, int
     free(t.q.dx);
     free(t.q.sx);
     return rc;
-#else
-    (void)w, (void)x, (void)rows, (void)y, (void)nthreads;
-    return -3;
-#endif
 }
 
 int q4_panel8_matmul(const Q4Matrix *w, const int8_t *qx, const float *dx, const float *sx,
                      int rows, float *y, int nthreads) {
-#if HAVE_I16_VNNI
     Panel8Task t = {w, qx, dx, sx, rows, y, 0};
     pool_run(panel8_chunk, &t, (w->n + NR - 1) / NR, nthreads);
     return atomic_load(&t.failed) ? -1 : 0;
-#else
-    (void)w, (void)qx, (void)dx, (void)sx, (void)rows, (void)y, (void)nthreads;
-    return -3;
-#endif
 }

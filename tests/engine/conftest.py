@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -82,3 +85,14 @@ def text_of(deltas: list[Delta]) -> str:
 
 def greedy(max_tokens: int, **kw: object) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw)  # type: ignore[arg-type]
+
+
+def run_in_avx2_build(code: str) -> None:
+    """Runs `code` in a Python process whose native kernels are built for AVX2 alone
+    (ENGINE_KERNELS_AVX512=0): the kernels' 256-bit paths, which a CPU with AVX512 builds
+    only when asked, checked wherever the suite runs. The code prints 'agreed' at its end."""
+    env = {**os.environ, "ENGINE_KERNELS_AVX512": "0"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0 and "agreed" in done.stdout, done.stderr[-2000:]

@@ -8,14 +8,11 @@ pool's two formats (float32, float16)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from inference.engine import kernels
+from tests.engine.conftest import run_in_avx2_build
 
 pytestmark = pytest.mark.skipif(
     kernels.load() is None, reason="the native kernels need gcc and an AVX2/FMA/F16C CPU"
@@ -114,8 +111,4 @@ def test_the_avx2_builds_attention_where_the_cpu_has_avx512_too():
         "        _check(*shape, 2, dtype)\n"
         "print('agreed')\n"
     )
-    env = {**os.environ, "ENGINE_KERNELS_AVX512": "0"}
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert done.returncode == 0 and "agreed" in done.stdout, done.stderr[-2000:]
+    run_in_avx2_build(code)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -29,7 +26,7 @@ from inference.engine.quantized import Q4_1, Q8_0
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.scheduler import ScheduledBatch
 from inference.engine.sequence import Sequence
-from tests.engine.conftest import run_to_completion, token_ids_of
+from tests.engine.conftest import run_in_avx2_build, run_to_completion, token_ids_of
 
 needs_kernels = pytest.mark.skipif(
     kernels.load() is None, reason="the native kernels need gcc and an AVX2/FMA/F16C CPU"
@@ -213,11 +210,7 @@ def test_the_avx2_builds_panel_tiles_where_the_cpu_has_avx512_too():
         "        _panel_products_agree(rows, n)\n"
         "print('agreed')\n"
     )
-    env = {**os.environ, "ENGINE_KERNELS_AVX512": "0"}
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert done.returncode == 0 and "agreed" in done.stdout, done.stderr[-2000:]
+    run_in_avx2_build(code)
 
 
 def test_panel_min_rows_reads_its_setting(monkeypatch):

@@ -91,12 +91,12 @@ __attribute__((visibility("hidden"))) int q8_amx_matmul(const Q8Matrix *w, const
 
 /* y [rows, N] = x @ W.T from x already at 8 bits a block (quant_gemm.c's quantize_rows:
  * int8 qx [rows][K], per row and block the scale dx and dx * sum(qx)) on panel_gemm.c's
- * AVX512-VNNI tile: 0, -3 where the kernels are built without it, -1 out of memory. */
+ * tiles (512-bit with AVX512-VNNI, else AVX2's): 0, or -1 out of memory. */
 __attribute__((visibility("hidden"))) int q4_panel8_matmul(const Q4Matrix *w, const int8_t *qx,
                                                            const float *dx, const float *sx,
                                                            int rows, float *y, int nthreads);
 /* y [rows, N] = x @ W.T for the head's Q8_0, x at 16 bits a block, on panel_gemm.c's 16-bit
- * tile: 0, -3 where the kernels are built without it, -1 out of memory. */
+ * tile (512-bit with AVX512-VNNI, else AVX2's): 0, or -1 out of memory. */
 __attribute__((visibility("hidden"))) int q8_panel16_matmul(const Q8Matrix *w, const float *x,
                                                             int rows, float *y, int nthreads);
 

@@ -524,13 +524,12 @@ static int q4_matmul(const Q4Matrix *w, const float *x, int rows, float *y, int 
         free_rows(&q);
         return -1;
     }
-    int rc = -3;
-    if (panel_min_rows > 0 && rows >= panel_min_rows)
+    int rc = 0;
+    if (panel_min_rows > 0 && rows >= panel_min_rows) {
         rc = q4_panel8_matmul(w, q.qx, q.dx, q.sx, rows, y, nthreads);
-    if (rc == -3) { /* no panel tile for this step, or none built */
+    } else {
         Q4Task t = {w, &q, rows, y};
         pool_run(q4_chunk, &t, chunks_of(w->n), nthreads);
-        rc = 0;
     }
     free_rows(&q);
     return rc;
@@ -566,10 +565,8 @@ int q8_0_gemm(const int8_t *qs, const float *d, int N, int K, const float *x, in
     if (amx_head_min_rows > 0 && rows >= amx_head_min_rows &&
         q8_amx_matmul(&w, x, rows, y, nthreads) == 0)
         return 0;
-    if (panel_head_min_rows > 0 && rows >= panel_head_min_rows) {
-        int rc = q8_panel16_matmul(&w, x, rows, y, nthreads);
-        if (rc != -3) return rc;
-    }
+    if (panel_head_min_rows > 0 && rows >= panel_head_min_rows)
+        return q8_panel16_matmul(&w, x, rows, y, nthreads);
     Wide q;
     if (quantize_rows16(x, rows, K, &q)) {
         free(q.qx);

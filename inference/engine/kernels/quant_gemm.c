@@ -808,34 +808,28 @@ static inline const void *kv_head(const LayerShape *s, const void *pool, int kv,
 static __thread float *tls_scores;
 static __thread int tls_scores_cap;
 
-/* As a row's keys reach block blk: the next block's keys into L1 and this block's values
- * into L2, for the pass over values. A block's keys are a page of their own (4 KB at 16
- * positions of head_dim 64) and the blocks of many chats lie scattered, so the hardware's
- * prefetchers, which stop at a page's end, started cold at every block. */
-static inline void prefetch_blocks(const LayerShape *s, int ctx, const int64_t *table, int blk,
-                                   const void *keys, const void *vals) {
-    const size_t bytes = kv_bytes(s) * (size_t)s->block_size * s->head_dim;
-    const char *v = (const char *)vals + (size_t)table[blk] * bytes;
-    for (size_t l = 0; l < bytes; l += 64) _mm_prefetch(v + l, _MM_HINT_T1);
-    if ((blk + 1) * s->block_size >= ctx) return;
-    const char *k = (const char *)keys + (size_t)table[blk + 1] * bytes;
-    for (size_t l = 0; l < bytes; l += 64) _mm_prefetch(k + l, _MM_HINT_T0);
-}
-
-/* Block blk's elements [from, from + n) of each position into L1, where the context reaches
- * it: the pass over values reads a slice of head_dim at a time, block after block, and
- * without it waited on each block's first reads (on a 2-core Zen 1, 64 decode rows over 300
- * scattered positions of a float16 pool took ~0.7x as long with it). */
-static inline __attribute__((always_inline)) void prefetch_slice(
-    const LayerShape *s, int ctx, const int64_t *table, int blk, const void *base, int from,
-    int n, const int H) {
-    const int bs = s->block_size, d = s->head_dim;
-    if (blk * bs >= ctx) return;
+/* Elements [from, from + n) of block blk's position slot into L1 (or L2, l2 = 1), where the
+ * context reaches it. The passes fetch ahead a position at a time, as they reach the same
+ * slot of the block before: the keys' next block into L1 and this block's values into L2
+ * in the pass over keys, the values' next block into L1 in theirs. A block is a page of its
+ * own (16 positions of head_dim 64, 2 KB of float16) and chats' blocks lie scattered, so
+ * the hardware's prefetchers, which stop at a page's end, start cold at every block; and a
+ * whole block's lines asked for at once, at its first position, waited behind each other
+ * (on a 2-core Zen 4, 64 decode rows over 300 scattered positions of a float16 pool: 0.6x
+ * the time spread out this way; docs/performance.md). */
+static inline __attribute__((always_inline)) void prefetch_position(
+    const LayerShape *s, int ctx, const int64_t *table, int blk, int slot, const void *base,
+    int from, int n, const int l2, const int H) {
+    const int bs = s->block_size;
+    if (blk * bs + slot >= ctx) return;
     const size_t e = H ? 2 : 4;
-    const char *b = (const char *)base + ((size_t)table[blk] * bs * d + from) * e;
-    for (int p = 0; p < bs; p++)
-        for (size_t l = 0; l < (size_t)n * e; l += 64)
-            _mm_prefetch(b + (size_t)p * d * e + l, _MM_HINT_T0);
+    const char *p = (const char *)base + (((size_t)table[blk] * bs + slot) * s->head_dim + from) * e;
+    for (size_t l = 0; l < (size_t)n * e; l += 64) {
+        if (l2)
+            _mm_prefetch(p + l, _MM_HINT_T1);
+        else
+            _mm_prefetch(p + l, _MM_HINT_T0);
+    }
 }
 
 #if defined(__AVX512F__)
@@ -910,7 +904,8 @@ static inline __attribute__((always_inline)) void attention_single512_h(
             acc[j] = _mm512_setzero_ps();
             if (j >= n) continue;
             const size_t k = ((size_t)table[blk] * bs + slot) * d;
-            if (slot == 0) prefetch_blocks(s, ctx, table, blk, keys, vals);
+            prefetch_position(s, ctx, table, blk + 1, slot, keys, 0, d, 0, H);
+            prefetch_position(s, ctx, table, blk, slot, vals, 0, d, 1, H);
             for (int c = 0; c < 8; c++)
                 if (c < nd) acc[j] = _mm512_fmadd_ps(q[c], kv_load16(keys, k + 16 * c, H), acc[j]);
             if (++slot == bs) slot = 0, blk++;
@@ -927,6 +922,7 @@ static inline __attribute__((always_inline)) void attention_single512_h(
     slot = 0;
     for (int p = 0; p < ctx; p++) {
         const size_t v = ((size_t)table[blk] * bs + slot) * d;
+        prefetch_position(s, ctx, table, blk + 1, slot, vals, 0, d, 0, H);
         const __m512 w = _mm512_set1_ps(scores[p]);
         if (p & 1) {
             for (int c = 0; c < 8; c++)
@@ -950,7 +946,7 @@ static void attention_single512(const LayerShape *s, int ctx, const float *qp,
 /* A decode row's G query heads of one KV head together (d = 16 * ND): each key and value
  * is loaded once for all G heads, where attention_single512 head after head read them from
  * memory for the first and from the caches for the others, and the blocks are fetched
- * ahead (prefetch_blocks). Attention is mostly waiting for memory there: on a 2-core Zen 4
+ * ahead (prefetch_position). Attention is mostly waiting for memory there: on a 2-core Zen 4
  * (python -m inference.bench.attention), 64 rows of 300 positions, the default model's 30
  * layers, head after head took 65 ms over blocks scattered as chats' are against 17 ms over
  * shared (cached) ones; this pass took 0.87-0.94x of it, the cached case unchanged.
@@ -975,7 +971,8 @@ static inline __attribute__((always_inline)) void attention_group512_n(
                 continue;
             }
             const size_t k = ((size_t)table[blk] * bs + slot) * d;
-            if (slot == 0) prefetch_blocks(s, ctx, table, blk, keys, vals);
+            prefetch_position(s, ctx, table, blk + 1, slot, keys, 0, d, 0, H);
+            prefetch_position(s, ctx, table, blk, slot, vals, 0, d, 1, H);
             __m512 kv[4];
             for (int c = 0; c < ND; c++) kv[c] = kv_load16(keys, k + 16 * c, H);
             for (int h = 0; h < G; h++) {
@@ -1002,6 +999,7 @@ static inline __attribute__((always_inline)) void attention_group512_n(
     slot = 0;
     for (int p = 0; p < ctx; p++) {
         const size_t v = ((size_t)table[blk] * bs + slot) * d;
+        prefetch_position(s, ctx, table, blk + 1, slot, vals, 0, d, 0, H);
         __m512 vv[4];
         for (int c = 0; c < ND; c++) vv[c] = kv_load16(vals, v + 16 * c, H);
         for (int h = 0; h < G; h++) {
@@ -1067,7 +1065,7 @@ static inline float exp_scores256(float *scores, int ctx, __m256 mx) {
  * 8 * ND): 8 positions' scores of a head reduced together (sum8x8) where a horizontal sum
  * each and a scalar exponential each had taken most of the time, the keys and values
  * loaded from memory once for the G heads (the later heads find them in L1), the blocks
- * fetched ahead (prefetch_blocks). The values go in slices of head_dim whose G heads'
+ * fetched ahead (prefetch_position). The values go in slices of head_dim whose G heads'
  * sums fit the 16 registers. scores: G * ctx floats; q and o: the G heads', d apart.
  *
  * A float16 pool's keys and values are converted once for the G heads: the 8 keys into
@@ -1075,7 +1073,7 @@ static inline float exp_scores256(float *scores, int ctx, __m256 mx) {
  * Converted again for each head, as they were, the conversions bounded the pass: on a
  * 2-core Zen 1, 64 decode rows over 300 positions took as long as over a float32 pool,
  * which is twice the bytes; now ~0.85x, and ~0.7x with the values' blocks fetched ahead
- * (prefetch_slice; docs/performance.md). */
+ * (then block by block; a position at a time since, docs/performance.md). */
 static inline __attribute__((always_inline)) void attention_group256_n(
     const LayerShape *s, int ctx, const float *qp, const int64_t *table, const void *keys,
     const void *vals, float *scores, float *o, const int G, const int ND, const int H) {
@@ -1093,7 +1091,8 @@ static inline __attribute__((always_inline)) void attention_group256_n(
                 kp[j] = kp[0]; /* a lane past the context: computed, then masked */
                 continue;
             }
-            if (slot == 0) prefetch_blocks(s, ctx, table, blk, keys, vals);
+            prefetch_position(s, ctx, table, blk + 1, slot, keys, 0, d, 0, H);
+            prefetch_position(s, ctx, table, blk, slot, vals, 0, d, 1, H);
             kp[j] = ((size_t)table[blk] * bs + slot) * d;
             if (++slot == bs) slot = 0, blk++;
         }
@@ -1132,7 +1131,7 @@ static inline __attribute__((always_inline)) void attention_group256_n(
         slot = 0;
         for (int p = 0; p < ctx; p++) {
             const size_t v = ((size_t)table[blk] * bs + slot) * d + 8 * c0;
-            if (slot == 0) prefetch_slice(s, ctx, table, blk + 1, vals, 8 * c0, 8 * NC, H);
+            prefetch_position(s, ctx, table, blk + 1, slot, vals, 8 * c0, 8 * NC, 0, H);
             if (H && G > 1) {
                 __m256 w[4];
                 for (int h = 0; h < G; h++) w[h] = _mm256_broadcast_ss(scores + h * ctx + p);

@@ -661,7 +661,9 @@ class LlamaModel:
         hkv, d = self.num_kv_heads, self.head_dim
         if self.paged is not None and meta.tables is not None:
             assert meta.row_seq is not None  # built together with the tables
-            threads = torch.get_num_threads()
+            # In the kernels' pool, as the chunk attention: a step whose products run there
+            # leaves torch one thread.
+            threads = kernels.threads()
             n = meta.paged_rows
             if n == qkv.shape[0]:
                 return self.paged(qkv, kv_cache, meta.positions, meta.row_seq, meta.tables, threads)

@@ -1,48 +1,33 @@
-"""Attention over the paged KV pool in one native call per layer (kernels/paged_attention.c).
+"""Attention over the paged KV pool in one native call per layer, for the torch path's steps.
 
 The torch path gathered each decode group's blocks into a contiguous tensor and ran SDPA
 with a padding mask over it; at 64 rows the gather cost as much as the attention itself
-(docs/performance.md). The kernel reads each row's blocks where they lie and writes the
-step's new K/V first, so decodes, guesses and prefill chunks all take it. Float32 models
-on a CPU with AVX2/FMA/F16C, over float32 or float16 pools; anything else keeps the gather
-+ SDPA path.
-
-The C file is built once with the system's gcc into the cache folder, as quant_gemm.c is
-(kernels/__init__.py), and called through ctypes, which releases the GIL.
+(docs/performance.md). The kernels' `paged_attention` (kernels/quant_gemm.c) writes the
+step's new K/V first, then reads each row's blocks where they lie with the native path's
+own decode attention, in the kernels' pool, so decodes, guesses and prefill chunks of a few
+rows all take it. Float32 models on a CPU where the kernels build (AVX2/FMA/F16C), over
+float32 or float16 pools; anything else keeps the gather + SDPA path.
 """
 
 from __future__ import annotations
 
 import ctypes
-import logging
 from functools import cache
-from pathlib import Path
 
 import torch
 
 from inference.engine import kernels
-from inference.engine.kernels import PagedShape
-from inference.engine.kernels.build import compiled_library
-
-log = logging.getLogger(__name__)
-
-SOURCE = Path(kernels.__file__).with_name("paged_attention.c")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC"]
-_REQUIRED_CPU_FLAGS = {"avx2", "fma", "f16c"}
+from inference.engine.kernels import LayerShape
 
 
 @cache
 def load() -> ctypes.CDLL | None:
-    """The compiled kernel, built on first use; None where it cannot run here."""
-    if not kernels._cpu_flags() >= _REQUIRED_CPU_FLAGS:
-        return None
-    try:
-        lib = compiled_library("paged_attention", [SOURCE], FLAGS, [SOURCE.with_name("simd.h")])
-    except (OSError, RuntimeError) as exc:
-        log.warning("native paged attention unavailable, gathering blocks for SDPA: %s", exc)
+    """The kernels' library with paged_attention declared; None where it cannot run here."""
+    lib = kernels.load()
+    if lib is None:
         return None
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.paged_attention.argtypes = [ctypes.POINTER(PagedShape), p, i, p, p, p, i, i, p, p, i]
+    lib.paged_attention.argtypes = [ctypes.POINTER(LayerShape), p, i, p, p, p, i, i, p, p, i]
     lib.paged_attention.restype = i
     return lib
 
@@ -55,7 +40,7 @@ class PagedAttention:
     ) -> None:
         self.lib = lib
         self.heads, self.kv_heads, self.head_dim, self.scale = heads, kv_heads, head_dim, scale
-        self._shape: PagedShape | None = None
+        self._shape: LayerShape | None = None
         self._pool_shape: tuple[object, ...] = ()
 
     @staticmethod
@@ -75,7 +60,7 @@ class PagedAttention:
         attention output [rows, heads, head_dim]; the rows' K/V are written into `pool`.
 
         positions [rows] int64, row_seq [rows] int32 (which row of `tables` is the row's
-        block table), tables [sequences, width] int64."""
+        block table), tables [sequences, width] int64; `threads` of the kernels' pool."""
         rows = qkv.shape[0]
         out = qkv.new_empty(rows, self.heads, self.head_dim)
         if rows == 0:
@@ -86,18 +71,22 @@ class PagedAttention:
             row_seq.data_ptr(), tables.data_ptr(), tables.shape[0], tables.shape[1],
             pool.data_ptr(), out.data_ptr(), threads,
         )  # fmt: skip
+        if rc == -2:
+            raise MemoryError("paged_attention: out of memory for its block tables or scores")
         if rc:
             raise RuntimeError("paged_attention: a row's position or block table is out of range")
         return out
 
-    def _shape_for(self, pool: torch.Tensor) -> PagedShape:
+    def _shape_for(self, pool: torch.Tensor) -> LayerShape:
         key = (*pool.shape, pool.dtype)
         if self._shape is None or key != self._pool_shape:
             if pool.dtype not in kernels.KV_DTYPES or not pool.is_contiguous():
                 raise ValueError("paged attention needs a contiguous float32 or float16 KV pool")
             self._pool_shape = key
-            self._shape = PagedShape(
-                self.heads, self.kv_heads, self.head_dim, pool.shape[2], pool.shape[1],
-                self.scale, kernels.kv_half(pool),
+            # The attention's fields; the layer's others (hidden, inter, eps) go unread.
+            self._shape = LayerShape(
+                hidden=self.heads * self.head_dim, heads=self.heads, kv_heads=self.kv_heads,
+                head_dim=self.head_dim, scale=self.scale, block_size=pool.shape[2],
+                num_blocks=pool.shape[1], kv_half=kernels.kv_half(pool),
             )  # fmt: skip
         return self._shape

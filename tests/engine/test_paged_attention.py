@@ -1,4 +1,5 @@
-"""The native paged attention (kernels/paged_attention.c) against attention written out."""
+"""The torch path's paged attention (kernels/quant_gemm.c's paged_attention) against attention
+written out."""
 
 from __future__ import annotations
 

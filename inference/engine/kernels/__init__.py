@@ -287,9 +287,9 @@ def kv_half(pool: torch.Tensor) -> int:
     return int(pool.dtype == torch.float16)
 
 
-class PagedShape(ctypes.Structure):
-    """An attention layer's heads and its KV pool's blocks, as the attention kernels over the
-    pool take them (paged_attention.c, chunk_attention.c)."""
+class ChunkShape(ctypes.Structure):
+    """An attention layer's heads and its KV pool's blocks as the chunk attention takes them
+    (chunk_attention.c), and whether its products run in bf16."""
 
     _fields_ = [
         ("heads", ctypes.c_int),
@@ -299,13 +299,8 @@ class PagedShape(ctypes.Structure):
         ("num_blocks", ctypes.c_int),
         ("scale", ctypes.c_float),
         ("kv_half", ctypes.c_int),  # the pool's elements: float16 (1) or float32 (0)
+        ("bf16", ctypes.c_int),
     ]
-
-
-class ChunkShape(PagedShape):
-    """PagedShape, then whether the chunk attention's products run in bf16."""
-
-    _fields_ = [("bf16", ctypes.c_int)]
 
 
 def declare_decode_attention(lib: ctypes.CDLL) -> None:

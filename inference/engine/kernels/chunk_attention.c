@@ -13,7 +13,7 @@
  * the same way. Each lane sees the positions up to its own row's (causal within the chunk),
  * with the running softmax (maximum, sum, output rescaled as the maximum grows).
  *
- * Pool layout (as paged_attention.c): [2 * kv_heads, num_blocks, block_size, head_dim],
+ * Pool layout (model_runner.py): [2 * kv_heads, num_blocks, block_size, head_dim],
  * keys are heads [0, kv_heads), values the rest. Tiles run in the kernels' pool
  * (quant_gemm.c). AVX512 where the build has it (16 lanes a vector), else AVX2 (8).
  */

@@ -1445,6 +1445,49 @@ int decode_attention(const LayerShape *s, const float *qkv, int rows, const int6
     return at.failed ? -1 : 0;
 }
 
+/* The torch path's rows (decodes, guesses, chunks of a few rows) through the same passes:
+ * row r belongs to the sequence whose block table is tables[row_seq[r]] (table_width ids
+ * each) and sits at positions[r]; its K/V (qkv's) are written to the pool first, so a
+ * chunk sees its own earlier rows. Everything is checked before anything is written: bad
+ * input leaves the pool as it was. The torch path's kernel of its own before this (threads
+ * started each call, a dot product and a scalar exponential a position and head) took
+ * ~5.7x this one's time for a mixed step's 53 decodes on a Zen 4, where those steps left it
+ * one thread (docs/performance.md). Returns 0, -1 (bad input) or -2 (out of memory). */
+int paged_attention(const LayerShape *s, const float *qkv, int rows, const int64_t *positions,
+                    const int32_t *row_seq, const int64_t *tables, int num_tables,
+                    int table_width, void *pool, float *out, int nthreads) {
+    const int d = s->head_dim, hq = s->heads, hkv = s->kv_heads, bs = s->block_size;
+    if (rows <= 0) return 0;
+    if (hkv <= 0 || hq % hkv || bs <= 0 || d <= 0 || table_width <= 0) return -1;
+    for (int r = 0; r < rows; r++) {
+        const int64_t pos = positions[r];
+        const int seq = row_seq[r];
+        if (pos < 0 || seq < 0 || seq >= num_tables || pos / bs >= table_width) return -1;
+        const int64_t *table = tables + (size_t)seq * table_width;
+        for (int64_t b = 0; b <= pos / bs; b++)
+            if (table[b] < 0 || table[b] >= s->num_blocks) return -1;
+    }
+    /* Each row's own copy of its table: the passes take one a row, and rows of one
+     * sequence (equal tables, next to each other) go in tiles. */
+    int64_t *row_tables = malloc(sizeof(int64_t) * (size_t)rows * table_width);
+    if (!row_tables) return -2;
+    const int nqkv = (hq + 2 * hkv) * d;
+    const size_t head_stride = (size_t)s->num_blocks * bs * d;
+    for (int r = 0; r < rows; r++) {
+        const int64_t *table = tables + (size_t)row_seq[r] * table_width;
+        memcpy(row_tables + (size_t)r * table_width, table, sizeof(int64_t) * table_width);
+        const int64_t pos = positions[r];
+        const size_t slot = (size_t)table[pos / bs] * bs + pos % bs;
+        const float *kv = qkv + (size_t)r * nqkv + (size_t)hq * d;
+        for (int g = 0; g < 2 * hkv; g++)
+            kv_put(pool, g * head_stride + slot * d, kv + (size_t)g * d, d, s->kv_half);
+    }
+    const int rc = decode_attention(s, qkv, rows, positions, row_tables, table_width, pool, out,
+                                    nthreads);
+    free(row_tables);
+    return rc ? -2 : 0;
+}
+
 int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
                  const int64_t *positions, const float *cos, const float *sin,
                  const int64_t *block_tables, int table_width, void *pool, int nthreads) {

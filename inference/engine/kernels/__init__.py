@@ -114,12 +114,15 @@ def panel_min_rows(amx: bool = False, vnni: bool = True) -> tuple[int, int]:
     return _row_limits("ENGINE_PANEL_MIN_ROWS", layers, head)
 
 
+def _built_panel_min_rows(lib: ctypes.CDLL) -> tuple[int, int]:
+    """panel_min_rows for the build `lib` is (AMX's tiles, the 512-bit panels or AVX2's)."""
+    return panel_min_rows(bool(lib.q4_1_amx_available()), bool(lib.q4_1_i16_vnni()))
+
+
 def default_panel_min_rows() -> tuple[int, int]:
     """What `load()` sets for the kernels built here (tests and benchmarks put it back)."""
     lib = load()
-    if lib is None:
-        return 0, 0
-    return panel_min_rows(bool(lib.q4_1_amx_available()), bool(lib.q4_1_i16_vnni()))
+    return (0, 0) if lib is None else _built_panel_min_rows(lib)
 
 
 @cache
@@ -212,9 +215,7 @@ def load() -> ctypes.CDLL | None:
         lib.set_amx_min_rows(*amx_min_rows())
     lib.set_panel_min_rows.argtypes = [i, i]
     lib.set_panel_min_rows.restype = None
-    lib.set_panel_min_rows(
-        *panel_min_rows(bool(lib.q4_1_amx_available()), bool(lib.q4_1_i16_vnni()))
-    )
+    lib.set_panel_min_rows(*_built_panel_min_rows(lib))
     lib.q8_0_gemm.argtypes = [p, p, i, i, p, i, p, i]
     lib.q8_0_gemm.restype = i
     lib.decode_layer.argtypes = [

@@ -835,8 +835,8 @@ static inline void prefetch_blocks(const LayerShape *s, int ctx, const int64_t *
  * own (16 positions of head_dim 64, 2 KB of float16) and chats' blocks lie scattered, so
  * the hardware's prefetchers, which stop at a page's end, start cold at every block; and a
  * whole block's lines asked for at once, at its first position, waited behind each other
- * (on a 2-core Zen 4, 64 decode rows over 300 scattered positions of a float16 pool: 0.6x
- * the time spread out this way; docs/performance.md). */
+ * (on a 2-core Zen 4, 64 decode rows over 300 scattered positions of a float16 pool:
+ * ~0.65x the time spread out this way; docs/performance.md). */
 static inline __attribute__((always_inline)) void prefetch_position(
     const LayerShape *s, int ctx, const int64_t *table, int blk, int slot, const void *base,
     int from, int n, const int l2, const int H) {

@@ -852,6 +852,20 @@ static inline __attribute__((always_inline)) void prefetch_position(
     }
 }
 
+/* What a pass over the keys fetches as it reaches position `slot` of block blk: the next
+ * block's key and this block's value at that slot (ahead), else both blocks whole at a
+ * block's first position (prefetch_blocks). */
+static inline __attribute__((always_inline)) void prefetch_for_keys(
+    const LayerShape *s, int ctx, const int64_t *table, int blk, int slot, const void *keys,
+    const void *vals, const int ahead, const int H) {
+    if (ahead) {
+        prefetch_position(s, ctx, table, blk + 1, slot, keys, 0, s->head_dim, 0, H);
+        prefetch_position(s, ctx, table, blk, slot, vals, 0, s->head_dim, 1, H);
+    } else if (slot == 0) {
+        prefetch_blocks(s, ctx, table, blk, keys, vals);
+    }
+}
+
 #if defined(__AVX512F__)
 /* 2^x for x in [-126, 0] (exp's argument scaled by log2(e)): x = n + f with |f| <= 1/2, 2^f
  * by its Taylor series to f^6 (relative error ~1e-7, expf's order), times 2^n by scalef. */
@@ -924,12 +938,7 @@ static inline __attribute__((always_inline)) void attention_single512_h(
             acc[j] = _mm512_setzero_ps();
             if (j >= n) continue;
             const size_t k = ((size_t)table[blk] * bs + slot) * d;
-            if (ahead) {
-                prefetch_position(s, ctx, table, blk + 1, slot, keys, 0, d, 0, H);
-                prefetch_position(s, ctx, table, blk, slot, vals, 0, d, 1, H);
-            } else if (slot == 0) {
-                prefetch_blocks(s, ctx, table, blk, keys, vals);
-            }
+            prefetch_for_keys(s, ctx, table, blk, slot, keys, vals, ahead, H);
             for (int c = 0; c < 8; c++)
                 if (c < nd) acc[j] = _mm512_fmadd_ps(q[c], kv_load16(keys, k + 16 * c, H), acc[j]);
             if (++slot == bs) slot = 0, blk++;
@@ -996,12 +1005,7 @@ static inline __attribute__((always_inline)) void attention_group512_n(
                 continue;
             }
             const size_t k = ((size_t)table[blk] * bs + slot) * d;
-            if (ahead) {
-                prefetch_position(s, ctx, table, blk + 1, slot, keys, 0, d, 0, H);
-                prefetch_position(s, ctx, table, blk, slot, vals, 0, d, 1, H);
-            } else if (slot == 0) {
-                prefetch_blocks(s, ctx, table, blk, keys, vals);
-            }
+            prefetch_for_keys(s, ctx, table, blk, slot, keys, vals, ahead, H);
             __m512 kv[4];
             for (int c = 0; c < ND; c++) kv[c] = kv_load16(keys, k + 16 * c, H);
             for (int h = 0; h < G; h++) {
@@ -1122,12 +1126,7 @@ static inline __attribute__((always_inline)) void attention_group256_n(
                 kp[j] = kp[0]; /* a lane past the context: computed, then masked */
                 continue;
             }
-            if (ahead) {
-                prefetch_position(s, ctx, table, blk + 1, slot, keys, 0, d, 0, H);
-                prefetch_position(s, ctx, table, blk, slot, vals, 0, d, 1, H);
-            } else if (slot == 0) {
-                prefetch_blocks(s, ctx, table, blk, keys, vals);
-            }
+            prefetch_for_keys(s, ctx, table, blk, slot, keys, vals, ahead, H);
             kp[j] = ((size_t)table[blk] * bs + slot) * d;
             if (++slot == bs) slot = 0, blk++;
         }

@@ -7,6 +7,8 @@ import torch
 
 from inference.engine.errors import EngineBusyError, InvalidRequestError, PromptTooLongError
 from inference.engine.sampling_params import SamplingParams
+from inference.engine.scheduler import ScheduledBatch
+from inference.engine.sequence import Sequence
 
 from .conftest import greedy, run_to_completion, text_of, token_ids_of
 
@@ -55,6 +57,27 @@ def test_second_turn_reuses_first_turn_kv(make_engine):
     assert engine.stats()["prefix_cache_hits"] >= final.figures.cached_tokens
 
 
+# Top-two logit gaps under which hybrid's greedy tokens may differ between a warm engine and
+# a cold one: the warm one's reply K/V came from 8-bit decode steps, the cold one computes
+# them as part of a prompt (bf16 or 16-bit activations), and this random tiny model has
+# near-ties (on a Xeon with AMX one flipped at a gap of 0.06; test_kv_dtype.py's NEAR_TIE).
+HYBRID_NEAR_TIE = 0.25
+
+
+def _same_up_to_a_near_tie(engine, prompt: list[int], ours: list[int], theirs: list[int]):
+    """ours equals theirs (engine's greedy tokens after prompt), or they part at a token
+    whose top two logits, as engine computes them, lie within HYBRID_NEAR_TIE."""
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        if a != b:
+            seq = Sequence("probe", prompt + theirs[:i], SamplingParams())
+            assert engine.kv.allocate(seq, len(prompt) + i)
+            _, logits = engine.runner.run(ScheduledBatch([seq], [len(prompt) + i]), all_logits=True)
+            top2 = logits[-1].float().topk(2).values
+            gap = float(top2[0] - top2[1])
+            assert gap < HYBRID_NEAR_TIE, f"token {i} differs with a clear gap {gap:.3f}"
+            return
+
+
 @pytest.mark.parametrize("new_tokens", [12, 4])
 @pytest.mark.parametrize("quantization", ["none", "hybrid"])
 def test_a_follow_up_takes_over_the_last_turns_partial_block(make_engine, quantization, new_tokens):
@@ -62,7 +85,8 @@ def test_a_follow_up_takes_over_the_last_turns_partial_block(make_engine, quanti
     turn 2 gets those 3 tokens' KV too, in that very block, and says what a cold engine
     says (its chunk starting mid-block: 13 rows on the torch path, or 5 on the native
     path with hybrid); a third request with the same history finds the tail gone (it
-    serves one)."""
+    serves one). With hybrid, a cold engine computes turn 1's reply as a prompt, not as
+    decode steps: the same tokens up to a near-tie."""
     from inference.engine import kernels
 
     if quantization == "hybrid" and kernels.load() is None:
@@ -80,7 +104,11 @@ def test_a_follow_up_takes_over_the_last_turns_partial_block(make_engine, quanti
     assert out[-1].figures.cached_tokens == computed_in_turn1
     cold = make_engine(block_size=8, quantization=quantization, enable_prefix_caching=False)
     cold.add_request(turn2, greedy(8, ignore_eos=True), request_id="t2")
-    assert token_ids_of(out) == token_ids_of(run_to_completion(cold)["t2"])
+    want = token_ids_of(run_to_completion(cold)["t2"])
+    if quantization == "none":
+        assert token_ids_of(out) == want
+    else:
+        _same_up_to_a_near_tie(cold, turn2, token_ids_of(out), want)
     # The block holds turn 2's tokens now; what turn 2 leaves is a new tail.
     assert tail_block not in engine.kv.tails.values()
     engine.add_request(turn1 + reply + [5], greedy(1), request_id="t3")

@@ -180,7 +180,6 @@ def test_panel_tiles_give_the_8bit_kernels_products(rows, n):
     zero-padded group): the layers' float sums differ only in their order, the head's not
     at all."""
     _panel_products_agree(rows, n)
-    assert not kernels.amx_available() or kernels.panel_min_rows(True) == (0, 0)
 
 
 def _panel_products_agree(rows: int, n: int) -> None:
@@ -220,11 +219,10 @@ def test_panel_min_rows_reads_its_setting(monkeypatch):
         kernels.PANEL_MIN_ROWS_AVX2,
         kernels.PANEL_HEAD_MIN_ROWS_AVX2,
     )
-    assert kernels.panel_min_rows(amx=True) == (0, 0)
     monkeypatch.setenv("ENGINE_PANEL_MIN_ROWS", "0")
     assert kernels.panel_min_rows() == (0, 0)
     monkeypatch.setenv("ENGINE_PANEL_MIN_ROWS", "12")
-    assert kernels.panel_min_rows(amx=True) == (12, 12)
+    assert kernels.panel_min_rows(vnni=False) == (12, 12)
     monkeypatch.setenv("ENGINE_PANEL_MIN_ROWS", "many")
     with pytest.raises(ValueError, match="ENGINE_PANEL_MIN_ROWS must be an integer, got 'many'"):
         kernels.panel_min_rows()

@@ -68,7 +68,11 @@ AMX_HEAD_MIN_ROWS = 4
 # path's products move to panel_gemm.c's 512-bit tiles from this many rows: 16 columns
 # unpacked once for all rows, 8 rows a tile. 30 layers' products on a 2-core Zen 4, 2
 # threads, the 8-bit kernel against the tile: 11.1 / 16.5 / 21.2 / 44.7 ms at 16 / 24 /
-# 32 / 64 rows against 10.7 / 13.9 / 18.0 / 34.6 (9.0 against 10.8 at 12 rows).
+# 32 / 64 rows against 10.7 / 13.9 / 18.0 / 34.6 (9.0 against 10.8 at 12 rows). Where
+# AMX's tiles run they take the products from AMX_MIN_ROWS, the panels the steps below: on
+# a 2-core Xeon with AMX, the 8-bit kernel / the panels / the tiles at 12 / 16 / 24 / 32
+# rows: 9.5 / 11.4-11.5 / 15.4-15.8 / 19.3-19.8 ms, 9.0 / 9.2-9.3 / 11.6-11.8 / 14.0-14.6,
+# 10.0 / 10.1-10.3 / 12.7-12.9 / 12.8-12.9.
 PANEL_MIN_ROWS = 16
 # The head's (16-bit activations, vpdpwssd): 4.16 / 6.26 / 9.23 / 18.5 ms at 16 / 24 / 32
 # / 64 rows against 4.39 / 5.71 / 7.24 / 12.4 (oneDNN's bf16 on 2 threads: 12.3 at 64).
@@ -99,15 +103,12 @@ def amx_min_rows() -> tuple[int, int]:
     return _row_limits("ENGINE_AMX_MIN_ROWS", AMX_MIN_ROWS, AMX_HEAD_MIN_ROWS)
 
 
-def panel_min_rows(amx: bool = False, vnni: bool = True) -> tuple[int, int]:
+def panel_min_rows(vnni: bool = True) -> tuple[int, int]:
     """(layers, head): from how many rows the native path's products take panel_gemm.c's
     tiles, by the kernels' build (`vnni`: the 512-bit tiles, else AVX2's), or
-    ENGINE_PANEL_MIN_ROWS's one value for both. Where AMX's tiles run (`amx`), (0, 0) unless
-    set: the panels were never measured there against AMX and the 8-bit kernel, which share
-    those steps (AMX_MIN_ROWS)."""
-    if amx:
-        layers, head = 0, 0
-    elif vnni:
+    ENGINE_PANEL_MIN_ROWS's one value for both. Where AMX's tiles run they come first
+    (amx_min_rows()), so the panels serve the steps between the two limits."""
+    if vnni:
         layers, head = PANEL_MIN_ROWS, PANEL_HEAD_MIN_ROWS
     else:
         layers, head = PANEL_MIN_ROWS_AVX2, PANEL_HEAD_MIN_ROWS_AVX2
@@ -115,8 +116,8 @@ def panel_min_rows(amx: bool = False, vnni: bool = True) -> tuple[int, int]:
 
 
 def _built_panel_min_rows(lib: ctypes.CDLL) -> tuple[int, int]:
-    """panel_min_rows for the build `lib` is (AMX's tiles, the 512-bit panels or AVX2's)."""
-    return panel_min_rows(bool(lib.q4_1_amx_available()), bool(lib.q4_1_i16_vnni()))
+    """panel_min_rows for the build `lib` is (the 512-bit panels or AVX2's)."""
+    return panel_min_rows(bool(lib.q4_1_i16_vnni()))
 
 
 def default_panel_min_rows() -> tuple[int, int]:

@@ -77,10 +77,6 @@ static void amx_configure(void) {
 static __thread uint16_t *tls_b;
 static __thread size_t tls_b_cap;
 
-static inline __m512i bytes_to_words(const uint8_t *p) {
-    return _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
-}
-
 /* A row of 32 bf16 from two halves of 16 floats (columns 0-7 and 8-15), to nearest even. */
 static inline void store_row(uint16_t *row, __m512 lo, __m512 hi) {
     _mm512_store_si512((void *)row, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
@@ -98,23 +94,13 @@ static inline void fetch_ahead(const void *p, int bytes) {
     for (int i = 0; i < bytes; i += 64) _mm_prefetch((const char *)p + i, _MM_HINT_T0);
 }
 
-/* Columns n0 .. n0 + 31 over all of K, unpacked: for each block of 32 k, two tiles of
- * 16 rows x 32 bf16 (512 values each), the first for columns n0 .. n0 + 15.
- *
- * Byte 4c + 2o + e of a group's vector j holds column c's k = 8j + 2o + e in its low
- * nibble and k = 8j + 4 + 2o + e in its high one, i.e. tile rows 4j + o and 4j + 2 + o.
- * One byte shuffle a (group, o) puts those bytes, one to a 32-bit lane, in the order of the
- * row's float32 lanes (2c + e); the low and the high nibble then each take a mask or a
- * shift, a conversion and d * q + m, the same float32 arithmetic as before. Widening the
- * vector to 16 bits, permuting its pairs and widening again, as before, took ~3x the
- * shuffles: on a 2-core Xeon with AMX the layers' products at 64 rows went from ~22.7 to
- * ~20.0 ms a step (docs/performance.md). */
 /* 32 bytes as 128-bit lanes [first half, first half, second half, second half]. */
 static inline __m512i halves_twice(const uint8_t *p) {
     __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_shuffle_i64x2(v, v, 0x50);
 }
 
+/* The bytes of pair half o (unpack_q4 below), each in its own 32-bit lane. */
 static inline __m512i pick_pairs(__m512i halves, int o) {
     /* lane i = 4L + 2c' + e: column 2L + c', byte 8 (L & 1) + 4c' + 2o + e of its half */
     const int z = (int)0x80808000; /* the lane's upper three bytes zeroed */
@@ -125,6 +111,16 @@ static inline __m512i pick_pairs(__m512i halves, int o) {
     return _mm512_shuffle_epi8(halves, idx);
 }
 
+/* Columns n0 .. n0 + 31 over all of K, unpacked: for each block of 32 k, two tiles of
+ * 16 rows x 32 bf16 (512 values each), the first for columns n0 .. n0 + 15.
+ *
+ * Byte 4c + 2o + e of a group's vector j holds column c's k = 8j + 2o + e in its low
+ * nibble and k = 8j + 4 + 2o + e in its high one, i.e. tile rows 4j + o and 4j + 2 + o.
+ * One byte shuffle a (group, o) puts those bytes, one to a 32-bit lane, in the order of the
+ * row's float32 lanes (2c + e); the low and the high nibble then each take a mask or a
+ * shift, a conversion and d * q + m. Widening the vector to 16 bits, permuting its pairs
+ * and widening again took ~3x the shuffles: on a 2-core Xeon with AMX the layers' products
+ * at 64 rows went from ~22.7 to ~20.0 ms a step (docs/performance.md). */
 static void unpack_q4(const void *w, int n0, uint16_t *out) {
     const Q4Matrix *W = (const Q4Matrix *)w;
     const int nb = W->k / QK;

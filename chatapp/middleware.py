@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 from django.db import DatabaseError, DataError
 from django.http import HttpRequest, HttpResponse
+from django.utils.deprecation import MiddlewareMixin
 
 from chatapp.errors import error_for_path
 
@@ -16,12 +16,9 @@ MESSAGE = "The server cannot reach its database just now. Nothing was changed; t
 REFUSED = "The database refused a value in this request. Nothing was changed."
 
 
-class DatabaseUnavailableMiddleware:
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        return self.get_response(request)
+class DatabaseUnavailableMiddleware(MiddlewareMixin):
+    """Sync and async (MiddlewareMixin): one sync-only middleware would run every async
+    view inside a thread, where Django cannot cancel it when its client goes away."""
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         if not isinstance(exception, DatabaseError):

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import RequestDataTooBig
@@ -219,10 +220,27 @@ def chat_limits(request: HttpRequest) -> HttpResponse:
 MULTIPART_OVERHEAD = 64 * 1024
 
 
-@api_view("POST")
-def upload_attachment(request: HttpRequest) -> HttpResponse:
+@require_http_methods(["POST"])
+async def upload_attachment(request: HttpRequest) -> HttpResponse:
     """A file for the message being written (multipart field `file`): its text read, kept
-    until that message is sent."""
+    until that message is sent. Async, so that a PDF's reader process is killed when the
+    client goes away (Django cancels the view)."""
+    user = await request.auser()
+    if not user.is_authenticated:
+        return error_response(401, "unauthenticated", "Log in first.")
+    try:
+        return await _upload_attachment(request, user)
+    except (InvalidSettings, AttachmentRefused) as exc:
+        return error_response(*_refusal(exc))
+
+
+def _refusal(exc: InvalidSettings | AttachmentRefused) -> tuple[int, str, str]:
+    if isinstance(exc, AttachmentRefused):
+        return exc.status, exc.code, exc.message
+    return 400, "invalid", str(exc)
+
+
+async def _upload_attachment(request: HttpRequest, user: Any) -> HttpResponse:
     limit = settings.CHAT_ATTACHMENT_MAX_BYTES
     if declared_length(request) > limit + MULTIPART_OVERHEAD:
         raise AttachmentRefused(
@@ -231,13 +249,18 @@ def upload_attachment(request: HttpRequest) -> HttpResponse:
             "attached.",
             413,
         )
-    upload = request.FILES.get("file")
+    upload = await sync_to_async(request.FILES.get)("file")
     if upload is None:
         raise InvalidSettings("send the file as the multipart field 'file'")
+    name = attachments.clean_name(upload.name)
     if upload.size is not None and upload.size > limit:
-        raise attachments.too_large(attachments.clean_name(upload.name), upload.size)
+        raise attachments.too_large(name, upload.size)
+    data = await sync_to_async(upload.read)()
+    kind, text = await attachments.extract_async(name, data)
     client = get_engine_client() if engine_ready() else None
-    attachment = attachments.create_pending(request.user, upload.name or "", upload.read(), client)
+    attachment = await sync_to_async(attachments.keep_pending)(
+        user, name, kind, text, len(data), client
+    )
     return JsonResponse(attachments.attachment_json(attachment), status=201)
 
 

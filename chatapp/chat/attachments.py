@@ -9,18 +9,21 @@ engine's KV cache reuses them (docs/http.md, "Attachments").
 
 from __future__ import annotations
 
-import io
+import asyncio
+import json
 import logging
+import math
 import re
+import subprocess
+import sys
 from collections.abc import Iterable
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from pypdf import PdfReader
-from pypdf.errors import PyPdfError
 
 from chatapp.chat.models import Attachment, Message
 
@@ -125,29 +128,61 @@ def too_large(name: str, size: int) -> AttachmentRefused:
     )
 
 
-def extract(name: str, data: bytes) -> tuple[str, str]:
-    """(kind, text) of an uploaded file, or AttachmentRefused saying why not."""
+def _kind(name: str, data: bytes) -> str:
+    """The kind of an uploaded file, or AttachmentRefused: too large, an image, a type not
+    read."""
     if len(data) > settings.CHAT_ATTACHMENT_MAX_BYTES:
         raise too_large(name, len(data))
     ext = _extension(name)
     if _is_image(data) or ext in IMAGE_EXTENSIONS:
         raise refuse_images(name)
     if data.startswith(b"%PDF-") or ext == "pdf":
-        kind, text = Attachment.Kind.PDF, _pdf_text(name, data)
-    elif ext in TEXT_EXTENSIONS or ext == "":
-        kind, text = Attachment.Kind.TEXT, _decoded(name, data)
-    else:
-        raise AttachmentRefused(
-            "unsupported_type",
-            f"{name}: .{ext} files cannot be attached. Attach text (.txt, .md), code, CSV, "
-            "JSON or PDF files.",
-            415,
-        )
+        return Attachment.Kind.PDF
+    if ext in TEXT_EXTENSIONS or ext == "":
+        return Attachment.Kind.TEXT
+    raise AttachmentRefused(
+        "unsupported_type",
+        f"{name}: .{ext} files cannot be attached. Attach text (.txt, .md), code, CSV, "
+        "JSON or PDF files.",
+        415,
+    )
+
+
+def _kept(name: str, text: str) -> str:
     if not text.strip():
         raise AttachmentRefused("empty", f"{name} has no text in it.", 422)
     if len(text) > settings.CHAT_ATTACHMENT_MAX_CHARS:
         raise too_much_text(name, len(text))
-    return kind, text
+    return text
+
+
+def extract(name: str, data: bytes) -> tuple[str, str]:
+    """(kind, text) of an uploaded file, or AttachmentRefused saying why not."""
+    kind = _kind(name, data)
+    if kind == Attachment.Kind.PDF:
+        reader = _start_pdf_reader()
+        try:
+            text = _pdf_answer(name, reader, data)
+        finally:
+            _stop(reader)
+    else:
+        text = _decoded(name, data)
+    return kind, _kept(name, text)
+
+
+async def extract_async(name: str, data: bytes) -> tuple[str, str]:
+    """`extract` for async views: a PDF's reader is killed as soon as the caller is
+    cancelled (Django cancels the view when its client goes away)."""
+    kind = _kind(name, data)
+    if kind == Attachment.Kind.PDF:
+        reader = _start_pdf_reader()
+        try:
+            text = await asyncio.to_thread(_pdf_answer, name, reader, data)
+        finally:
+            _stop(reader)
+    else:
+        text = _decoded(name, data)
+    return kind, _kept(name, text)
 
 
 def too_much_text(name: str, chars: int, more: bool = False) -> AttachmentRefused:
@@ -188,38 +223,86 @@ def _binary(name: str) -> AttachmentRefused:
     )
 
 
-def _pdf_text(name: str, data: bytes) -> str:
+_READER = Path(__file__).with_name("pdf_reader.py")
+
+
+def _start_pdf_reader() -> subprocess.Popen[bytes]:
+    limits = (
+        settings.CHAT_PDF_MAX_PAGES,
+        settings.CHAT_PDF_MAX_CONTENT_BYTES,
+        settings.CHAT_ATTACHMENT_MAX_CHARS,
+        math.ceil(settings.CHAT_PDF_TIMEOUT_S) + 1,
+    )
+    return subprocess.Popen(
+        [sys.executable, "-I", str(_READER), *map(str, limits)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _stop(reader: subprocess.Popen[bytes]) -> None:
+    if reader.poll() is None:
+        reader.kill()
+    reader.wait()
+
+
+def _pdf_answer(name: str, reader: subprocess.Popen[bytes], data: bytes) -> str:
+    """The text `reader` read from the PDF, or AttachmentRefused saying why not."""
+    limit = settings.CHAT_PDF_TIMEOUT_S
     try:
-        reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted and not reader.decrypt(""):
+        out, err = reader.communicate(data, timeout=limit)
+    except subprocess.TimeoutExpired:
+        reader.kill()
+        reader.communicate()
+        raise AttachmentRefused(
+            "pdf_too_slow",
+            f"{name} takes longer than {limit:g} seconds to read, the most a PDF is given: "
+            "it is built in a way that makes its text very slow to find. Attach its text "
+            "as a file instead.",
+            422,
+        ) from None
+    try:
+        answer = json.loads(out)
+    except ValueError:
+        # Killed by its CPU or memory limit, or by the stop above.
+        log.info("PDF %r: reader exited %s: %s", name, reader.returncode, err[-300:])
+        answer = {"refused": "content", "count": 0}
+    if "text" in answer:
+        text = str(answer["text"])
+        if not text.strip():
             raise AttachmentRefused(
-                "unreadable_pdf",
-                f"{name} is protected by a password: its text cannot be read.",
+                "no_text_layer",
+                f"{name} has no text layer (a scan or pictures of text): there is no text to "
+                "read in it. Attach a PDF with selectable text, or its text as a file.",
                 422,
             )
-        pages: list[str] = []
-        total = 0
-        for page in reader.pages:
-            pages.append(page.extract_text() or "")
-            total += len(pages[-1])
-            if total > settings.CHAT_ATTACHMENT_MAX_CHARS:
-                raise too_much_text(name, total, more=True)  # stop reading a huge PDF early
-    except AttachmentRefused:
-        raise
-    except (PyPdfError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        log.info("PDF %r not read: %r", name, exc)
+        return text
+    why, count = answer.get("refused"), int(answer.get("count") or 0)
+    if why == "encrypted":
         raise AttachmentRefused(
-            "unreadable_pdf", f"{name} could not be read as a PDF: the file is damaged.", 422
-        ) from exc
-    text = "\n\n".join(p.strip() for p in pages if p.strip()).replace("\x00", "")
-    if not text.strip():
-        raise AttachmentRefused(
-            "no_text_layer",
-            f"{name} has no text layer (a scan or pictures of text): there is no text to "
-            "read in it. Attach a PDF with selectable text, or its text as a file.",
-            422,
+            "unreadable_pdf", f"{name} is protected by a password: its text cannot be read.", 422
         )
-    return text
+    if why == "pages":
+        most = settings.CHAT_PDF_MAX_PAGES
+        raise AttachmentRefused(
+            "too_large",
+            f"{name} has {count:,} pages; PDFs of at most {most:,} can be attached.",
+            413,
+        )
+    if why == "content":
+        most = human_size(settings.CHAT_PDF_MAX_CONTENT_BYTES)
+        raise AttachmentRefused(
+            "too_large",
+            f"{name} holds more page content than a PDF may ({most} once unpacked).",
+            413,
+        )
+    if why == "chars":
+        raise too_much_text(name, count, more=True)
+    log.info("PDF %r not read: %s", name, answer.get("detail"))
+    raise AttachmentRefused(
+        "unreadable_pdf", f"{name} could not be read as a PDF: the file is damaged.", 422
+    )
 
 
 # --- the prompt -------------------------------------------------------------------
@@ -244,15 +327,22 @@ def count_tokens(client: EngineClient, name: str, text: str) -> int | None:
 
 
 def create_pending(user: Any, name: str, data: bytes, client: EngineClient | None) -> Attachment:
-    """Read an uploaded file and keep its text for the message about to be sent. Files this
-    user uploaded and never sent go after CHAT_ATTACHMENT_PENDING_HOURS."""
+    """Read an uploaded file and keep its text for the message about to be sent."""
     name = clean_name(name)
     kind, text = extract(name, data)
+    return keep_pending(user, name, kind, text, len(data), client)
+
+
+def keep_pending(
+    user: Any, name: str, kind: str, text: str, size: int, client: EngineClient | None
+) -> Attachment:
+    """Keep a file's text for the message about to be sent. Files this user uploaded and
+    never sent go after CHAT_ATTACHMENT_PENDING_HOURS."""
     cutoff = timezone.now() - timedelta(hours=settings.CHAT_ATTACHMENT_PENDING_HOURS)
     Attachment.objects.filter(owner=user, message__isnull=True, created_at__lt=cutoff).delete()
     tokens = count_tokens(client, name, text) if client is not None else None
     return Attachment.objects.create(
-        owner=user, name=name, kind=kind, size=len(data), text=text, tokens=tokens
+        owner=user, name=name, kind=kind, size=size, text=text, tokens=tokens
     )
 
 

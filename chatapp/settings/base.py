@@ -246,6 +246,10 @@ CHAT_DEFAULTS = {
     "temperature": env_float("CHAT_DEFAULT_TEMPERATURE", 0.7),
     "top_p": env_float("CHAT_DEFAULT_TOP_P", 0.95),
     "max_tokens": env_int("CHAT_DEFAULT_MAX_TOKENS", 512),
+# A PDF is read in a process of its own, killed past these (docs/reliability.md).
+CHAT_PDF_MAX_PAGES = env_int("CHAT_PDF_MAX_PAGES", 2000)
+CHAT_PDF_MAX_CONTENT_BYTES = env_int("CHAT_PDF_MAX_CONTENT_BYTES", 16 * 1024 * 1024)
+CHAT_PDF_TIMEOUT_S = env_float("CHAT_PDF_TIMEOUT_S", 15.0)
 }
 
 # OpenAI-compatible API (/v1/...).

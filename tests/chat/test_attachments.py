@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from chatapp.chat.models import Attachment, Message
 from tests.chat.documents import (
     JPEG,
     PNG,
+    pdf_of_shared_empty_operators,
     pdf_with_password,
     pdf_with_text,
     pdf_without_text,
@@ -93,6 +95,28 @@ def test_a_file_with_more_text_than_allowed_is_refused(settings: Any) -> None:
         extract("long.pdf", pdf_with_text("a" * 80, "b" * 80, "c" * 80))
     read = int(re.search(r"more than ([\d,]+) characters", refused.value.message)[1])  # type: ignore[index]
     assert 160 <= read < 240, "page 3 was never read"
+
+
+def test_a_pdf_with_more_pages_than_allowed_is_refused_before_any_is_read(settings: Any) -> None:
+    settings.CHAT_PDF_MAX_PAGES = 2
+    with pytest.raises(AttachmentRefused) as refused:
+        extract("long.pdf", pdf_with_text("one", "two", "three"))
+    assert (refused.value.code, refused.value.status) == ("too_large", 413)
+    assert "has 3 pages" in refused.value.message and "at most 2" in refused.value.message
+
+
+def test_a_shared_content_stream_counts_once_per_page_against_the_content_limit(
+    settings: Any,
+) -> None:
+    # Each page alone is under the limit; the pages together pass it before the parse
+    # that would cost seconds a page.
+    settings.CHAT_PDF_MAX_CONTENT_BYTES = 3_000_000
+    started = time.monotonic()
+    with pytest.raises(AttachmentRefused) as refused:
+        extract("trap.pdf", pdf_of_shared_empty_operators(pages=6))
+    assert (refused.value.code, refused.value.status) == ("too_large", 413)
+    assert "page content" in refused.value.message
+    assert time.monotonic() - started < 15  # one page parsed, not six
 
 
 @pytest.mark.parametrize(

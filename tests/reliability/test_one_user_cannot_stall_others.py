@@ -1,0 +1,91 @@
+"""Issue 43 against a real server on its SQLite file: a hostile PDF, a large import and a
+burst of password guesses each cost bounded work, and other users go on being served."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.chat.documents import pdf_of_shared_empty_operators
+from tests.servers import PASSWORD
+from tools.live_server import LiveServer
+
+PDF_TIMEOUT_S = 6.0
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[LiveServer]:
+    srv = LiveServer(
+        tmp_path_factory.mktemp("stall-server"),
+        tiny_model_dir,
+        CHAT_PDF_TIMEOUT_S=str(PDF_TIMEOUT_S),
+    ).start()
+    srv.make_user("alice", PASSWORD)
+    srv.make_user("bob", PASSWORD)
+    yield srv
+    srv.stop()
+
+
+def api_session(server: LiveServer, username: str) -> httpx.Client:
+    c = server.login(username, PASSWORD)
+    c.headers["X-CSRFToken"] = c.cookies["csrftoken"]
+    return c
+
+
+def pdf_readers(server: LiveServer) -> list[psutil.Process]:
+    assert server.proc is not None
+    found = []
+    for child in psutil.Process(server.proc.pid).children(recursive=True):
+        try:
+            if any("pdf_reader" in part for part in child.cmdline()):
+                found.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def test_a_pdf_that_stalls_pypdf_is_refused_within_the_time_bound_and_its_reader_is_gone(
+    server: LiveServer,
+) -> None:
+    hostile = pdf_of_shared_empty_operators(pages=6)
+    assert len(hostile) < 8_000  # a few KB that cost pypdf ~5 s of CPU a page
+    alice = api_session(server, "alice")
+    started = time.monotonic()
+    answer = alice.post("/api/attachments/", files={"file": ("trap.pdf", hostile)})
+    took = time.monotonic() - started
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["code"] == "pdf_too_slow"
+    assert "seconds" in answer.json()["error"]["message"]
+    assert took < PDF_TIMEOUT_S + 4
+    assert pdf_readers(server) == []
+    # The server is not stalled meanwhile or after: a normal upload goes through.
+    ok = alice.post("/api/attachments/", files={"file": ("notes.md", b"# Notes\nhello")})
+    assert ok.status_code == 201
+
+
+def test_a_pdf_reader_is_killed_as_soon_as_its_client_goes_away(server: LiveServer) -> None:
+    alice = api_session(server, "alice")
+    request = alice.build_request(
+        "POST", "/api/attachments/", files={"file": ("trap.pdf", pdf_of_shared_empty_operators(6))}
+    )
+    head = f"POST /api/attachments/ HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in request.headers.items() if k.lower() != "host")
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(head.encode() + b"\r\n" + request.read())
+    deadline = time.monotonic() + 5
+    while not pdf_readers(server):
+        assert time.monotonic() < deadline, "the PDF reader never started"
+        time.sleep(0.05)
+    sock.close()
+    left = time.monotonic()
+    while pdf_readers(server):
+        assert time.monotonic() - left < 2.0, "the reader outlived its client"
+        time.sleep(0.05)
+    # Well before the reader's own time bound would have ended it.
+    assert time.monotonic() - left < PDF_TIMEOUT_S - 2

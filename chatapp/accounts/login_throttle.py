@@ -60,38 +60,61 @@ def _counters(request: HttpRequest, username: str) -> list[tuple[str, int]]:
     ]
 
 
-def seconds_refused(request: HttpRequest, username: str) -> int:
-    """0 while this account and this address may still try; else the whole seconds until
-    they can (at least 1). The count is of failures so far, so the limit-th failure is the
-    last one allowed. While the cache (Redis) is away: 0, and a warning."""
+def claim_attempt(request: HttpRequest, username: str) -> int:
+    """Count this attempt before its password is checked, and return 0 if it may go on;
+    else the whole seconds until this account and address can try again (at least 1),
+    with the claim given back. A counter holds failures plus attempts in flight, and the
+    cache's increment is atomic: of attempts sent at the same instant, no more than the
+    limit are checked. While the cache (Redis) is away: 0, and a warning."""
     window = settings.LOGIN_FAILURE_WINDOW_S
     now = time.time()
+    claimed: list[str] = []
     waits = [0]
     try:
         for key, limit in _counters(request, username):
-            found = cache.get_many([key, key + ":since"])
-            if int(found.get(key) or 0) >= limit:
-                since = float(found.get(key + ":since") or now)
-                waits.append(math.ceil(since + window - now))
+            cache.add(key, 0, timeout=window)
+            try:
+                count = cache.incr(key)
+            except ValueError:  # expired between the add and the incr
+                cache.add(key, 1, timeout=window)
+                count = 1
+            claimed.append(key)
+            if count > limit:
+                since = float(cache.get(key + ":since") or now)
+                waits.append(max(1, math.ceil(since + window - now)))
     except Exception as exc:
         log.warning("log-in failure counters unavailable (%s); not limiting", exc)
         return 0
+    if max(waits) > 0:
+        _give_back(claimed)
     return max(waits)
 
 
-def count_failure(request: HttpRequest, username: str) -> None:
-    window = settings.LOGIN_FAILURE_WINDOW_S
+def settle_attempt(request: HttpRequest, username: str, failed: bool) -> None:
+    """A failure keeps its claim (and opens the window at the first one); a success gives
+    it back: right passwords never count."""
+    keys = [key for key, _limit in _counters(request, username)]
+    if not failed:
+        _give_back(keys)
+        return
     try:
-        for key, _limit in _counters(request, username):
-            # The first failure opens the window: both keys expire at its end.
-            cache.add(key + ":since", time.time(), timeout=window)
-            if not cache.add(key, 1, timeout=window):
-                try:
-                    cache.incr(key)
-                except ValueError:  # expired between the add and the incr
-                    cache.add(key, 1, timeout=window)
+        window = settings.LOGIN_FAILURE_WINDOW_S
+        for key in keys:
+            if cache.add(key + ":since", time.time(), timeout=window):
+                cache.touch(key, window)  # the first failure opens the count's window too
     except Exception as exc:
         log.warning("log-in failure counters unavailable (%s); not counting", exc)
+
+
+def _give_back(keys: list[str]) -> None:
+    for key in keys:
+        try:
+            cache.decr(key)
+        except ValueError:  # expired meanwhile: nothing to give back
+            pass
+        except Exception as exc:
+            log.warning("log-in failure counters unavailable (%s)", exc)
+            return
 
 
 def refusal_message(seconds: int) -> str:
@@ -103,8 +126,8 @@ def refusal_message(seconds: int) -> str:
 
 
 class ThrottledLoginMixin:
-    """For an AuthenticationForm: refuse before checking the password while throttled,
-    and count each failure."""
+    """For an AuthenticationForm: claim the attempt before checking the password (refused
+    past the limit), keep the claim of each failure."""
 
     request: HttpRequest | None
     data: Any
@@ -114,14 +137,19 @@ class ThrottledLoginMixin:
         if request is None:  # a form built without a request cannot be throttled
             return super().clean()  # type: ignore[misc]
         username = str(self.data.get("username", ""))
-        wait = seconds_refused(request, username)
+        wait = claim_attempt(request, username)
         if wait > 0:
             raise forms.ValidationError(refusal_message(wait), code="throttled")
         try:
-            return super().clean()  # type: ignore[misc]
+            cleaned = super().clean()  # type: ignore[misc]
         except forms.ValidationError:
-            count_failure(request, username)
+            settle_attempt(request, username, failed=True)
             raise
+        except BaseException:
+            settle_attempt(request, username, failed=False)
+            raise
+        settle_attempt(request, username, failed=False)
+        return cleaned  # type: ignore[no-any-return]
 
 
 class ThrottledAuthenticationForm(ThrottledLoginMixin, AuthenticationForm):

@@ -4,8 +4,11 @@ burst of password guesses each cost bounded work, and other users go on being se
 from __future__ import annotations
 
 import socket
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -89,3 +92,38 @@ def test_a_pdf_reader_is_killed_as_soon_as_its_client_goes_away(server: LiveServ
         time.sleep(0.05)
     # Well before the reader's own time bound would have ended it.
     assert time.monotonic() - left < PDF_TIMEOUT_S - 2
+
+
+def test_forty_simultaneous_log_ins_check_no_more_passwords_than_the_limit(
+    server: LiveServer,
+) -> None:
+    server.make_user("carol", PASSWORD)
+    clients = []
+    for _ in range(40):
+        c = httpx.Client(base_url=server.url, timeout=120)
+        c.get("/accounts/login/")
+        clients.append(c)
+    barrier = threading.Barrier(len(clients))
+
+    def attempt(i: int) -> str:
+        c = clients[i]
+        password = PASSWORD if i == 39 else f"wrong-guess-{i}"
+        barrier.wait()
+        answer = c.post(
+            "/accounts/login/",
+            data={"username": "carol", "password": password,
+                  "csrfmiddlewaretoken": c.cookies["csrftoken"]},
+        )  # fmt: skip
+        c.close()
+        if answer.status_code == 302:
+            return "logged in"
+        if "Too many failed log-ins" in answer.text:
+            return "refused"
+        assert "correct username and password" in answer.text, answer.text[:500]
+        return "checked"
+
+    with ThreadPoolExecutor(len(clients)) as pool:
+        outcomes = Counter(pool.map(attempt, range(len(clients))))
+    checked = outcomes["checked"] + outcomes["logged in"]
+    assert checked <= 10, outcomes  # LOGIN_FAILURES_PER_ACCOUNT
+    assert outcomes["refused"] >= 30, outcomes

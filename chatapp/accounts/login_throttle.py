@@ -149,7 +149,7 @@ class ThrottledLoginMixin:
             settle_attempt(request, username, failed=False)
             raise
         settle_attempt(request, username, failed=False)
-        return cleaned  # type: ignore[no-any-return]
+        return cleaned
 
 
 class ThrottledAuthenticationForm(ThrottledLoginMixin, AuthenticationForm):

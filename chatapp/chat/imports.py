@@ -2,17 +2,21 @@
 zip it comes in) or this app's own JSON export (one conversation, or the export job's
 list of them, or its zip).
 
-The file is read as a stream (ijson), one conversation at a time, and everything is
-written in one transaction: a file with anything wrong in it imports nothing, and the
-error names the conversation and what is wrong. Imported messages carry no token ids;
-the next turn tokenizes the history from its text (docs/http.md, "Import").
+The file is read as a stream (ijson), one conversation at a time, and all of it is
+checked before anything is written: a file with anything wrong in it imports nothing, and
+the error names the conversation and what is wrong. The writes then go in short
+transactions, so that other users' writes never wait long behind an import (write_all).
+Imported messages carry no token ids; the next turn tokenizes the history from its text
+(docs/http.md, "Import").
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import math
 import tempfile
+import time
 import zipfile
 import zlib
 from collections import deque
@@ -23,7 +27,7 @@ from typing import IO, Any
 
 import ijson
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -32,6 +36,8 @@ from chatapp.chat.conversations import InvalidSettings, clean_settings
 from chatapp.chat.models import Attachment, Conversation, Message
 from inference.client import list_models
 from inference.engine import EngineError
+
+log = logging.getLogger(__name__)
 
 # ChatGPT content types whose parts are what a person reads; the others (tool output,
 # hidden reasoning, browsing displays, custom instructions) are left out.
@@ -53,6 +59,9 @@ FIGURE_NUMBERS = frozenset(
     }
 )
 _ZIP_MAGIC = b"PK\x03\x04"
+# Writes go in transactions this short, with this pause after each (write_all).
+WRITE_BATCH_S = 0.01
+WRITE_PAUSE_S = 0.01
 
 
 class ImportRefused(Exception):
@@ -551,25 +560,32 @@ def _first_line(exc: Exception) -> str:
 def import_file(user: Any, upload: IO[bytes]) -> list[Conversation]:
     """Every conversation of the file for `user`, or none (ImportRefused). A conversation
     whose model is not served here goes on with the default model."""
+    incoming = read_all(upload)
+    if not incoming:
+        raise ImportRefused("Nothing was imported: the file holds no conversation with messages.")
+    return write_all(user, incoming)
+
+
+def read_all(upload: IO[bytes]) -> list[Incoming]:
+    """The conversations of the file with messages, all checked before any is written."""
     raw = open_json(upload)
     try:
         served = {m.id for m in list_models()}
     except EngineError:
         served = set()
-    created: list[Conversation] = []
+    found: list[Incoming] = []
     try:
-        with transaction.atomic():
-            for index, data in enumerate(items(raw)):
-                if index >= settings.CHAT_IMPORT_MAX_CONVERSATIONS:
-                    raise ImportRefused(
-                        "Nothing was imported: the file holds more than "
-                        f"{settings.CHAT_IMPORT_MAX_CONVERSATIONS:,} conversations."
-                    )
-                incoming = parse(index, data)
-                if incoming.model not in served:
-                    incoming.model = ""
-                if incoming.nodes:  # a conversation with nothing to read is left out
-                    created.append(write(user, incoming))
+        for index, data in enumerate(items(raw)):
+            if index >= settings.CHAT_IMPORT_MAX_CONVERSATIONS:
+                raise ImportRefused(
+                    "Nothing was imported: the file holds more than "
+                    f"{settings.CHAT_IMPORT_MAX_CONVERSATIONS:,} conversations."
+                )
+            incoming = parse(index, data)
+            if incoming.model not in served:
+                incoming.model = ""
+            if incoming.nodes:  # a conversation with nothing to read is left out
+                found.append(incoming)
     except ijson.JSONError as exc:
         raise ImportRefused(
             f"Nothing was imported: the file is not valid JSON ({_first_line(exc)})."
@@ -578,39 +594,80 @@ def import_file(user: Any, upload: IO[bytes]) -> list[Conversation]:
         raise ImportRefused("Nothing was imported: the file is not valid JSON.") from exc
     except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
         raise ImportRefused(f"Nothing was imported: the zip file is damaged ({exc}).") from exc
-    if not created:
-        raise ImportRefused("Nothing was imported: the file holds no conversation with messages.")
+    return found
+
+
+def write_all(user: Any, incoming: list[Incoming]) -> list[Conversation]:
+    """Write the conversations in short transactions (WRITE_BATCH_S each, a pause between):
+    on SQLite a transaction holds the one write lock of the whole database, so one long
+    import would make every other user's write wait for it, then fail. If a write fails,
+    what this import wrote so far is deleted: all of the file, or nothing."""
+    created: list[Conversation] = []
+    rows = _rows(user, incoming, created)
+    try:
+        while _write_batch(rows):
+            time.sleep(WRITE_PAUSE_S)  # a writer waiting on SQLite's lock gets its turn
+    except BaseException:
+        _delete(created)
+        raise
     return created
 
 
-def write(user: Any, incoming: Incoming) -> Conversation:
+def _delete(created: list[Conversation]) -> None:
+    try:
+        for conv in created:
+            Conversation.objects.filter(pk=conv.pk).delete()
+    except DatabaseError:
+        log.exception("an import that failed left %d conversations behind", len(created))
+
+
+def _write_batch(rows: Iterator[None]) -> bool:
+    """Write rows for WRITE_BATCH_S in one transaction; False when none are left."""
+    with transaction.atomic():
+        started = time.monotonic()
+        for _ in rows:
+            if time.monotonic() - started > WRITE_BATCH_S:
+                return True
+    return False
+
+
+def _rows(user: Any, incoming: list[Incoming], created: list[Conversation]) -> Iterator[None]:
+    """Writes the conversations a row at a time, yielding between rows; each yield leaves
+    a state that may be committed."""
+    for conversation in incoming:
+        yield from write(user, conversation, created)
+
+
+def write(user: Any, incoming: Incoming, created: list[Conversation]) -> Iterator[None]:
     conv = Conversation.objects.create(
         owner=user,
         title=incoming.title,
         model=incoming.model,
         **{**settings.CHAT_DEFAULTS, **incoming.settings},
     )
-    saved: dict[str, Message] = {}
+    created.append(conv)
+    saved: dict[str, int] = {}
     for node in incoming.nodes:
         message = Message.objects.create(
             conversation=conv,
-            parent=saved.get(node.parent) if node.parent else None,
+            parent_id=saved.get(node.parent) if node.parent else None,
             role=node.role,
             text=node.text,
             status=Message.Status.COMPLETE,
             figures=node.figures,
         )
-        saved[node.key] = message
+        saved[node.key] = message.pk
         Attachment.objects.bulk_create(
             Attachment(owner=user, message=message, position=i, **doc)
             for i, doc in enumerate(node.documents)
         )
+        yield
     leaf = saved.get(incoming.active) if incoming.active else None
     if leaf is None and incoming.nodes:
         leaf = saved[incoming.nodes[-1].key]
     times = {"created_at": incoming.created_at, "updated_at": incoming.updated_at}
     Conversation.objects.filter(pk=conv.pk).update(
-        active_leaf=leaf, **{k: v for k, v in times.items() if v is not None}
+        active_leaf_id=leaf, **{k: v for k, v in times.items() if v is not None}
     )
     conv.refresh_from_db()
-    return conv
+    yield

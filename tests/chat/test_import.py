@@ -5,6 +5,8 @@ the next turn of an imported conversation."""
 from __future__ import annotations
 
 import io
+import threading
+import time
 import json
 import zipfile
 from typing import Any
@@ -488,3 +490,62 @@ def test_a_zip_whose_conversations_json_is_corrupt_imports_nothing(make_user: An
     assert answer.status_code == 400, answer.content
     assert "Nothing was imported" in answer.json()["error"]["message"]
     assert not Conversation.objects.exists()
+
+
+def own_export_chains(conversations: int, messages: int) -> bytes:
+    return json.dumps(
+        [
+            {
+                "conversation": {"title": f"chat {c}"},
+                "messages": [
+                    {"id": i, "parent_id": i - 1 if i else None,
+                     "role": "user" if i % 2 == 0 else "assistant", "text": f"message {i} " * 8}
+                    for i in range(messages)
+                ],  # fmt: skip
+            }
+            for c in range(conversations)
+        ]
+    ).encode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_another_users_writes_wait_milliseconds_while_a_large_import_runs(
+    make_user: Any,
+) -> None:
+    from django.db import connection
+
+    from chatapp.chat.imports import import_file
+
+    alice, bob = make_user("alice"), make_user("bob")
+    body = own_export_chains(conversations=600, messages=20)
+    importing = threading.Event()
+    waits: list[float] = []
+
+    def alice_keeps_writing() -> None:
+        try:
+            importing.wait()
+            while importing.is_set():
+                started = time.monotonic()
+                Conversation.objects.create(owner=alice, title="mine")
+                waits.append(time.monotonic() - started)
+                time.sleep(0.01)
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=alice_keeps_writing)
+    writer.start()
+    started = time.monotonic()
+    importing.set()
+    try:
+        created = import_file(bob, io.BytesIO(body))
+    finally:
+        importing.clear()
+        writer.join()
+    took = time.monotonic() - started
+    assert len(created) == 600 and Message.objects.filter(conversation__owner=bob).count() == 12000
+    assert len(waits) >= 20, (took, waits)
+    waits.sort()
+    # Each of alice's writes waited for one short batch of the import at most.
+    assert waits[-1] < 0.5, (took, waits[len(waits) // 2], waits[-5:])
+    print(f"import {took:.1f} s; alice's {len(waits)} writes: median "
+          f"{waits[len(waits) // 2] * 1000:.0f} ms, max {waits[-1] * 1000:.0f} ms")  # fmt: skip

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from tests.chat.documents import pdf_of_shared_empty_operators
+from tests.chat.test_import import own_export_chains
 from tests.servers import PASSWORD
 from tools.live_server import LiveServer
 
@@ -93,6 +94,37 @@ def test_a_pdf_reader_is_killed_as_soon_as_its_client_goes_away(server: LiveServ
     # Well before the reader's own time bound would have ended it.
     assert time.monotonic() - left < PDF_TIMEOUT_S - 2
 
+
+
+def test_another_users_writes_go_through_in_milliseconds_while_a_large_import_runs(
+    server: LiveServer,
+) -> None:
+    body = own_export_chains(conversations=1000, messages=20)
+    bob, alice = api_session(server, "bob"), api_session(server, "alice")
+    importing = threading.Event()
+    waits: list[float] = []
+
+    def alice_keeps_creating() -> None:
+        importing.wait()
+        while importing.is_set():
+            started = time.monotonic()
+            answer = alice.post("/api/conversations/", json={"title": "mine"})
+            waits.append(time.monotonic() - started)
+            assert answer.status_code == 201, answer.text
+            time.sleep(0.02)
+
+    with ThreadPoolExecutor(1) as pool:
+        writes = pool.submit(alice_keeps_creating)
+        importing.set()
+        try:
+            answer = bob.post("/api/conversations/import/", content=body, timeout=300)
+        finally:
+            importing.clear()
+        writes.result()
+    assert answer.status_code == 201 and answer.json()["imported"] == 1000, answer.text[:300]
+    assert len(waits) >= 20
+    waits.sort()
+    assert waits[-1] < 1.0, (waits[len(waits) // 2], waits[-5:])
 
 def test_forty_simultaneous_log_ins_check_no_more_passwords_than_the_limit(
     server: LiveServer,

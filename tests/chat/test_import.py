@@ -5,9 +5,9 @@ the next turn of an imported conversation."""
 from __future__ import annotations
 
 import io
+import json
 import threading
 import time
-import json
 import zipfile
 from typing import Any
 
@@ -498,10 +498,14 @@ def own_export_chains(conversations: int, messages: int) -> bytes:
             {
                 "conversation": {"title": f"chat {c}"},
                 "messages": [
-                    {"id": i, "parent_id": i - 1 if i else None,
-                     "role": "user" if i % 2 == 0 else "assistant", "text": f"message {i} " * 8}
+                    {
+                        "id": i,
+                        "parent_id": i - 1 if i else None,
+                        "role": "user" if i % 2 == 0 else "assistant",
+                        "text": f"message {i} " * 8,
+                    }
                     for i in range(messages)
-                ],  # fmt: skip
+                ],
             }
             for c in range(conversations)
         ]

@@ -95,7 +95,6 @@ def test_a_pdf_reader_is_killed_as_soon_as_its_client_goes_away(server: LiveServ
     assert time.monotonic() - left < PDF_TIMEOUT_S - 2
 
 
-
 def test_another_users_writes_go_through_in_milliseconds_while_a_large_import_runs(
     server: LiveServer,
 ) -> None:
@@ -125,6 +124,7 @@ def test_another_users_writes_go_through_in_milliseconds_while_a_large_import_ru
     assert len(waits) >= 20
     waits.sort()
     assert waits[-1] < 1.0, (waits[len(waits) // 2], waits[-5:])
+
 
 def test_forty_simultaneous_log_ins_check_no_more_passwords_than_the_limit(
     server: LiveServer,

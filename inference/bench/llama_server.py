@@ -1,4 +1,5 @@
-"""llama.cpp's `llama-server` on the bundled GGUF: build it (once, cached), start it, stop it.
+"""llama.cpp's `llama-server` on the bundled GGUF: build it (once, cached), start it, stop it;
+and the same build's GGUF converter and quantizer (gguf_tools).
 
 Shared by the benchmark against it (vs_llama.py, quality.py) and by the tests that put
 this app in front of it (tests/backends/test_upstream_llama.py). The binary comes from
@@ -72,6 +73,14 @@ def llama_server_binary(path: str = "") -> str:
     if out.returncode != 0:
         raise RuntimeError(f"{BUILD_SCRIPT.name} failed:\n{out.stderr[-3000:]}")
     return out.stdout.strip().splitlines()[-1]
+
+
+def gguf_tools(server: str = "") -> tuple[Path, Path]:
+    """llama.cpp's `convert_hf_to_gguf.py` and `llama-quantize`, from the source and build
+    llama-server comes from (built first if missing: minutes). The converter runs with this
+    project's Python (it needs torch, transformers, gguf and sentencepiece)."""
+    binary = Path(llama_server_binary(server))
+    return binary.parents[2] / "src" / "convert_hf_to_gguf.py", binary.parent / "llama-quantize"
 
 
 class LlamaServer:

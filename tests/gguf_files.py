@@ -1,0 +1,105 @@
+"""GGUF files made here, as people get them: a tiny random-weight Hugging Face model,
+converted by llama.cpp's own `convert_hf_to_gguf.py` and quantized by its `llama-quantize`
+(both from the build scripts/build-llama-server.sh makes).
+
+k-quants pack rows in super-blocks of 256, so the model's widths are multiples of 256;
+llama-quantize falls back to another type for a tensor whose rows do not fit, and picks
+some tensors' types itself (Q4_K_M: Q6_K for some attn_v / ffn_down and the tied head), so
+a test reads each tensor's type from the file rather than assuming it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.tiny_model import TOKENIZER_FILES
+
+# The file types the converter writes itself (its --outtype), and those llama-quantize
+# makes from the F32 file.
+CONVERTED = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0"}
+QUANTIZED = ("Q4_0", "Q4_1", "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q6_K")
+
+
+def build_tiny_llama_256(folder: Path, tokenizer_source: Path, seed: int = 0) -> Path:
+    """A 2-layer llama (hidden 256, MLP 512, 4 heads of 64, 2 KV heads, vocab 49152) with
+    the default model's tokenizer. A large init range keeps greedy choices clear of ties."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=49152,
+        max_position_embeddings=1024,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+    )
+    LlamaForCausalLM(config).save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_source / name).is_file():
+            shutil.copy(tokenizer_source / name, folder / name)
+    return folder
+
+
+class TinyGGUFs:
+    """The tiny llama's folder and its GGUFs, made on first use and kept beside the
+    llama.cpp build they came from (so a new llama.cpp version makes them anew)."""
+
+    def __init__(self, tokenizer_source: Path) -> None:
+        from inference.bench.llama_server import gguf_tools
+
+        self.converter, self.quantize = gguf_tools()
+        self.dir = self.quantize.parents[2] / "test-ggufs"
+        self.dir.mkdir(exist_ok=True)
+        self.hf = self.dir / "tiny-llama-256"
+        if not (self.hf / "config.json").is_file():
+            partial = self.dir / "tiny-llama-256.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            build_tiny_llama_256(partial, tokenizer_source)
+            shutil.rmtree(self.hf, ignore_errors=True)
+            partial.rename(self.hf)
+
+    def file(self, file_type: str) -> Path:
+        return make_gguf(self.hf, file_type, self.dir, self.converter, self.quantize)
+
+
+def _run(args: list[str]) -> None:
+    out = subprocess.run(args, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(
+            f"{Path(args[1]).name} failed:\n{out.stdout[-2000:]}{out.stderr[-3000:]}"
+        )
+
+
+def make_gguf(
+    hf_folder: Path, file_type: str, out_dir: Path, converter: Path, quantize: Path
+) -> Path:
+    """`hf_folder` as a GGUF of `file_type` (a key of CONVERTED or one of QUANTIZED) in
+    `out_dir`; the F32 file is made first where a quantized one needs it."""
+    out = out_dir / f"{hf_folder.name}.{file_type}.gguf"
+    if out.is_file():
+        return out
+    # Written under another name and renamed: a run cut short leaves no file that looks done.
+    partial = out.with_suffix(".partial")
+    if file_type in CONVERTED:
+        outtype = CONVERTED[file_type]
+        _run([sys.executable, str(converter), str(hf_folder), "--outtype", outtype,
+              "--outfile", str(partial)])  # fmt: skip
+    elif file_type in QUANTIZED:
+        source = make_gguf(hf_folder, "F32", out_dir, converter, quantize)
+        _run([str(quantize), str(source), str(partial), file_type, "1"])
+    else:
+        raise ValueError(f"no recipe for {file_type}; known: {*CONVERTED, *QUANTIZED}")
+    partial.rename(out)
+    return out

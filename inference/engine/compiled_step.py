@@ -32,7 +32,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from inference.engine.model import AttentionMetadata, Linear, LlamaModel
+    from inference.engine.layers.attention import AttentionMetadata
+    from inference.engine.layers.linear import Linear
+    from inference.engine.models.base import DecoderModel
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ COMPILE_MODES = ("auto", "on", "off")
 class StepState:
     """One model's view of the step being run: what its attention op reads."""
 
-    model: LlamaModel
+    model: DecoderModel
     kv_caches: list[torch.Tensor] = field(default_factory=list)
     meta: AttentionMetadata | None = None
     rows: int = 0  # real rows; the rest of the batch is padding
@@ -70,7 +72,7 @@ def _attention_op(qkv: torch.Tensor, model: int, layer: int) -> torch.Tensor:
     state = _STATES[model]
     assert state.meta is not None, "engine::attention ran outside a step"
     n = state.rows
-    out = state.model.attend(qkv[:n].contiguous(), state.kv_caches[layer], state.meta)
+    out = state.model.attend(qkv[:n].contiguous(), state.kv_caches[layer], state.meta, layer)
     if n == qkv.shape[0]:
         return out
     padded = out.new_zeros(qkv.shape[0], *out.shape[1:])
@@ -84,7 +86,7 @@ def _attention_fake(qkv: torch.Tensor, model: int, layer: int) -> torch.Tensor:
     return qkv.new_empty(qkv.shape[0], m.num_heads, m.head_dim)
 
 
-def _register(model: LlamaModel) -> int:
+def _register(model: DecoderModel) -> int:
     """The model's key for the attention op; each of its Linears gets its `compile_key`."""
     with _lock:
         for layer in model.layers:
@@ -117,6 +119,8 @@ def compile_unavailable_reason(model: Any) -> str | None:
     """Why the compiled step cannot run for this model, or None."""
     if getattr(model, "tp_size", 1) > 1 or not hasattr(model, "layers_forward"):
         return "tensor parallelism runs the eager forward"
+    if model.device.type == "cuda" and not getattr(model, "attention_plain", True):
+        return "CUDA graphs attend by plain softmax; this model has windowed or capped layers"
     if model.device.type == "cpu":
         import shutil
 
@@ -134,7 +138,7 @@ class CompiledStep:
     """The compiled forward of one model over steps of min_rows..max_rows rows (CPU: one
     graph with a dynamic row count)."""
 
-    def __init__(self, model: LlamaModel, kv_caches: list[torch.Tensor], min_rows: int,
+    def __init__(self, model: DecoderModel, kv_caches: list[torch.Tensor], min_rows: int,
                  max_rows: int) -> None:  # fmt: skip
         configure_inductor_cache()
         self.model = model

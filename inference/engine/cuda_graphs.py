@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from inference.engine.model import AttentionMetadata, LlamaModel
+    from inference.engine.layers.attention import AttentionMetadata
+    from inference.engine.models.base import DecoderModel
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class CudaGraphStep:
 
     def __init__(
         self,
-        model: LlamaModel,
+        model: DecoderModel,
         kv_caches: list[torch.Tensor],
         max_rows: int,
         max_blocks: int,

@@ -44,8 +44,9 @@ from inference.engine.kv_tier import (
     RestoredPrefix,
     start_tier,
 )
-from inference.engine.model import HYBRID_MAX_ROWS
+from inference.engine.layers.linear import HYBRID_MAX_ROWS
 from inference.engine.model_runner import ModelRunner, dtype_name
+from inference.engine.models import check_model
 from inference.engine.outputs import Delta
 from inference.engine.sampler import Sampler
 from inference.engine.sampling_params import SamplingParams
@@ -111,6 +112,8 @@ class LLMEngine:
         torch.set_num_threads(config.cpu_threads())
         torch.manual_seed(config.seed)
         self.config = config
+        # A model the engine cannot serve is refused by name before anything is loaded.
+        check_model(config.model)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model)
         self.eos_token_ids = eos_ids_of(config.model, self.tokenizer)
         self._decode = decoder_of(self.tokenizer)

@@ -26,3 +26,10 @@ class InvalidRequestError(EngineError):
     """Sampling settings or prompt ids are out of range."""
 
     code = "invalid_request"
+
+
+class UnsupportedModelError(EngineError):
+    """The model cannot be served correctly: an unknown architecture, rope type or weight
+    type, or a tensor its architecture needs is missing. Raised at load, never mid-request."""
+
+    code = "unsupported_model"

@@ -21,13 +21,13 @@ from inference.engine.compiled_step import (
 from inference.engine.config import EngineConfig
 from inference.engine.cuda_graphs import CudaGraphStep
 from inference.engine.kv_tier.redaction import redacted
-from inference.engine.model import (
+from inference.engine.layers.attention import (
     PAGED_MAX_CHUNK,
     AttentionMetadata,
     DecodeGroup,
     PrefillChunk,
-    load_config,
 )
+from inference.engine.models import load_config
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.scheduler import ScheduledBatch
 from inference.engine.sequence import Sequence
@@ -221,7 +221,7 @@ class ModelRunner:
         self.kv_dtype = resolve_kv_dtype(
             config.kv_dtype, self.device, self.dtype, self.quantization
         )
-        self.model = build_model(  # LlamaModel, or rank 0 of tensor_parallel_size ranks
+        self.model = build_model(  # a DecoderModel, or rank 0 of tensor_parallel_size ranks
             config,
             dtype=self.dtype,
             device=self.device,

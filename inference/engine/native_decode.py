@@ -2,8 +2,8 @@
 
 At one to four rows a step's work is reading the 4-bit weights; run as ~30 torch ops a
 layer, the dispatch around those reads cost as much again. This path does the same maths
-as LlamaModel.forward for such steps in C, for a float32 model on a CPU with the 4-bit
-kernels, on one rank. Each row carries its own position and block table, and every row's
+as DecoderModel.forward for such steps in C, for a Llama-shaped float32 model on a CPU with
+the 4-bit kernels, on one rank. Each row carries its own position and block table, and every row's
 K/V is written to the pool before any row attends, so decodes, speculative guesses and
 short prefill chunks (a row sees the positions up to its own) all fit. Steps of more rows
 than `max_rows` take the torch path.
@@ -23,7 +23,8 @@ from inference.engine.quantized import Q4_1
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from inference.engine.model import AttentionMetadata, LlamaModel
+    from inference.engine.layers.attention import AttentionMetadata
+    from inference.engine.models.base import DecoderModel
 
 
 def _matrix(blocks: object) -> kernels.Q4Matrix:
@@ -34,7 +35,7 @@ def _matrix(blocks: object) -> kernels.Q4Matrix:
 
 class NativeDecoder:
     def __init__(
-        self, model: LlamaModel, lib: ctypes.CDLL, max_rows: int, any_chunk_rows: int = 8
+        self, model: DecoderModel, lib: ctypes.CDLL, max_rows: int, any_chunk_rows: int = 8
     ) -> None:
         self.model = model
         self.lib = lib
@@ -66,7 +67,7 @@ class NativeDecoder:
         self._pools_of: list[torch.Tensor] | None = None
 
     @staticmethod
-    def usable(model: LlamaModel) -> bool:
+    def usable(model: DecoderModel) -> bool:
         return (
             model.device.type == "cpu"
             and model.dtype == torch.float32

@@ -1,10 +1,10 @@
 """Tensor parallelism: one model split across N ranks, one all-reduce after o and after down.
 
-The math lives in model.py (each rank's LlamaModel holds its shard and sums partial outputs
+The math lives in models/ (each rank's DecoderModel holds its shard and sums partial outputs
 through `all_reduce`). This file is the plumbing:
 
 - rank 0 is the engine's own process. It wraps its shard in TensorParallelModel, which looks
-  like a LlamaModel to the model runner. Each forward first broadcasts the step's inputs
+  like a DecoderModel to the model runner. Each forward first broadcasts the step's inputs
   (token ids, AttentionMetadata, the KV pool shape) to the other ranks, then runs its shard;
   the ranks meet again in every all-reduce. Logits are computed on rank 0 only.
 - ranks 1..N-1 run `serve()`: build their shard, allocate their KV pool shards (same number
@@ -41,12 +41,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from inference.engine.config import EngineConfig
-from inference.engine.model import (
-    AttentionMetadata,
-    LlamaModel,
-    check_tensor_parallel_size,
-    load_config,
-)
+from inference.engine.layers.attention import AttentionMetadata
+from inference.engine.models import DecoderModel, load_config, load_model
+from inference.engine.models.base import check_tensor_parallel_size
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +62,10 @@ def build_model(
     quantization: str,
     max_len: int | None,
 ) -> Any:
-    """LlamaModel for tensor_parallel_size 1, else rank 0's TensorParallelModel."""
+    """DecoderModel for tensor_parallel_size 1, else rank 0's TensorParallelModel."""
     size = getattr(config, "tensor_parallel_size", 1)
     if size == 1:
-        return LlamaModel(
+        return load_model(
             config.model, dtype=dtype, device=device, quantization=quantization,
             max_len=max_len, native_max_rows=config.native_max_rows,
         )  # fmt: skip
@@ -90,11 +87,11 @@ class ShardSpec:
     max_len: int | None
     cpu_threads: int  # the engine's budget; the ranks share it
 
-    def build(self, rank: int, size: int, device: torch.device) -> LlamaModel:
+    def build(self, rank: int, size: int, device: torch.device) -> DecoderModel:
         if device.type == "cpu":
             # N processes with the whole budget each would fight over the cores.
             torch.set_num_threads(max(1, self.cpu_threads // size))
-        return LlamaModel(
+        return load_model(
             self.folder,
             dtype=self.dtype,
             device=device,
@@ -107,7 +104,7 @@ class ShardSpec:
 
 
 class TensorParallelModel:
-    """Rank 0's shard, shaped like a LlamaModel (attributes are the shard's, heads local)."""
+    """Rank 0's shard, shaped like a DecoderModel (attributes are the shard's, heads local)."""
 
     def __init__(self, spec: ShardSpec, size: int, spawn: bool = True) -> None:
         """spawn=True: start ranks 1..size-1 and the process group. spawn=False: both exist
@@ -229,7 +226,7 @@ class TensorParallelModel:
 # -- ranks > 0 ------------------------------------------------------------------------------
 
 
-def serve(model: LlamaModel, device: torch.device) -> None:
+def serve(model: DecoderModel, device: torch.device) -> None:
     """Forward whatever rank 0 broadcasts until it says stop."""
     control = _control_group()
     pools: list[torch.Tensor] = []

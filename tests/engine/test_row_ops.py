@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from inference.engine import kernels
-from inference.engine.model import rope_rotation_sin
+from inference.engine.layers.rotary import rope_rotation_sin
 from inference.engine.row_ops import PoolRowOps, TorchRowOps
 
 lib = kernels.load()

@@ -1,0 +1,59 @@
+"""The architectures the engine serves, one module per family over layers/, and the one way
+to build a model from a folder: load_model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from inference.engine import kernels
+from inference.engine.layers.linear import HYBRID_MAX_ROWS
+from inference.engine.models.base import DecoderModel
+from inference.engine.models.loader import load_blocks, load_config, load_weights
+from inference.engine.models.registry import model_class
+from inference.engine.native_decode import NativeDecoder
+
+__all__ = [
+    "DecoderModel", "check_model", "load_config", "load_model", "load_weights", "model_class",
+]  # fmt: skip
+
+
+def check_model(folder: str) -> type[DecoderModel]:
+    """The family that serves the model in `folder`, from its config alone (no weights read):
+    an UnsupportedModelError for an architecture, rope type or activation not supported, so
+    that a process refuses it at start. Missing tensors and weight types show at load."""
+    config = load_config(folder)
+    family = model_class(config)
+    family.check(config)
+    return family
+
+
+def load_model(
+    folder: str,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    quantization: str = "none",
+    max_len: int | None = None,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    native_max_rows: int = 0,
+) -> DecoderModel:
+    """The model in `folder`, built by its family; an UnsupportedModelError (errors.py)
+    where the engine cannot serve it correctly."""
+    config = load_config(folder)
+    family = model_class(config)
+    kw: dict[str, Any] = {}
+    if quantization in ("int4", "hybrid"):
+        kw["stored_blocks"] = load_blocks(folder)
+    model = family(
+        config, load_weights(folder), dtype=dtype, device=device, quantization=quantization,
+        max_len=max_len, tp_rank=tp_rank, tp_size=tp_size, all_reduce=all_reduce,
+        native_max_rows=native_max_rows, **kw,
+    )  # fmt: skip
+    lib = kernels.load() if model.has_blocks and model.llama_shaped else None
+    if lib is not None and NativeDecoder.usable(model):
+        model.native = NativeDecoder(model, lib, model.native_rows, HYBRID_MAX_ROWS)
+    return model

@@ -16,3 +16,6 @@ urlpatterns = [
     path("", include("chatapp.observability.urls")),
     path("admin/", admin.site.urls),
 ]
+
+handler404 = "chatapp.views.not_found"
+handler500 = "chatapp.views.server_error"

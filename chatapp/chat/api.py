@@ -9,12 +9,11 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.contrib.auth.decorators import login_required
 from django.core.exceptions import RequestDataTooBig
 from django.db.models import Q
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404
-from django.views.decorators.http import require_GET, require_http_methods
+from django.views.decorators.http import require_http_methods
 
 from chatapp.chat import attachments, imports
 from chatapp.chat import conversations as conv_logic
@@ -365,8 +364,7 @@ def _job_json(job: Job) -> dict[str, Any]:
     }
 
 
-@login_required
-@require_http_methods(["GET", "POST"])
+@api_view("GET", "POST")
 def exports(request: HttpRequest) -> JsonResponse:
     if request.method == "POST":
         try:
@@ -382,8 +380,7 @@ def exports(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"exports": [_job_json(j) for j in done]})
 
 
-@login_required
-@require_GET
+@api_view("GET")
 def export_download(request: HttpRequest, pk: int) -> FileResponse:
     job = get_object_or_404(Job, pk=pk, kind=Job.Kind.EXPORT, user=request.user)
     return file_response(job, attachment=True)

@@ -68,7 +68,10 @@ class KeyLimiter:
             raise
         if usage and usage["should_limit"]:
             release()
-            retry = max(1, math.ceil(usage.get("time_left", 60)))
+            # django-ratelimit's time_left is whole seconds to its window's edge, counted
+            # from the second now is in, and that window still counts its last second: the
+            # window is over only a second later.
+            retry = max(1, math.ceil(usage.get("time_left", 60)) + 1)
             raise RateLimited(
                 f"Rate limit reached: {per_minute} requests per minute for this key.", retry
             )

@@ -162,6 +162,12 @@ def _bool(body: dict, name: str) -> bool:
     return value
 
 
+# The engine's own caps on stop strings are looser (inference/engine/sampling_params.py):
+# these are OpenAI's, and the ones this API documents.
+MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 256
+
+
 def _stop(body: dict) -> list[str]:
     stop = body.get("stop")
     if stop is None:
@@ -170,10 +176,14 @@ def _stop(body: dict) -> list[str]:
         stop = [stop]
     if (
         not isinstance(stop, list)
-        or not all(isinstance(s, str) and s for s in stop)
-        or len(stop) > 4
+        or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stop)
+        or len(stop) > MAX_STOP_STRINGS
     ):
-        raise invalid("'stop' must be a non-empty string or a list of at most 4 of them", "stop")
+        raise invalid(
+            f"'stop' must be a non-empty string of at most {MAX_STOP_CHARS} characters, or a "
+            f"list of at most {MAX_STOP_STRINGS} of them",
+            "stop",
+        )
     return stop
 
 
@@ -246,19 +256,19 @@ def parse_common(body: dict, allowed: set[str], default_max_tokens: int | None) 
     if cache_salt is not None and (
         not isinstance(cache_salt, str) or not cache_salt or len(cache_salt) > 256
     ):
-        raise invalid("'cache_salt' must be a non-empty string", "cache_salt")
+        raise invalid(
+            "'cache_salt' must be a non-empty string of at most 256 characters", "cache_salt"
+        )
     max_new = settings.CHAT_MAX_NEW_TOKENS
     # Two names for one limit (max_tokens is the older): both are checked, and when both
     # are given they must agree rather than one silently winning.
-    max_completion_tokens = _int(body, "max_completion_tokens", 1, 1 << 20)
-    max_tokens = _int(body, "max_tokens", 1, 1 << 20)
+    max_completion_tokens = _int(body, "max_completion_tokens", 1, max_new)
+    max_tokens = _int(body, "max_tokens", 1, max_new)
     if None not in (max_tokens, max_completion_tokens) and max_tokens != max_completion_tokens:
         raise invalid(
             "'max_tokens' and 'max_completion_tokens' differ; send one of them", "max_tokens"
         )
     max_tokens = max_completion_tokens or max_tokens
-    if max_tokens is not None and max_tokens > max_new:
-        raise invalid(f"max_tokens must be at most {max_new}", "max_tokens")
     seed = _int(body, "seed", -(1 << 63), (1 << 63) - 1)
     sampling = SamplingParams(
         max_tokens=max_tokens or default_max_tokens or max_new,

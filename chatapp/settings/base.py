@@ -21,6 +21,7 @@ DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 
+CSRF_FAILURE_VIEW = "chatapp.views.csrf_failure"  # JSON under /api/ and /v1/
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",

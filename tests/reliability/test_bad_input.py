@@ -6,17 +6,21 @@ error object (an `error` frame on the socket), never a 500, an HTML page or a mi
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.test import Client
+from django.test import Client, RequestFactory
+from django_ratelimit.core import _get_window
 
 from chatapp.chat.conversations import create_conversation
 from chatapp.chat.models import Conversation, Message
 from chatapp.openai_api.keys import create_key
+from chatapp.openai_api.limits import KeyLimiter, RateLimited
+from chatapp.openai_api.models import ApiKey
 from tests.sockets import open_socket
 from tools.live_server import LiveServer
 
@@ -178,6 +182,76 @@ def test_unstorable_text_in_an_openai_message_is_a_400(bad: str, api_client: Cli
         "/v1/chat/completions", data=json.dumps(body), content_type="application/json"
     )
     assert assert_api_error(answer, 400)["param"] == "messages[0].content"
+
+
+# --- every /v1 and /api answer is JSON in its documented shape --------------------------
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/embeddings", "/v1/chat/completions/", "/v1/models/x%0ay", "/v1/nothing"]
+)
+def test_an_unknown_v1_path_is_a_404_error_object(path: str, api_client: Client) -> None:
+    answer = api_client.get(path)
+    error = assert_api_error(answer, 404)
+    assert error["type"] == "invalid_request_error" and error["code"] == "not_found"
+
+
+def test_an_unknown_api_path_and_a_missing_export_are_404_error_objects(make_user: Any) -> None:
+    client = logged_in(make_user("lost"))
+    assert assert_api_error(client.get("/api/nothing/"), 404)["code"] == "not_found"
+    assert assert_api_error(client.get("/api/exports/999999/download"), 404)["code"] == "not_found"
+    assert assert_api_error(Client().get("/api/exports/"), 401)["code"] == "unauthenticated"
+
+
+def test_a_csrf_failure_on_the_api_is_a_403_error_object(make_user: Any) -> None:
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(make_user("forgetful"))
+    answer = client.post("/api/conversations/", data="{}", content_type="application/json")
+    assert assert_api_error(answer, 403)["code"] == "csrf_failed"
+    assert not Conversation.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("stop", "x" * 500_000, "at most 256 characters"),
+        ("stop", ["a", "b", "c", "d", "e"], "at most 4"),
+        ("cache_salt", "s" * 900_000, "at most 256 characters"),
+        ("max_tokens", 2049, "between 1 and 2048"),
+        ("max_completion_tokens", 0, "between 1 and 2048"),
+    ],
+    ids=["long stop", "five stops", "long cache_salt", "max_tokens", "max_completion_tokens"],
+)
+def test_a_v1_field_out_of_bounds_is_named_with_the_limit_that_applies(
+    field: str, value: Any, words: str, api_client: Client
+) -> None:
+    body = {"model": "x", "messages": [{"role": "user", "content": "hi"}], field: value}
+    answer = api_client.post(
+        "/v1/chat/completions", data=json.dumps(body), content_type="application/json"
+    )
+    error = assert_api_error(answer, 400)
+    assert error["param"] == field, error
+    assert words in error["message"], error
+
+
+def test_waiting_the_advertised_retry_after_gets_past_the_per_minute_limit(
+    make_user: Any,
+) -> None:
+    user = make_user("eager")
+    # A key whose counting window ends a few seconds from now (each key's edge differs).
+    for _ in range(500):
+        key, _raw = create_key(user, "k")
+        if 1.5 < _get_window(str(key.pk), 60) + 1 - time.time() < 4:
+            break
+    ApiKey.objects.filter(pk=key.pk).update(rate_limit_per_minute=1)
+    key.refresh_from_db()
+    request = RequestFactory().post("/v1/chat/completions")
+    limiter = KeyLimiter()
+    async_to_sync(limiter.acquire)(key, request)()
+    with pytest.raises(RateLimited) as limited:
+        async_to_sync(limiter.acquire)(key, request)
+    time.sleep(limited.value.retry_after + 0.2)
+    async_to_sync(limiter.acquire)(key, request)()  # not refused again
 
 
 # --- frames larger than the transport's own limit (a real daphne) ------------------------

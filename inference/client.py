@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
+import os
 import threading
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
@@ -26,6 +27,7 @@ from inference.backends.upstream import UpstreamModels
 from inference.catalog import OWNER, ModelInfo, ModelSpec, created_at, served_models
 from inference.chat_template import Prompt, Turn
 from inference.engine import Delta, EngineConfig, EngineError, SamplingParams
+from inference.engine.errors import UnsupportedModelError
 from inference.workers.protocol import EngineUnavailableError, ModelNotFoundError
 
 log = logging.getLogger(__name__)
@@ -225,6 +227,8 @@ _load_error: BaseException | None = None
 # Why this process must not build an embedded engine (set in a Celery worker), or None.
 _embedded_refused: str | None = None
 _upstream: UpstreamModels | None = None
+# The exit status of a server whose model the engine refuses at start.
+REFUSED_MODEL_EXIT = 3
 _workers: WorkerModels | None = None
 
 
@@ -384,7 +388,17 @@ def serving_engine_busy() -> bool:
 
 def preload_in_background() -> None:
     """Load the models in a thread, the default first, so the server answers at once and
-    no first message pays for loading."""
+    no first message pays for loading. A model the engine refuses (UnsupportedModelError:
+    an unknown architecture, rope type, weight type, a missing tensor) ends the process
+    with its message and a non-zero status: its config is checked here, before the thread,
+    so that the server never starts; what shows only while loading the weights exits from
+    the thread. A server that stayed up could never serve it."""
+    if settings.ENGINE["MODE"] == "embedded":
+        # Torch and transformers load with the engine, in the process that runs one only.
+        from inference.engine.models import check_model
+
+        for spec in served_model_specs():
+            check_model(spec.path)
 
     def load() -> None:
         try:
@@ -398,7 +412,10 @@ def preload_in_background() -> None:
             try:
                 get_engine_client(name)
                 log.info("engine ready: %s", name)
-            except EngineError:
-                pass  # already logged; the first message will report it to the user
+            except EngineError as exc:
+                if isinstance(exc.__cause__, UnsupportedModelError):
+                    log.critical("model %s is refused: %s", name, exc.__cause__)
+                    os._exit(REFUSED_MODEL_EXIT)
+                # Otherwise already logged; the first message will report it to the user.
 
     threading.Thread(target=load, name="engine-preload", daemon=True).start()

@@ -30,6 +30,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from inference.catalog import ModelSpec, parse_model_list, served_models
 from inference.client import engine_config_from_settings
 from inference.engine import SamplingParams
+from inference.engine.errors import UnsupportedModelError
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,11 @@ class Command(BaseCommand):
 
         spec = self._model(options["model"])
         started = time.monotonic()
-        engine = AsyncEngine(engine_config_from_settings({"MODEL": spec.path}))
+        try:
+            engine = AsyncEngine(engine_config_from_settings({"MODEL": spec.path}))
+        except UnsupportedModelError as exc:
+            # Refused before registering: no request is ever routed to this worker.
+            raise CommandError(f"model {spec.name} is refused: {exc}") from exc
         try:
             asyncio.run(self._warm_up(engine))
         except Exception as exc:

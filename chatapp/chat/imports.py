@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+import re
 import tempfile
 import time
 import zipfile
@@ -143,6 +144,53 @@ class _Capped(io.RawIOBase):
         self.left -= len(data)
         buffer[: len(data)] = data
         return len(data)
+
+
+# An escaped backslash, a surrogate pair, or a lone surrogate: matched in this order left to
+# right, so "\\ud800" (a backslash, then text) is never taken for an escape.
+_ESCAPES = re.compile(
+    rb"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+    rb"|\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
+)
+_PAIR = 12  # bytes of a surrogate pair's two escapes
+
+
+class _LoneSurrogatesReplaced(io.RawIOBase):
+    """The JSON with each escaped lone surrogate ("\\udc00") turned into "\\ufffd", as
+    the docs promise: the JSON parser refuses a lone low surrogate and turns a high one
+    into "?"."""
+
+    def __init__(self, inner: IO[bytes]) -> None:
+        self.inner, self.carry, self.out = inner, b"", b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.out:
+            chunk = self.inner.read(256 * 1024)
+            if not chunk and not self.carry:
+                return 0
+            self.out, self.carry = self._replaced(self.carry + chunk, final=not chunk)
+        n = min(len(buffer), len(self.out))
+        buffer[:n], self.out = self.out[:n], self.out[n:]
+        return n
+
+    @staticmethod
+    def _replaced(data: bytes, final: bool) -> tuple[bytes, bytes]:
+        """(what can be passed on, what must wait for the next bytes)."""
+        cut = len(data) if final else len(data) - (_PAIR - 1)
+        parts, done = [], 0
+        for match in _ESCAPES.finditer(data):
+            if match.start() >= cut:
+                break
+            escape = match.group()
+            lone = escape != b"\\\\" and len(escape) != _PAIR
+            parts += [data[done : match.start()], b"\\ufffd" if lone else escape]
+            done = match.end()
+        done_to = max(done, cut)
+        parts.append(data[done:done_to])
+        return b"".join(parts), data[done_to:]
 
 
 def open_json(upload: IO[bytes]) -> IO[bytes]:
@@ -495,6 +543,7 @@ def _own_figures(raw: dict[str, Any]) -> dict[str, Any]:
                 isinstance(value, int | float)
                 and not isinstance(value, bool)
                 and math.isfinite(value)
+                and value >= 0  # counts and durations: a negative one is not a figure
             )
         ):
             kept[name] = value
@@ -568,7 +617,7 @@ def import_file(user: Any, upload: IO[bytes]) -> list[Conversation]:
 
 def read_all(upload: IO[bytes]) -> list[Incoming]:
     """The conversations of the file with messages, all checked before any is written."""
-    raw = open_json(upload)
+    raw = io.BufferedReader(_LoneSurrogatesReplaced(open_json(upload)))
     try:
         served = {m.id for m in list_models()}
     except EngineError:

@@ -296,6 +296,43 @@ def test_an_export_from_before_figures_were_named_so_keeps_its_stats(make_user: 
     assert conversations.message_json(reply)["figures"] == figures["Hello"]
 
 
+@pytest.mark.django_db
+def test_lone_surrogates_in_a_file_become_the_replacement_character(make_user: Any) -> None:
+    alice = make_user("alice")
+    # As JSON escapes, the way an export writes text it could not encode: low, high, a
+    # valid pair beside them, and an escaped backslash before "ud800" (plain text).
+    body = (
+        rb'{"conversation": {"title": "odd \udc00 \ud800"}, "messages": ['
+        rb'{"id": 1, "role": "user", "text": "a\udc00b\ud800c \ud83d\ude00 \\ud800",'
+        rb' "parent_id": null}]}'
+    )
+    answer = send_file(client_for(alice), body)
+    assert answer.status_code == 201, answer.content
+    conv = Conversation.objects.get(owner=alice)
+    assert conv.title == "odd \ufffd \ufffd"
+    assert Message.objects.get(conversation=conv).text == "a\ufffdb\ufffdc \U0001f600 \\ud800"
+
+
+@pytest.mark.django_db
+def test_negative_figures_in_a_file_are_left_out(make_user: Any) -> None:
+    alice = make_user("alice")
+    export = {
+        "conversation": {"title": "Figures"},
+        "messages": [
+            {"id": 1, "role": "user", "text": "Hi", "parent_id": None},
+            {
+                "id": 2,
+                "role": "assistant",
+                "text": "Hello",
+                "parent_id": 1,
+                "figures": {"ttft_ms": -5, "e2e_ms": 40, "output_tokens": -1},
+            },
+        ],
+    }
+    assert send_file(client_for(alice), json.dumps(export).encode()).status_code == 201
+    assert Message.objects.get(role="assistant").figures == {"e2e_ms": 40}
+
+
 # --- refused files: nothing imported ------------------------------------------------------
 
 GOOD = chatgpt_conversation()

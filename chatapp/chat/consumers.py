@@ -109,11 +109,23 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.in_group = True
         await self.accept()
 
-    async def disconnect(self, code: int) -> None:
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """The consumer's life; whatever ends it (a channel layer that failed under it
+        included, which skips `disconnect`), its replies lose this socket as a watcher, so
+        one nobody watches any more stops as it would after a disconnect."""
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._drop_forwarders()
+
+    def _drop_forwarders(self) -> None:
         for gen, sub, task in list(getattr(self, "forwarders", {}).values()):
             task.cancel()
             gen.unsubscribe(sub)
         self.forwarders = {}
+
+    async def disconnect(self, code: int) -> None:
+        self._drop_forwarders()
         if self.in_group:
             self.in_group = False
             await leave(self.channel_layer, self.user.pk, self.channel_name)

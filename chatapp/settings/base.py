@@ -4,6 +4,7 @@ environment; README.md lists the variables."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import dj_database_url
@@ -11,6 +12,7 @@ from csp.constants import NONE, SELF
 
 from chatapp.settings.engine import engine_settings, served_model_list
 from chatapp.settings.env import env_bool, env_float, env_int, env_list, env_str
+from inference.redis_options import channel_layer_host
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = Path(env_str("CHATAPP_VAR_DIR", str(BASE_DIR / "var")))
@@ -20,8 +22,8 @@ SECRET_KEY = env_str("DJANGO_SECRET_KEY", "dev-only-insecure-key-change-me")
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
-
 CSRF_FAILURE_VIEW = "chatapp.views.csrf_failure"  # JSON under /api/ and /v1/
+
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
@@ -157,13 +159,22 @@ CACHES = {
     )
 }
 
-# "memory" (one process, the embedded default) or "redis" (several processes).
+# "memory" (one process, the embedded default) or "redis" (several processes). The Redis
+# layer's socket options (inference/redis_options.py) outlast its blocking reads; the prefix
+# keeps two deployments (or two test runs) on one Redis apart.
 CHANNEL_LAYER = env_str("CHANNEL_LAYER", "memory")
+CHANNEL_LAYER_PREFIX = env_str("CHANNEL_LAYER_PREFIX", "asgi")
+CHANNEL_LAYERS: dict[str, dict[str, Any]]
 if CHANNEL_LAYER == "redis":
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1500, "expiry": 30},
+            "CONFIG": {
+                "hosts": [channel_layer_host(REDIS_URL)],
+                "prefix": CHANNEL_LAYER_PREFIX,
+                "capacity": 1500,
+                "expiry": 30,
+            },
         }
     }
 else:
@@ -238,6 +249,10 @@ CHAT_ATTACHMENT_MAX_BYTES = env_int("CHAT_ATTACHMENT_MAX_BYTES", 10 * 1024 * 102
 CHAT_ATTACHMENT_MAX_CHARS = env_int("CHAT_ATTACHMENT_MAX_CHARS", 500_000)
 CHAT_ATTACHMENTS_PER_MESSAGE = env_int("CHAT_ATTACHMENTS_PER_MESSAGE", 10)
 CHAT_ATTACHMENT_PENDING_HOURS = env_float("CHAT_ATTACHMENT_PENDING_HOURS", 24.0)
+# A PDF is read in a process of its own, killed past these (docs/reliability.md).
+CHAT_PDF_MAX_PAGES = env_int("CHAT_PDF_MAX_PAGES", 2000)
+CHAT_PDF_MAX_CONTENT_BYTES = env_int("CHAT_PDF_MAX_CONTENT_BYTES", 16 * 1024 * 1024)
+CHAT_PDF_TIMEOUT_S = env_float("CHAT_PDF_TIMEOUT_S", 15.0)
 # Imports (POST /api/conversations/import/): the largest file, and its size once unzipped.
 CHAT_IMPORT_MAX_BYTES = env_int("CHAT_IMPORT_MAX_BYTES", 128 * 1024 * 1024)
 CHAT_IMPORT_MAX_CONVERSATIONS = env_int("CHAT_IMPORT_MAX_CONVERSATIONS", 10_000)
@@ -247,10 +262,6 @@ CHAT_DEFAULTS = {
     "temperature": env_float("CHAT_DEFAULT_TEMPERATURE", 0.7),
     "top_p": env_float("CHAT_DEFAULT_TOP_P", 0.95),
     "max_tokens": env_int("CHAT_DEFAULT_MAX_TOKENS", 512),
-# A PDF is read in a process of its own, killed past these (docs/reliability.md).
-CHAT_PDF_MAX_PAGES = env_int("CHAT_PDF_MAX_PAGES", 2000)
-CHAT_PDF_MAX_CONTENT_BYTES = env_int("CHAT_PDF_MAX_CONTENT_BYTES", 16 * 1024 * 1024)
-CHAT_PDF_TIMEOUT_S = env_float("CHAT_PDF_TIMEOUT_S", 15.0)
 }
 
 # OpenAI-compatible API (/v1/...).

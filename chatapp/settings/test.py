@@ -7,7 +7,7 @@ from pathlib import Path
 import dj_database_url
 
 from chatapp.settings.base import *  # noqa: F403
-from chatapp.settings.base import DATABASES, ENGINE
+from chatapp.settings.base import CHANNEL_LAYERS, DATABASES, ENGINE
 
 # The Redis KV tier stays on under tests (as in docker compose), in a namespace of this test
 # run, so that what an earlier run left in Redis never shows up in cached-token counts.
@@ -28,6 +28,15 @@ ENGINE = {
     "KV_CACHE_MEMORY_MB": int(os.environ["ENGINE_KV_CACHE_MEMORY_MB"]),
 }
 CHAT_DISCONNECT_GRACE_S = 0.0
+# CHANNEL_LAYER=redis (scripts/test.sh's compose pass): this run's groups apart from any
+# other run's or deployment's on the same Redis.
+if "CONFIG" in CHANNEL_LAYERS["default"]:
+    CHANNEL_LAYERS = {
+        "default": {
+            **CHANNEL_LAYERS["default"],
+            "CONFIG": {**CHANNEL_LAYERS["default"]["CONFIG"], "prefix": f"test-asgi-{os.getpid()}"},
+        }
+    }
 CELERY_TASK_ALWAYS_EAGER = True
 # Observability (inference/): no sampler thread or engine-written titles under tests;
 # tests/observability turns titles on where it tests them.

@@ -44,6 +44,7 @@ from inference.engine.errors import (
 )
 from inference.engine.outputs import Delta, RequestFigures
 from inference.engine.sampling_params import SamplingParams
+from inference.redis_options import REDIS_OPTIONS
 
 
 class EngineUnavailableError(EngineError):
@@ -85,18 +86,6 @@ LOST_CONTACT = "lost contact with the engine workers"
 # are coalesced, so a reply channel holds a few messages at most while its reader keeps up.
 CHANNEL_CAPACITY = 1000
 CHANNEL_EXPIRY_S = 30
-# Blocking reads wait up to channels_redis' 5 s BZPOPMIN; the socket must outlast that.
-SOCKET_TIMEOUT_S = 10.0
-CONNECT_TIMEOUT_S = 1.0
-# Every Redis client here: short connect timeout, and one immediate retry on a broken
-# connection (a pooled connection is stale after Redis restarted).
-REDIS_OPTIONS: dict[str, Any] = {
-    "socket_connect_timeout": CONNECT_TIMEOUT_S,
-    "socket_timeout": SOCKET_TIMEOUT_S,
-    "retry_on_error": [ConnectionError],
-}
-
-
 # What a Redis call raises when Redis is away or slow.
 REDIS_ERRORS = (RedisError, OSError, TimeoutError)
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoTokenizer, GenerationConfig
+from transformers import GenerationConfig
 
 from inference.engine.config import EngineConfig
 from inference.engine.detokenizer import IncrementalDetokenizer, decoder_of
@@ -47,6 +47,7 @@ from inference.engine.kv_tier import (
 from inference.engine.layers.linear import HYBRID_MAX_ROWS
 from inference.engine.model_runner import ModelRunner, dtype_name
 from inference.engine.models import check_model
+from inference.engine.models.loader import load_tokenizer
 from inference.engine.outputs import Delta
 from inference.engine.sampler import Sampler
 from inference.engine.sampling_params import SamplingParams
@@ -114,7 +115,7 @@ class LLMEngine:
         self.config = config
         # A model the engine cannot serve is refused by name before anything is loaded.
         check_model(config.model)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model)
+        self.tokenizer = load_tokenizer(config.model)
         self.eos_token_ids = eos_ids_of(config.model, self.tokenizer)
         self._decode = decoder_of(self.tokenizer)
         # True: a delta of a request without stop strings leaves step() with its text still

@@ -17,7 +17,7 @@ _weights_cache: dict[tuple[str, int, int], str] = {}
 _lock = threading.Lock()
 
 # Files whose bytes decide the model's outputs (weights, config, tokenizer).
-_RELEVANT_SUFFIXES = (".safetensors", ".bin", ".json", ".model", ".txt")
+_RELEVANT_SUFFIXES = (".safetensors", ".bin", ".json", ".model", ".txt", ".gguf")
 
 
 def weights_digest(model_dir: str) -> str:
@@ -26,11 +26,14 @@ def weights_digest(model_dir: str) -> str:
     Hashing ~270 MB takes a few hundred ms, so the result is remembered per folder for as
     long as no file in it changes size or modification time.
     """
-    files = sorted(
-        os.path.join(model_dir, name)
-        for name in os.listdir(model_dir)
-        if name.endswith(_RELEVANT_SUFFIXES) and os.path.isfile(os.path.join(model_dir, name))
-    )
+    if os.path.isfile(model_dir):  # a GGUF file: weights, config and tokenizer in one
+        files = [model_dir]
+    else:
+        files = sorted(
+            os.path.join(model_dir, name)
+            for name in os.listdir(model_dir)
+            if name.endswith(_RELEVANT_SUFFIXES) and os.path.isfile(os.path.join(model_dir, name))
+        )
     stamp = tuple((f, st.st_size, st.st_mtime_ns) for f in files for st in (os.stat(f),))
     key = (os.path.realpath(model_dir), hash(stamp), len(files))
     with _lock:

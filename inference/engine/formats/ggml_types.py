@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from inference.engine.errors import UnsupportedModelError
+
 QK_K = 256  # weights per k-quant super-block
 K_SCALE_BYTES = 12  # a k-quant's eight 6-bit scales and eight 6-bit minimums
 
@@ -159,7 +161,7 @@ _BY_ID = {t.id: t for t in TYPES}
 SUPPORTED = ", ".join(t.name for t in TYPES)
 
 
-class UnsupportedWeightType(ValueError):
+class UnsupportedWeightType(UnsupportedModelError):
     pass
 
 

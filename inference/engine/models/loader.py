@@ -10,9 +10,16 @@ import os
 
 import torch
 from safetensors.torch import load_file
-from transformers import AutoConfig, PretrainedConfig
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from inference.engine.errors import UnsupportedModelError
+from inference.engine.formats.gguf_model import (
+    gguf_path,
+    load_gguf_blocks,
+    load_gguf_config,
+    load_gguf_tokenizer,
+    load_gguf_weights,
+)
 from inference.engine.models.registry import refusal
 from inference.engine.quantized import Q4_1, Q8_0, BlockWeight
 
@@ -23,7 +30,10 @@ WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 def load_config(folder: str) -> PretrainedConfig:
     """The model's transformers config; an UnsupportedModelError for a config transformers
-    cannot read (an unknown model type) or a quantized checkpoint."""
+    cannot read (an unknown model type) or a quantized checkpoint. `folder` may also name
+    a GGUF file, or a folder holding one (formats/gguf_model.py)."""
+    if (gguf := gguf_path(folder)) is not None:
+        return load_gguf_config(gguf)
     try:
         config: PretrainedConfig = AutoConfig.from_pretrained(folder)
     except (ValueError, KeyError) as exc:
@@ -43,6 +53,14 @@ def load_config(folder: str) -> PretrainedConfig:
     return config
 
 
+def load_tokenizer(folder: str) -> PreTrainedTokenizerBase:
+    """The model's tokenizer and chat template: the folder's files, or a GGUF's metadata."""
+    if (gguf := gguf_path(folder)) is not None:
+        return load_gguf_tokenizer(gguf)
+    tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(folder)
+    return tokenizer
+
+
 def _raw_config(folder: str) -> dict[str, object] | None:
     try:
         with open(os.path.join(folder, "config.json")) as f:
@@ -54,6 +72,8 @@ def _raw_config(folder: str) -> dict[str, object] | None:
 
 def load_weights(folder: str) -> dict[str, torch.Tensor]:
     """Every tensor of the folder's *.safetensors, by its name in the checkpoint."""
+    if (gguf := gguf_path(folder)) is not None:
+        return load_gguf_weights(gguf)
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     # The GGUF's own blocks beside a converted checkpoint are load_blocks' to read.
     files = [f for f in files if os.path.basename(f) != BLOCKS_FILE]
@@ -92,6 +112,8 @@ def save_blocks(blocks: dict[str, BlockWeight], folder: str | os.PathLike[str]) 
 
 
 def load_blocks(folder: str) -> dict[str, BlockWeight] | None:
+    if (gguf := gguf_path(folder)) is not None:
+        return load_gguf_blocks(gguf)
     path = os.path.join(folder, BLOCKS_FILE)
     if not os.path.isfile(path):
         return None

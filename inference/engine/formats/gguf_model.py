@@ -1,0 +1,304 @@
+"""A GGUF file as a model: its transformers config, tokenizer and Hugging Face-named weights.
+
+`load_gguf_config` maps `general.architecture` and its `<arch>.*` keys onto the
+transformers config of that model type; `load_gguf_weights` renames the tensors to the names
+a Hugging Face checkpoint of that type uses and undoes what llama.cpp's converter changed
+(the q/k row order of llama-family models, Gemma's norm weights stored plus one).
+`load_gguf_blocks` gives the matrices whose GGUF blocks the engine multiplies natively
+(Q4_1, Q8_0), as `read_gguf` does for the bundled model. An architecture or tensor this file
+does not know is refused by name.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase
+
+from inference.engine.errors import UnsupportedModelError
+from inference.engine.formats.gguf_file import GGUFFile, GGUFTensor
+from inference.engine.quantized import Q4_1, Q8_0, BlockWeight
+
+
+class UnsupportedGGUF(UnsupportedModelError):
+    pass
+
+
+@dataclass(frozen=True)
+class Architecture:
+    model_type: str
+    # llama.cpp's converter interleaves each head's q/k rows for its rope (llama family).
+    permuted_qk: bool = False
+    # Gemma's norms scale by (1 + w); the converter stores 1 + w.
+    norm_offset: float = 0.0
+    # GGUF layer tensor -> HF module, where it differs from _LAYER_NAMES.
+    layer_names: tuple[tuple[str, str], ...] = ()
+
+
+_GEMMA_NORMS = (
+    ("attn_norm", "input_layernorm"),
+    ("post_attention_norm", "post_attention_layernorm"),
+    ("ffn_norm", "pre_feedforward_layernorm"),
+    ("post_ffw_norm", "post_feedforward_layernorm"),
+)
+
+# general.architecture -> how its file maps onto transformers.
+ARCHITECTURES: dict[str, Architecture] = {
+    "llama": Architecture("llama", permuted_qk=True),
+    "qwen2": Architecture("qwen2"),
+    "qwen3": Architecture("qwen3"),
+    "gemma2": Architecture("gemma2", norm_offset=1.0, layer_names=_GEMMA_NORMS),
+    "gemma3": Architecture("gemma3_text", norm_offset=1.0, layer_names=_GEMMA_NORMS),
+    "phi3": Architecture(
+        "phi3",
+        layer_names=(("attn_qkv", "self_attn.qkv_proj"), ("ffn_up", "mlp.gate_up_proj")),
+    ),
+}
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+
+
+def gguf_path(path: str | Path) -> Path | None:
+    """The GGUF file `path` names: itself, or the one .gguf in a folder; None where it names
+    neither (a Hugging Face folder). A folder of several is refused: which one is meant?"""
+    p = Path(path)
+    if p.is_file() and p.suffix == ".gguf":
+        return p
+    if not p.is_dir():
+        return None
+    found = sorted(p.glob("*.gguf"))
+    if len(found) > 1:
+        names = ", ".join(f.name for f in found)
+        raise UnsupportedGGUF(f"{p} holds several GGUF files ({names}); name one of them")
+    if found and not (p / "config.json").is_file():
+        return found[0]
+    return None
+
+
+def open_gguf(path: str | Path) -> GGUFFile:
+    """The file, parsed once for the config, the weights and the blocks: parsing a file's
+    metadata takes seconds (a vocabulary is ~100k fields)."""
+    p = Path(path).resolve()
+    stat = p.stat()
+    return _open_cached(p, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _open_cached(path: Path, mtime_ns: int, size: int) -> GGUFFile:
+    return GGUFFile(path)
+
+
+def architecture(file: GGUFFile) -> Architecture:
+    arch = ARCHITECTURES.get(file.architecture)
+    if arch is None:
+        supported = ", ".join(ARCHITECTURES)
+        raise UnsupportedGGUF(
+            f"{file.path.name}: architecture {file.architecture or '(none)'!r} is not "
+            f"supported; supported: {supported}"
+        )
+    return arch
+
+
+def _f32(value: Any) -> float:
+    """A float32 metadata value as the decimal it was written from (1e-06, not 9.99e-07)."""
+    return float(str(np.float32(value)))
+
+
+def load_gguf_config(path: str | Path) -> PretrainedConfig:
+    return gguf_config(open_gguf(path))
+
+
+def gguf_config(file: GGUFFile) -> PretrainedConfig:
+    arch = architecture(file)
+    a = file.architecture
+
+    def get(key: str, default: Any = None) -> Any:
+        return file.get(f"{a}.{key}", default)
+
+    heads = int(get("attention.head_count"))
+    hidden = int(get("embedding_length"))
+    names = set(file.tensor_names())
+    if "rope_freqs.weight" in names or "rope_factors_long.weight" in names:
+        raise UnsupportedGGUF(
+            f"{file.path.name}: rope scaling stored as per-frequency factors (rope_freqs / "
+            "rope_factors_*) is not supported; supported: none, linear, yarn"
+        )
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": _f32(get("rope.freq_base", 1e4))}
+    scaling = get("rope.scaling.type", "none")
+    if scaling in ("linear", "yarn"):
+        rope.update(rope_type=scaling, factor=_f32(get("rope.scaling.factor")))
+        if scaling == "yarn":
+            rope["original_max_position_embeddings"] = int(
+                get("rope.scaling.original_context_length")
+            )
+    elif scaling != "none":
+        raise UnsupportedGGUF(
+            f"{file.path.name}: rope scaling {scaling!r} is not supported; "
+            "supported: none, linear, yarn"
+        )
+    eos = file.get("tokenizer.ggml.eos_token_id")
+    fields: dict[str, Any] = {
+        "hidden_size": hidden,
+        "intermediate_size": int(get("feed_forward_length")),
+        "num_hidden_layers": int(get("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(get("attention.head_count_kv", heads)),
+        "head_dim": int(get("attention.key_length", hidden // heads)),
+        "max_position_embeddings": int(get("context_length")),
+        "rms_norm_eps": _f32(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        "vocab_size": int(get("vocab_size", 0) or len(file.get("tokenizer.ggml.tokens"))),
+        "tie_word_embeddings": "output.weight" not in names,
+        "rope_parameters": rope,
+        "bos_token_id": file.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": eos,
+        "pad_token_id": file.get("tokenizer.ggml.padding_token_id", eos),
+        "attention_bias": "blk.0.attn_q.bias" in names,
+        "torch_dtype": "float32",
+    }
+    window = get("attention.sliding_window")
+    if window is not None:
+        fields["sliding_window"] = int(window)
+    for key, hf in (
+        ("attn_logit_softcapping", "attn_logit_softcapping"),
+        ("final_logit_softcapping", "final_logit_softcapping"),
+    ):
+        if (v := get(key)) is not None:
+            fields[hf] = _f32(v)
+    if arch.model_type.startswith("gemma"):
+        # Not in the file: llama.cpp scales Gemma's queries by 1 / sqrt(head_dim).
+        fields["query_pre_attn_scalar"] = fields["head_dim"]
+    config: PretrainedConfig = AutoConfig.for_model(arch.model_type, **fields)
+    config.architectures = [_CAUSAL_LM[arch.model_type]]
+    return config
+
+
+_CAUSAL_LM = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+}
+
+
+def load_gguf_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer and chat template the file carries (transformers builds it)."""
+    from transformers import AutoTokenizer
+
+    p = Path(path)
+    tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name)
+    return tokenizer
+
+
+def hf_name(name: str, arch: Architecture, file: str = "") -> str:
+    """GGUF tensor name -> the Hugging Face checkpoint's; a refusal for one not known."""
+    base, _, suffix = name.rpartition(".")
+    if base in _TOP_NAMES:
+        return f"{_TOP_NAMES[base]}.{suffix}"
+    parts = base.split(".")
+    if len(parts) == 3 and parts[0] == "blk":
+        kind = parts[2]
+        module = dict(arch.layer_names).get(kind) or _LAYER_NAMES.get(kind)
+        if module is not None:
+            return f"model.layers.{parts[1]}.{module}.{suffix}"
+    raise UnsupportedGGUF(
+        f"{file}: tensor {name} is not known for architecture {arch.model_type!r}"
+    )
+
+
+def _unpermute_index(rows: int, heads: int) -> torch.Tensor:
+    """The converter stores each head's rows as (pairs, 2) -> (2, pairs); HF row i is GGUF
+    row index[i]."""
+    return torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(rows)
+
+
+def _row_order(name: str, rows: int, arch: Architecture, config: PretrainedConfig) -> Any:
+    """The index that puts a q/k weight's (or bias's) rows back in HF order; None if none."""
+    if not arch.permuted_qk:
+        return None
+    if ".self_attn.q_proj." in name:
+        return _unpermute_index(rows, config.num_attention_heads)
+    if ".self_attn.k_proj." in name:
+        return _unpermute_index(rows, config.num_key_value_heads)
+    return None
+
+
+def _hf_tensors(
+    path: str | Path,
+) -> tuple[PretrainedConfig, Architecture, dict[str, GGUFTensor]]:
+    file = open_gguf(path)
+    config, arch = gguf_config(file), architecture(file)
+    return config, arch, {hf_name(n, arch, file.path.name): t for n, t in file.tensors().items()}
+
+
+def load_gguf_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor as float32 under its Hugging Face name, in Hugging Face's row order.
+
+    One tensor is dequantized at a time; F32 tensors stay views of the mapped file."""
+    config, arch, tensors = _hf_tensors(path)
+    out: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        w = t.dequantize()
+        order = _row_order(name, w.shape[0], arch, config)
+        if order is not None:
+            w = w[order]
+        if arch.norm_offset and name.endswith("norm.weight"):
+            w = w - arch.norm_offset
+        out[name] = w
+    return out
+
+
+def load_gguf_blocks(path: str | Path) -> dict[str, BlockWeight]:
+    """The Q4_1 and Q8_0 matrices, in the engine's block objects, named as load_blocks names
+    them (no `model.` prefix; a tied head shares the embedding's blocks)."""
+    config, arch, tensors = _hf_tensors(path)
+    out: dict[str, BlockWeight] = {}
+    for name, t in tensors.items():
+        if len(t.shape) != 2 or t.type.name not in ("Q4_1", "Q8_0"):
+            continue
+        rows = t.shape[0]
+        b = t.raw.reshape(rows, -1, t.type.block_bytes)
+        w: BlockWeight
+        if t.type.name == "Q4_1":
+            w = Q4_1(_qs(b[..., 4:]), _f16(b[..., 0:2]), _f16(b[..., 2:4]))
+        else:
+            w = Q8_0(_qs(b[..., 2:]).view(torch.int8), _f16(b[..., 0:2]))
+        order = _row_order(name, rows, arch, config)
+        if order is not None:
+            w = w.take_rows(order)
+        out[name.removeprefix("model.")] = w
+    if "lm_head.weight" not in out and "embed_tokens.weight" in out:
+        out["lm_head.weight"] = out["embed_tokens.weight"]
+    return out
+
+
+def _qs(b: torch.Tensor) -> torch.Tensor:
+    return b.reshape(b.shape[0], -1).contiguous()
+
+
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    """uint8 [rows, blocks, 2] -> float32 [rows, blocks], as read_gguf holds scales."""
+    return b.contiguous().view(torch.float16).squeeze(-1).float()

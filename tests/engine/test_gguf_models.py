@@ -1,0 +1,247 @@
+"""A GGUF file as a model: config, tokenizer and chat template from its metadata, weights
+under Hugging Face names in Hugging Face's row order, and the next-token choices llama.cpp
+itself makes on the same file.
+
+The files are a tiny random llama converted and quantized by llama.cpp's own tools
+(tests/gguf_files.py); they skip only where those tools cannot be built.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from gguf import GGUFWriter
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
+
+from inference.bench.llama_server import (
+    LlamaServer,
+    binary_path,
+    llama_server_binary,
+    missing_build_tools,
+)
+from inference.engine.config import EngineConfig
+from inference.engine.engine import LLMEngine
+from inference.engine.formats.gguf_model import (
+    UnsupportedGGUF,
+    gguf_path,
+    load_gguf_blocks,
+    load_gguf_config,
+    load_gguf_tokenizer,
+    load_gguf_weights,
+)
+from inference.engine.quantized import Q4_1, Q8_0
+from tests.engine.conftest import greedy, run_to_completion, token_ids_of
+from tests.gguf_files import QUANTIZED, TinyGGUFs
+
+# (No prompt whose next token llama-server would hold back as a partial UTF-8 character: it
+# then sends no probabilities.)
+PROMPTS = (
+    "The capital of France is", "Once upon a time", "def fibonacci(n):",
+    "Hello, how are you", "1, 2, 3, 4,", "The quick brown fox", "In the beginning",
+    "Water boils at", "My favourite colour is", "import numpy as np\n", "Dear Sir or Madam,",
+    "The best way to learn", "SELECT * FROM", "It was a dark and stormy", "The answer is",
+    "Thank you for", "The meeting is at", "To be or not to be", "Roses are red,",
+    "How do I", "The weather today", "Once more,", "Paris, London and", "Step 1:",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def ggufs(real_model_path: Path) -> TinyGGUFs:
+    if not binary_path().exists() and (missing := missing_build_tools()):
+        pytest.skip(f"llama.cpp's tools are not built and cannot be: no {', '.join(missing)} here")
+    return TinyGGUFs(real_model_path)
+
+
+def test_the_config_comes_from_the_files_metadata(ggufs: TinyGGUFs) -> None:
+    ours, theirs = load_gguf_config(ggufs.file("F32")), AutoConfig.from_pretrained(ggufs.hf)
+    assert ours.model_type == "llama" and ours.architectures == ["LlamaForCausalLM"]
+    for key in (
+        "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
+        "vocab_size", "tie_word_embeddings", "rope_parameters", "bos_token_id",
+        "eos_token_id", "attention_bias",
+    ):  # fmt: skip
+        assert getattr(ours, key) == getattr(theirs, key), key
+
+
+def test_the_tokenizer_and_chat_template_come_from_the_files_metadata(
+    ggufs: TinyGGUFs,
+) -> None:
+    ours, theirs = (
+        load_gguf_tokenizer(ggufs.file("Q4_K_M")),
+        AutoTokenizer.from_pretrained(ggufs.hf),
+    )
+    text = "Hello, world!  How are you?\n\tThe café's naïve façade: 12345 ✓"
+    assert ours(text).input_ids == theirs(text).input_ids
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    assert ours.apply_chat_template(chat, add_generation_prompt=True) == (
+        theirs.apply_chat_template(chat, add_generation_prompt=True)
+    )
+    assert ours.eos_token == theirs.eos_token
+
+
+def test_float_files_give_back_the_checkpoints_weights_under_their_names(
+    ggufs: TinyGGUFs,
+) -> None:
+    """The q/k rows the converter interleaved for llama.cpp's rope are put back in order."""
+    hf = load_file(ggufs.hf / "model.safetensors")
+    f32 = load_gguf_weights(ggufs.file("F32"))
+    assert set(f32) == set(hf)
+    for name, w in hf.items():
+        assert torch.equal(f32[name], w), name
+    for file_type, dtype in (("F16", torch.float16), ("BF16", torch.bfloat16)):
+        rounded = load_gguf_weights(ggufs.file(file_type))
+        for name, w in hf.items():
+            expected = w if w.dim() == 1 else w.to(dtype).float()  # norms stay F32
+            assert torch.equal(rounded[name], expected), (file_type, name)
+
+
+@pytest.mark.parametrize(("file_type", "kind"), [("Q4_1", Q4_1), ("Q8_0", Q8_0)])
+def test_native_blocks_hold_the_same_weights_as_their_dequantization(
+    ggufs: TinyGGUFs, file_type: str, kind: type
+) -> None:
+    path = ggufs.file(file_type)
+    blocks, floats = load_gguf_blocks(path), load_gguf_weights(path)
+    layers = [n for n in blocks if n.startswith("layers.")]
+    assert len(layers) == 14 and all(isinstance(blocks[n], kind) for n in layers)
+    for name in layers:
+        assert torch.equal(blocks[name].dequantize(), floats[f"model.{name}"]), name
+
+
+def test_a_gguf_is_found_as_a_file_or_the_one_in_a_folder(tmp_path: Path) -> None:
+    assert gguf_path(tmp_path) is None
+    one = tmp_path / "m.Q4_K_M.gguf"
+    one.write_bytes(b"")
+    assert gguf_path(one) == one and gguf_path(tmp_path) == one
+    (tmp_path / "m.Q8_0.gguf").write_bytes(b"")
+    with pytest.raises(UnsupportedGGUF, match="holds several GGUF files"):
+        gguf_path(tmp_path)
+
+
+def test_an_architecture_outside_the_registry_is_refused_by_name(tmp_path: Path) -> None:
+    path = tmp_path / "mamba.gguf"
+    writer = GGUFWriter(path, "mamba")
+    writer.add_tensor("token_embd.weight", torch.zeros(4, 8).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedGGUF) as refused:
+        load_gguf_config(path)
+    assert "architecture 'mamba' is not supported; supported: llama, qwen2, qwen3" in str(
+        refused.value
+    )
+
+
+def exact_engine(model: Path) -> LLMEngine:
+    return LLMEngine(
+        EngineConfig(
+            model=str(model), dtype="float32", quantization="none", speculative_mode="",
+            kv_cache_memory_mb=16, block_size=8,
+        )
+    )  # fmt: skip
+
+
+def engine_greedy(engine: LLMEngine, prompts: list[list[int]], n: int) -> list[list[int]]:
+    for i, p in enumerate(prompts):
+        engine.add_request(p, greedy(n, ignore_eos=True), request_id=f"r{i}")
+    out = run_to_completion(engine)
+    return [token_ids_of(out[f"r{i}"]) for i in range(len(prompts))]
+
+
+def hf_greedy(model: LlamaForCausalLM, prompts: list[list[int]], n: int) -> list[list[int]]:
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = model.generate(
+                torch.tensor([p]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                pad_token_id=0,
+            )  # fmt: skip
+            out.append(ids[0, len(p) :].tolist())
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("file_type", ["F32", "F16"])
+def test_the_engine_on_a_float_gguf_answers_as_transformers_on_its_checkpoint(
+    ggufs: TinyGGUFs, file_type: str
+) -> None:
+    """Exact mode, token for token, 32 greedy tokens, three prompts in one batch; the F16
+    file against the checkpoint's weights rounded to float16 (its norms are ones)."""
+    tokenizer = load_gguf_tokenizer(ggufs.file(file_type))
+    prompts = [tokenizer(p).input_ids for p in PROMPTS[:3]]
+    ours = engine_greedy(exact_engine(ggufs.file(file_type)), prompts, 32)
+    reference = LlamaForCausalLM.from_pretrained(ggufs.hf, dtype=torch.float32).eval()
+    if file_type == "F16":
+        for weight in reference.parameters():  # not .half(): it would round rope's buffers
+            weight.data = weight.data.half().float()
+    assert ours == hf_greedy(reference, prompts, 32)
+
+
+@pytest.mark.slow
+def test_a_folder_holding_one_gguf_is_served_as_that_file(ggufs: TinyGGUFs, tmp_path: Path) -> None:
+    (tmp_path / "model.gguf").symlink_to(ggufs.file("Q4_K_M"))
+    tokenizer = load_gguf_tokenizer(ggufs.file("Q4_K_M"))
+    prompts = [tokenizer(PROMPTS[0]).input_ids]
+    from_file = engine_greedy(exact_engine(ggufs.file("Q4_K_M")), prompts, 8)
+    assert engine_greedy(exact_engine(tmp_path), prompts, 8) == from_file
+
+
+@pytest.fixture(scope="module")
+def tmp_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield tmp_path_factory.mktemp("llama-server")
+
+
+# llama.cpp multiplies quantized blocks by activations it rounds to 8 bits (for K-quants one
+# scale per 256 of them), this side by the dequantized weights in float32. On these random
+# models that moved llama.cpp's log-probabilities by up to ~0.5 nats (F32: under 0.005), so
+# the engine's choice must be llama.cpp's own, or one within NEAR_TIE of its best, and its
+# own on at least MIN_SAME of the prompts. Measured: 19-24 of 24 the same, 0.53 nats at most.
+NEAR_TIE = 0.75
+MIN_SAME = 0.75
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("file_type", ("F32", "F16", "Q8_0", *QUANTIZED))
+def test_the_files_weights_choose_the_next_token_as_llama_cpp_does(
+    ggufs: TinyGGUFs, tmp_module: Path, file_type: str
+) -> None:
+    """The engine in exact mode (float32 products of the dequantized weights) against
+    llama-server on the same file, one next token per prompt."""
+    path = ggufs.file(file_type)
+    tokenizer = load_gguf_tokenizer(path)
+    prompts = [tokenizer(p).input_ids for p in PROMPTS]
+    choices = [c[0] for c in engine_greedy(exact_engine(path), prompts, 1)]
+    server = LlamaServer(llama_server_binary(), path, threads=1, slots=1, workdir=tmp_module)
+    server.start()
+    same, near = 0, []
+    try:
+        for ids, ours in zip(prompts, choices, strict=True):
+            theirs = llama_cpp_logprobs(server.url, ids)
+            best = max(theirs.values())
+            same += ours == max(theirs, key=lambda t: theirs[t])
+            near.append(best - theirs.get(ours, float("-inf")))
+    finally:
+        server.stop()
+    assert max(near) <= NEAR_TIE, (file_type, same, near)
+    assert same >= len(PROMPTS) * MIN_SAME, (file_type, same, near)
+
+
+def llama_cpp_logprobs(url: str, ids: list[int]) -> dict[int, float]:
+    """llama-server's top 10 next tokens after `ids`, with their log-probabilities."""
+    body = {
+        "prompt": ids, "n_predict": 1, "temperature": 0, "n_probs": 10, "cache_prompt": False,
+        "ignore_eos": True,
+    }  # fmt: skip
+    request = urllib.request.Request(
+        f"{url}/completion", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    reply = json.loads(urllib.request.urlopen(request, timeout=60).read())
+    top = reply["completion_probabilities"][0]["top_logprobs"]
+    return {int(t["id"]): float(t["logprob"]) for t in top}

@@ -24,11 +24,6 @@ case "${1:-}" in
   *) echo "usage: $0 [--path]" >&2; exit 2 ;;
 esac
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
-# The converter imports sentencepiece before it looks for a SentencePiece model at all.
-if ! .venv/bin/python -c "import sentencepiece" 2>/dev/null; then
-  say "installing sentencepiece (convert_hf_to_gguf.py imports it)"
-  .venv/bin/pip install --quiet "sentencepiece==0.2.*" >&2
-fi
 if [ -x "$BIN" ] && [ -x "$QUANTIZE" ]; then echo "$BIN"; exit 0; fi
 mkdir -p "$CACHE"
 if [ ! -f "$CACHE/src/CMakeLists.txt" ]; then

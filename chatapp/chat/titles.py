@@ -1,4 +1,4 @@
-"""Conversation titles written after a conversation's first reply (docs/titles.md).
+"""Conversation titles written after a conversation's first complete reply (docs/titles.md).
 
 Until then a conversation shows its first words (chatapp.chat.conversations.default_title);
 a title the user typed is never replaced. The title is made from the user's first message
@@ -91,21 +91,38 @@ INSTRUCTION_WORDS = frozenset(re.findall(r"[a-z]+", INSTRUCTION.lower())) | {"ti
 
 
 def first_exchange(conv: Conversation) -> tuple[Message, Message] | None:
-    """The first user message and the first complete reply, if that is all there is."""
-    msgs = list(conv.messages.filter(role__in=["user", "assistant"]).order_by("id")[:3])
-    replies = [m for m in msgs if m.role == "assistant"]
-    if len(replies) != 1 or replies[0].status != Message.Status.COMPLETE or msgs[0].role != "user":
+    """The conversation's first user message and its first complete reply, while that is
+    its only complete reply. A first reply that was stopped or failed does not count: the
+    complete one that replaced it (a regenerate, or an edit of the first message) does,
+    and the title is then made from the user message on its own branch."""
+    complete = list(
+        conv.messages.filter(role="assistant", status=Message.Status.COMPLETE).order_by("id")[:2]
+    )
+    if len(complete) != 1:
         return None
-    return msgs[0], replies[0]
+    reply = complete[0]
+    first: Message | None = None
+    node = reply.parent
+    while node is not None:
+        if node.role == "user":
+            first = node
+        node = node.parent
+    return (first, reply) if first is not None else None
 
 
 def needs_title(conv: Conversation) -> bool:
     pair = first_exchange(conv)
-    return pair is not None and conv.title in ("", default_title(pair[0].text))
+    if pair is None:
+        return False
+    # Still the name the conversation was given at its start: that of its first message,
+    # which an edit of that message has since replaced on the branch shown.
+    firsts = conv.messages.filter(role="user").exclude(parent__role__in=["user", "assistant"])
+    defaults = {default_title(m.text) for m in firsts} | {""}
+    return conv.title in defaults
 
 
 def maybe_start(conversation_id: int) -> None:
-    """Queue a title job if this conversation just got its first reply."""
+    """Queue a title job if this conversation just got its first complete reply."""
     if not settings.CHAT_AUTO_TITLES:
         return
     conv = Conversation.objects.filter(pk=conversation_id).first()

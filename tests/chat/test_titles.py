@@ -291,6 +291,70 @@ async def test_a_reply_that_ended_in_an_error_asks_for_no_title(auto_titles, pla
     assert conv.title == default_title(QUESTION)
 
 
+def stopped_first_reply(user) -> tuple[Conversation, Message, Message]:  # type: ignore[no-untyped-def]
+    """A conversation whose first reply was stopped: the user message and that reply."""
+    conv = Conversation.objects.create(owner=user, title=default_title(QUESTION))
+    q = Message.objects.create(conversation=conv, role="user", text=QUESTION)
+    cut = Message.objects.create(
+        conversation=conv, parent=q, role="assistant", text="Knead", status="stopped"
+    )
+    conv.active_leaf = cut
+    conv.save()
+    return conv, q, cut
+
+
+@db
+async def test_a_stopped_first_reply_asks_for_no_title(auto_titles, plain_user) -> None:
+    conv, _q, _cut = await sync_to_async(stopped_first_reply)(plain_user)
+    await sync_to_async(titles.maybe_start)(conv.pk)
+    await conv.arefresh_from_db()
+    assert conv.title == default_title(QUESTION)
+
+
+@db
+async def test_a_regenerate_that_completes_after_a_stopped_first_reply_titles_the_chat(
+    auto_titles, plain_user
+) -> None:
+    """Through the socket: the regenerated reply's completion asks for the title."""
+    conv, _q, cut = await sync_to_async(stopped_first_reply)(plain_user)
+    sock, ok, _ = await open_socket(plain_user)
+    assert ok
+    try:
+        await sock.send({"type": "regenerate", "message_id": cut.pk})
+        done = (await sock.recv_until("done"))[-1]
+        assert done["status"] == "complete"
+        title = (await sock.recv_until("title", timeout=10))[-1]
+        assert title == {"type": "title", "conversation_id": conv.pk, "title": FALLBACK}
+        await conv.arefresh_from_db()
+        assert conv.title == FALLBACK
+    finally:
+        await sock.close()
+
+
+@db
+def test_an_edit_that_completes_after_a_stopped_first_reply_titles_the_chat_by_the_edit(
+    auto_titles, plain_user
+) -> None:
+    conv, _q, _cut = stopped_first_reply(plain_user)
+    edited = Message.objects.create(
+        conversation=conv, role="user", text="What is the capital of France?"
+    )
+    Message.objects.create(conversation=conv, parent=edited, role="assistant", text="Paris.")
+    titles.maybe_start(conv.pk)
+    conv.refresh_from_db()
+    assert conv.title == "The capital of France"
+
+
+@db
+def test_only_the_first_complete_reply_asks_for_a_title(auto_titles, plain_user) -> None:
+    conv, _q, cut = stopped_first_reply(plain_user)
+    for text in ("Knead, then bake.", "Bake it hot."):
+        Message.objects.create(conversation=conv, parent=cut.parent, role="assistant", text=text)
+    titles.maybe_start(conv.pk)
+    conv.refresh_from_db()
+    assert conv.title == default_title(QUESTION)
+
+
 @db
 def test_a_title_job_with_no_socket_open_still_stores_the_title(auto_titles, plain_user) -> None:
     conv = conversation(plain_user)

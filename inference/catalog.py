@@ -5,13 +5,16 @@
 
 The default model is CHATAPP_MODEL's folder, served under the folder's name. CHATAPP_MODELS
 adds others, comma-separated, each `folder` (served under the folder's name) or
-`name=folder`; an entry naming the default's own folder gives the default that name. A
+`name=folder`; an entry naming the default's own folder gives the default that name. Where
+a folder is named, a GGUF file (`/models/Qwen3-0.6B.Q4_K_M.gguf`) or a folder holding one
+may be too; a file is served under its name without `.gguf`. A
 name is what the OpenAI API's `model` field, the chat's model picker, the metrics'
 `model_name` label and an engine worker's registration call the model.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 from dataclasses import dataclass
@@ -22,14 +25,23 @@ OWNER = "chatapp"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,99}")
 
 
+GGUF = ".gguf"
+
+
 def model_name(path: str | os.PathLike[str]) -> str:
-    """The name a model folder is served under unless one is given: the folder's own."""
-    return os.path.basename(str(path).rstrip("/")) or "model"
+    """The name a model is served under unless one is given: its folder's, or its GGUF
+    file's without `.gguf`."""
+    return os.path.basename(str(path).rstrip("/")).removesuffix(GGUF) or "model"
+
+
+def is_model_path(path: str) -> bool:
+    """Whether `path` can name a model here: a folder, or a GGUF file."""
+    return os.path.isdir(path) or (os.path.isfile(path) and path.endswith(GGUF))
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model folder and the name it is served under."""
+    """A model (a folder or a GGUF file) and the name it is served under."""
 
     name: str
     path: str
@@ -89,13 +101,20 @@ def served_models(default_path: str, extra: list[ModelSpec]) -> list[ModelSpec]:
 
 
 def created_at(path: str) -> int:
-    """When a model folder's config was written (0 when it cannot be read)."""
+    """When a model's config was written: a folder's config.json, else the GGUF file (the
+    one named, or the folder's), which holds its config (0 when none can be read)."""
     if not path:
         return 0
-    try:
-        return int(os.stat(os.path.join(path, "config.json")).st_mtime)
-    except OSError:
-        return 0
+    candidates = [path]
+    if os.path.isdir(path):
+        candidates = [os.path.join(path, "config.json")]
+        candidates += sorted(glob.glob(os.path.join(glob.escape(path), "*" + GGUF)))
+    for candidate in candidates:
+        try:
+            return int(os.stat(candidate).st_mtime)
+        except OSError:
+            continue
+    return 0
 
 
 def _same_folder(a: str, b: str) -> bool:

@@ -74,6 +74,17 @@ class TinyGGUFs:
         return make_gguf(self.hf, file_type, self.dir, self.converter, self.quantize)
 
 
+def tiny_ggufs(tokenizer_source: Path) -> TinyGGUFs:
+    """The fixtures' files, or a skip where llama.cpp's tools cannot be built here."""
+    import pytest
+
+    from inference.bench.llama_server import binary_path, missing_build_tools
+
+    if not binary_path().exists() and (missing := missing_build_tools()):
+        pytest.skip(f"llama.cpp's tools are not built and cannot be: no {', '.join(missing)} here")
+    return TinyGGUFs(tokenizer_source)
+
+
 def _run(args: list[str]) -> None:
     out = subprocess.run(args, capture_output=True, text=True)
     if out.returncode != 0:

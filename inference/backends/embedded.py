@@ -7,7 +7,6 @@ per served model: each has its own engine (embedded) or its own model's workers.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -24,6 +23,7 @@ from inference.catalog import (
     ModelInfo,
     ModelSpec,
     created_at,
+    is_model_path,
     model_name,
     served_models,
 )
@@ -334,13 +334,13 @@ class WorkerModels:
         its workers registered (the compose file's shared model volume). `required` (the
         default model): its client is made with no worker serving it yet, as before."""
         path = spec.path if spec is not None else ""
-        if not path or not os.path.isdir(path):
+        if not path or not is_model_path(path):
             serving = self.serving()
             workers = serving.get(name, [])
             if not workers and not required:
                 raise ModelNotFoundError(name, list(serving))
-            path = next((w.model_path for w in workers if os.path.isdir(w.model_path)), path)
-            if workers and not os.path.isdir(path):
+            path = next((w.model_path for w in workers if is_model_path(w.model_path)), path)
+            if workers and not is_model_path(path):
                 raise EngineUnavailableError(
                     f"the engine workers serve {name!r} from {workers[0].model_path}, which "
                     "this web process cannot read: its tokenizer builds the prompts here "
@@ -353,10 +353,11 @@ def distributed_client(
     name: str, path: str, workers: WorkerModels, required: bool = True
 ) -> DistributedClient:
     """A client of the `manage.py run_engine` workers that serve model `name`."""
-    from transformers import AutoTokenizer  # a second or two: only when distributed
+    # A second or two (a folder's files or a GGUF's metadata): only when distributed.
+    from inference.engine.models.loader import load_tokenizer
 
     remote = RemoteEngine(
-        AutoTokenizer.from_pretrained(path),
+        load_tokenizer(path),
         url=workers.url,
         namespace=workers.namespace,
         model=name,

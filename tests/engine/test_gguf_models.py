@@ -19,12 +19,7 @@ from gguf import GGUFWriter
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
 
-from inference.bench.llama_server import (
-    LlamaServer,
-    binary_path,
-    llama_server_binary,
-    missing_build_tools,
-)
+from inference.bench.llama_server import LlamaServer, llama_server_binary
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
 from inference.engine.formats.gguf_model import (
@@ -37,7 +32,7 @@ from inference.engine.formats.gguf_model import (
 )
 from inference.engine.quantized import Q4_1, Q8_0
 from tests.engine.conftest import greedy, run_to_completion, token_ids_of
-from tests.gguf_files import QUANTIZED, TinyGGUFs
+from tests.gguf_files import QUANTIZED, TinyGGUFs, tiny_ggufs
 
 # (No prompt whose next token llama-server would hold back as a partial UTF-8 character: it
 # then sends no probabilities.)
@@ -53,9 +48,7 @@ PROMPTS = (
 
 @pytest.fixture(scope="session")
 def ggufs(real_model_path: Path) -> TinyGGUFs:
-    if not binary_path().exists() and (missing := missing_build_tools()):
-        pytest.skip(f"llama.cpp's tools are not built and cannot be: no {', '.join(missing)} here")
-    return TinyGGUFs(real_model_path)
+    return tiny_ggufs(real_model_path)
 
 
 def test_the_config_comes_from_the_files_metadata(ggufs: TinyGGUFs) -> None:

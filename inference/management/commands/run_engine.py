@@ -27,7 +27,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from inference.catalog import ModelSpec, parse_model_list, served_models
+from inference.catalog import ModelSpec, is_model_path, parse_model_list, served_models
 from inference.client import engine_config_from_settings
 from inference.engine import SamplingParams
 from inference.engine.errors import UnsupportedModelError
@@ -95,10 +95,11 @@ class Command(BaseCommand):
             given = parse_model_list(option)
         except ValueError as exc:
             raise CommandError(str(exc).replace("CHATAPP_MODELS", "--model")) from exc
-        if len(given) != 1 or ("=" not in option and not os.path.isdir(given[0].path)):
+        if len(given) != 1 or ("=" not in option and not is_model_path(given[0].path)):
             names = ", ".join(s.name for s in specs)
             raise CommandError(
-                f"--model {option!r} is neither a model name ({names}) nor a model folder"
+                f"--model {option!r} is neither a model name ({names}) nor a model folder "
+                "or GGUF file"
             )
         return given[0]
 

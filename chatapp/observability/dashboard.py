@@ -138,6 +138,33 @@ def series(buckets: dict[datetime, dict], start: datetime, end: datetime, bucket
     return out
 
 
+def generated_tok_s(
+    buckets: dict[datetime, dict], start: datetime, end: datetime, bucket: timedelta
+) -> list[float | None]:
+    """Output tokens per second in each bucket, each reply's tokens spread evenly over the
+    time it generated them (first token to engine finish) rather than booked at its end: a
+    43 s reply of 1,200 tokens shows ~28 tok/s in each bucket it spans, not 0 then 120."""
+    step = bucket.total_seconds()
+    tokens: dict[datetime, float] = {}
+    t = bucket_start(start, bucket)
+    while t < end:
+        tokens[t] = 0.0
+        t += bucket
+    rows = RequestRecord.objects.filter(finished_at__gte=start, output_tokens__gt=0)
+    for finished_at, network, decode, n in rows.values_list(
+        "finished_at", "network_time", "decode_time", "output_tokens"
+    ):
+        done = finished_at.timestamp() - (network or 0.0)
+        first = done - (decode or 0.0)
+        for t in tokens:
+            lo, hi = t.timestamp(), t.timestamp() + step
+            if done <= first:
+                tokens[t] += n if lo <= done < hi else 0
+            else:
+                tokens[t] += n * max(0.0, min(hi, done) - max(lo, first)) / (done - first)
+    return [k / step if k or t in buckets else None for t, k in tokens.items()]
+
+
 def summary(buckets: dict[datetime, dict]) -> dict[str, Any]:
     hists = {
         name: percentiles.merge(b["hists"].get(name, {}) for b in buckets.values())
@@ -263,11 +290,15 @@ def data(window: str, now: datetime | None = None) -> dict[str, Any]:
         buckets = raw_buckets(start, end, bucket)
     else:
         buckets = rollup_buckets(start, end, bucket)
+    lines = series(buckets, start, end, bucket)
+    if window == "5m":
+        # A reply can span several 10 s buckets; longer buckets come from rollups by minute.
+        lines["out_tok_s"] = generated_tok_s(buckets, start, end, bucket)
     return {
         "window": window,
         "bucket_s": int(bucket.total_seconds()),
         "now": int(end.timestamp()),
-        "series": series(buckets, start, end, bucket),
+        "series": lines,
         "summary": {**summary(buckets), **replays(start, end)},
         "slowest": slowest(start),
         "benchmarks": benchmark_runs(),

@@ -144,17 +144,17 @@ def test_every_server_launcher_lifts_daphnes_websocket_cap_above_the_apps_frame_
         assert "16777216" in text, name
 
 
-# --- the README's layout -------------------------------------------------------------
+# --- the layout in docs/architecture.md -----------------------------------------------
 
 # Django's own folders inside an app, named by the convention rather than the layout.
 CONVENTIONAL = {"migrations", "management", "commands", "templates", "static", "__pycache__"}
 
 
-def readme_layout() -> list[Path]:
-    """Every path the README's layout names: an entry is the text of a line before its
+def documented_layout() -> list[Path]:
+    """Every path the layout in docs/architecture.md names: an entry is the text of a line before its
     description (two spaces or more), one or several names separated by commas, nested by
     indentation (two spaces a level); lines indented as far as descriptions continue one."""
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "architecture.md").read_text()
     block = text.split("## Layout\n", 1)[1].split("```\n", 2)[1]
     parents: list[tuple[int, Path]] = []
     named = []
@@ -174,13 +174,13 @@ def readme_layout() -> list[Path]:
     return named
 
 
-def test_the_readme_layout_names_only_what_exists() -> None:
-    missing = [str(p.relative_to(ROOT)) for p in readme_layout() if not p.exists()]
-    assert not missing, f"README.md's layout names what is not there: {missing}"
+def test_the_documented_layout_names_only_what_exists() -> None:
+    missing = [str(p.relative_to(ROOT)) for p in documented_layout() if not p.exists()]
+    assert not missing, f"docs/architecture.md's layout names what is not there: {missing}"
 
 
-def test_the_readme_layout_names_every_package_folder() -> None:
-    named = set(readme_layout())
+def test_the_documented_layout_names_every_package_folder() -> None:
+    named = set(documented_layout())
     packages = [
         init.parent
         for top in ("chatapp", "inference")
@@ -188,7 +188,7 @@ def test_the_readme_layout_names_every_package_folder() -> None:
         if not CONVENTIONAL & set(init.parent.relative_to(ROOT).parts)
     ]
     unnamed = sorted(str(p.relative_to(ROOT)) for p in packages if p not in named)
-    assert not unnamed, f"README.md's layout leaves out these packages: {unnamed}"
+    assert not unnamed, f"docs/architecture.md's layout leaves out these packages: {unnamed}"
 
 
 def test_every_engine_setting_is_read_from_its_variable() -> None:

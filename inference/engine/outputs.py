@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RequestFigures:
-    """The figures of one request: its times and token counts (README.md, "Words":
+    """The figures of one request: its times and token counts (docs/architecture.md, "Words":
     figures are one request's numbers, stats the engine's live snapshot).
 
     Timestamps are wall-clock seconds (time.time()); definitions follow vLLM's."""

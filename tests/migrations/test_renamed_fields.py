@@ -1,4 +1,4 @@
-"""The renames of README.md, "Words": a reply's `stats` became its `figures` (chat 0005)
+"""The renames of docs/architecture.md, "Words": a reply's `stats` became its `figures` (chat 0005)
 and a rollup's `stats` its `percentiles` (observability 0002). Rows written before keep
 their values, and migrating back gives the old columns with them again."""
 

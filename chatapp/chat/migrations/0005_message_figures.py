@@ -1,4 +1,4 @@
-"""A reply's numbers are its figures (README.md, "Words"): Message.stats is
+"""A reply's numbers are its figures (docs/architecture.md, "Words"): Message.stats is
 renamed Message.figures; the rows keep their values."""
 
 from django.db import migrations

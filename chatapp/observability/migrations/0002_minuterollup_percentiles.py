@@ -1,4 +1,4 @@
-"""A rollup's latency summaries are its percentiles (README.md, "Words"):
+"""A rollup's latency summaries are its percentiles (docs/architecture.md, "Words"):
 MinuteRollup.stats is renamed MinuteRollup.percentiles; the rows keep their values."""
 
 from django.db import migrations

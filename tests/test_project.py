@@ -151,9 +151,10 @@ CONVENTIONAL = {"migrations", "management", "commands", "templates", "static", "
 
 
 def documented_layout() -> list[Path]:
-    """Every path the layout in docs/architecture.md names: an entry is the text of a line before its
-    description (two spaces or more), one or several names separated by commas, nested by
-    indentation (two spaces a level); lines indented as far as descriptions continue one."""
+    """Every path the layout in docs/architecture.md names: an entry is the text of a line
+    before its description (two spaces or more), one or several names separated by commas,
+    nested by indentation (two spaces a level); lines indented as far as descriptions
+    continue one."""
     text = (ROOT / "docs" / "architecture.md").read_text()
     block = text.split("## Layout\n", 1)[1].split("```\n", 2)[1]
     parents: list[tuple[int, Path]] = []

@@ -19,18 +19,31 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
+from pydantic import ValidationError
 
 from chatapp import db_worker
 from chatapp.errors import openai_error_body
 from chatapp.openai_api.keys import key_for_token
 from chatapp.openai_api.limits import RateLimited, limiter
 from chatapp.openai_api.models import ApiKey
+from chatapp.openai_api.protocol import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
+    ChatCompletionBody,
+    CommonBody,
+    CompletionBody,
+    Message,
+    NamedToolChoice,
+    Tool,
+    dumps_schema,
+    request_error,
+)
 from chatapp.openai_api.streams import recorded_stream
 from chatapp.text import InvalidText, clean_text
 from inference.chat_template import Turn
@@ -54,29 +67,11 @@ from inference.engine import (
 from inference.engine.errors import InvalidRequestError
 from inference.workers.protocol import is_worker_lost
 
-log = logging.getLogger(__name__)
+__all__ = ["CHAT_FIELDS", "COMPLETION_FIELDS", "ApiError", "ApiRequest", "parse_chat"]
 
-# Fields we honour, and fields clients commonly send that we accept at their defaults.
-COMMON_FIELDS = {
-    "model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream",
-    "stream_options", "user", "cache_salt", "ignore_eos",
-}  # fmt: skip
-CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens"}
-COMPLETION_FIELDS = COMMON_FIELDS | {"prompt"}
-DEFAULT_ONLY = {
-    "frequency_penalty": 0,
-    "presence_penalty": 0,
-    "logprobs": (False, None),
-    "echo": False,
-    "logit_bias": (None, {}),
-    "best_of": (1, None),
-    "suffix": None,
-    "top_logprobs": None,
-    "parallel_tool_calls": (None, True, False),
-    "store": (None, False),
-    "metadata": None,
-    "service_tier": (None, "auto", "default"),
-}
+BodyT = TypeVar("BodyT", bound=CommonBody)
+
+log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
@@ -120,6 +115,7 @@ class ApiRequest:
     prompt_text: str | None = None
     prompt_ids: list[int] | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    n: int = 1
     stream: bool = False
     include_usage: bool = False
     user: str | None = None
@@ -127,98 +123,23 @@ class ApiRequest:
     cache_salt: str | None = None
     # Derived at the start of the request: the salt the caches are scoped by.
     scope: str = ""
+    # Chat only: the messages as sent (tool calls and results), and the tools offered.
+    messages: list[Message] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: str | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
 
 # --- parsing --------------------------------------------------------------------------
 
 
-def _number(body: dict, name: str, lo: float, hi: float, default: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise invalid(f"'{name}' must be a number", name)
-    if not lo <= value <= hi:
-        raise invalid(f"'{name}' must be between {lo:g} and {hi:g}", name)
-    return float(value)
-
-
-def _int(body: dict, name: str, lo: int, hi: int) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(f"'{name}' must be an integer", name)
-    if not lo <= value <= hi:
-        raise invalid(f"'{name}' must be between {lo} and {hi}", name)
-    return value
-
-
-def _bool(body: dict, name: str) -> bool:
-    """A flag, false when absent (an explicit null is refused, as any other non-boolean)."""
-    value = body.get(name, False)
-    if not isinstance(value, bool):
-        raise invalid(f"'{name}' must be a boolean", name)
-    return value
-
-
-# The engine's own caps on stop strings are looser (inference/engine/sampling_params.py):
-# these are OpenAI's, and the ones this API documents.
-MAX_STOP_STRINGS = 4
-MAX_STOP_CHARS = 256
-
-
-def _stop(body: dict) -> list[str]:
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        stop = [stop]
-    if (
-        not isinstance(stop, list)
-        or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stop)
-        or len(stop) > MAX_STOP_STRINGS
-    ):
-        raise invalid(
-            f"'stop' must be a non-empty string of at most {MAX_STOP_CHARS} characters, or a "
-            f"list of at most {MAX_STOP_STRINGS} of them",
-            "stop",
-        )
-    return stop
-
-
-def _content(message: dict, index: int) -> str:
-    content = message.get("content")
-    if content is None and message.get("role") == "assistant":
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                raise invalid("only text content parts are supported", f"messages[{index}].content")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise invalid(
-        "'content' must be a string or a list of text parts", f"messages[{index}].content"
-    )
-
-
-def _check_fields(body: dict, allowed: set[str]) -> None:
-    for name, value in body.items():
-        if name in allowed:
-            continue
-        if name in DEFAULT_ONLY:
-            ok = DEFAULT_ONLY[name]
-            if value == ok or (isinstance(ok, tuple) and value in ok):
-                continue
-            raise invalid(f"'{name}' is not supported with a value other than its default", name)
-        raise invalid(f"Unrecognized request argument supplied: {name}", name)
+def validated(cls: type[BodyT], body: dict) -> BodyT:
+    """The body as its pydantic model, or the 400 naming the first field that is wrong."""
+    try:
+        return cls.model_validate(body, context={"max_new_tokens": settings.CHAT_MAX_NEW_TOKENS})
+    except ValidationError as exc:
+        message, param = request_error(exc, cls)
+        raise invalid(message, param or None) from exc
 
 
 def _text_ok(text: str, param: str) -> str:
@@ -230,107 +151,108 @@ def _text_ok(text: str, param: str) -> str:
         raise invalid(exc.message, param) from exc
 
 
-def parse_common(body: dict, allowed: set[str], default_max_tokens: int | None) -> ApiRequest:
-    _check_fields(body, allowed)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise invalid("you must provide a model parameter", "model")
-    n = _int(body, "n", 1, 128)
-    if n not in (None, 1):
-        raise invalid("only n=1 is supported", "n")
-    stream = _bool(body, "stream")
-    options = body.get("stream_options")
-    include_usage = False
-    if options is not None:
-        if not isinstance(options, dict) or set(options) - {"include_usage"}:
-            raise invalid("'stream_options' takes only include_usage", "stream_options")
-        if not stream:
-            raise invalid(
-                "'stream_options' is only allowed when 'stream' is true", "stream_options"
-            )
-        include_usage = bool(options.get("include_usage"))
-    user = body.get("user")
-    if user is not None and (not isinstance(user, str) or len(user) > 256):
-        raise invalid("'user' must be a string", "user")
-    cache_salt = body.get("cache_salt")
-    if cache_salt is not None and (
-        not isinstance(cache_salt, str) or not cache_salt or len(cache_salt) > 256
+def structured_output(b: CommonBody) -> tuple[str | None, str]:
+    """(kind, spec) of the grammar a reply must follow (SamplingParams.structured)."""
+    rf, so = b.response_format, b.structured_outputs
+    if rf is not None and rf.type == "json_object":
+        return "json", ""
+    if rf is not None and rf.type == "json_schema":
+        if rf.json_schema is None:
+            raise invalid("a json_schema response_format needs 'json_schema'", "response_format")
+        return "json_schema", dumps_schema(rf.json_schema.schema_)
+    if so is not None:
+        b = CommonBody.model_construct(
+            guided_json=so.json_, guided_regex=so.regex, guided_choice=so.choice,
+            guided_grammar=so.grammar,
+        )  # fmt: skip
+        if so.json_object:
+            return "json", ""
+    if b.guided_json is not None:
+        return "json_schema", dumps_schema(b.guided_json)
+    if b.guided_regex is not None:
+        return "regex", b.guided_regex
+    if b.guided_choice is not None:
+        return "choice", json.dumps(b.guided_choice)
+    grammar = b.grammar if b.grammar is not None else b.guided_grammar
+    if grammar is not None:
+        return "grammar", grammar
+    return None, ""
+
+
+def _not_yet(b: CommonBody, logprobs: int | None, tools: bool) -> None:
+    """Fields declared in the schema that the engine does not honour yet: refused, not
+    silently ignored."""
+    for name, used in (
+        ("n", (b.n or 1) != 1),
+        ("logprobs", logprobs is not None),
+        ("frequency_penalty", bool(b.frequency_penalty)),
+        ("presence_penalty", bool(b.presence_penalty)),
+        ("logit_bias", bool(b.logit_bias)),
+        ("response_format", structured_output(b)[0] is not None),
+        ("tools", tools),
     ):
-        raise invalid(
-            "'cache_salt' must be a non-empty string of at most 256 characters", "cache_salt"
-        )
-    max_new = settings.CHAT_MAX_NEW_TOKENS
-    # Two names for one limit (max_tokens is the older): both are checked, and when both
-    # are given they must agree rather than one silently winning.
-    max_completion_tokens = _int(body, "max_completion_tokens", 1, max_new)
-    max_tokens = _int(body, "max_tokens", 1, max_new)
-    if None not in (max_tokens, max_completion_tokens) and max_tokens != max_completion_tokens:
-        raise invalid(
-            "'max_tokens' and 'max_completion_tokens' differ; send one of them", "max_tokens"
-        )
-    max_tokens = max_completion_tokens or max_tokens
-    seed = _int(body, "seed", -(1 << 63), (1 << 63) - 1)
+        if used:
+            raise invalid(f"'{name}' is not supported with a value other than its default", name)
+
+
+def parse_common(b: CommonBody, max_tokens: int | None, logprobs: int | None) -> ApiRequest:
+    _not_yet(b, logprobs, bool(getattr(b, "tools", None)))
+    kind, spec = structured_output(b)
+    bias = [(int(t), float(v)) for t, v in (b.logit_bias or {}).items()]
     sampling = SamplingParams(
-        max_tokens=max_tokens or default_max_tokens or max_new,
-        temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
-        top_p=_number(body, "top_p", 0.0, 1.0, 1.0) or 1.0,
-        seed=seed,
-        stop=_stop(body),
+        max_tokens=max_tokens or settings.CHAT_MAX_NEW_TOKENS,
+        temperature=1.0 if b.temperature is None else b.temperature,
+        top_p=b.top_p or 1.0,
+        top_k=max(b.top_k or 0, 0),
+        min_p=b.min_p or 0.0,
+        repetition_penalty=b.repetition_penalty or 1.0,
+        frequency_penalty=b.frequency_penalty or 0.0,
+        presence_penalty=b.presence_penalty or 0.0,
+        logit_bias=bias,
+        logprobs=logprobs,
+        seed=b.seed,
+        stop=list(b.stop or []),
         # vLLM's and llama-server's extra field: generate max_tokens whatever the model's
         # end-of-sequence token says (benchmarks compare replies of one length).
-        ignore_eos=_bool(body, "ignore_eos"),
+        ignore_eos=b.ignore_eos,
+        structured=kind,
+        structured_spec=spec,
     )
-    if body.get("top_p") == 0:
-        raise invalid("'top_p' must be greater than 0", "top_p")
     return ApiRequest(
-        model=model,
+        model=b.model,
         sampling=sampling,
-        stream=stream,
-        include_usage=include_usage,
-        user=user,
-        cache_salt=cache_salt,
+        n=b.n or 1,
+        stream=b.stream,
+        include_usage=bool(b.stream_options and b.stream_options.include_usage),
+        user=b.user,
+        cache_salt=b.cache_salt,
     )
 
 
 def parse_chat(body: dict) -> ApiRequest:
-    req = parse_common(body, CHAT_FIELDS, None)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise invalid("'messages' must be a non-empty list", "messages")
-    turns = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise invalid("each message must be an object", f"messages[{i}]")
-        role = m.get("role")
-        if role == "developer":
-            role = "system"
-        if role not in ("system", "user", "assistant"):
-            raise invalid("role must be system, user or assistant", f"messages[{i}].role")
-        extra = set(m) - {"role", "content", "name"}
-        if extra:
-            raise invalid(
-                f"unsupported message field(s): {', '.join(sorted(extra))}", f"messages[{i}]"
-            )
-        turns.append(Turn(role, _text_ok(_content(m, i), f"messages[{i}].content")))
-    req.turns = turns
+    b = validated(ChatCompletionBody, body)
+    # Two names for one limit (max_tokens is the older): both are checked, and when both
+    # are given they must agree rather than one silently winning.
+    limit = b.max_completion_tokens or b.max_tokens
+    logprobs = (b.top_logprobs or 0) if b.logprobs else None
+    req = parse_common(b, limit, logprobs)
+    req.turns = [
+        Turn(m.role, _text_ok(m.text, f"messages[{i}].content")) for i, m in enumerate(b.messages)
+    ]
+    req.messages = b.messages
+    req.tools = b.tools
+    req.tool_choice = b.tool_choice
+    req.parallel_tool_calls = b.parallel_tool_calls is not False
     return req
 
 
 def parse_completion(body: dict) -> ApiRequest:
-    req = parse_common(body, COMPLETION_FIELDS, 16)
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        req.prompt_text = _text_ok(prompt, "prompt")
-    elif (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    ):
-        req.prompt_ids = prompt
-    elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        req.prompt_text = _text_ok(prompt[0], "prompt")
+    b = validated(CompletionBody, body)
+    req = parse_common(b, b.max_tokens or 16, b.logprobs)
+    if isinstance(b.prompt, str):
+        req.prompt_text = _text_ok(b.prompt, "prompt")
     else:
-        raise invalid("'prompt' must be a string or a list of token ids", "prompt")
+        req.prompt_ids = b.prompt
     return req
 
 

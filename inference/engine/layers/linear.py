@@ -25,42 +25,35 @@ QUANTIZATIONS = ("none", "fp16", "int8", "int4", "hybrid")
 
 # hybrid: steps of at most this many rows use the Q4_1 weights (and the native path),
 # bigger ones the float format; the crossover depends on that format, so there is one per
-# format, each measured (docs/performance.md, "The crossover"). ENGINE_NATIVE_MAX_ROWS
-# overrides it. HYBRID_MAX_ROWS is also where the torch path stops taking the 4-bit blocks
-# and where a step's guesses stop being nearly free (engine.py).
-# - Measured first on a 2-core AVX2 CPU in CPU ms per decode step, before the grouped
-#   4-bit kernels: 4-bit 11.5 / 26.5 / 50.7 / 78.1 at 1 / 4 / 8 / 12 rows, fp16 34.8 /
-#   41.1 / 65.1 / 77.2: 4-bit read a quarter of the bytes and won while reading weights
-#   dominated; by 12 rows fp16's GEMM had caught up.
+# format. ENGINE_NATIVE_MAX_ROWS overrides it. HYBRID_MAX_ROWS is also where the torch path
+# stops taking the 4-bit blocks and where a step's guesses stop being nearly free
+# (engine.py). Each is measured with `python -m inference.bench.step_profile --streams 4 8
+# 12 16 32 64 --native-max-rows 8 64 --no-split` (wall ms per decode step by rows).
+# - int4 (no float format): 4-bit reads a quarter of the bytes and wins while reading
+#   weights dominates; by 12 rows a float GEMM catches up.
 HYBRID_MAX_ROWS = 8
-# - fp16 weights (fbgemm; CPUs without native bf16), with the grouped kernels (each
-#   unpacked block serves 4 rows) on the same kind of AVX2 CPU (AMD EPYC Zen 3, 2 cores),
-#   wall ms per decode step, 4-bit against fp16: 41.7 / 103.3 at 12 rows, 54.0 / 122.1 at
-#   16, 102.7 / 215.0 at 32, 214.9 / 370.6 at 64 (the 4-bit path on both cores, fbgemm on
-#   one: the other is the web side's); served, 16 and 64 users 1.61x and 1.37x the tok/s.
+# - fp16 weights (fbgemm; CPUs without native bf16): the grouped kernels (each unpacked
+#   block serves 4 rows) on every core stay ahead of fbgemm at every decode batch.
 HYBRID_MAX_ROWS_FP16 = 64
-# - bf16 weights (oneDNN; AVX512-BF16 / AMX), on a 2-core Xeon with AMX: the grouped 4-bit
-#   kernels (each unpacked block serves 4 rows, VNNI dot products) stay ahead of oneDNN's
-#   bf16 products at every decode batch up to max_num_seqs.
+# - bf16 weights (oneDNN; AVX512-BF16 / AMX): the grouped kernels (VNNI dot products) stay
+#   ahead of oneDNN's bf16 products at every decode batch up to max_num_seqs.
 HYBRID_MAX_ROWS_BF16 = 64
 # Steps on the native path take the lm_head from its 8-bit blocks too, in the kernels' own
-# thread pool, up to this many rows: torch's float products of the head at a few rows
-# measured no faster on one thread (fp16) or 2-3x slower (bf16), and on more threads their
-# OpenMP workers spin on the cores the pool needs next (docs/performance.md).
+# thread pool, up to this many rows: torch's float products of the head at a few rows are
+# no faster on one thread (fp16) or slower (bf16), and on more threads their OpenMP workers
+# spin on the cores the pool needs next. The head's limits are measured with
+# `python -m inference.bench.kernels --rows 16 24 32 48 64 --kinds int8 panel amx onednn
+# fbgemm` (the kinds the CPU has; the head's rows of the table).
 HEAD_BLOCK_ROWS = 8
-# bf16 with AMX (a 2-core Xeon): oneDNN's head caught up at 24 rows (10.44 against 9.64 ms).
+# bf16 with AMX whose tiles the kernels cannot use: oneDNN's head (on AMX) catches up by
+# 24 rows.
 HEAD_BLOCK_ROWS_AMX = 16
 # ... unless the kernels run on AMX's tiles too (kernels.amx_available(), amx_gemm.c): from
-# 4 rows the head's blocks take them, 6.4 ms at 64 rows on both cores, against oneDNN's
-# bf16 at 12.7 ms in a 64-stream step (the logits' share, one thread; docs/performance.md).
+# 4 rows the head's blocks take them, ahead of oneDNN's bf16 at every decode batch.
 HEAD_BLOCK_ROWS_AMX_TILES = 64
-# bf16 on AVX512-BF16 without AMX (AMD EPYC Zen 4, 2 cores): the blocks on both cores
-# against oneDNN's bf16 on one, ms for the head at 24 / 32 / 48 / 64 rows: 7.1 / 9.3 /
-# 14.2 / 21.0 against 13.4 / 15.1 / 22.2 / 23.6; in a whole decode step of 64 streams
-# 79.5 against 96.6 ms (docs/performance.md).
+# bf16 on AVX512-BF16 without AMX: the blocks on every core ahead of oneDNN's bf16 on one.
 HEAD_BLOCK_ROWS_BF16 = 64
-# fp16 (AVX2): the blocks on both cores against fbgemm's fp16 on one, ms for the head at
-# 16 / 32 / 64 rows: 11.3 / 21.3 / 42.3 against 22.3 / 48.8 / 80.8 (Zen 3).
+# fp16 (AVX2): the blocks on every core ahead of fbgemm's fp16 on one.
 HEAD_BLOCK_ROWS_FP16 = 64
 
 
@@ -80,30 +73,25 @@ def head_block_rows(large: str | None, native_max_rows: int) -> int:
     return min(native_max_rows, rows)
 
 
-# Where large steps multiply bf16 (AVX512-BF16), the torch path's steps of up to this many
-# rows (prompts' chunks, mostly) take the 4-bit blocks with bf16 activations
-# (kernels/quant_gemm.c, q4_1_gemm_bf16): a quarter of the bytes of bf16 weights, exact
-# weights, float32 sums. 30 layers' products on a Zen 4 (AVX512-BF16, no AMX), 2 threads,
-# against oneDNN's bf16: 8.5 / 14.2 / 26.1 / 45.1 / 58.2 ms at 8 / 16 / 32 / 48 / 64 rows
-# against 25.1 / 26.8 / 35.6 / 56.2 / 73.1, and 121.1 against 112.0 at 128.
+# The torch path's products from the 4-bit blocks, by kind, each measured against the
+# float format it replaces with `python -m inference.bench.kernels --rows 8 16 32 64 128
+# 256 --kinds bf16 i16 amx onednn fbgemm` (the kinds the CPU has; the 30 layers' rows).
+# Where large steps multiply bf16 (AVX512-BF16), steps of up to this many rows (prompts'
+# chunks, mostly) take the 4-bit blocks with bf16 activations (kernels/quant_gemm.c,
+# q4_1_gemm_bf16): a quarter of the bytes of bf16 weights, exact weights, float32 sums;
+# past it oneDNN's bf16 catches up.
 BF16_BLOCK_ROWS = 64
 # With AMX, every torch-path step's products take the 4-bit blocks on AMX's tiles
 # (kernels/amx_gemm.c, q4_1_gemm_amx: weights unpacked to bf16 in the cache, x in bf16,
-# float32 sums) in the kernels' pool. 30 layers' products on a 2-core Xeon, the kernel on 2
-# threads against oneDNN's bf16 on the one thread the torch path gives it: 22.1 / 28.7 /
-# 43.7 ms at 64 / 128 / 256 rows against 42.4 / 51.9 / 69.0 (docs/performance.md).
+# float32 sums) in the kernels' pool, ahead of oneDNN's bf16 at every row count.
 AMX_BLOCK_ROWS = 1 << 30
 AMX_COLUMNS = 32  # a product's outputs on the tiles: whole chunks of this many
 # Where large steps are fp16 (AVX2, no bf16), every torch-path step's products take the
 # 4-bit blocks with x at 16 bits a block (kernels/panel_gemm.c, q4_1_gemm_i16: the weights'
-# integers unpacked once per 16 columns, float precision) in the kernels' pool. 30 layers'
-# products on a 2-core Zen 3 at 16 / 64 / 256 rows, one thread: 36.9 / 123.1 / 476.3 ms
-# against fbgemm's fp16 products 43.5 / 151.4 / 586.2 (docs/performance.md). Built for
-# AVX512-VNNI (8-row tiles of 512-bit sums) it takes bf16 large steps' place too, on CPUs
-# with AVX512-BF16 and no AMX: on a Zen 4, 2 threads, 74.4 / 128.6 / 218.3 ms at 64 / 128
-# / 256 rows against the bf16-activation product's 76.8 / 150.4 / 282.7 and oneDNN's bf16
-# on the one thread the torch path gave it past 64 rows and two streams, 108.6 / 178.1 /
-# 326.6; served there, 16 users 1.16x the tok/s and TTFT p90 0.78x, 64 users 1.06x.
+# integers unpacked once per 16 columns, float precision) in the kernels' pool, ahead of
+# fbgemm's fp16 at every row count. Built for AVX512-VNNI (8-row tiles of 512-bit sums) it
+# takes bf16 large steps' place too, on CPUs with AVX512-BF16 and no AMX, ahead of both
+# the bf16-activation product and oneDNN's bf16.
 I16_BLOCK_ROWS = 1 << 30
 
 
@@ -148,11 +136,6 @@ def blocks_take_every_row(blocks: Q4_1 | Q8_0 | None, rows: int, kind: str) -> b
     return blocks_rows(blocks, rows, kind) >= min(AMX_BLOCK_ROWS, I16_BLOCK_ROWS)
 
 
-# The native paged attention takes a sequence's rows one by one; the chunk attention
-# (kernels/chunk_attention.c, or SDPA where it does not build) takes a chunk's rows as tiles
-# and, measured per layer (docs/performance.md), wins from about this many rows of one
-# sequence: at 2 rows over 512 cached tokens the native kernel took 0.15 ms against SDPA's
-# 0.26 (gather included), at 8 rows 0.59 against 0.36 (the tiles are faster than SDPA).
 class Linear:
     """y = x @ W.T: in the model dtype (exact), fp16- or int8-stored (fbgemm), and/or from
     4-bit blocks (`blocks`, used for steps of at most `block_rows` rows with 8-bit
@@ -256,7 +239,7 @@ class WeightFormats:
 
 def large_format(dtype: torch.dtype) -> str:
     """hybrid's format for big steps of a float32 model: bf16 weights where the CPU multiplies
-    bf16 natively (AMX / AVX512-BF16: ~1.7x fbgemm's fp16 at 64 rows, docs/performance.md),
+    bf16 natively (AMX / AVX512-BF16: ~1.7x fbgemm's fp16 at 64 rows),
     else fp16-stored weights with float32 compute (fbgemm); other dtypes as they are."""
     if dtype != torch.float32:
         return "none"

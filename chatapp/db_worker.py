@@ -7,7 +7,7 @@ own, and Django opens a new database connection on each (and closes it when the 
 ends). A burst of 64 requests then opens 64 connections at once, on the cores the engine
 computes on; with SQLite each open is ~40 Django SQL functions registered and two
 PRAGMAs, and on a busy 2-core host that took 40-55 ms per request before its first query
-(docs/performance.md, "A burst of requests"). Here one thread keeps its connection while
+(`python -m inference.bench.burst`). Here one thread keeps its connection while
 work is queued and closes it as soon as the queue is empty, so a burst pays one open, a
 lone request pays what it paid before, and no connection outlives the work (a test
 database can still be dropped, a restarted server is reconnected to).

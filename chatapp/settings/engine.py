@@ -20,7 +20,7 @@ VARIABLES = {"model": "CHATAPP_MODEL"}
 # Defaults of the web app that differ from the engine library's: the converted bundled
 # model; the Redis tier on (docs/kv-tier.md: memory-only while nobody answers there);
 # speculation "auto" (prompt lookup while batches are small: measured to win or tie at 1,
-# 16 and 64 users on quoting and open-ended requests, docs/performance.md "Speculation").
+# 16 and 64 users on quoting and open-ended requests, docs/performance.md, "Speculation").
 DEFAULTS: dict[str, Any] = {
     "model": str(default_model_path()),
     "kv_tier_url": "redis://127.0.0.1:6379/4",

@@ -3,10 +3,10 @@
 Python's full collection walks every object the collector tracks. A served engine's process
 holds ~400,000 of them from startup (torch, transformers, the model, the web framework), and
 a step's allocations (deltas, their text jobs) set off a full pass every few minutes under
-load: 240-356 ms each on a 2-core Zen 4, every stream stalled meanwhile (a 64-user step is
-~150 ms). Frozen, those objects sit in the collector's permanent generation and a full pass
-walks only what came after them, as vLLM's engine does after startup: 41-68 ms then
-(docs/performance.md).
+load: a quarter to a third of a second each on 2 cores, every stream stalled meanwhile (a
+64-user step is ~150 ms). Frozen, those objects sit in the collector's permanent generation
+and a full pass walks only what came after them, as vLLM's engine does after startup: about
+a fifth of the time.
 """
 
 from __future__ import annotations

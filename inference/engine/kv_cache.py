@@ -29,7 +29,8 @@ indexed block the tier does not hold is reused, while its KV is still in the poo
 
 Where a block lies in the pool matters to the decode attention: it reads each sequence's
 K/V block by block, and memory serves a run of neighbouring blocks at up to twice the rate
-of the same bytes scattered (docs/performance.md, "Where a sequence's blocks lie"). So a
+of the same bytes scattered (`python -m inference.bench.attention --layouts scattered
+contiguous`). So a
 sequence grows into the block after its last one, and when it cannot, a new run starts
 where there is room for the sequence's reply too (next fit from a cursor). The sequence
 claims that room (`Sequence.kv_room`): no other run starts in it, and no other sequence

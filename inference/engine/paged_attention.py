@@ -2,11 +2,12 @@
 
 The torch path gathered each decode group's blocks into a contiguous tensor and ran SDPA
 with a padding mask over it; at 64 rows the gather cost as much as the attention itself
-(docs/performance.md). The kernels' `paged_attention` (kernels/quant_gemm.c) writes the
-step's new K/V first, then reads each row's blocks where they lie with the native path's
-own decode attention, in the kernels' pool, so decodes, guesses and prefill chunks of a few
-rows all take it. Float32 models on a CPU where the kernels build (AVX2/FMA/F16C), over
-float32 or float16 pools; anything else keeps the gather + SDPA path.
+(`python -m inference.bench.step_ab`). The kernels' `paged_attention`
+(kernels/quant_gemm.c) writes the step's new K/V first, then reads each row's blocks where
+they lie with the native path's own decode attention, in the kernels' pool, so decodes,
+guesses and prefill chunks of a few rows all take it. Float32 models on a CPU where the
+kernels build (AVX2/FMA/F16C), over float32 or float16 pools; anything else keeps the
+gather + SDPA path.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ graphs trace it. `PoolRowOps` does the same in the native kernels' pool (kernels
 row_ops.c), for a float32 model on a CPU whose kernels load, in the eager forward: there a
 large step's products already run in that pool while torch keeps one thread
 (ModelRunner._set_threads), so these ops ran on that one thread, one memory pass each
-(~15% of a 384-token prompt's step on a Zen 4); in C each is one fused pass, spread over
+(~15% of a 384-token prompt's step); in C each is one fused pass, spread over
 the pool's threads. Same maths; float sums in another order (within float32 rounding).
 """
 

@@ -220,8 +220,8 @@ def test_the_real_model_compiled_gives_the_eager_greedy_tokens(real_model_path, 
     The tiny model's test above asks for the eager tokens exactly. On the real model a
     reply can sit near a tie, and inductor's fused float32 ops (its vectorized rsqrt and
     exp) differ from eager's in the last bit, more so where bf16 activations round that
-    difference up to 0.4%: on a Xeon with AMX one reply of 16 parted after its first token
-    (float32 activations), against none on an AMD EPYC. So: every reply's first token
+    difference up to 0.4%: on a CPU with AMX one reply of 16 parted after its first token
+    (float32 activations), against none on one without. So: every reply's first token
     agrees, and most of all replies' tokens (the common prefixes measured there: 80% with
     fp16-stored weights, 88% with auto's bf16). Where the prompts' attention runs in bf16
     too (kernels/chunk_attention.c, on AVX512-BF16 CPUs), such a last-bit difference in a

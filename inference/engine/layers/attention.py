@@ -66,9 +66,9 @@ class AttentionMetadata:
 
 # The native paged attention takes a sequence's rows one by one; the chunk attention
 # (kernels/chunk_attention.c, or SDPA where it does not build) takes a chunk's rows as tiles
-# and, measured per layer (docs/performance.md), wins from about this many rows of one
-# sequence: at 2 rows over 512 cached tokens the native kernel took 0.15 ms against SDPA's
-# 0.26 (gather included), at 8 rows 0.59 against 0.36 (the tiles are faster than SDPA).
+# and wins from about this many rows of one sequence (at 2 rows over 512 cached tokens the
+# native kernel is faster than SDPA with its gather, at 8 rows the tiles are). Measured
+# with `python -m inference.bench.step_ab --rows 16 32 64 --prefill 512`.
 PAGED_MAX_CHUNK = 4
 
 

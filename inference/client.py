@@ -40,6 +40,7 @@ __all__ = [
     "Prompt",
     "default_model",
     "engine_config_from_settings",
+    "engine_health",
     "engine_ready",
     "get_engine_client",
     "install_engine_clients",
@@ -308,6 +309,26 @@ def engine_ready() -> bool:
         except EngineError:
             return False
     return name in _clients
+
+
+def engine_health() -> tuple[str, str]:
+    """The engine's state now, for the readiness probe: ("ok" | "loading" | "down", what).
+    Distributed and upstream modes ask the workers' registry or the upstream afresh."""
+    mode = settings.ENGINE["MODE"]
+    try:
+        if mode == "distributed":
+            ok, what = _worker_models().health(default_model())
+        elif mode == "upstream":
+            ok, what = _upstream_models().health()
+        elif engine_ready():
+            return "ok", "the model is loaded in this process"
+        elif _load_error is not None:
+            return "down", "the engine failed to start"
+        else:
+            return "loading", "the model is loading"
+    except EngineError as exc:
+        return "down", str(exc)
+    return ("ok" if ok else "down"), what
 
 
 def loaded_clients() -> dict[str, EngineClient]:

@@ -12,7 +12,7 @@ from django.utils.log import log_response
 
 @pytest.fixture
 def loading(monkeypatch):
-    monkeypatch.setattr("chatapp.views.engine_ready", lambda: False)
+    monkeypatch.setattr("chatapp.views.engine_health", lambda: ("loading", "the model is loading"))
 
 
 def _errors(caplog) -> list[logging.LogRecord]:
@@ -23,7 +23,7 @@ def test_the_probe_answers_503_while_loading_and_logs_no_error(loading, caplog):
     caplog.set_level(logging.INFO)
     response = Client().get("/healthz?engine=1")
     assert response.status_code == 503
-    assert response.content == b"engine loading"
+    assert response.json()["checks"]["engine"]["state"] == "loading"
     assert _errors(caplog) == []
 
 

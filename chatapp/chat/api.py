@@ -373,7 +373,10 @@ def exports(request: HttpRequest) -> JsonResponse:
             return error_response(400, "invalid", "expected a JSON object")
         if fmt not in ("md", "json"):
             return error_response(400, "invalid", "format must be 'md' or 'json'")
-        job = queue.start(Job.Kind.EXPORT, user=request.user, params={"format": fmt})
+        try:
+            job = queue.start(Job.Kind.EXPORT, user=request.user, params={"format": fmt})
+        except queue.JobNotQueued as exc:  # the broker is away: failed now, not queued forever
+            return JsonResponse(_job_json(exc.job), status=503)
         job.refresh_from_db()
         return JsonResponse(_job_json(job), status=202)
     done = Job.objects.filter(kind=Job.Kind.EXPORT, user=request.user)[:20]

@@ -8,6 +8,7 @@ socket that asked for it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -19,6 +20,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from chatapp.chat import attachments, conversations
 from chatapp.chat.attachments import AttachmentsInvalid
@@ -50,6 +52,11 @@ from inference.client import (
 from inference.engine import SamplingParams
 
 log = logging.getLogger(__name__)
+
+# The channel layer (Redis) does not answer: the socket closes with this code, which the
+# page explains and retries with backoff (docs/websocket.md, "Close codes").
+LAYER_AWAY = 4503
+LAYER_ERRORS = (RedisError, OSError, TimeoutError)
 
 
 class FrameError(Exception):
@@ -113,8 +120,25 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         """The consumer's life; whatever ends it (a channel layer that failed under it
         included, which skips `disconnect`), its replies lose this socket as a watcher, so
         one nobody watches any more stops as it would after a disconnect."""
+        opened = closed = False
+
+        async def send_watched(message: dict[str, Any]) -> None:
+            nonlocal opened, closed
+            opened = opened or message["type"] == "websocket.accept"
+            closed = closed or message["type"] == "websocket.close"
+            await send(message)
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send_watched)
+        except LAYER_ERRORS as exc:
+            # Else the handshake answers 500 (or an open socket drops with 1011), which
+            # the page can only retry blindly.
+            log.warning("chat socket closed with %s: the channel layer failed: %r", LAYER_AWAY, exc)
+            if not closed:
+                with contextlib.suppress(Exception):  # the client may be gone already
+                    if not opened:
+                        await send({"type": "websocket.accept"})
+                    await send({"type": "websocket.close", "code": LAYER_AWAY})
         finally:
             self._drop_forwarders()
 

@@ -8,11 +8,13 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 
+from chatapp.jobs import queue
 from chatapp.jobs.files import job_dir, relative_to_var
 from chatapp.jobs.models import Job
 
@@ -38,18 +40,33 @@ def benchmark_env() -> dict[str, str]:
 
 
 def run(job: Job) -> dict[str, Any]:
-    """Run the benchmark command; keep its JSON, plot and output."""
+    """Run the benchmark command; keep its JSON, plot and output. A cancel (or the reaper)
+    stops the command within a second: the job's row is read between waits."""
     out = job_dir(job)
     cmd = benchmark_command(job, out)
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         cmd,
         cwd=settings.BASE_DIR,
         env=benchmark_env(),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=settings.BENCH_TIMEOUT_S,
     )
-    log = f"$ {shlex.join(cmd)}\n{proc.stdout}{proc.stderr}"[-20000:]
+    deadline = time.monotonic() + settings.BENCH_TIMEOUT_S
+    try:
+        while True:
+            try:
+                stdout, _ = proc.communicate(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() > deadline:
+                    raise
+                queue.check_cancelled(job.pk)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    log = f"$ {shlex.join(cmd)}\n{stdout}"[-20000:]
     results_file = out / "results.json"
     if proc.returncode != 0 or not results_file.exists():
         job.log = log

@@ -14,6 +14,7 @@ from typing import Any
 from django.utils import timezone
 
 from chatapp.jobs.models import Job
+from chatapp.jobs.queue import UNFINISHED
 from chatapp.observability import benchmark, percentiles
 from chatapp.observability.models import EngineSample, MinuteRollup, RequestRecord
 from chatapp.observability.rollups import (
@@ -243,12 +244,16 @@ def recent_jobs(kind: str, limit: int) -> list[Job]:
 
 
 def job_fields(j: Job) -> dict[str, Any]:
-    """What every job row shows: which, in what state, and the log's end if it failed."""
+    """What every job row shows: which, in what state, how far it got, the log's end if
+    it failed, and where to cancel it while it is unfinished."""
+    ended = j.status in (Job.Status.FAILED, Job.Status.CANCELLED)
     return {
         "id": j.pk,
         "status": j.status,
         "created_at": j.created_at.isoformat(),
-        "log_tail": j.log[-2000:] if j.status == Job.Status.FAILED else "",
+        "progress": (j.result or {}).get("progress") if j.status == Job.Status.RUNNING else None,
+        "log_tail": j.log[-2000:] if ended else "",
+        "cancel_url": f"/admin/latency/jobs/{j.pk}/cancel" if j.status in UNFINISHED else None,
     }
 
 

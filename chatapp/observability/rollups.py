@@ -167,7 +167,9 @@ def prune_jobs(raw_hours: float, job_days: float, now: datetime | None = None) -
     started (benchmark runs compared run against run, tuning reports, exports) after
     `job_days`. Queued and running jobs stay, however old."""
     now = now or timezone.now()
-    finished = Job.objects.filter(status__in=(Job.Status.DONE, Job.Status.FAILED))
+    finished = Job.objects.filter(
+        status__in=(Job.Status.DONE, Job.Status.FAILED, Job.Status.CANCELLED)
+    )
     old = finished.filter(
         kind=Job.Kind.KV_TIER, finished_at__lt=now - timedelta(hours=raw_hours)
     ) | finished.exclude(kind=Job.Kind.KV_TIER).filter(

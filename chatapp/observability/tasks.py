@@ -38,7 +38,12 @@ def run_benchmark(job_id: int) -> dict[str, Any]:
 
 
 def _tune(job: Job) -> dict[str, Any]:
-    report = tuning.run(job.params)
+    def progress(figures: dict[str, Any]) -> None:
+        # Shown on the dashboard while it runs; a cancel takes effect between trials.
+        Job.objects.filter(pk=job.pk).update(result={"progress": figures})
+        queue.check_cancelled(job.pk)
+
+    report = tuning.run(job.params, progress)
     Job.objects.filter(pk=job.pk).update(result=report)
     return {"best": report["best"]}
 

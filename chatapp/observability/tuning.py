@@ -5,8 +5,11 @@ settings by more than the runs' own spread.
 Goodput (as in DistServe) is the number of requests per second that meet both latency
 targets: TTFT <= OBS_TUNING_TTFT_S and TPOT <= OBS_TUNING_TPOT_S, both as a chat client
 sees them. The workload is the most recent recorded requests (their prompt/output lengths
-and arrival gaps) or, with none, a synthetic Poisson stream. Requests arrive on the wall
-clock, so every trial faces the same offered load, with the same prompt ids.
+and arrival gaps, compressed to span at most `max_span_s`: recorded traffic may spread 24
+requests over ten minutes, and a trial would idle through them) or, with none, a synthetic
+Poisson stream. Requests arrive on the wall clock, so every trial faces the same offered
+load, with the same prompt ids. Each trial is cut at `trial_limit_s`: what had not finished
+by then counts as missing the targets.
 
 Swept (a coordinate sweep: one setting changes at a time, the others stay current):
   - MAX_NUM_BATCHED_TOKENS, the step token budget;
@@ -34,6 +37,7 @@ import socket
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +50,8 @@ from inference.client import engine_config_from_settings, set_engine_client
 from inference.engine import EngineBusyError, SamplingParams
 
 # The dashboard's tuning form takes these; `manage.py run_job tune --params` takes any.
-PARAMS = ("requests", "rate", "synthetic", "ttft_target_s", "tpot_target_s", "repeats", "axes")
+PARAMS = ("requests", "rate", "synthetic", "ttft_target_s", "tpot_target_s", "repeats", "axes",
+          "max_span_s", "trial_limit_s")  # fmt: skip
 
 # The swept settings: ENGINE keys, except the chat flush interval (a settings name).
 ENGINE_AXES = ("MAX_NUM_BATCHED_TOKENS", "MAX_NUM_SEQS", "SPECULATIVE_MODE")
@@ -70,6 +75,11 @@ MAX_TRIALS = 60  # settings x repeats: keeps one job within minutes on the real 
 # current 3 one time in 20, and the sweep tries 8 of them.
 DEFAULT_MARGIN = 0.05
 KEEP_CURRENT = "no clear winner: keep the current settings"
+# A recorded workload's arrivals are squeezed into this many seconds (order and relative
+# gaps kept), and a trial is cut this long after its first arrival: with MAX_TRIALS trials
+# a run stays within the job's time limit (chatapp/jobs/queue.py TIME_LIMIT_S).
+DEFAULT_MAX_SPAN_S = 30.0
+DEFAULT_TRIAL_LIMIT_S = 90.0
 
 
 @dataclass
@@ -97,6 +107,14 @@ def recorded_workload(n: int) -> list[Request]:
         ),
         key=lambda q: q.at,
     )
+
+
+def compress(workload: list[Request], max_span_s: float) -> tuple[list[Request], float]:
+    """The workload with its arrival gaps scaled down so it spans at most `max_span_s`
+    (never stretched), and the factor it was scaled by."""
+    span = max((q.at for q in workload), default=0.0)
+    factor = min(1.0, max_span_s / span) if span > 0 else 1.0
+    return [dataclasses.replace(q, at=q.at * factor) for q in workload], factor
 
 
 def synthetic_workload(n: int, rate: float, seed: int = 0) -> list[Request]:
@@ -247,6 +265,7 @@ class ChatSocket:
         self.ending: dict[str, Any] = {}  # finished requests' figures, until their done frame
         self.seen: list[Seen] = []
         self.frames = 0
+        self.cut: set[str] = set()  # stopped at the trial's time limit: targets missed
 
     def _drain(self) -> None:
         while self._in.recv(65536):
@@ -279,7 +298,7 @@ class ChatSocket:
 
     def _close(self, rid: str, m: Any) -> None:
         self.held.pop(rid, None)
-        if m is None:
+        if m is None or rid in self.cut:
             self.seen.append(Seen(None, None, 0, 0))
             return
         first, last = self.first_seen[rid], self.last_seen[rid]
@@ -307,23 +326,40 @@ class ChatSocket:
         self._in.close()
 
 
-def replay(engine: Any, workload: list[Request], vocab: int, flush_ms: int = 0) -> list[Any]:
+def replay(
+    engine: Any,
+    workload: list[Request],
+    vocab: int,
+    flush_ms: int = 0,
+    limit_s: float = DEFAULT_TRIAL_LIMIT_S,
+) -> list[Any]:
     """Submit each request at its time, step the engine until all are done and the chat
-    socket has sent every frame; what the client saw of each request (None: refused)."""
+    socket has sent every frame; what the client saw of each request (None: refused).
+    At `limit_s` the requests still running are aborted and those not yet sent are
+    dropped: both count as missing the targets (`Seen` with no TTFT)."""
     rng = random.Random(1)  # the same prompt ids in every trial
     pending = list(workload)
     refused: list[Any] = []
+    running: list[str] = []
     sock = ChatSocket(flush_ms / 1000.0)
     start = time.time()
+    stopped = False
     try:
         while pending or engine.has_work() or sock.busy:
             now = time.time() - start
+            if now > limit_s and not stopped:
+                stopped = True
+                refused += [Seen(None, None, 0, 0) for _ in pending]
+                pending = []
+                sock.cut.update(running)
+                for rid in running:
+                    engine.abort_request(rid)
             while pending and pending[0].at <= now:
                 q = pending.pop(0)
                 ids = [rng.randrange(100, vocab) for _ in range(q.prompt_len)]
                 sampling = SamplingParams(max_tokens=q.output_len, temperature=0.0, ignore_eos=True)
                 try:
-                    engine.add_request(ids, sampling)
+                    running.append(engine.add_request(ids, sampling))
                 except EngineBusyError:
                     refused.append(None)
             if engine.has_work():
@@ -358,6 +394,7 @@ def score(finished: list[Any], wall: float, ttft_target: float, tpot_target: flo
     return {
         "requests": len(finished),
         "refused": sum(1 for m in finished if m is None),
+        "cut": sum(1 for m in finished if m is not None and m.ttft is None),
         "met_targets": len(ok),
         "goodput_rps": len(ok) / wall if wall else 0.0,
         "throughput_tok_s": sum(m.output_tokens for m in finished if m) / wall if wall else 0.0,
@@ -424,7 +461,11 @@ def _params(params: dict[str, Any]) -> tuple[int, int, float, dict[str, list[Any
     return n, repeats, margin, axes
 
 
-def run(params: dict[str, Any]) -> dict[str, Any]:
+def run(
+    params: dict[str, Any], progress: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
+    """The sweep's report. `progress` is told before each trial and after the last
+    ({"trials_done", "trials", "elapsed_s"}); an exception it raises stops the sweep."""
     from inference.engine.engine import LLMEngine  # torch: only when a tuning job runs
 
     n, repeats, margin, axes = _params(params)
@@ -439,6 +480,8 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
     source = "recorded" if workload else "synthetic"
     if not workload:
         workload = synthetic_workload(n, float(params.get("rate", 4.0)))
+    workload, compressed = compress(workload, float(params.get("max_span_s", DEFAULT_MAX_SPAN_S)))
+    trial_limit = float(params.get("trial_limit_s", DEFAULT_TRIAL_LIMIT_S))
     ttft_target = float(params.get("ttft_target_s", settings.OBS_TUNING_TTFT_S))
     tpot_target = float(params.get("tpot_target_s", settings.OBS_TUNING_TPOT_S))
 
@@ -461,22 +504,32 @@ def run(params: dict[str, Any]) -> dict[str, Any]:
         runs: list[list[dict]] = [[] for _ in candidates]
         trials: list[dict[str, int]] = []  # as they ran
         for index, repeat in order:
+            if progress is not None:
+                progress(_progress(len(trials), len(order), started))
             setting = candidates[index]
             trials.append({"setting": index, "repeat": repeat})
             configure(engine, base, setting)
             t0 = time.time()
-            seen = replay(engine, load, vocab, int(setting[FLUSH_AXIS]))
+            seen = replay(engine, load, vocab, int(setting[FLUSH_AXIS]), trial_limit)
             runs[index].append(score(seen, time.time() - t0, ttft_target, tpot_target))
+        if progress is not None:
+            progress(_progress(len(trials), len(order), started))
     finally:
         engine.close()
     return {
         "workload": source,
         "requests": len(workload),
+        "arrivals_compressed_by": compressed,
+        "trial_limit_s": trial_limit,
         "targets": {"ttft_s": ttft_target, "tpot_s": tpot_target},
         **verdict_of(current, candidates, runs, margin),
         "trials": trials,
         "wall_s": time.time() - started,
     }
+
+
+def _progress(done: int, total: int, started: float) -> dict[str, Any]:
+    return {"trials_done": done, "trials": total, "elapsed_s": round(time.time() - started, 1)}
 
 
 def verdict_of(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from typing import Any
 
 from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
@@ -63,14 +64,32 @@ def dashboard_data(request: HttpRequest) -> JsonResponse:
 @staff_member_required
 @require_POST
 def start_benchmark(request: HttpRequest) -> JsonResponse:
-    job = queue.start(Job.Kind.BENCHMARK, user=request.user)
-    return JsonResponse({"id": job.pk, "status": job.status}, status=202)
+    return _started(Job.Kind.BENCHMARK, user=request.user)
 
 
 @staff_member_required
 @require_GET
 def job_file(request: HttpRequest, pk: int) -> FileResponse:
     return file_response(get_object_or_404(Job, pk=pk, kind=Job.Kind.BENCHMARK), attachment=False)
+
+
+def _started(kind: str, **fields: Any) -> JsonResponse:
+    """202 with the queued job, or 503 when the broker did not take it (its row failed)."""
+    try:
+        job = queue.start(kind, **fields)
+    except queue.JobNotQueued as exc:
+        return JsonResponse({"id": exc.job.pk, "status": exc.job.status}, status=503)
+    return JsonResponse({"id": job.pk, "status": job.status}, status=202)
+
+
+@staff_member_required
+@require_POST
+def cancel_job(request: HttpRequest, pk: int) -> JsonResponse:
+    """The dashboard's Cancel button: a queued or running benchmark or tuning run."""
+    job = get_object_or_404(Job, pk=pk, kind__in=(Job.Kind.BENCHMARK, Job.Kind.TUNING))
+    if not queue.cancel(job, request.user.get_username()):
+        return error_response(409, "conflict", f"job {pk} has ended already ({job.status})")
+    return JsonResponse({"id": job.pk, "status": Job.Status.CANCELLED})
 
 
 @staff_member_required
@@ -82,12 +101,11 @@ def start_tuning(request: HttpRequest) -> JsonResponse:
         return error_response(400, "invalid", "expected a JSON object")
     if not isinstance(params, dict):
         return error_response(400, "invalid", "expected a JSON object")
-    job = queue.start(
+    return _started(
         Job.Kind.TUNING,
         user=request.user,
         params={k: v for k, v in params.items() if k in tuning.PARAMS},
     )
-    return JsonResponse({"id": job.pk, "status": job.status}, status=202)
 
 
 @staff_member_required

@@ -310,6 +310,7 @@ PERIODIC_TASKS = {
     "engine-sample": {"task": "inference.sample_engine", "schedule": OBS_SAMPLE_INTERVAL_S},
     "rollup-every-minute": {"task": "inference.rollup", "schedule": 60.0},
     "prune-every-hour": {"task": "inference.prune", "schedule": 3600.0},
+    "reap-jobs-every-minute": {"task": "inference.reap_jobs", "schedule": 60.0},
     "kv-tier-upkeep": {"task": "inference.kv_tier_upkeep", "schedule": KV_TIER_UPKEEP_S},
 }
 _web_process_only = set(SERVING_PROCESS_TASKS) | (

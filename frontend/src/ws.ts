@@ -12,7 +12,7 @@ export interface SocketLike {
 }
 export type SocketFactory = (url: string) => SocketLike;
 
-export type ConnState = 'connecting' | 'open' | 'reconnecting' | 'unauthorized' | 'closed';
+export type ConnState = 'connecting' | 'open' | 'reconnecting' | 'unavailable' | 'unauthorized' | 'closed';
 
 export interface ChatSocketOptions {
   url: string;
@@ -104,7 +104,7 @@ export class ChatSocket {
   /** Reconnect now if we are waiting to (e.g. the browser came back online). */
   reconnectNow(): void {
     if (this.stopped || this.state === 'unauthorized') return;
-    if (this.state === 'reconnecting' && this.retryTimer) {
+    if ((this.state === 'reconnecting' || this.state === 'unavailable') && this.retryTimer) {
       clearTimeout(this.retryTimer);
       this.retryTimer = null;
       this.attempt = 0;
@@ -214,14 +214,15 @@ export class ChatSocket {
         this.stopped = true;
         return this.setState('unauthorized');
       }
-      this.scheduleReconnect();
+      // 4503: the server is up but a service the chat needs is not; retry with backoff.
+      this.scheduleReconnect(ev && ev.code === 4503 ? 'unavailable' : 'reconnecting');
     };
   }
 
-  private scheduleReconnect(): void {
+  private scheduleReconnect(state: ConnState = 'reconnecting'): void {
     const delay = backoffDelay(this.attempt, this.o.baseDelayMs, this.o.maxDelayMs, this.o.jitter, this.o.random);
     this.attempt++;
-    this.setState('reconnecting', { retryInMs: delay });
+    this.setState(state, { retryInMs: delay });
     this.retryTimer = setTimeout(() => {
       this.retryTimer = null;
       this.connect();

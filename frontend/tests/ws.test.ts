@@ -134,6 +134,17 @@ describe('ChatSocket', () => {
     expect(FakeSocket.all.length).toBe(1);
   });
 
+  it('says the server is unavailable on 4503 and keeps reconnecting until it is back', () => {
+    const { s } = make();
+    s.start();
+    FakeSocket.last().drop(4503);
+    expect(s.state).toBe('unavailable');
+    vi.advanceTimersByTime(60000);
+    expect(FakeSocket.all.length).toBe(2);
+    FakeSocket.last().open();
+    expect(s.state).toBe('open');
+  });
+
   it('treats a missing pong as a dead connection and reconnects', () => {
     const { s } = make({ pingIntervalMs: 1000, pongTimeoutMs: 500 });
     s.start();

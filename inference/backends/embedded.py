@@ -314,6 +314,18 @@ class WorkerModels:
                 by_model.setdefault(w.model, []).append(w)
         return by_model
 
+    def health(self, model: str) -> tuple[bool, str]:
+        """Whether a live worker serves `model` now, read afresh (the readiness probe)."""
+        try:
+            workers = live_workers_sync(self.redis, self.namespace)
+        except REDIS_ERRORS as exc:
+            log.warning("cannot read the engine workers at %s: %s", self.url, exc)
+            return False, "the workers' Redis does not answer"
+        serving = [w for w in workers if not w.model or w.model == model]
+        if not serving:
+            return False, f"no live engine worker serves {model} ({len(workers)} live in all)"
+        return True, f"{len(serving)} live engine worker(s) serve {model}"
+
     def listed(self, default: str, default_spec: ModelSpec | None) -> list[ModelInfo]:
         """The default model (listed even while no worker serves it, as a single-model
         deployment always was) and every model a live worker serves."""

@@ -106,6 +106,19 @@ class UpstreamModels:
     def default(self) -> str:
         return self._default or self.listed()[0].id
 
+    def health(self) -> tuple[bool, str]:
+        """Whether the upstream lists a model now, asked afresh (the readiness probe: the
+        cached list would hide an upstream that went down after it was read)."""
+        try:
+            answer = httpx.get(self.base_url + "/models", headers=self.headers, timeout=2)
+            answer.raise_for_status()
+            listed = answer.json()["data"]
+        except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+            return False, f"the upstream does not answer ({type(exc).__name__})"
+        if not listed:
+            return False, "the upstream lists no model"
+        return True, f"the upstream lists {len(listed)} model(s)"
+
     def client(self, name: str) -> UpstreamClient:
         """The client of model `name`; ModelNotFoundError when the upstream lists no such
         model (the configured default is taken on trust, as before)."""

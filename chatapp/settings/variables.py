@@ -133,16 +133,14 @@ MEANINGS: dict[str, str] = {
         "`chatapp.settings.dev`, or `chatapp.settings.production` for deployments "
         "(needs `DJANGO_SECRET_KEY`)"
     ),
-    "CHATAPP_CACHE_DIR": (
-        "where converted models, the built kernels and the compiled step's cache live"
-    ),
+    "CHATAPP_CACHE_DIR": "where converted models and the compiled step's cache live",
     "XDG_CACHE_HOME": "the cache folder's parent when `CHATAPP_CACHE_DIR` is unset",
     "PROMETHEUS_MULTIPROC_DIR": (
         "an empty folder shared by several processes serving one address: `/metrics` sums "
         "what each writes there"
     ),
     "ENGINE_KERNELS_AVX512": (
-        "`0` builds the native kernels for AVX2 even where the CPU has AVX512, for comparisons"
+        "`0` loads the native kernels' AVX2 build even where the CPU has AVX512, for comparisons"
     ),
     "ENGINE_AMX_MIN_ROWS": (
         "products of at least this many rows run on AMX's tiles; empty: measured per CPU, "

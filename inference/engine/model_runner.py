@@ -162,6 +162,9 @@ def describe_engine(
         if kernels.amx_available():
             layers, head = kernels.amx_min_rows()
             native += f", AMX tiles from {layers} rows (head {head})"
+    if device.type == "cpu":
+        isa = kernels.loaded_isa()
+        native += f", kernels {isa.name if isa else 'none: torch products'}"
     pool_mb = num_blocks * block_bytes / 2**20
     kv_name = dtype_name(kv_dtype or dtype)
     kv_src = "auto" if config.kv_dtype == "auto" else "set"

@@ -12,12 +12,47 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
+from inference.engine import kernels
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
+from inference.engine.kernels import build
 from inference.engine.outputs import Delta
 from inference.engine.sampling_params import SamplingParams
 from inference.model_files import default_model_path
 from tests.tiny_model import build_tiny_llama
+
+# What a C edit left unbuilt is built before the tests ask for the kernels (a setup step, as
+# in scripts/setup.sh: the engine itself never compiles).
+build.build(say=lambda _: None)
+_NO_KERNELS = (
+    "the native kernels are not built here (python -m inference.engine.kernels.build says why)"
+)
+
+
+def _needs_kernels() -> pytest.MarkDecorator:
+    """Skips a test of the kernels where they are not built; in CI (CI=true) that fails it:
+    a run that compiled nothing must not pass."""
+    if kernels.load() is not None:
+        return pytest.mark.skipif(False, reason="the kernels are built")
+    if os.environ.get("CI") == "true":
+        return pytest.mark.usefixtures("fail_without_kernels")
+    return pytest.mark.skip(reason=_NO_KERNELS)
+
+
+needs_kernels = _needs_kernels()
+
+
+@pytest.fixture
+def fail_without_kernels() -> None:
+    pytest.fail(f"CI: {_NO_KERNELS}")
+
+
+def skip_without_kernels() -> None:
+    """needs_kernels inside a test, for one case of a parametrized one."""
+    if kernels.load() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI: {_NO_KERNELS}")
+        pytest.skip(_NO_KERNELS)
 
 
 @pytest.fixture(scope="session")

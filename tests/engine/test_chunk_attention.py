@@ -10,10 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine import kernels
+from tests.engine.conftest import needs_kernels
 
 lib = kernels.load()
-pytestmark = pytest.mark.skipif(lib is None, reason="the native kernels do not build here")
-BF16 = "-mavx512bf16" in kernels.build_flags(kernels._cpu_flags())
+pytestmark = needs_kernels
+BF16 = "-mavx512bf16" in kernels.cpu_build_flags()
 
 
 def _case(heads, kv_heads, head_dim, block_size, rows, cached, seed=0):

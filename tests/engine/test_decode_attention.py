@@ -12,11 +12,9 @@ import pytest
 import torch
 
 from inference.engine import kernels
-from tests.engine.conftest import run_in_avx2_build
+from tests.engine.conftest import needs_kernels, run_in_avx2_build
 
-pytestmark = pytest.mark.skipif(
-    kernels.load() is None, reason="the native kernels need gcc and an AVX2/FMA/F16C CPU"
-)
+pytestmark = needs_kernels
 
 BLOCK = 16
 # Contexts (positions + 1) of the rows alone: one position, a block's edge and its

@@ -10,7 +10,7 @@ from inference.engine.sampling_params import SamplingParams
 from inference.engine.scheduler import ScheduledBatch
 from inference.engine.sequence import Sequence
 
-from .conftest import greedy, run_to_completion, text_of, token_ids_of
+from .conftest import greedy, run_to_completion, skip_without_kernels, text_of, token_ids_of
 
 
 def _prompt(n: int, seed: int) -> list[int]:
@@ -87,10 +87,8 @@ def test_a_follow_up_takes_over_the_last_turns_partial_block(make_engine, quanti
     path with hybrid); a third request with the same history finds the tail gone (it
     serves one). With hybrid, a cold engine computes turn 1's reply as a prompt, not as
     decode steps: the same tokens up to a near-tie."""
-    from inference.engine import kernels
-
-    if quantization == "hybrid" and kernels.load() is None:
-        pytest.skip("the native kernels do not build here")
+    if quantization == "hybrid":
+        skip_without_kernels()
     engine = make_engine(block_size=8, quantization=quantization)
     turn1 = _prompt(45, seed=17)
     engine.add_request(turn1, greedy(23, ignore_eos=True), request_id="t1")

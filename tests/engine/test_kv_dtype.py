@@ -8,14 +8,14 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from inference.engine import EngineConfig, SamplingParams, kernels
+from inference.engine import EngineConfig, SamplingParams
 from inference.engine.engine import LLMEngine
 from inference.engine.model_runner import resolve_kv_dtype
 from inference.engine.scheduler import ScheduledBatch
 from inference.engine.sequence import Sequence
+from tests.engine.conftest import needs_kernels
 
 CPU = torch.device("cpu")
-needs_kernels = pytest.mark.skipif(kernels.load() is None, reason="the native kernels do not build")
 
 
 @needs_kernels

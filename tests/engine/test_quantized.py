@@ -26,10 +26,11 @@ from inference.engine.quantized import Q4_1, Q8_0
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.scheduler import ScheduledBatch
 from inference.engine.sequence import Sequence
-from tests.engine.conftest import run_in_avx2_build, run_to_completion, token_ids_of
-
-needs_kernels = pytest.mark.skipif(
-    kernels.load() is None, reason="the native kernels need gcc and an AVX2/FMA/F16C CPU"
+from tests.engine.conftest import (
+    needs_kernels,
+    run_in_avx2_build,
+    run_to_completion,
+    token_ids_of,
 )
 
 

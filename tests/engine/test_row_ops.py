@@ -9,9 +9,10 @@ import torch
 from inference.engine import kernels
 from inference.engine.layers.rotary import rope_rotation_sin
 from inference.engine.row_ops import PoolRowOps, TorchRowOps
+from tests.engine.conftest import needs_kernels
 
 lib = kernels.load()
-pytestmark = pytest.mark.skipif(lib is None, reason="the native kernels do not build here")
+pytestmark = needs_kernels
 
 # float32 both ways; sums in another order, so within a few ulps of the values' size.
 TOL = {"atol": 2e-5, "rtol": 2e-5}

@@ -9,6 +9,7 @@ from inference.engine import kernels
 from inference.engine.sampler import Sampler, apply_repetition_penalty, filter_logits, sample_batch
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.sequence import Sequence
+from tests.engine.conftest import needs_kernels
 
 LOGITS = torch.tensor([1.0, 3.0, 2.0, 0.5, 2.9])
 
@@ -81,11 +82,6 @@ def test_a_batch_mixes_greedy_seeded_and_unseeded_rows():
     assert tokens[0] == 1 and tokens[2] == 1
     alone = Sampler()([Sequence("s", [1], SamplingParams(temperature=1.0, seed=3))], LOGITS[None])
     assert tokens[1] == alone[0]
-
-
-needs_kernels = pytest.mark.skipif(
-    kernels.load() is None, reason="the native kernels need gcc and an AVX2/FMA/F16C CPU"
-)
 
 
 @needs_kernels

@@ -1,17 +1,16 @@
-"""Small native kernels the engine builds once at run time: weight-only Q4_1 and Q8_0 matrix
-products and a whole decoder layer for steps of a few rows (quant_gemm.c), the same
-products for many rows on AMX's tiles where the CPU has them (amx_gemm.c) or in float32
-from weights unpacked once (panel_gemm.c, AVX2), spread over the engine's threads by a pool
-of their own (spinning between a step's products, asleep between steps), prompts' chunk
-attention (chunk_attention.c), the torch path's norms, rope and activation for steps whose
-products run in the pool (row_ops.c) and the sampler's filtered draws (sample.c).
+"""Small native kernels, built ahead (python -m inference.engine.kernels.build, run by
+scripts/setup.sh and the Dockerfile) and loaded here with ctypes, which drops the GIL
+during a call: weight-only Q4_1 and Q8_0 matrix products and a whole decoder layer for
+steps of a few rows (quant_gemm.c), the same products for many rows on AMX's tiles
+(amx_gemm.c) or in float32 from weights unpacked once (panel_gemm.c), spread over a thread
+pool of their own (spinning between a step's products, asleep between steps), prompts'
+chunk attention (chunk_attention.c), the torch path's norms, rope and activation for steps
+whose products run in the pool (row_ops.c) and the sampler's filtered draws (sample.c).
 
 Why our own: at one row a step is bound by the bytes of weights it reads, so 4-bit weights
-should cost a quarter of bf16. torch's `_weight_int4pack_mm_for_cpu` is fast only with
-AVX512; on an AVX2 CPU it measured ~30x slower than fp16 weights. The C file is compiled
-with the system's gcc into the cache folder on first use (about a second) and loaded with
-ctypes (which drops the GIL during the call). No compiler, or a CPU without
-AVX2 and FMA: `load()` returns None and the engine keeps its torch weights.
+should cost a quarter of bf16; torch's int4 product is fast only with AVX512. A process
+loads the best build its CPU can run (cpu_backend.runnable_isas) and never compiles; with
+none built, `load()` returns None, says so once, and the engine keeps its torch weights.
 """
 
 from __future__ import annotations
@@ -21,39 +20,21 @@ import logging
 import os
 from collections.abc import Callable
 from functools import cache
-from pathlib import Path
 
 import torch
 
-from inference.engine.kernels.build import compiled_library
+from inference.engine import cpu_backend
+from inference.engine.cpu_backend import Isa, cpu_has_amx, cpu_has_native_bf16
+from inference.engine.kernels.library import BUILT_DIR, flags, headers, library_path, sources
+
+__all__ = ["cpu_has_amx", "cpu_has_native_bf16"]
 
 log = logging.getLogger(__name__)
 
-SOURCES = [
-    Path(__file__).with_name(n)
-    for n in (
-        "quant_gemm.c",
-        "amx_gemm.c",
-        "panel_gemm.c",
-        "sample.c",
-        "chunk_attention.c",
-        "row_ops.c",
-    )
-]
-HEADERS = [Path(__file__).with_name(n) for n in ("simd.h", "common.h")]
-FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-shared", "-fPIC"]
-_REQUIRED_CPU_FLAGS = {"avx2", "fma", "f16c"}
-# Where the CPU lists them (as the kernel sees them: /proc/cpuinfo, not the compiler's own
-# -march=native probe, which on some virtual machines enables what the host hides), the
-# AVX512 forms: VNNI's one-instruction 8-bit dot products and 512-bit 16-bit products.
-_AVX512_FLAGS = {
-    "avx512f": "-mavx512f",
-    "avx512bw": "-mavx512bw",
-    "avx512vl": "-mavx512vl",
-    "avx512_vnni": "-mavx512vnni",
-}
+# What the kernels are built from (benchmarks build another checkout's with these names).
+SOURCES = sources()
+HEADERS = headers()
 
-_AMX_FLAGS = {"amx_tile", "amx_bf16"}
 # The native path's products (8-bit activations) move to AMX's tiles (amx_gemm.c) from this
 # many rows: 30 layers' products on a 2-core Xeon, 2 threads, 8-bit against the tiles:
 # 13.0 / ~17 / 21.6 / 37.8 ms at 16 / 24 / 32 / 64 rows against 15.2 / 17.1 / 20.0 / 23.3.
@@ -126,18 +107,6 @@ def default_panel_min_rows() -> tuple[int, int]:
     return (0, 0) if lib is None else _built_panel_min_rows(lib)
 
 
-@cache
-def _cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
 _threads: int | None = None
 
 
@@ -153,48 +122,58 @@ def threads() -> int:
     return _threads if _threads is not None else torch.get_num_threads()
 
 
-def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX: only there is bfloat16 faster than float32 on a CPU."""
-    return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"})
+@cache
+def _loaded() -> tuple[ctypes.CDLL, Isa] | None:
+    for isa in cpu_backend.runnable_isas():
+        path = library_path(isa)
+        if not path.is_file():
+            continue
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as exc:
+            log.warning("native kernels: the %s build does not load: %s", isa.name, exc)
+            continue
+        declare(lib)
+        if lib.q4_1_amx_available():
+            lib.set_amx_min_rows(*amx_min_rows())
+        lib.set_panel_min_rows(*_built_panel_min_rows(lib))
+        log.info("native kernels: the %s build (%s)", isa.name, path.name)
+        return lib, isa
+    log.warning("native kernels off, the engine uses torch's products: %s", _why_none())
+    return None
 
 
-def cpu_has_amx() -> bool:
-    """AMX tiles for bf16: there oneDNN's bf16 products outrun the 8-bit blocks early."""
-    return "amx_bf16" in _cpu_flags()
+def _why_none() -> str:
+    if not cpu_backend.supported_isas():
+        missing = sorted(cpu_backend.AVX2.needs - cpu_backend.cpu_flags())
+        return f"this CPU lacks {', '.join(missing)}"
+    build = "python -m inference.engine.kernels.build"
+    if any(BUILT_DIR.glob("kernels-*.so")):
+        return f"they were built from other sources; run `{build}`"
+    return f"they are not built in {BUILT_DIR}; run `{build}` (scripts/setup.sh does)"
 
 
-def build_flags(cpu_flags: frozenset[str]) -> list[str]:
-    """The compiler flags for this CPU: AVX2 always, the AVX512 set only when all of it is
-    there (ENGINE_KERNELS_AVX512=0 keeps the AVX2 build, for comparisons)."""
-    wanted = os.environ.get("ENGINE_KERNELS_AVX512", "1") not in ("0", "false", "no")
-    if wanted and set(_AVX512_FLAGS) <= cpu_flags:
-        # AVX512-BF16's pair products, for the prompts' attention (chunk_attention.c).
-        bf16 = ["-mavx512bf16"] if "avx512_bf16" in cpu_flags else []
-        # AMX's bf16 tiles, for the 4-bit products of many rows (amx_gemm.c).
-        amx = ["-mamx-tile", "-mamx-bf16"] if bf16 and cpu_flags >= _AMX_FLAGS else []
-        return [*FLAGS, *_AVX512_FLAGS.values(), *bf16, *amx]
-    return list(FLAGS)
+def load() -> ctypes.CDLL | None:
+    """The best build of the kernels this CPU runs, loaded once; None where none is built
+    (said once, as a warning)."""
+    loaded = _loaded()
+    return None if loaded is None else loaded[0]
+
+
+def loaded_isa() -> Isa | None:
+    """The instruction set of the build load() returns."""
+    loaded = _loaded()
+    return None if loaded is None else loaded[1]
 
 
 def cpu_build_flags() -> list[str]:
-    """build_flags for this machine's CPU."""
-    return build_flags(_cpu_flags())
+    """The compiler flags of the loaded build (benchmarks build other sources with them)."""
+    isa = loaded_isa() or (cpu_backend.runnable_isas() or [cpu_backend.AVX2])[0]
+    return flags(isa)
 
 
-@cache
-def load() -> ctypes.CDLL | None:
-    """The compiled kernels, built on first use; None where they cannot run here."""
-    cpu = _cpu_flags()
-    missing = _REQUIRED_CPU_FLAGS - cpu
-    if missing:
-        log.info("native 4-bit kernels off: the CPU lacks %s", ", ".join(sorted(missing)))
-        return None
-    flags = cpu_build_flags()
-    try:
-        lib = compiled_library("quant_gemm", SOURCES, flags, HEADERS)
-    except (OSError, RuntimeError) as exc:
-        log.warning("native 4-bit kernels unavailable, using torch weights: %s", exc)
-        return None
+def declare(lib: ctypes.CDLL) -> None:
+    """The argument and return types of the library's functions."""
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.q4_1_gemm.argtypes = [p, p, p, i, i, p, i, p, i]
     lib.q4_1_gemm.restype = i
@@ -212,11 +191,8 @@ def load() -> ctypes.CDLL | None:
     lib.q4_1_i16_vnni.restype = i
     lib.set_amx_min_rows.argtypes = [i, i]
     lib.set_amx_min_rows.restype = None
-    if lib.q4_1_amx_available():
-        lib.set_amx_min_rows(*amx_min_rows())
     lib.set_panel_min_rows.argtypes = [i, i]
     lib.set_panel_min_rows.restype = None
-    lib.set_panel_min_rows(*_built_panel_min_rows(lib))
     lib.q8_0_gemm.argtypes = [p, p, i, i, p, i, p, i]
     lib.q8_0_gemm.restype = i
     lib.decode_layer.argtypes = [
@@ -241,7 +217,6 @@ def load() -> ctypes.CDLL | None:
     lib.sample_rows.restype = None
     lib.spec_sample.argtypes = [p, i, f, i, f, f, ctypes.c_int64, f, f]
     lib.spec_sample.restype = ctypes.c_int64
-    return lib
 
 
 class Q4Matrix(ctypes.Structure):

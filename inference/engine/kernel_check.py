@@ -1,0 +1,52 @@
+"""The build's self-check of one built kernels library, in a process of its own (an
+instruction the CPU refuses kills this process, not the build):
+
+    python -m inference.engine.kernel_check PATH
+
+A few 4-bit and 8-bit products against torch's, with the panels and AMX's tiles forced on
+and off; exits non-zero with what differed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from pathlib import Path
+
+import torch
+
+from inference.engine import kernels
+from inference.engine.quantized import Q4_1, Q8_0
+
+
+def check(path: Path) -> None:
+    """A few products of the library at `path` against torch's, with the panels and AMX's
+    tiles forced on and off; SystemExit with what differed."""
+    lib = ctypes.CDLL(str(path))
+    kernels.declare(lib)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(9, 256, generator=g)
+    w = torch.randn(64, 256, generator=g) * 0.05
+    q4 = Q4_1.quantize(w).for_kernel()
+    q8 = Q8_0.quantize(w).for_kernel()
+    kinds = ["int8", "i16"]
+    kinds += ["bf16"] if lib.q4_1_bf16_available() else []
+    kinds += ["amx"] if lib.q4_1_amx_available() else []
+    for tiles in ((0, 0), (1, 1)):
+        lib.set_panel_min_rows(*tiles)
+        lib.set_amx_min_rows(*tiles)
+        for kind in kinds:
+            got = kernels.q4_1_gemm(lib, q4.qs, q4.d, q4.m, x, q4.n, kind)
+            _agree(f"q4_1 {kind}, tiles from {tiles[0]} rows", got, x @ q4.dequantize().T)
+        got = kernels.q8_0_gemm(lib, q8.qs, q8.d, x, q8.n)
+        _agree(f"q8_0, tiles from {tiles[0]} rows", got, x @ q8.dequantize().T)
+
+
+def _agree(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    err = ((got - want).norm() / want.norm()).item()
+    if not err < 0.02:  # 8-bit or bf16 activations: within about a percent
+        raise SystemExit(f"{what}: relative error {err:.3g}")
+
+
+if __name__ == "__main__":
+    check(Path(sys.argv[1]))

@@ -29,6 +29,8 @@ export default defineConfig({
       },
     },
   },
+  // The README's test ids are checked against the server's templates too (tests/readme-test-ids.test.ts).
+  server: { fs: { allow: ['.', '../chatapp'] } },
   test: {
     environment: 'jsdom',
     include: ['tests/**/*.test.{ts,tsx}'],

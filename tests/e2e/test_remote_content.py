@@ -75,10 +75,10 @@ def test_remote_images_in_a_reply_become_links_and_nothing_loads_from_elsewhere(
         link = reply.locator("a.remote-image").first
         expect(link).to_have_text("[image: chart]")
         assert link.get_attribute("href").startswith(f"{ELSEWHERE}/chart.png")
-        # Only the inline data: image is an image, and without its remote srcset.
-        expect(reply.locator("img")).to_have_count(1)
-        assert reply.locator("img").get_attribute("src").startswith("data:image/gif")
-        assert reply.locator("img").get_attribute("srcset") is None
+        # No image at all: the inline data: one is its words (its remote srcset gone too).
+        expect(reply.locator("img")).to_have_count(0)
+        expect(reply.locator(".image-removed")).to_have_text("[image: dot]")
+        expect(reply.locator("[srcset]")).to_have_count(0)
         expect(reply.locator("video")).to_have_count(0)
         page.wait_for_timeout(500)
         assert foreign == []

@@ -2,7 +2,7 @@ import { useEffect, useRef, useState } from 'preact/hooks';
 import { exportUrl } from '../api';
 import { applyTheme, effectiveTheme, setTheme, watchSystemTheme, type Theme } from '../theme';
 import { AccountDialog } from './AccountDialog';
-import { Composer } from './Composer';
+import { attachFiles, carriesFiles, Composer, filesOf } from './Composer';
 import { useChat } from './hooks';
 import { MessageList } from './MessageList';
 import { ModelPicker } from './ModelPicker';
@@ -26,7 +26,8 @@ const CONN_WORDS: Record<string, string> = {
 };
 
 export function App(props: AppProps) {
-  const { conversations, protocol, ui } = useChat();
+  const chat = useChat();
+  const { conversations, protocol, ui } = chat;
   const currentId = conversations.currentId.value;
   const title = conversations.conversation(currentId)?.title;
   const conn = ui.conn.value;
@@ -37,6 +38,7 @@ export function App(props: AppProps) {
   const [shareOpen, setShareOpen] = useState(false);
   const [accountOpen, setAccountOpen] = useState(false);
   const [drawer, setDrawer] = useState(false);
+  const [dragging, setDragging] = useState(false);
   // The key listener is added once and reads these, so a key pressed between a render and
   // the next effect never acts on the state before it (an Escape that stopped a reply
   // instead of closing the dialog that had just opened).
@@ -70,7 +72,18 @@ export function App(props: AppProps) {
       }
     };
     window.addEventListener('keydown', onKey);
-    return () => window.removeEventListener('keydown', onKey);
+    // A file dropped outside the chat (the sidebar, a dialog) is not opened by the browser
+    // in place of the page, which would leave the conversation.
+    const keepPage = (e: DragEvent) => {
+      if (carriesFiles(e.dataTransfer) && !e.defaultPrevented) e.preventDefault();
+    };
+    window.addEventListener('dragover', keepPage);
+    window.addEventListener('drop', keepPage);
+    return () => {
+      window.removeEventListener('keydown', onKey);
+      window.removeEventListener('dragover', keepPage);
+      window.removeEventListener('drop', keepPage);
+    };
   }, []);
 
   const toggleTheme = () => setThemeState(setTheme(theme === 'dark' ? 'light' : 'dark'));
@@ -99,28 +112,55 @@ export function App(props: AppProps) {
         onOpenAccount={() => setAccountOpen(true)}
       />
       <div class="scrim" data-testid="drawer-scrim" onClick={() => setDrawer(false)} />
-      <main class="chat">
+      <main
+        class={'chat' + (dragging ? ' dragging' : '')}
+        onDragOver={(e) => {
+          if (!carriesFiles(e.dataTransfer)) return;
+          e.preventDefault();
+          e.dataTransfer!.dropEffect = 'copy';
+          setDragging(true);
+        }}
+        onDragLeave={(e) => {
+          if (!(e.currentTarget as HTMLElement).contains(e.relatedTarget as Node | null)) setDragging(false);
+        }}
+        onDrop={(e) => {
+          setDragging(false);
+          const files = filesOf(e.dataTransfer);
+          if (!files.length) return;
+          e.preventDefault();
+          attachFiles(chat, conversations.currentKey.value, files);
+        }}
+      >
         <header class="chat-head">
           <button type="button" class="icon-btn menu" data-testid="sidebar-toggle" aria-label="Show conversations" aria-expanded={drawer} onClick={() => setDrawer(!drawer)}>☰</button>
-          <h1 class="chat-title" data-testid="conversation-title">{title || 'New chat'}</h1>
-          <ModelPicker />
+          <h1 class="chat-title" data-testid="conversation-title" title={title || 'New chat'}>{title || 'New chat'}</h1>
           <span class={'conn conn-' + conn} data-testid="connection-status" data-state={conn} title={CONN_WORDS[conn]}>
             <span class="dot" aria-hidden="true" />
             <span class="conn-text">{CONN_WORDS[conn]}</span>
           </span>
-          {currentId != null ? (
-            <span class="exports">
-              <a class="icon-btn" data-testid="export-md" href={exportUrl(currentId, 'md')} download title="Export as Markdown">MD</a>
-              <a class="icon-btn" data-testid="export-json" href={exportUrl(currentId, 'json')} download title="Export as JSON">JSON</a>
-            </span>
-          ) : null}
-          {currentId != null ? (
-            <button type="button" class="icon-btn" data-testid="share-button" aria-haspopup="dialog" title="Share a read-only link" onClick={() => setShareOpen(true)}>Share</button>
-          ) : null}
-          <button type="button" class="icon-btn" data-testid="settings-button" aria-label="Conversation settings" title="Settings" onClick={() => setSettingsOpen(true)}>⚙</button>
+          {/* On a phone these wrap onto a second row of the header (styles.css), so each
+              stays whole and a finger's width. */}
+          <div class="head-tools">
+            <ModelPicker />
+            {currentId != null ? (
+              <span class="exports">
+                <a class="icon-btn" data-testid="export-md" href={exportUrl(currentId, 'md')} download title="Export as Markdown">MD</a>
+                <a class="icon-btn" data-testid="export-json" href={exportUrl(currentId, 'json')} download title="Export as JSON">JSON</a>
+              </span>
+            ) : null}
+            {currentId != null ? (
+              <button type="button" class="icon-btn" data-testid="share-button" aria-haspopup="dialog" title="Share a read-only link" onClick={() => setShareOpen(true)}>Share</button>
+            ) : null}
+          </div>
+          <button type="button" class="icon-btn settings-btn" data-testid="settings-button" aria-label="Conversation settings" title="Settings" onClick={() => setSettingsOpen(true)}>⚙</button>
         </header>
         <MessageList />
-        <Composer />
+        <Composer dragging={dragging} />
+        {dragging ? (
+          <div class="drop-zone" data-testid="drop-zone" aria-hidden="true">
+            <span>Drop files to attach them to your next message</span>
+          </div>
+        ) : null}
       </main>
       {settingsOpen ? <SettingsDialog key={String(currentId)} onClose={() => setSettingsOpen(false)} /> : null}
       {shareOpen && currentId != null ? <ShareDialog conversationId={currentId} username={props.username} onClose={() => setShareOpen(false)} /> : null}

@@ -1,4 +1,6 @@
 import { useEffect, useLayoutEffect, useRef, useState } from 'preact/hooks';
+import type { Chat } from '../chat';
+import type { ThreadKey } from '../ui-state';
 import { cleanSettings } from '../protocol';
 import { DraftChips, PaperclipIcon, PromptCount } from './Attachments';
 import { useChat } from './hooks';
@@ -11,12 +13,28 @@ const ACCEPT = '.txt,.md,.markdown,.csv,.tsv,.json,.jsonl,.yaml,.yml,.toml,.xml,
 const UNAVAILABLE = 'The server cannot run the chat right now (a service it needs is down): retrying. Messages can be sent once it is back.';
 
 /** Files a drag or a paste carries (none for plain text). */
-function filesOf(data: DataTransfer | null): File[] {
+export function filesOf(data: DataTransfer | null): File[] {
   return data ? Array.from(data.files || []) : [];
 }
 
-export function Composer() {
-  const { conversations, protocol, ui, attachments, server } = useChat();
+/** Whether a drag carries files (their names are not known until the drop). */
+export function carriesFiles(data: DataTransfer | null): boolean {
+  return !!data && Array.from(data.types).includes('Files');
+}
+
+export interface ComposerProps {
+  /** Files are being dragged over the chat (App takes the drop anywhere in it). */
+  dragging: boolean;
+}
+
+/** Attach files to a thread's next message, as many as one message may carry. */
+export function attachFiles({ attachments, server }: Chat, key: ThreadKey, files: File[]): void {
+  if (files.length) attachments.add(key, files, server.limits.value?.attachments?.per_message ?? Infinity);
+}
+
+export function Composer({ dragging }: ComposerProps) {
+  const chat = useChat();
+  const { conversations, protocol, ui, attachments, server } = chat;
   const key = conversations.currentKey.value;
   const currentId = conversations.currentId.value;
   const draftRestored = ui.draftRestored.value;
@@ -26,7 +44,6 @@ export function Composer() {
   const drafts = attachments.draftsFor(key);
   const measure = attachments.measureFor(key);
   const [text, setText] = useState(() => ui.getDraft(key));
-  const [dragging, setDragging] = useState(false);
   const ta = useRef<HTMLTextAreaElement>(null);
   const picker = useRef<HTMLInputElement>(null);
   const ready = drafts.filter((d) => d.status === 'ready');
@@ -64,9 +81,7 @@ export function Composer() {
       setText('');
     }
   };
-  const attach = (files: File[]) => {
-    if (files.length) attachments.add(key, files, server.limits.value?.attachments?.per_message ?? Infinity);
-  };
+  const attach = (files: File[]) => attachFiles(chat, key, files);
   const tokens = new Map((measure?.size?.attachments ?? []).map((a) => [a.id, a.tokens] as [number, number | null]));
 
   const online = conn === 'open';
@@ -81,22 +96,6 @@ export function Composer() {
       onSubmit={(e) => {
         e.preventDefault();
         send();
-      }}
-      onDragOver={(e) => {
-        if (!e.dataTransfer || !Array.from(e.dataTransfer.types).includes('Files')) return;
-        e.preventDefault();
-        e.dataTransfer.dropEffect = 'copy';
-        setDragging(true);
-      }}
-      onDragLeave={(e) => {
-        if (!(e.currentTarget as HTMLElement).contains(e.relatedTarget as Node | null)) setDragging(false);
-      }}
-      onDrop={(e) => {
-        const files = filesOf(e.dataTransfer);
-        setDragging(false);
-        if (!files.length) return;
-        e.preventDefault();
-        attach(files);
       }}
     >
       {!online ? (

@@ -6,6 +6,16 @@ RUN npm ci --no-audit --no-fund
 COPY frontend/ ./
 RUN npm run build
 
+# The reverse proxy in front of `web` (compose's `proxy`): nginx from Debian's packages, so
+# it builds from the same base images as the rest.
+FROM debian:bookworm-slim AS proxy
+RUN apt-get update && apt-get install -y --no-install-recommends nginx \
+    && rm -rf /var/lib/apt/lists/* /etc/nginx/sites-enabled/*
+COPY deploy/nginx.conf /etc/nginx/nginx.conf
+EXPOSE 80
+CMD ["nginx", "-g", "daemon off;"]
+
+# The app: the last stage, what `docker build .` makes.
 FROM python:3.11-slim-bookworm
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     CHATAPP_CACHE_DIR=/cache DJANGO_SETTINGS_MODULE=chatapp.settings.production

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,6 +46,92 @@ def test_compose_services_have_healthchecks_and_volumes() -> None:
         assert "healthcheck" in data["services"][name], name
     assert {"postgres-data", "model-cache"} <= set(data["volumes"])
     assert (ROOT / "Dockerfile").is_file()
+
+
+APP_SERVICES = ("web", "engine", "engine-gpu", "celery-worker", "celery-worker-long", "celery-beat")
+
+
+def test_job_files_live_on_a_volume_the_web_and_the_workers_share() -> None:
+    """The long queue writes exports and plots under VAR_DIR/jobs; web serves them."""
+    data = compose()
+    for name in ("web", "celery-worker", "celery-worker-long"):
+        assert "job-files:/app/var/jobs" in data["services"][name]["volumes"], name
+    assert "job-files" in data["volumes"]
+
+
+def test_app_services_wait_for_the_schema_and_both_redis() -> None:
+    services = compose()["services"]
+    for name in APP_SERVICES:
+        deps = services[name]["depends_on"]
+        assert deps["migrate"]["condition"] == "service_completed_successfully", name
+        for store in ("postgres", "redis", "redis-kv"):
+            assert deps[store]["condition"] == "service_healthy", (name, store)
+    assert services["redis-kv"]["healthcheck"]
+
+
+def test_web_scales_behind_a_proxy_that_passes_websocket_upgrades() -> None:
+    services = compose()["services"]
+    assert "ports" not in services["web"], "a fixed host port stops `--scale web=N`"
+    assert services["proxy"]["build"]["target"] == "proxy"
+    assert "FROM debian:bookworm-slim AS proxy" in (ROOT / "Dockerfile").read_text()
+    conf = (ROOT / "deploy" / "nginx.conf").read_text()
+    assert "server web:8000;" in conf
+    for line in (
+        "proxy_set_header Upgrade $http_upgrade;",
+        "proxy_set_header Connection $connection_upgrade;",
+        "proxy_http_version 1.1;",
+        "proxy_buffering off;",
+    ):
+        assert line in conf, line
+
+
+def test_the_gpu_profile_replaces_the_cpu_engine_worker() -> None:
+    """Routing spreads a model's requests over every worker that registers it: a CPU worker
+    left beside the GPU one would take its share. The CPU worker is the `cpu` profile's,
+    on by default through .env; `--profile gpu` replaces the default."""
+    services = compose()["services"]
+    assert services["engine"]["profiles"] == ["cpu"]
+    assert services["engine-gpu"]["profiles"] == ["gpu"]
+    assert "COMPOSE_PROFILES=cpu" in (ROOT / ".env").read_text().splitlines()
+
+
+def test_every_service_has_a_memory_limit() -> None:
+    for name, svc in compose()["services"].items():
+        assert svc.get("mem_limit"), name
+
+
+def test_the_build_context_leaves_out_the_hosts_environment_and_outputs() -> None:
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    for entry in (".git", ".venv", "var/", "*.sqlite3", "frontend/node_modules", "frontend/dist"):
+        assert entry in ignored, entry
+    for entry in ("test-artifacts/", "bench-results/", ".pytest_cache", ".mypy_cache"):
+        assert entry in ignored, entry
+
+
+def compose_command() -> list[str] | None:
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if shutil.which("docker"):
+        probe = subprocess.run(["docker", "compose", "version"], capture_output=True)
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    return None
+
+
+def test_docker_compose_reads_the_file() -> None:
+    """Compose's own parser, where it is installed (apt's docker-compose is enough)."""
+    command = compose_command()
+    if command is None:
+        pytest.skip("docker compose is not installed")
+    for profiles in ([], ["--profile", "gpu"]):
+        out = subprocess.run(
+            [*command, *profiles, "config", "--quiet"],
+            cwd=ROOT,
+            env={**os.environ, "DJANGO_SECRET_KEY": "compose-config-check"},
+            capture_output=True,
+            text=True,
+        )
+        assert out.returncode == 0, out.stderr
 
 
 def test_ci_runs_the_readme_test_command() -> None:

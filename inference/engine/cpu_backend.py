@@ -1,8 +1,12 @@
-"""The CPU backend: which instruction set the native kernels are built and loaded for.
+"""The CPU backend: which instruction set the native kernels are built and loaded for and,
+for the build a process loaded, which product serves a step of N rows and on how many
+threads.
 
-The only place that knows ISAs. The build (python -m inference.engine.kernels.build) tries
-them best first and keeps each that compiles and passes its self-check; a process loads the
-best built one its CPU can run (kernels.load).
+The only place that knows ISAs and row thresholds. The build (python -m
+inference.engine.kernels.build) tries the ISAs best first and keeps each that compiles and
+passes its self-check; a process loads the best build its CPU runs (kernels.load) and gets
+its `Backend` (kernels.backend()) once. Each threshold names the benchmark that measures
+it; docs/performance.md holds the current figures.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import cache
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -77,3 +83,165 @@ def cpu_has_native_bf16() -> bool:
 def cpu_has_amx() -> bool:
     """AMX tiles for bf16: there oneDNN's bf16 products outrun the 8-bit blocks early."""
     return "amx_bf16" in cpu_flags()
+
+
+# --- Which product serves a step of N rows ------------------------------------------------
+#
+# hybrid (EngineConfig.quantization): steps of at most this many rows take the 4-bit blocks
+# on the native path, larger ones the float format; one crossover per float format
+# (ENGINE_NATIVE_MAX_ROWS overrides it). HYBRID_MAX_ROWS is also where the torch path stops
+# taking the 8-bit-activation product and where a step's guesses stop being nearly free
+# (engine.py). Measured by: python -m inference.bench.step_profile (ms per decode step by
+# streams, with ENGINE_NATIVE_MAX_ROWS set to each candidate).
+HYBRID_MAX_ROWS = 8  # int4 alone
+HYBRID_MAX_ROWS_FP16 = 64  # fbgemm's fp16 large steps (CPUs without native bf16)
+HYBRID_MAX_ROWS_BF16 = 64  # oneDNN's bf16 large steps (AVX512-BF16, AMX)
+# Up to how many rows the native path takes the lm_head from its 8-bit blocks, in the
+# kernels' pool: python -m inference.bench.kernels --rows 4 8 16 24 32 64 --threads 1 2
+# --kinds int8 onednn fbgemm (the head's columns).
+HEAD_BLOCK_ROWS = 8  # int4 alone
+HEAD_BLOCK_ROWS_AMX = 16  # bf16 on a CPU with AMX whose tiles the kernels cannot use
+HEAD_BLOCK_ROWS_AMX_TILES = 64  # ... and where they can (the head's blocks on the tiles)
+HEAD_BLOCK_ROWS_BF16 = 64  # bf16 on AVX512-BF16 without AMX
+HEAD_BLOCK_ROWS_FP16 = 64  # fp16 (AVX2)
+# The torch path's steps (prompts' chunks) take the 4-bit blocks with 16-bit activations
+# up to these rows, by the product prompt_product picks (kernels.q4_1_gemm's kinds):
+# python -m inference.bench.kernels --rows 8 16 32 64 128 256 --threads 1 2
+# --kinds bf16 amx i16 onednn fbgemm.
+BF16_BLOCK_ROWS = 64
+AMX_BLOCK_ROWS = 1 << 30  # every step
+I16_BLOCK_ROWS = 1 << 30  # every step
+AMX_COLUMNS = 32  # a product's outputs on AMX's tiles: whole chunks of this many
+# Inside the native path's products (pushed into the kernels: set_amx_min_rows,
+# set_panel_min_rows), (layers, head): from how many rows the 8-bit-activation product
+# moves to AMX's tiles, and below them to panel_gemm.c's panels (8-row tiles with
+# AVX512-VNNI, 4-row with AVX2): python -m inference.bench.kernels --rows 4 8 12 16 24 32
+# 64 --threads 2 --kinds int8 panel amx.
+AMX_MIN_ROWS = (32, 4)
+PANEL_MIN_ROWS = {"avx512": (16, 24), "avx2": (24, 24)}
+# A mixed step (decodes and a prompt's chunk) splits from this many decoding rows, where
+# the split is not off (EngineConfig.split_mixed_steps; auto: not on AMX, whose tiles
+# take the chunk's rows with the decodes): python -m inference.bench.mixed_step.
+SPLIT_MIN_ROWS = 8
+
+# --- On how many threads ------------------------------------------------------------------
+#
+# Torch-path steps from at most this many streams take small_step_threads (every core by
+# default), as native steps do; larger ones keep num_threads, leaving a core to the web
+# side (a prompt's chunk from one or two streams counts: counting only decoding streams
+# made served TTFT worse, the web side being busiest while a wave of prompts arrives).
+# Steps whose products run in the pool by ALL_CORES_POOLED's products take
+# small_step_threads whatever their streams; the bf16 and AMX products were not measured
+# so and keep the rule. Measured served: python -m inference.bench.vs_llama --concurrency
+# 1 16 64, before and after a change here.
+FEW_STREAMS = 2
+ALL_CORES_POOLED = frozenset({"i16"})
+
+
+def _row_limits(setting: str, layers: int, head: int) -> tuple[int, int]:
+    """(layers, head), or the setting's one value for both (0: never; for comparisons)."""
+    raw = os.environ.get(setting, "")
+    if not raw.strip():
+        return layers, head
+    try:
+        return int(raw), int(raw)
+    except ValueError:
+        raise ValueError(f"{setting} must be an integer, got {raw!r}") from None
+
+
+def amx_min_rows() -> tuple[int, int]:
+    """AMX_MIN_ROWS, or ENGINE_AMX_MIN_ROWS's one value for both."""
+    return _row_limits("ENGINE_AMX_MIN_ROWS", *AMX_MIN_ROWS)
+
+
+def panel_min_rows(vnni: bool = True) -> tuple[int, int]:
+    """(layers, head): from how many rows the native path's products take the panels, by
+    the build (`vnni`: the 512-bit tiles, else AVX2's), or ENGINE_PANEL_MIN_ROWS's one
+    value for both. Where AMX's tiles run they come first (amx_min_rows)."""
+    return _row_limits("ENGINE_PANEL_MIN_ROWS", *PANEL_MIN_ROWS["avx512" if vnni else "avx2"])
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The loaded build (`isa`, None: torch's products alone) and whether this process was
+    granted AMX's tiles: every choice below follows from these two and the CPU's flags."""
+
+    isa: Isa | None
+    amx_tiles: bool = False
+
+    @property
+    def vnni(self) -> bool:
+        """The 512-bit panels and the 16-bit product's AVX512-VNNI tile."""
+        return self.isa is not None and self.isa.needs >= AVX512.needs
+
+    @property
+    def bf16_product(self) -> bool:
+        """The bf16-activation 4-bit product (AVX512-BF16)."""
+        return self.isa is not None and self.isa.needs >= AVX512_BF16.needs
+
+    def kernel_min_rows(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(AMX's (layers, head), the panels'), as the kernels take them (0: never)."""
+        amx = amx_min_rows() if self.amx_tiles else (0, 0)
+        return amx, panel_min_rows(self.vnni) if self.isa else (0, 0)
+
+    def native_max_rows(self, large: str | None) -> int:
+        """hybrid's crossover for its float format of larger steps (None: int4)."""
+        rows = {"bf16": HYBRID_MAX_ROWS_BF16, "fp16": HYBRID_MAX_ROWS_FP16}
+        return rows.get(large or "", HYBRID_MAX_ROWS)
+
+    def head_block_rows(self, large: str | None, native_max_rows: int) -> int:
+        """Up to how many rows the lm_head takes its 8-bit blocks: at most the native path's."""
+        bf16 = HEAD_BLOCK_ROWS_BF16
+        if cpu_has_amx():
+            bf16 = HEAD_BLOCK_ROWS_AMX_TILES if self.amx_tiles else HEAD_BLOCK_ROWS_AMX
+        rows = {"bf16": bf16, "fp16": HEAD_BLOCK_ROWS_FP16}.get(large or "", HEAD_BLOCK_ROWS)
+        return min(native_max_rows, rows)
+
+    def prompt_product(self, large: str | None) -> str | None:
+        """Which 4-bit product the torch path's steps take (kernels.q4_1_gemm's kind), or
+        None: with fp16 large steps, the 16-bit one wherever the kernels load; with bf16,
+        AMX's tiles where they run, else the 16-bit product's VNNI tile, else bf16
+        activations. On a CPU with AMX whose tiles the kernels cannot use, oneDNN's bf16
+        (on AMX) keeps them: the kernels' products were not measured against it."""
+        if self.isa is None:
+            return None
+        if large == "fp16":
+            return "i16"
+        if large != "bf16":
+            return None
+        if self.amx_tiles:
+            return "amx"
+        if cpu_has_amx():
+            return None
+        if self.vnni:
+            return "i16"
+        return "bf16" if self.bf16_product else None
+
+    def prompt_rows(self, kind: str | None) -> int:
+        """Up to how many rows the torch path's steps take prompt_product's product."""
+        rows = {"amx": AMX_BLOCK_ROWS, "bf16": BF16_BLOCK_ROWS, "i16": I16_BLOCK_ROWS}
+        return rows.get(kind or "", 0)
+
+    def large_format(self, dtype: torch.dtype) -> str:
+        """hybrid's format for big steps of a float32 model: bf16 weights where the CPU
+        multiplies bf16 natively, else fp16-stored weights with float32 compute (fbgemm);
+        other dtypes as they are. Measured by: python -m inference.bench.linear_formats."""
+        if dtype != torch.float32:
+            return "none"
+        return "bf16" if cpu_has_native_bf16() else "fp16"
+
+    def split_mixed(self, mode: str) -> bool:
+        """Whether mixed steps split (EngineConfig.split_mixed_steps: auto, on, off)."""
+        return mode == "on" or (mode == "auto" and not cpu_has_amx())
+
+    def step_threads(
+        self, native: bool, streams: int, pooled: str | None, threads: int, small_threads: int
+    ) -> tuple[int, int]:
+        """(the kernels' pool's threads, torch's) for a step: native, or on the torch path
+        from `streams` streams with its products in the pool by `pooled` (None: torch's).
+        Where the step's products run in the pool, torch keeps one thread: its OpenMP
+        workers spin for a while after each op, on the cores the pool wants next."""
+        if native:
+            return small_threads, 1
+        pool = small_threads if streams <= FEW_STREAMS or pooled in ALL_CORES_POOLED else threads
+        return pool, 1 if pooled else pool

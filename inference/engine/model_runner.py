@@ -19,6 +19,8 @@ from inference.engine.compiled_step import (
     compile_wins,
 )
 from inference.engine.config import EngineConfig
+from inference.engine.cpu_backend import ALL_CORES_POOLED as ALL_CORES_POOLED
+from inference.engine.cpu_backend import SPLIT_MIN_ROWS
 from inference.engine.cuda_graphs import CudaGraphStep
 from inference.engine.kv_tier.redaction import redacted
 from inference.engine.layers.attention import (
@@ -35,25 +37,7 @@ from inference.engine.tensor_parallel import build_model
 
 log = logging.getLogger(__name__)
 
-# A mixed step splits (EngineConfig.split_mixed_steps) from this many rows of decodes: one
-# decoding row on the torch path cost less than a native step's fixed part below it
-# (docs/performance.md, "Mixed steps").
-SPLIT_MIN_ROWS = 8
 SPLIT_MODES = ("auto", "on", "off")
-
-# Steps on the torch path from at most this many streams take small_step_threads (every
-# core by default), as steps on the native path do; larger ones keep num_threads.
-FEW_STREAMS = 2
-# ... except steps whose products run in the kernels' pool by these products
-# (model.prompt_blocks): they take small_step_threads whatever their streams. On a 2-core
-# Zen 3 with the 16-bit prompt products, served through the API against one pool thread
-# for steps of more than FEW_STREAMS streams: 16 users 1.09x the tok/s and TTFT p90 0.75x,
-# 64 users 1.06x and 0.76x (docs/performance.md); on a Zen 4 with AVX512-VNNI, where they
-# replaced oneDNN's bf16 on one thread for chunks past 64 rows, 16 users 1.16x and 0.78x.
-# The pool's threads spin only while a step runs, where torch's OpenMP team (what the
-# one-core rule was measured with) held the web side's core after each op. Not measured
-# for the bf16 and AMX products: they keep it.
-ALL_CORES_POOLED = frozenset({"i16"})
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -132,7 +116,7 @@ def split_mixed(mode: str) -> bool:
     """Whether mixed steps split (EngineConfig.split_mixed_steps)."""
     if mode not in SPLIT_MODES:
         raise ValueError(f"split_mixed_steps must be one of {', '.join(SPLIT_MODES)}; got {mode!r}")
-    return mode == "on" or (mode == "auto" and not kernels.cpu_has_amx())
+    return kernels.backend().split_mixed(mode)
 
 
 def describe_engine(
@@ -470,29 +454,10 @@ class ModelRunner:
         pool (_pooled)."""
         if self.device.type != "cpu":
             return
-        if native:
-            # The step runs in the kernels' own pool (layers and, for a row or two, the
-            # head); torch's few ops around it stay on this thread, so no torch OpenMP
-            # thread spins on a core the pool needs.
-            kernels.set_threads(self.config.small_step_cpu_threads())
-            want = 1
-        else:
-            want = self.config.cpu_threads()
-            # A prompt's chunk from one or two streams (a new chat, a follow-up over a
-            # long document): the web side is as light as in a small step, so the step's
-            # products and its chunk attention (kernels/chunk_attention.c, in the kernels'
-            # pool) take every core, as small steps do. Counting only the decoding streams
-            # (a wave of new prompts on every core) made served TTFT worse: the web side is
-            # busiest exactly while a wave arrives (docs/performance.md, "Threads"). Steps
-            # whose products run in the pool by ALL_CORES_POOLED's products take every
-            # core whatever their streams (measured served).
-            if streams <= FEW_STREAMS or pooled in ALL_CORES_POOLED:
-                want = self.config.small_step_cpu_threads()
-            kernels.set_threads(want)
-            if pooled:
-                # Its products run in the pool too: torch's few elementwise ops stay on
-                # this thread, as in a native step.
-                want = 1
+        pool, want = kernels.backend().step_threads(
+            native, streams, pooled, self.config.cpu_threads(), self.config.small_step_cpu_threads()
+        )
+        kernels.set_threads(pool)
         if torch.get_num_threads() != want:
             torch.set_num_threads(want)
 

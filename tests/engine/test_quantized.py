@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from inference.engine import kernels, model_runner
+from inference.engine import cpu_backend, kernels, model_runner
 from inference.engine.model import (
     AMX_BLOCK_ROWS,
     AMX_COLUMNS,
@@ -153,7 +153,7 @@ def test_amx_min_rows_reads_its_setting(monkeypatch):
     monkeypatch.setenv("ENGINE_AMX_MIN_ROWS", "0")
     assert kernels.amx_min_rows() == (0, 0)
     monkeypatch.setenv("ENGINE_AMX_MIN_ROWS", "")
-    assert kernels.amx_min_rows() == (kernels.AMX_MIN_ROWS, kernels.AMX_HEAD_MIN_ROWS)
+    assert kernels.amx_min_rows() == cpu_backend.AMX_MIN_ROWS
     monkeypatch.setenv("ENGINE_AMX_MIN_ROWS", "many")
     with pytest.raises(ValueError, match="ENGINE_AMX_MIN_ROWS must be an integer, got 'many'"):
         kernels.amx_min_rows()
@@ -215,18 +215,15 @@ def test_the_avx2_builds_panel_tiles_where_the_cpu_has_avx512_too():
 
 def test_panel_min_rows_reads_its_setting(monkeypatch):
     monkeypatch.setenv("ENGINE_PANEL_MIN_ROWS", "")
-    assert kernels.panel_min_rows() == (kernels.PANEL_MIN_ROWS, kernels.PANEL_HEAD_MIN_ROWS)
-    assert kernels.panel_min_rows(vnni=False) == (
-        kernels.PANEL_MIN_ROWS_AVX2,
-        kernels.PANEL_HEAD_MIN_ROWS_AVX2,
-    )
+    assert cpu_backend.panel_min_rows() == cpu_backend.PANEL_MIN_ROWS["avx512"]
+    assert cpu_backend.panel_min_rows(vnni=False) == cpu_backend.PANEL_MIN_ROWS["avx2"]
     monkeypatch.setenv("ENGINE_PANEL_MIN_ROWS", "0")
-    assert kernels.panel_min_rows() == (0, 0)
+    assert cpu_backend.panel_min_rows() == (0, 0)
     monkeypatch.setenv("ENGINE_PANEL_MIN_ROWS", "12")
-    assert kernels.panel_min_rows(vnni=False) == (12, 12)
+    assert cpu_backend.panel_min_rows(vnni=False) == (12, 12)
     monkeypatch.setenv("ENGINE_PANEL_MIN_ROWS", "many")
     with pytest.raises(ValueError, match="ENGINE_PANEL_MIN_ROWS must be an integer, got 'many'"):
-        kernels.panel_min_rows()
+        cpu_backend.panel_min_rows()
 
 
 def test_hybrid_linear_takes_blocks_for_small_steps_and_fp16_for_large_ones():
@@ -549,7 +546,7 @@ def test_prompt_rows_take_the_blocks_with_bf16_activations_where_built(make_engi
     blocks with bf16 activations where the kernels have them (AVX512-BF16) and not the
     16-bit product's AVX512-VNNI tile (made absent here, so every such CPU runs this): the
     weights exact, x rounded to bf16 as torch's bf16 products round it, float32 sums."""
-    monkeypatch.setattr(kernels, "i16_vnni_available", lambda: False)
+    monkeypatch.setattr(cpu_backend.Backend, "vnni", property(lambda self: False))
     lin = make_engine(quantization="hybrid").runner.model.layers[0].gate_up
     if lin.bf16_kind != "bf16" or not lin.bf16_rows:
         pytest.skip("no bf16 prompt products here (no AVX512-BF16, or AMX's tiles)")
@@ -593,6 +590,7 @@ def large_steps(request, monkeypatch) -> str:
     the 16-bit products build on every CPU with the kernels (their AVX512-VNNI tile where
     the kernels are built for it)."""
     if request.param == "as on AVX2":
+        monkeypatch.setattr(cpu_backend, "cpu_has_native_bf16", lambda: False)
         monkeypatch.setattr(kernels, "cpu_has_native_bf16", lambda: False)
     return request.param
 

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from collections.abc import Callable
 from functools import cache
 
 import torch
 
 from inference.engine import cpu_backend
-from inference.engine.cpu_backend import Isa, cpu_has_amx, cpu_has_native_bf16
+from inference.engine.cpu_backend import Backend, Isa, cpu_has_amx, cpu_has_native_bf16
 from inference.engine.kernels.library import BUILT_DIR, flags, headers, library_path, sources
 
 __all__ = ["cpu_has_amx", "cpu_has_native_bf16"]
@@ -35,76 +34,15 @@ log = logging.getLogger(__name__)
 SOURCES = sources()
 HEADERS = headers()
 
-# The native path's products (8-bit activations) move to AMX's tiles (amx_gemm.c) from this
-# many rows: 30 layers' products on a 2-core Xeon, 2 threads, 8-bit against the tiles:
-# 13.0 / ~17 / 21.6 / 37.8 ms at 16 / 24 / 32 / 64 rows against 15.2 / 17.1 / 20.0 / 23.3.
-AMX_MIN_ROWS = 32
-# The head's 8-bit blocks (16-bit activations) likewise, from fewer rows (its weights are
-# wider, so the tiles' unpacking costs less for its products): 1.7 / 4.1 / 4.2 / 17.7 ms at
-# 1 / 4 / 8 / 64 rows against 3.1 / 3.1 / 3.3 / 6.4.
-AMX_HEAD_MIN_ROWS = 4
-
-
-# Where the kernels are built for AVX512-VNNI (and no AMX takes the product), the native
-# path's products move to panel_gemm.c's 512-bit tiles from this many rows: 16 columns
-# unpacked once for all rows, 8 rows a tile. 30 layers' products on a 2-core Zen 4, 2
-# threads, the 8-bit kernel against the tile: 11.1 / 16.5 / 21.2 / 44.7 ms at 16 / 24 /
-# 32 / 64 rows against 10.7 / 13.9 / 18.0 / 34.6 (9.0 against 10.8 at 12 rows). Where
-# AMX's tiles run they take the products from AMX_MIN_ROWS, the panels the steps below: on
-# a 2-core Xeon with AMX, the 8-bit kernel / the panels / the tiles at 12 / 16 / 24 / 32
-# rows: 9.5 / 11.4-11.5 / 15.4-15.8 / 19.3-19.8 ms, 9.0 / 9.2-9.3 / 11.6-11.8 / 14.0-14.6,
-# 10.0 / 10.1-10.3 / 12.7-12.9 / 12.8-12.9.
-PANEL_MIN_ROWS = 16
-# The head's (16-bit activations, vpdpwssd): 4.16 / 6.26 / 9.23 / 18.5 ms at 16 / 24 / 32
-# / 64 rows against 4.39 / 5.71 / 7.24 / 12.4 (oneDNN's bf16 on 2 threads: 12.3 at 64).
-PANEL_HEAD_MIN_ROWS = 24
-# Built for AVX2 alone, the same panels take 4-row tiles of 256-bit sums (vpmaddubsw for the
-# layers, vpmaddwd for the head). 2-core Zen 1, 2 threads, the 8-bit kernels against the
-# panels, medians of 5-9 in two or three runs: the layers 50.7-50.8 / 73-89 / 92-95 / 181-194 ms
-# at 16 / 24 / 32 / 64 rows against 48.8-52.3 / 72-81 / 89-90 / 168-183, the head 18.8-20.5
-# / 30.1-30.5 / 35-40 / 77-84 against 19.6-20.1 / 28.0-28.4 / 33-36 / 67-72 (at 4 and 8
-# rows the panels lost: 18.1 against 14.9 ms, 29.2 against 27.1).
-PANEL_MIN_ROWS_AVX2 = 24
-PANEL_HEAD_MIN_ROWS_AVX2 = 24
-
-
-def _row_limits(setting: str, layers: int, head: int) -> tuple[int, int]:
-    """(layers, head), or the setting's one value for both (0: never; for comparisons)."""
-    raw = os.environ.get(setting, "")
-    if not raw.strip():
-        return layers, head
-    try:
-        return int(raw), int(raw)
-    except ValueError:
-        raise ValueError(f"{setting} must be an integer, got {raw!r}") from None
-
 
 def amx_min_rows() -> tuple[int, int]:
-    """(AMX_MIN_ROWS, AMX_HEAD_MIN_ROWS), or ENGINE_AMX_MIN_ROWS's one value for both."""
-    return _row_limits("ENGINE_AMX_MIN_ROWS", AMX_MIN_ROWS, AMX_HEAD_MIN_ROWS)
-
-
-def panel_min_rows(vnni: bool = True) -> tuple[int, int]:
-    """(layers, head): from how many rows the native path's products take panel_gemm.c's
-    tiles, by the kernels' build (`vnni`: the 512-bit tiles, else AVX2's), or
-    ENGINE_PANEL_MIN_ROWS's one value for both. Where AMX's tiles run they come first
-    (amx_min_rows()), so the panels serve the steps between the two limits."""
-    if vnni:
-        layers, head = PANEL_MIN_ROWS, PANEL_HEAD_MIN_ROWS
-    else:
-        layers, head = PANEL_MIN_ROWS_AVX2, PANEL_HEAD_MIN_ROWS_AVX2
-    return _row_limits("ENGINE_PANEL_MIN_ROWS", layers, head)
-
-
-def _built_panel_min_rows(lib: ctypes.CDLL) -> tuple[int, int]:
-    """panel_min_rows for the build `lib` is (the 512-bit panels or AVX2's)."""
-    return panel_min_rows(bool(lib.q4_1_i16_vnni()))
+    """cpu_backend.amx_min_rows (benchmarks and tests put the kernels' back with it)."""
+    return cpu_backend.amx_min_rows()
 
 
 def default_panel_min_rows() -> tuple[int, int]:
-    """What `load()` sets for the kernels built here (tests and benchmarks put it back)."""
-    lib = load()
-    return (0, 0) if lib is None else _built_panel_min_rows(lib)
+    """What `load()` sets for the panels of the build loaded here."""
+    return backend().kernel_min_rows()[1]
 
 
 _threads: int | None = None
@@ -134,9 +72,9 @@ def _loaded() -> tuple[ctypes.CDLL, Isa] | None:
             log.warning("native kernels: the %s build does not load: %s", isa.name, exc)
             continue
         declare(lib)
-        if lib.q4_1_amx_available():
-            lib.set_amx_min_rows(*amx_min_rows())
-        lib.set_panel_min_rows(*_built_panel_min_rows(lib))
+        amx, panel = Backend(isa, bool(lib.q4_1_amx_available())).kernel_min_rows()
+        lib.set_amx_min_rows(*amx)
+        lib.set_panel_min_rows(*panel)
         log.info("native kernels: the %s build (%s)", isa.name, path.name)
         return lib, isa
     log.warning("native kernels off, the engine uses torch's products: %s", _why_none())
@@ -164,6 +102,12 @@ def loaded_isa() -> Isa | None:
     """The instruction set of the build load() returns."""
     loaded = _loaded()
     return None if loaded is None else loaded[1]
+
+
+@cache
+def backend() -> Backend:
+    """The CPU backend of the build loaded here: which product and threads serve a step."""
+    return Backend(loaded_isa(), amx_tiles=amx_available())
 
 
 def cpu_build_flags() -> list[str]:

@@ -1,8 +1,5 @@
-"""y = x @ W.T in each weight format, and which format serves a step of N rows.
-
-The row thresholds below are the one table of "which product serves a step of N rows" on
-the model side (the kernels' own live in kernels/__init__.py); each cites what measured it.
-"""
+"""y = x @ W.T in each weight format. Which one serves a step of N rows is the CPU
+backend's choice (cpu_backend.py), asked through the loaded kernels' backend."""
 
 from __future__ import annotations
 
@@ -13,6 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine import kernels
+from inference.engine.cpu_backend import AMX_BLOCK_ROWS, AMX_COLUMNS, I16_BLOCK_ROWS
+from inference.engine.cpu_backend import BF16_BLOCK_ROWS as BF16_BLOCK_ROWS
+from inference.engine.cpu_backend import HYBRID_MAX_ROWS as HYBRID_MAX_ROWS
 from inference.engine.quantized import Q4_1, Q8_0
 
 _LINEAR_FP16: Callable[[torch.Tensor, object], torch.Tensor] = (
@@ -23,102 +23,32 @@ _LINEAR_FP16: Callable[[torch.Tensor, object], torch.Tensor] = (
 # ("large") and whether steps of few rows use 4-bit blocks instead.
 QUANTIZATIONS = ("none", "fp16", "int8", "int4", "hybrid")
 
-# hybrid: steps of at most this many rows use the Q4_1 weights (and the native path),
-# bigger ones the float format; the crossover depends on that format, so there is one per
-# format. ENGINE_NATIVE_MAX_ROWS overrides it. HYBRID_MAX_ROWS is also where the torch path
-# stops taking the 4-bit blocks and where a step's guesses stop being nearly free
-# (engine.py). Each is measured with `python -m inference.bench.step_profile --streams 4 8
-# 12 16 32 64 --native-max-rows 8 64 --no-split` (wall ms per decode step by rows).
-# - int4 (no float format): 4-bit reads a quarter of the bytes and wins while reading
-#   weights dominates; by 12 rows a float GEMM catches up.
-HYBRID_MAX_ROWS = 8
-# - fp16 weights (fbgemm; CPUs without native bf16): the grouped kernels (each unpacked
-#   block serves 4 rows) on every core stay ahead of fbgemm at every decode batch.
-HYBRID_MAX_ROWS_FP16 = 64
-# - bf16 weights (oneDNN; AVX512-BF16 / AMX): the grouped kernels (VNNI dot products) stay
-#   ahead of oneDNN's bf16 products at every decode batch up to max_num_seqs.
-HYBRID_MAX_ROWS_BF16 = 64
-# Steps on the native path take the lm_head from its 8-bit blocks too, in the kernels' own
-# thread pool, up to this many rows: torch's float products of the head at a few rows are
-# no faster on one thread (fp16) or slower (bf16), and on more threads their OpenMP workers
-# spin on the cores the pool needs next. The head's limits are measured with
-# `python -m inference.bench.kernels --rows 16 24 32 48 64 --kinds int8 panel amx onednn
-# fbgemm` (the kinds the CPU has; the head's rows of the table).
-HEAD_BLOCK_ROWS = 8
-# bf16 with AMX whose tiles the kernels cannot use: oneDNN's head (on AMX) catches up by
-# 24 rows.
-HEAD_BLOCK_ROWS_AMX = 16
-# ... unless the kernels run on AMX's tiles too (kernels.amx_available(), amx_gemm.c): from
-# 4 rows the head's blocks take them, ahead of oneDNN's bf16 at every decode batch.
-HEAD_BLOCK_ROWS_AMX_TILES = 64
-# bf16 on AVX512-BF16 without AMX: the blocks on every core ahead of oneDNN's bf16 on one.
-HEAD_BLOCK_ROWS_BF16 = 64
-# fp16 (AVX2): the blocks on every core ahead of fbgemm's fp16 on one.
-HEAD_BLOCK_ROWS_FP16 = 64
 
-
+# Which product serves a step of N rows is the CPU backend's (cpu_backend.py, its one table
+# of thresholds); these ask the backend of the kernels loaded here.
 def default_native_max_rows(large: str | None) -> int:
-    """The measured crossover for hybrid's float format of larger steps (None: int4)."""
-    return {"bf16": HYBRID_MAX_ROWS_BF16, "fp16": HYBRID_MAX_ROWS_FP16}.get(
-        large or "", HYBRID_MAX_ROWS
-    )
+    """hybrid's crossover for its float format of larger steps (None: int4)."""
+    return kernels.backend().native_max_rows(large)
 
 
 def head_block_rows(large: str | None, native_max_rows: int) -> int:
     """Up to how many rows the lm_head takes its 8-bit blocks: at most the native path's."""
-    bf16 = HEAD_BLOCK_ROWS_BF16
-    if kernels.cpu_has_amx():
-        bf16 = HEAD_BLOCK_ROWS_AMX_TILES if kernels.amx_available() else HEAD_BLOCK_ROWS_AMX
-    rows = {"bf16": bf16, "fp16": HEAD_BLOCK_ROWS_FP16}.get(large or "", HEAD_BLOCK_ROWS)
-    return min(native_max_rows, rows)
-
-
-# The torch path's products from the 4-bit blocks, by kind, each measured against the
-# float format it replaces with `python -m inference.bench.kernels --rows 8 16 32 64 128
-# 256 --kinds bf16 i16 amx onednn fbgemm` (the kinds the CPU has; the 30 layers' rows).
-# Where large steps multiply bf16 (AVX512-BF16), steps of up to this many rows (prompts'
-# chunks, mostly) take the 4-bit blocks with bf16 activations (kernels/quant_gemm.c,
-# q4_1_gemm_bf16): a quarter of the bytes of bf16 weights, exact weights, float32 sums;
-# past it oneDNN's bf16 catches up.
-BF16_BLOCK_ROWS = 64
-# With AMX, every torch-path step's products take the 4-bit blocks on AMX's tiles
-# (kernels/amx_gemm.c, q4_1_gemm_amx: weights unpacked to bf16 in the cache, x in bf16,
-# float32 sums) in the kernels' pool, ahead of oneDNN's bf16 at every row count.
-AMX_BLOCK_ROWS = 1 << 30
-AMX_COLUMNS = 32  # a product's outputs on the tiles: whole chunks of this many
-# Where large steps are fp16 (AVX2, no bf16), every torch-path step's products take the
-# 4-bit blocks with x at 16 bits a block (kernels/panel_gemm.c, q4_1_gemm_i16: the weights'
-# integers unpacked once per 16 columns, float precision) in the kernels' pool, ahead of
-# fbgemm's fp16 at every row count. Built for AVX512-VNNI (8-row tiles of 512-bit sums) it
-# takes bf16 large steps' place too, on CPUs with AVX512-BF16 and no AMX, ahead of both
-# the bf16-activation product and oneDNN's bf16.
-I16_BLOCK_ROWS = 1 << 30
+    return kernels.backend().head_block_rows(large, native_max_rows)
 
 
 def prompt_blocks(large: str | None) -> str | None:
-    """Which 4-bit product the torch path's steps take ("amx" or "i16" for all of them,
-    "bf16" up to BF16_BLOCK_ROWS rows; kernels.q4_1_gemm), or None: where large steps are
-    bf16 and the kernels have the product, or fp16 and the kernels load. Where large steps
-    are bf16: AMX's tiles where they run, else the 16-bit product's AVX512-VNNI tile, else
-    bf16 activations. On a CPU with AMX whose tiles the kernels cannot use, oneDNN's bf16
-    (on AMX) keeps them: the kernels' products were not measured against it."""
-    if large == "fp16":
-        return "i16" if kernels.load() is not None else None
-    if large != "bf16":
-        return None
-    if kernels.amx_available():
-        return "amx"
-    if kernels.cpu_has_amx():
-        return None
-    if kernels.i16_vnni_available():
-        return "i16"
-    return "bf16" if kernels.bf16_gemm_available() else None
+    """Which 4-bit product the torch path's steps take (kernels.q4_1_gemm's kind), or None."""
+    return kernels.backend().prompt_product(large)
 
 
 def prompt_block_rows(kind: str | None) -> int:
     """Up to how many rows the torch path's steps take prompt_blocks' product."""
-    rows = {"amx": AMX_BLOCK_ROWS, "bf16": BF16_BLOCK_ROWS, "i16": I16_BLOCK_ROWS}
-    return rows.get(kind or "", 0)
+    return kernels.backend().prompt_rows(kind)
+
+
+def large_format(dtype: torch.dtype) -> str:
+    """hybrid's format for big steps of a float32 model (bf16 or fp16), else "none"."""
+    return kernels.backend().large_format(dtype)
 
 
 def blocks_rows(blocks: Q4_1 | Q8_0 | None, rows: int, kind: str) -> int:
@@ -235,15 +165,6 @@ class WeightFormats:
     # this product (prompt_blocks).
     bf16_rows: int = 0
     bf16_kind: str = "bf16"
-
-
-def large_format(dtype: torch.dtype) -> str:
-    """hybrid's format for big steps of a float32 model: bf16 weights where the CPU multiplies
-    bf16 natively (AMX / AVX512-BF16: ~1.7x fbgemm's fp16 at 64 rows),
-    else fp16-stored weights with float32 compute (fbgemm); other dtypes as they are."""
-    if dtype != torch.float32:
-        return "none"
-    return "bf16" if kernels.cpu_has_native_bf16() else "fp16"
 
 
 def call_linear(linear: Linear, x: torch.Tensor) -> torch.Tensor:

@@ -209,7 +209,11 @@ def observe_request(model: str, fig: dict[str, Any], itl: list[float]) -> None:
     itl_child = inter_token_latency.labels(model)
     for gap in itl:
         itl_child.observe(gap)
-    prompt_tokens.labels(model).inc(fig.get("prompt_tokens", 0))
+    # vLLM counts the prefill the engine did: a request refused before it was scheduled
+    # (busy, a worker's refusal) is stored with its prompt's length but prefilled nothing.
+    # One cut short after tokens came (its worker lost) may lack the scheduled time.
+    if fig.get("queue_time") is not None or fig.get("output_tokens", 0) > 0:
+        prompt_tokens.labels(model).inc(fig.get("prompt_tokens", 0))
     generation_tokens.labels(model).inc(fig.get("output_tokens", 0))
     spec_decode_draft_tokens.labels(model).inc(fig.get("drafted_tokens", 0))
     spec_decode_accepted_tokens.labels(model).inc(fig.get("accepted_tokens", 0))

@@ -28,6 +28,7 @@ from chatapp.chat.conversations import InvalidSettings, NotFound
 from chatapp.chat.generation import (
     ERROR_TEXT,
     AlreadyStreaming,
+    Draining,
     Generation,
     Reservation,
     Subscription,
@@ -293,6 +294,20 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             message.conversation, parent, text, content, branch_from=True, documents=documents
         )
 
+    async def on_continue(self, content: dict[str, Any]) -> None:
+        reply = await database_sync_to_async(conversations.get_message)(
+            self.user, _id_field(content, "message_id")
+        )
+        if not conversations.can_continue(reply):
+            raise FrameError("invalid", "Only a reply cut off at the length limit can go on.")
+        conv = reply.conversation
+        reservation = self._reserve_stream(conv.pk)
+        try:
+            gen = await self._prepare_continuation(conv, reply, reservation)
+        finally:
+            registry.release(reservation)
+        await self._launch(gen, conv, None, reply, False, content)
+
     async def _documents(
         self, ids: list[int], keep_from: Message | None = None
     ) -> list[attachments.Attachment]:
@@ -357,6 +372,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         "stop": on_stop,
         "regenerate": on_regenerate,
         "edit": on_edit,
+        "continue": on_continue,
         "resume": on_resume,
     }
 
@@ -371,6 +387,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             )
         except AlreadyStreaming as exc:
             raise FrameError("already_streaming", "A reply is already being written here.") from exc
+        except Draining as exc:
+            raise FrameError(
+                "draining", "The server is restarting. Send your message again in a moment."
+            ) from exc
         except TooManyStreams as exc:
             raise FrameError(
                 "rate_limited",
@@ -419,6 +439,17 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             )
         finally:
             registry.release(reservation)  # a no-op once the reply has started
+        await self._launch(gen, conv, user_msg, reply, new_conversation, content)
+
+    async def _launch(
+        self,
+        gen: Generation,
+        conv: Conversation,
+        user_msg: Message | None,
+        reply: Message,
+        new_conversation: bool,
+        content: dict[str, Any],
+    ) -> None:
         # Launched before anything else is awaited, so a registered reply always runs
         # (and ends, freeing its slot) even if this socket fails from here on; its events
         # wait in `sub` until the `start` frame is out.
@@ -484,6 +515,40 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             top_p=conv.top_p if conv.top_p > 0 else 1.0,
         )
         return registry.start(reply, prompt, sampling, reservation), user_msg, reply
+
+    async def _prepare_continuation(
+        self, conv: Conversation, reply: Message, reservation: Reservation
+    ) -> Generation:
+        """The same reply, written on from its last token by the model that wrote it: the
+        prompt is the one it answered plus its own token ids, an exact extension of what
+        the engine's prefix cache already holds."""
+        await self._count_message()
+        client = await asyncio.to_thread(get_engine_client, reply.model or None)
+        default = await asyncio.to_thread(default_model)
+
+        def prepare() -> Prompt | None:
+            branch = conversations.path_to(reply.parent)
+            salt = prefix_cache_salt(conv.owner_id)
+            asked = conversations.prompt_for(
+                client, conv, branch, None, [], salt, legacy=client.model_name == default
+            )
+            return conversations.continuation_prompt(
+                asked, reply, client.tokenizer_id, client.model_name == default
+            )
+
+        prompt = await database_sync_to_async(prepare)()
+        if prompt is None:
+            raise FrameError("invalid", "This reply cannot go on with the model serving it now.")
+        too_long = conversations.too_long_words(client, prompt)
+        if too_long:
+            raise FrameError("too_long", "The reply has filled the model's context window.")
+        await database_sync_to_async(conversations.reopen_reply)(reply)
+        sampling = SamplingParams(
+            max_tokens=conv.max_tokens,
+            temperature=conv.temperature,
+            top_p=conv.top_p if conv.top_p > 0 else 1.0,
+        )
+        return registry.start(reply, prompt, sampling, reservation)
 
     async def _announce(
         self,

@@ -371,6 +371,39 @@ def prompt_for(
     return client.chat_prompt(turns, cache_salt=cache_salt)
 
 
+def can_continue(reply: Message) -> bool:
+    """Whether a reply can be written on (Continue): it ended at its length limit."""
+    return (
+        reply.role == Message.Role.ASSISTANT
+        and reply.status == Message.Status.COMPLETE
+        and reply.finish_reason == "length"
+        and bool(reply.token_ids)
+    )
+
+
+def continuation_prompt(
+    asked: Prompt, reply: Message, tokenizer: str | None, legacy: bool = False
+) -> Prompt | None:
+    """The prompt that writes `reply` on: the prompt it answered (`asked`) with its own
+    token ids after it, unclosed. None where they cannot be joined: an engine that takes
+    no token ids (an upstream server), or a model whose tokenizer the ids are not in."""
+    same = tokenizer is not None and (
+        reply.tokenizer == tokenizer or (legacy and not reply.tokenizer)
+    )
+    if asked.token_ids is None or not same:
+        return None
+    return Prompt(token_ids=asked.token_ids + list(reply.token_ids))
+
+
+def reopen_reply(reply: Message) -> None:
+    """Mark a reply as being written again, and the branch it ends as the one shown."""
+    reply.status, reply.finish_reason = Message.Status.STREAMING, ""
+    Message.objects.filter(pk=reply.pk).update(
+        status=reply.status, finish_reason="", updated_at=timezone.now()
+    )
+    Conversation.objects.filter(pk=reply.conversation_id).update(active_leaf=reply)
+
+
 def too_long_words(client: EngineClient, prompt: Prompt) -> str | None:
     """Why the prompt does not fit the model's context window, in the words both the
     composer (before sending) and the socket (refusing a send) use; None when it fits."""

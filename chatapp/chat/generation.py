@@ -43,6 +43,8 @@ STATUS_FOR_FINISH = {
     "length": Message.Status.COMPLETE,
     "abort": Message.Status.STOPPED,
     "disconnect": Message.Status.STOPPED,
+    # Cut by a drain (SIGTERM) past CHAT_DRAIN_S: the text so far is kept.
+    "shutdown": Message.Status.STOPPED,
     "error": Message.Status.ERROR,
 }
 
@@ -130,8 +132,9 @@ class Generation:
         self.prompt = prompt
         self.sampling = sampling
         self.request_id = f"chat-{message.pk}-{uuid.uuid4().hex[:8]}"
-        self.text = ""
-        self.token_ids: list[int] = []
+        # A reply written on (Continue) starts from what it holds; a new one holds nothing.
+        self.text = message.text
+        self.token_ids: list[int] = list(message.token_ids)
         # Delta frames published so far: each frame's `seq` (docs/websocket.md).
         self.deltas_sent = 0
         self.finished = False
@@ -236,8 +239,8 @@ class Generation:
             log.exception("generation %s crashed", self.request_id)
             error_code = "engine_error"
         finally:
-            if finish_reason == "abort" and self.stop_reason == "disconnect":
-                finish_reason = "disconnect"
+            if finish_reason == "abort" and self.stop_reason in ("disconnect", "shutdown"):
+                finish_reason = self.stop_reason
             await self._finish(
                 finish_reason if error_code is None else "error", error_code, figures
             )
@@ -328,6 +331,10 @@ class AlreadyStreaming(Exception):
     """A reply is already being written (or about to be) in that conversation."""
 
 
+class Draining(Exception):
+    """This process is shutting down: it starts no new reply."""
+
+
 class TooManyStreams(Exception):
     def __init__(self, active: int) -> None:
         super().__init__(f"{active} replies streaming")
@@ -350,6 +357,7 @@ class GenerationRegistry:
         self.by_message: dict[int, Generation] = {}
         self.by_conversation: dict[int, int] = {}
         self.reserved: set[Reservation] = set()
+        self.draining = False
 
     def get(self, message_id: int) -> Generation | None:
         return self.by_message.get(message_id)
@@ -368,6 +376,8 @@ class GenerationRegistry:
         """Check the limits and claim a slot in one step, with no await in between: two
         frames that check at the same moment cannot both pass. The caller must either
         `start` the reply with it or `release` it, on every path."""
+        if self.draining:
+            raise Draining
         if conversation_id is not None and (
             self.streaming_in(conversation_id) is not None
             or any(r.conversation_id == conversation_id for r in self.reserved)
@@ -406,6 +416,22 @@ class GenerationRegistry:
         self.by_message.pop(gen.message_id, None)
         if self.by_conversation.get(gen.conversation_id) == gen.message_id:
             self.by_conversation.pop(gen.conversation_id, None)
+
+    async def drain(self, deadline_s: float) -> None:
+        """Shut down without losing a reply: start none, let the running ones finish for up
+        to `deadline_s`, then cut the rest (finish "shutdown") and wait for them to save."""
+        self.draining = True
+        running = [g.task for g in self.by_message.values() if g.task is not None]
+        if not running:
+            return
+        log.info("draining: %d replies running, %.0f s to finish", len(running), deadline_s)
+        _, late = await asyncio.wait(running, timeout=deadline_s)
+        if late:
+            log.warning("draining: cutting %d replies at the deadline", len(late))
+            for gen in list(self.by_message.values()):
+                gen.stop("shutdown")
+            # Each saves its text and figures once its stream ends (at once on abort).
+            await asyncio.wait(late, timeout=10)
 
 
 registry = GenerationRegistry()

@@ -13,6 +13,7 @@ aborts the request in the engine within one step.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -65,6 +66,7 @@ from inference.engine import (
     SamplingParams,
 )
 from inference.engine.errors import InvalidRequestError
+from inference.engine.outputs import TokenLogprob
 from inference.workers.protocol import is_worker_lost
 
 __all__ = ["CHAT_FIELDS", "COMPLETION_FIELDS", "ApiError", "ApiRequest", "parse_chat"]
@@ -182,15 +184,7 @@ def structured_output(b: CommonBody) -> tuple[str | None, str]:
 def _not_yet(b: CommonBody, logprobs: int | None, tools: bool) -> None:
     """Fields declared in the schema that the engine does not honour yet: refused, not
     silently ignored."""
-    for name, used in (
-        ("n", (b.n or 1) != 1),
-        ("logprobs", logprobs is not None),
-        ("frequency_penalty", bool(b.frequency_penalty)),
-        ("presence_penalty", bool(b.presence_penalty)),
-        ("logit_bias", bool(b.logit_bias)),
-        ("response_format", structured_output(b)[0] is not None),
-        ("tools", tools),
-    ):
+    for name, used in (("tools", tools),):
         if used:
             raise invalid(f"'{name}' is not supported with a value other than its default", name)
 
@@ -390,6 +384,15 @@ def usage(last: Delta, prompt_len: int | None, ids: list[int]) -> dict[str, Any]
     }
 
 
+def total_usage(prompt_len: int | None, lasts: list[Delta], ids: list[list[int]]) -> dict[str, Any]:
+    """Usage of n choices: the prompt once (they share it), their completions summed."""
+    total = usage(lasts[0], prompt_len, ids[0])
+    for last, i in zip(lasts[1:], ids[1:], strict=True):
+        total["completion_tokens"] += usage(last, prompt_len, i)["completion_tokens"]
+    total["total_tokens"] = total["prompt_tokens"] + total["completion_tokens"]
+    return total
+
+
 def envelope(rid: str, obj: str, created: int, model: str, choices: list) -> dict[str, Any]:
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": choices}
 
@@ -434,13 +437,87 @@ def build_prompt(client: EngineClient, req: ApiRequest, cache_salt: str) -> Prom
         raise invalid(str(exc), "prompt") from exc
 
 
+@dataclass
+class Choice:
+    """One of a request's `n` choices: its own engine stream and first delta."""
+
+    index: int
+    stream: AsyncGenerator[Delta, None]
+    first: Delta
+    replayed: bool = False
+
+
+def choice_sampling(sampling: SamplingParams, index: int) -> SamplingParams:
+    """Choice i's settings: a seeded request's choices draw from seeds seed, seed + 1, ...
+    (vLLM's rule), so that n=3 with a seed gives three different, repeatable replies."""
+    if index == 0 or sampling.seed is None:
+        return sampling
+    return dataclasses.replace(sampling, seed=sampling.seed + index)
+
+
+async def open_choice(
+    client: EngineClient, req: ApiRequest, prompt: Prompt, key: ApiKey, index: int
+) -> Choice:
+    """Start one choice's engine stream and pull its first delta (refusals raise here)."""
+    param = "messages" if req.turns is not None else "prompt"
+    # Its end is announced when this stream closes (streams.py): observability records it.
+    request_id = f"api-{uuid.uuid4().hex}"
+    engine_stream = client.stream(
+        prompt,
+        choice_sampling(req.sampling, index),
+        session_id=req.user,
+        request_id=request_id,
+        cache_salt=req.scope,
+        # The response cache keeps text and ids, not logprobs.
+        replay=req.sampling.logprobs is None,
+    )
+    stream = recorded_stream(
+        engine_stream,
+        "api",
+        user_id=key.owner_id,
+        prompt_tokens=prompt.length,
+        request_id=request_id,
+        model=client.model_name,
+    )
+    try:
+        first = await stream.__anext__()
+    except EngineError as exc:
+        await stream.aclose()
+        raise engine_failure(exc, param) from exc
+    if first.finish_reason == "error":
+        # Failed before any byte went out: a status, not a 200 with an error event.
+        await stream.aclose()
+        raise failed_reply(first)
+    return Choice(index, stream, first, bool(getattr(engine_stream, "replayed", False)))
+
+
+def upstream_refuses(req: ApiRequest) -> None:
+    """An upstream engine is sent what SamplingParams it forwards (backends/upstream.py):
+    a field it is not sent is refused by name rather than ignored."""
+    p = req.sampling
+    for name, used in (
+        ("logprobs", p.logprobs is not None),
+        ("frequency_penalty", bool(p.frequency_penalty)),
+        ("presence_penalty", bool(p.presence_penalty)),
+        ("logit_bias", bool(p.logit_bias)),
+        ("response_format", p.structured is not None),
+    ):
+        if used:
+            raise invalid(f"'{name}' is not supported by the model '{req.model}' here", name)
+
+
 async def start_stream(
     request: HttpRequest, req: ApiRequest, key: ApiKey
-) -> tuple[EngineClient, Prompt, AsyncGenerator[Delta, None], Delta, Callable[[], None], bool]:
-    """Check limits, build the prompt and pull the first delta before any header goes out,
-    so that busy / too long / unavailable become proper statuses (and a reply replayed
-    from the response cache can say so in a header: the last item)."""
+) -> tuple[EngineClient, Prompt, list[Choice], Callable[[], None]]:
+    """Check limits, build the prompt and pull each choice's first delta before any header
+    goes out, so that busy / too long / unavailable become proper statuses.
+
+    With n > 1 the first choice runs alone until its first token: by then its prompt's KV
+    blocks are in the prefix cache, and the other choices find them there instead of
+    computing the prompt again (prefix sharing, one prefill)."""
     client = await engine_client(req.model)
+    if getattr(client, "tokenizer", None) is None:
+        upstream_refuses(req)
     try:
         release = await limiter.acquire(key, request)
     except RateLimited as exc:
@@ -451,53 +528,121 @@ async def start_stream(
             code="rate_limit_exceeded",
             headers={"Retry-After": str(exc.retry_after)},
         ) from exc
+    choices: list[Choice] = []
     try:
         # The key owner's scope in the prefix, response and reply caches (docs/kv-tier.md).
         req.scope = prefix_cache_salt(key.owner_id, req.cache_salt)
         prompt = await asyncio.to_thread(build_prompt, client, req, req.scope)
-        param = "messages" if req.turns is not None else "prompt"
         try:
             client.check_fits(prompt)
         except EngineError as exc:
-            raise engine_failure(exc, param) from exc
-        # Its end is announced when this stream closes (streams.py): observability records it.
-        request_id = f"api-{uuid.uuid4().hex}"
-        engine_stream = client.stream(
-            prompt,
-            req.sampling,
-            session_id=req.user,
-            request_id=request_id,
-            cache_salt=req.scope,
-        )
-        stream = recorded_stream(
-            engine_stream,
-            "api",
-            user_id=key.owner_id,
-            prompt_tokens=prompt.length,
-            request_id=request_id,
-            model=client.model_name,
-        )
-        try:
-            first = await stream.__anext__()
-        except EngineError as exc:
-            raise engine_failure(exc, param) from exc
-        if first.finish_reason == "error":
-            # Failed before any byte went out: a status, not a 200 with an error event.
-            await stream.aclose()
-            raise failed_reply(first)
-        replayed = bool(getattr(engine_stream, "replayed", False))
-        return client, prompt, stream, first, release, replayed
+            raise engine_failure(exc, "messages" if req.turns is not None else "prompt") from exc
+        choices.append(await open_choice(client, req, prompt, key, 0))
+        if req.n > 1:
+            rest = await asyncio.gather(
+                *(open_choice(client, req, prompt, key, i) for i in range(1, req.n)),
+                return_exceptions=True,
+            )
+            choices += [c for c in rest if isinstance(c, Choice)]
+            failed = [c for c in rest if isinstance(c, BaseException)]
+            if failed:
+                raise failed[0]
+        return client, prompt, choices, release
     except BaseException:
+        for c in choices:
+            await c.stream.aclose()
         release()
         raise
 
 
-async def collect(stream: AsyncIterator[Delta], first: Delta) -> tuple[str, list[int], Delta]:
-    text, ids, last = "", [], first
-    async for last in starting_with(first, stream):
+async def collect(choice: Choice) -> tuple[str, list[int], list[TokenLogprob], Delta]:
+    text, ids, last = "", [], choice.first
+    logprobs: list[TokenLogprob] = []
+    async for last in starting_with(choice.first, choice.stream):
         text += last.text
         ids.extend(last.token_ids)
-    return text, ids, last
+        logprobs.extend(last.logprobs or ())
+    return text, ids, logprobs, last
+
+
+async def interleaved(choices: list[Choice]) -> AsyncIterator[tuple[int, Delta]]:
+    """Every choice's deltas as they come, each with its choice's index."""
+    if len(choices) == 1:
+        async for delta in starting_with(choices[0].first, choices[0].stream):
+            yield 0, delta
+        return
+    queue: asyncio.Queue[tuple[int, Delta | None]] = asyncio.Queue()
+
+    async def pump(c: Choice) -> None:
+        try:
+            async for delta in starting_with(c.first, c.stream):
+                await queue.put((c.index, delta))
+        finally:
+            await queue.put((c.index, None))
+
+    tasks = [asyncio.create_task(pump(c)) for c in choices]
+    try:
+        open_choices = len(choices)
+        while open_choices:
+            index, item = await queue.get()
+            if item is None:
+                open_choices -= 1
+            else:
+                yield index, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# --- logprobs in OpenAI's two shapes ---------------------------------------------------
+
+
+def token_text(tokenizer: Any, token: int) -> str:
+    return str(tokenizer.decode([token]))
+
+
+def chat_logprobs(tokenizer: Any, logprobs: list[TokenLogprob]) -> dict[str, Any]:
+    """chat.completion's `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+
+    def entry(token: int, lp: float) -> dict[str, Any]:
+        text = token_text(tokenizer, token)
+        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+    return {
+        "content": [
+            {**entry(t.token_id, t.logprob), "top_logprobs": [entry(a, b) for a, b in t.top]}
+            for t in logprobs
+        ]
+    }
+
+
+def completion_logprobs(
+    tokenizer: Any, logprobs: list[TokenLogprob], offset: int = 0
+) -> dict[str, Any]:
+    """text_completion's `logprobs`: parallel lists of tokens, logprobs, tops and offsets."""
+    tokens = [token_text(tokenizer, t.token_id) for t in logprobs]
+    offsets = []
+    for text in tokens:
+        offsets.append(offset)
+        offset += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [t.logprob for t in logprobs],
+        "top_logprobs": [{token_text(tokenizer, a): b for a, b in t.top} for t in logprobs],
+        "text_offset": offsets,
+    }
+
+
+def logprobs_of(
+    client: EngineClient, req: ApiRequest, chat: bool, logprobs: list[TokenLogprob], offset: int
+) -> dict[str, Any] | None:
+    if req.sampling.logprobs is None:
+        return None
+    tokenizer = getattr(client, "tokenizer", None)
+    if chat:
+        return chat_logprobs(tokenizer, logprobs)
+    return completion_logprobs(tokenizer, logprobs, offset)
 
 
 # --- endpoints --------------------------------------------------------------------------
@@ -552,11 +697,12 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
     key = await authenticate(request)
     body = read_body(request)
     req = parse_chat(body) if chat else parse_completion(body)
-    client, prompt, stream, first, release, replayed = await start_stream(request, req, key)
+    client, prompt, choices, release = await start_stream(request, req, key)
     created = int(time.time())
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    replayed = all(c.replayed for c in choices)
     if req.stream:
-        events = sse_events(client, req, rid, created, chat, prompt.length, stream, first, release)
+        events = sse_events(client, req, rid, created, chat, prompt.length, choices, release)
         response = StreamingHttpResponse(events, content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
@@ -564,25 +710,32 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
             response["X-Response-Cache"] = "hit"
         return response
     try:
-        text, ids, last = await collect(stream, first)
+        results = await asyncio.gather(*(collect(c) for c in choices))
     finally:
-        await stream.aclose()
+        for c in choices:
+            await c.stream.aclose()
         release()
-    if last.finish_reason == "error":
-        raise failed_reply(last)
-    if chat:
-        client.remember_reply(text, ids, req.scope)
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": finish_reason(last),
-            "logprobs": None,
-        }
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": finish_reason(last), "logprobs": None}
+    out = []
+    for c, (text, ids, logprobs, last) in zip(choices, results, strict=True):
+        if last.finish_reason == "error":
+            raise failed_reply(last)
+        lps = logprobs_of(client, req, chat, logprobs, 0)
+        if chat:
+            if c.index == 0:
+                client.remember_reply(text, ids, req.scope)
+            message = {"role": "assistant", "content": text}
+            out.append(
+                {"index": c.index, "message": message, "finish_reason": finish_reason(last),
+                 "logprobs": lps}
+            )  # fmt: skip
+        else:
+            out.append(
+                {"index": c.index, "text": text, "finish_reason": finish_reason(last),
+                 "logprobs": lps}
+            )  # fmt: skip
     obj = "chat.completion" if chat else "text_completion"
-    body = envelope(rid, obj, created, req.model, [choice])
-    body["usage"] = usage(last, prompt.length, ids)
+    body = envelope(rid, obj, created, req.model, out)
+    body["usage"] = total_usage(prompt.length, [r[3] for r in results], [r[1] for r in results])
     response = JsonResponse(body)
     if replayed:
         response["X-Response-Cache"] = "hit"
@@ -596,14 +749,13 @@ async def sse_events(
     created: int,
     chat: bool,
     prompt_len: int | None,
-    stream: AsyncGenerator[Delta, None],
-    first: Delta,
+    choices: list[Choice],
     release: Callable[[], None],
 ) -> AsyncIterator[bytes]:
     obj = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(choice_fields: dict[str, Any], finish: str | None = None) -> bytes:
-        choice = {"index": 0, **choice_fields, "finish_reason": finish, "logprobs": None}
+    def chunk(index: int, fields: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": index, "logprobs": None, **fields, "finish_reason": finish}
         body = envelope(rid, obj, created, req.model, [choice])
         if req.include_usage:
             body["usage"] = None
@@ -612,29 +764,41 @@ async def sse_events(
     def piece(text: str) -> dict[str, Any]:
         return {"delta": {"content": text}} if chat else {"text": text}
 
-    ids: list[int] = []
-    text_all = ""
+    n = len(choices)
+    ids: list[list[int]] = [[] for _ in range(n)]
+    texts = [""] * n
+    lasts: list[Delta | None] = [None] * n
     try:
         if chat:
-            yield chunk({"delta": {"role": "assistant", "content": ""}})
-        async for delta in starting_with(first, stream):
-            ids.extend(delta.token_ids)
-            text_all += delta.text
+            for i in range(n):
+                yield chunk(i, {"delta": {"role": "assistant", "content": ""}})
+        async for i, delta in interleaved(choices):
             if delta.finish_reason == "error":
                 # The status line went out long ago: the error travels as an `error` event.
                 yield sse(failed_reply(delta).body(), event="error")
                 break
-            if delta.text:
-                yield chunk(piece(delta.text))
+            if delta.text or delta.logprobs:
+                fields = piece(delta.text)
+                if delta.logprobs:
+                    fields["logprobs"] = logprobs_of(
+                        client, req, chat, delta.logprobs, len(texts[i])
+                    )
+                yield chunk(i, fields)
+            ids[i].extend(delta.token_ids)
+            texts[i] += delta.text
             if delta.finished:
-                yield chunk(piece("") if not chat else {"delta": {}}, finish_reason(delta))
-                if req.include_usage:
-                    body = envelope(rid, obj, created, req.model, [])
-                    body["usage"] = usage(delta, prompt_len, ids)
-                    yield sse(body)
-        if chat:
-            client.remember_reply(text_all, ids, req.scope)
+                lasts[i] = delta
+                yield chunk(i, piece("") if not chat else {"delta": {}}, finish_reason(delta))
+        else:
+            if req.include_usage:
+                body = envelope(rid, obj, created, req.model, [])
+                done = [d for d in lasts if d is not None]
+                body["usage"] = total_usage(prompt_len, done, ids)
+                yield sse(body)
+            if chat:
+                client.remember_reply(texts[0], ids[0], req.scope)
         yield b"data: [DONE]\n\n"
     finally:
-        await stream.aclose()
+        for c in choices:
+            await c.stream.aclose()
         release()

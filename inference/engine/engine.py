@@ -55,6 +55,7 @@ from inference.engine.scheduler import ScheduledBatch, Scheduler
 from inference.engine.sequence import Sequence
 from inference.engine.speculative import DISABLED_STATS as SPEC_DISABLED_STATS
 from inference.engine.speculative import Speculator
+from inference.engine.structured import GrammarMasks, StructuredOutputs
 
 if TYPE_CHECKING:  # redis: loaded by start_tier when the tier is on
     from inference.engine.kv_tier.tier import KVTier
@@ -142,6 +143,8 @@ class LLMEngine:
         # Finished requests' blocks not written yet, by block id (WRITE_BACK_BUSY_SEQS).
         self._deferred: dict[int, BlockEntry] = {}
         self.sampler = Sampler()
+        # Structured outputs' grammars (structured.py): made on the first such request.
+        self.structured: StructuredOutputs | None = None
         self.step_tokens_counts = [0] * len(STEP_TOKEN_BUCKETS)
         self.step_tokens_sum = 0
         self.speculator = self._speculator(config)
@@ -223,6 +226,8 @@ class LLMEngine:
         seq.detokenizer = IncrementalDetokenizer(
             self.tokenizer, prompt_token_ids, sampling.stop, self._decode
         )
+        if sampling.structured is not None:
+            seq.grammar = self._grammars().start(sampling.structured, sampling.structured_spec)
         with self._lock:
             if request_id in self.seqs:
                 raise InvalidRequestError(f"request id {request_id!r} is already running")
@@ -318,9 +323,26 @@ class LLMEngine:
                 deltas.append(self._finish(aborted, "abort"))
         return deltas
 
+    def _grammars(self) -> StructuredOutputs:
+        if self.structured is None:
+            vocab = self.runner.model.vocab_size
+            self.structured = StructuredOutputs(self.tokenizer, vocab, self.eos_token_ids)
+        return self.structured
+
+    def _start_masks(self, batch: ScheduledBatch) -> GrammarMasks | None:
+        """Structured requests' grammar masks, filled on their own thread while the model
+        runs: those of the sequences that sample a token in this step."""
+        seqs = [
+            seq
+            for seq, n in zip(batch.seqs, batch.num_tokens, strict=True)
+            if seq.grammar is not None and seq.num_computed_tokens + n >= len(seq)
+        ]
+        return self._grammars().fill_async(seqs) if seqs else None
+
     def _run(self, batch: ScheduledBatch, deltas: list[Delta]) -> None:
         """Model, sampler, detokenizer. Deltas go into `deltas` one by one, so that if a later
         request fails, the ones already finished still reach their streams."""
+        masks = self._start_masks(batch) if self.structured is not None else None
         sampling_seqs, logits = self.runner.run(batch)
         # Sequences that carried speculative guesses got 1 + len(guesses) rows each.
         plain: list[Sequence] = []
@@ -337,14 +359,17 @@ class LLMEngine:
             row += k + 1
         if checks:
             logits = logits[plain_rows]
-        tokens = self.sampler(plain, logits) if plain else []
+        tokens = self.sampler(plain, logits, masks) if plain else []
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
             if not seq.draft_tokens:  # a checked sequence advances by what it keeps
                 seq.num_computed_tokens += n
                 self.kv.commit_full_blocks(seq)
         now = time.time()
         for seq, token in zip(plain, tokens, strict=True):
-            deltas.append(self._on_token(seq, token, now))
+            delta = self._on_token(seq, token, now)
+            if seq.last_logprob is not None:
+                delta.logprobs, seq.last_logprob = [seq.last_logprob], None
+            deltas.append(delta)
         if checks:
             speculator = self.speculator
             assert speculator is not None  # only a speculator puts guesses into a batch

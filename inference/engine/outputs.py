@@ -81,6 +81,18 @@ class RequestFigures:
 
 
 @dataclass
+class TokenLogprob:
+    """A sampled token's log-probability and the `top` most likely tokens' (id, logprob),
+    from the model's own distribution: the raw logits' log-softmax, before penalties,
+    biases, a grammar's mask and temperature (vLLM's default `raw_logprobs`), so that they
+    sum to the text's log-likelihood under the model."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
 class Delta:
     """New output of one request since its previous delta.
 
@@ -95,6 +107,8 @@ class Delta:
     finish_reason: str | None = None
     error: str | None = None
     figures: RequestFigures | None = None
+    # One per token of token_ids, where the request asked for logprobs.
+    logprobs: list[TokenLogprob] | None = None
     # The text of these tokens, not decoded yet (LLMEngine.defer_text: the consumer decodes
     # it, off the step's path); `resolve_text()` appends it to `text`, in order.
     text_job: Callable[[], str] | None = field(default=None, repr=False, compare=False)

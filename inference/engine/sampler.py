@@ -1,5 +1,11 @@
 """Pick each sequence's next token from its logits.
 
+Before the draw, in this order and only on the rows that ask for them: the raw
+log-probabilities (logprobs, kept from the model's own distribution), the repetition
+penalty, the frequency and presence penalties and the logit bias (batched over the rows
+that have them), and a structured output's grammar mask. A batch without them pays a few
+list comprehensions.
+
 Greedy rows take the argmax in one batched call. Unseeded random rows are filtered and
 drawn together (`sample_batch`): in the native kernels where they build (sample.c: one
 pass over the vocabulary and a sort of the few likely tokens, ~10x fewer microseconds than
@@ -12,10 +18,13 @@ from __future__ import annotations
 import ctypes
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from inference.engine import kernels
+from inference.engine.outputs import TokenLogprob
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.sequence import Sequence
+from inference.engine.structured import GrammarMasks
 
 
 def apply_repetition_penalty(logits: torch.Tensor, token_ids: list[int], penalty: float) -> None:
@@ -23,6 +32,57 @@ def apply_repetition_penalty(logits: torch.Tensor, token_ids: list[int], penalty
     ids = torch.tensor(sorted(set(token_ids)), dtype=torch.long, device=logits.device)
     picked = logits[ids]
     logits[ids] = torch.where(picked > 0, picked / penalty, picked * penalty)
+
+
+def apply_penalties(logits: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> None:
+    """OpenAI's frequency and presence penalties over each row's output tokens, and its
+    logit_bias, in place on logits[rows]: mu[j] -= c[j] * frequency + (c[j] > 0) * presence
+    + bias[j], for all the rows at once."""
+    vocab = logits.shape[1]
+    counted = [i for i in rows if seqs[i].num_output_tokens and _penalty(seqs[i].sampling)]
+    if counted:
+        outs = [torch.tensor(seqs[i].output_token_ids, dtype=torch.long) for i in counted]
+        # Padding goes to an extra column, dropped after counting.
+        ids = pad_sequence(outs, batch_first=True, padding_value=vocab)
+        counts = torch.zeros(len(counted), vocab + 1, dtype=logits.dtype)
+        counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=logits.dtype))
+        counts = counts[:, :vocab]
+        freq = torch.tensor([seqs[i].sampling.frequency_penalty for i in counted])
+        pres = torch.tensor([seqs[i].sampling.presence_penalty for i in counted])
+        penalty = counts * freq[:, None] + (counts > 0).to(logits.dtype) * pres[:, None]
+        logits[counted] -= penalty
+    biased = [(i, t, b) for i in rows for t, b in seqs[i].sampling.logit_bias if 0 <= t < vocab]
+    if biased:
+        r, t, b = zip(*biased, strict=True)
+        logits.index_put_(
+            (torch.tensor(r), torch.tensor(t)), torch.tensor(b, dtype=logits.dtype), accumulate=True
+        )
+
+
+def _penalty(p: SamplingParams) -> bool:
+    return bool(p.frequency_penalty or p.presence_penalty)
+
+
+def raw_logprobs(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """log-softmax of logits[rows] as the model gave them (before any processing)."""
+    return torch.log_softmax(logits[rows].float(), dim=-1)
+
+
+def token_logprobs(
+    logprobs: torch.Tensor, tokens: list[int], tops: list[int]
+) -> list[TokenLogprob]:
+    """Each row's sampled token's logprob and its top[row] most likely tokens'."""
+    picked = logprobs.gather(1, torch.tensor(tokens)[:, None]).flatten().tolist()
+    k = max(tops)
+    best = torch.topk(logprobs, k, dim=-1) if k else None
+    out = []
+    for r, (token, lp) in enumerate(zip(tokens, picked, strict=True)):
+        top: list[tuple[int, float]] = []
+        if best is not None and tops[r]:
+            ids = best.indices[r, : tops[r]].tolist()
+            top = list(zip(ids, best.values[r, : tops[r]].tolist(), strict=True))
+        out.append(TokenLogprob(token, lp, top))
+    return out
 
 
 def filter_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -139,11 +199,40 @@ def _sample_filtered(probs: torch.Tensor, params: list[SamplingParams]) -> list[
 
 
 class Sampler:
-    def __call__(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
-        """logits: [len(seqs), vocab] float32. Returns one token id per sequence."""
+    # The model's logits are inference tensors: changed in place only in inference mode.
+    @torch.inference_mode()
+    def __call__(
+        self, seqs: list[Sequence], logits: torch.Tensor, masks: GrammarMasks | None = None
+    ) -> list[int]:
+        """logits: [len(seqs), vocab] float32, changed in place by penalties and masks.
+        Returns one token id per sequence; a request that asked for logprobs finds its
+        token's in seq.last_logprob, and a structured one's grammar has taken the token."""
+        wants_logprobs = [i for i, s in enumerate(seqs) if s.sampling.logprobs is not None]
+        raw = raw_logprobs(logits, wants_logprobs) if wants_logprobs else None
         for i, seq in enumerate(seqs):
             if seq.sampling.repetition_penalty != 1.0:
                 apply_repetition_penalty(logits[i], seq.token_ids, seq.sampling.repetition_penalty)
+        adjusted = [i for i, s in enumerate(seqs) if s.sampling.penalized]
+        if adjusted:
+            apply_penalties(logits, seqs, adjusted)
+            structured = [i for i in adjusted if seqs[i].grammar is not None]
+            if structured:
+                if masks is None:
+                    raise RuntimeError("a structured request reached the sampler without masks")
+                masks.apply(logits, seqs, structured)
+        tokens = self._pick(seqs, logits)
+        if raw is not None:
+            picked = [tokens[i] for i in wants_logprobs]
+            tops = [seqs[i].sampling.logprobs or 0 for i in wants_logprobs]
+            for i, lp in zip(wants_logprobs, token_logprobs(raw, picked, tops), strict=True):
+                seqs[i].last_logprob = lp
+        for i in adjusted:
+            grammar = seqs[i].grammar
+            if grammar is not None and not grammar.accept(tokens[i]):
+                raise RuntimeError(f"the grammar refused token {tokens[i]} its own mask allowed")
+        return tokens
+
+    def _pick(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         greedy = [i for i, s in enumerate(seqs) if s.sampling.greedy]
         tokens = [0] * len(seqs)
         if greedy:

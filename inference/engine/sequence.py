@@ -10,11 +10,12 @@ import torch
 
 from inference.engine.cache_scope import UNSALTED, CacheScope
 from inference.engine.kv_tier.blocks import RestoredPrefix
-from inference.engine.outputs import RequestFigures
+from inference.engine.outputs import RequestFigures, TokenLogprob
 from inference.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from inference.engine.detokenizer import IncrementalDetokenizer
+    from inference.engine.structured import GrammarState
 
 
 class SequenceStatus(enum.Enum):
@@ -74,6 +75,10 @@ class Sequence:
         self.generator: torch.Generator | None = None
         if sampling.seed is not None:
             self.generator = torch.Generator().manual_seed(sampling.seed)
+        # Filled by the sampler when the request asks for logprobs: its latest token's.
+        self.last_logprob: TokenLogprob | None = None
+        # A structured-output request's grammar matcher (structured.py), fed each token.
+        self.grammar: GrammarState | None = None
         # Filled by the engine: the detokenizer state for this request.
         self.detokenizer: IncrementalDetokenizer | None = None
         # Speculative decoding: this step's guesses for the tokens after the last one (not

@@ -250,7 +250,9 @@ class Speculator:
             return
         wanted: list[tuple[Sequence, int]] = []
         for seq in decoding:
-            if seq.sampling.repetition_penalty != 1.0:
+            p = seq.sampling
+            # The checked rows' logits skip the sampler's penalties, masks and logprobs.
+            if p.repetition_penalty != 1.0 or p.penalized or p.logprobs is not None:
                 continue
             if self.auto and seq.generator is not None and not seq.sampling.greedy:
                 # A seeded sampled request promises the same text for the same seed. A kept

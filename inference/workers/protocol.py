@@ -15,7 +15,8 @@ An event is either a delta (the engine's Delta as a dict; the finished one carri
 request's figures, token_times included) or a refusal raised before the first delta::
 
     {"request_id": str, "text": str, "token_ids": [int], "finished": bool,
-     "finish_reason": str | None, "error": str | None, "figures": {...} | None}
+     "finish_reason": str | None, "error": str | None, "figures": {...} | None,
+     "logprobs": [[int, float, [[int, float], ...]], ...] | None}
     {"request_id": str, "refused": "busy" | "prompt_too_long" | ..., "error": str}
 
 The channel layer packs messages with msgpack: plain dicts, lists, str, int, float, None.
@@ -42,7 +43,7 @@ from inference.engine.errors import (
     InvalidRequestError,
     PromptTooLongError,
 )
-from inference.engine.outputs import Delta, RequestFigures
+from inference.engine.outputs import Delta, RequestFigures, TokenLogprob
 from inference.engine.sampling_params import SamplingParams
 from inference.redis_options import REDIS_OPTIONS
 
@@ -234,6 +235,10 @@ def delta_event(delta: Delta) -> dict[str, Any]:
         "finish_reason": delta.finish_reason,
         "error": delta.error,
         "figures": None if delta.figures is None else dataclasses.asdict(delta.figures),
+        # [[token, logprob, [[token, logprob], ...]], ...] where the request asked for them.
+        "logprobs": None
+        if delta.logprobs is None
+        else [[lp.token_id, lp.logprob, [list(t) for t in lp.top]] for lp in delta.logprobs],
     }
 
 
@@ -267,6 +272,12 @@ def delta_from_event(event: dict[str, Any], worker_id: str = "") -> Delta:
         finish_reason=event.get("finish_reason"),
         error=event.get("error"),
         figures=figures,
+        logprobs=None
+        if event.get("logprobs") is None
+        else [
+            TokenLogprob(int(t), float(lp), [(int(a), float(b)) for a, b in top])
+            for t, lp, top in event["logprobs"]
+        ],
     )
 
 

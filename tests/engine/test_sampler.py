@@ -123,3 +123,40 @@ def test_native_draws_match_the_torch_ops_on_a_real_sized_vocabulary():
         assert set(got) <= set(want.nonzero().flatten().tolist())
         for token in range(6):
             assert abs(got.get(token, 0.0) - want[token].item()) < 0.05, (p, token)
+
+
+def test_frequency_and_presence_penalties_count_each_rows_own_output_tokens():
+    prompt = [4]  # prompt tokens are not penalized, as OpenAI and vLLM do it
+    seqs = [
+        Sequence("f", prompt, SamplingParams(temperature=0.0, frequency_penalty=0.5)),
+        Sequence("p", prompt, SamplingParams(temperature=0.0, presence_penalty=0.5)),
+        Sequence("plain", prompt, SamplingParams(temperature=0.0)),
+    ]
+    for s in seqs:
+        s.token_ids += [1, 1, 2]  # token 1 sampled twice, token 2 once
+    logits = LOGITS.repeat(3, 1)
+    Sampler()(seqs, logits)
+    assert logits[0].tolist() == pytest.approx([1.0, 2.0, 1.5, 0.5, 2.9])
+    assert logits[1].tolist() == pytest.approx([1.0, 2.5, 1.5, 0.5, 2.9])
+    assert logits[2].tolist() == LOGITS.tolist()
+
+
+def test_logit_bias_moves_only_its_rows_tokens():
+    biased = SamplingParams(temperature=0.0, logit_bias=[(0, 100.0), (1, -100.0)])
+    seqs = [Sequence("b", [1], biased), Sequence("plain", [1], SamplingParams(temperature=0.0))]
+    assert Sampler()(seqs, LOGITS.repeat(2, 1)) == [0, 1]
+
+
+def test_logprobs_come_from_the_raw_logits_with_the_top_alternatives():
+    seqs = [
+        Sequence("lp", [1], SamplingParams(temperature=0.0, logprobs=2, presence_penalty=2.0)),
+        Sequence("none", [1], SamplingParams(temperature=0.0)),
+    ]
+    seqs[0].token_ids.append(1)  # the penalty moves the pick from 1 to 4...
+    assert Sampler()(seqs, LOGITS.repeat(2, 1)) == [4, 1]
+    raw = torch.log_softmax(LOGITS, -1)  # ...but the logprobs are the model's own
+    lp = seqs[0].last_logprob
+    assert lp is not None and lp.token_id == 4 and lp.logprob == pytest.approx(raw[4].item())
+    assert [t for t, _ in lp.top] == [1, 4]
+    assert [v for _, v in lp.top] == pytest.approx([raw[1].item(), raw[4].item()])
+    assert seqs[1].last_logprob is None

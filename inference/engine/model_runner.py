@@ -168,8 +168,9 @@ def describe_engine(
 
 # The KV pool's budget when kv_cache_memory_mb is 0: this, or an eighth of the machine's
 # (or the GPU's) memory where that is less. 64 chat users of three turns each outgrow 512 MB
-# (~11,400 tokens of the bundled model in float32); 2048 MB gave them 1.12x the tok/s on a
-# 2-core Xeon with AMX and 1.13x on a Zen 4 (docs/performance.md). The pool is written
+# (~11,400 tokens of the bundled model in float32), 2048 MB does not: python -m
+# inference.bench.vs_llama --concurrency 64 --env ENGINE_KV_CACHE_MEMORY_MB=512 against the
+# default measures it. The pool is written
 # whole at start (zeros), so its memory is held from then on: a pool taken page by page as
 # it filled cost a prompt's step up to 40 ms of page faults per 256 tokens.
 KV_POOL_AUTO_MB = 2048

@@ -32,9 +32,10 @@ if TYPE_CHECKING:
 
 # "auto" proposes only what follows an earlier match of at least this many tokens: in
 # open-ended text a single matching token (a "the", a comma) is common and its continuation
-# rarely right, so its guesses only cost. Measured at one user, chat API, 3 runs each: a
-# story 0.97x plain's tok/s with single-token matches, 1.10x with two; a rewrite 2.11x and
-# 2.21x (docs/performance.md, the Xeon section).
+# rarely right, so its guesses only cost: with single-token matches a story at one user
+# lost against plain decoding, with two it wins, as a rewrite does either way (`python -m
+# inference.bench.vs_llama --no-llama --concurrency 1 --workload story|rewrite --variant off
+# ENGINE_SPECULATIVE_MODE= --variant auto ENGINE_SPECULATIVE_MODE=auto`).
 AUTO_NGRAM_MIN = 2
 # A sequence's acceptance is judged once this many of its guesses were checked; below the
 # bar it decodes plainly for PAUSE_TOKENS tokens, then tries again.

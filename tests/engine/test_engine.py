@@ -60,7 +60,7 @@ def test_second_turn_reuses_first_turn_kv(make_engine):
 # Top-two logit gaps under which hybrid's greedy tokens may differ between a warm engine and
 # a cold one: the warm one's reply K/V came from 8-bit decode steps, the cold one computes
 # them as part of a prompt (bf16 or 16-bit activations), and this random tiny model has
-# near-ties (on a Xeon with AMX one flipped at a gap of 0.06; test_kv_dtype.py's NEAR_TIE).
+# near-ties (on a CPU with AMX one flipped at a gap of 0.06; test_kv_dtype.py's NEAR_TIE).
 HYBRID_NEAR_TIE = 0.25
 
 

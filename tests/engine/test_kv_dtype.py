@@ -64,15 +64,15 @@ QUESTIONS = [
 ]
 
 
-# Mean KL(float32 pool || float16 pool) allowed, by path (measured on a Zen 3: 9.6e-7 and
+# Mean KL(float32 pool || float16 pool) allowed, by path (measured: about 1e-6 and
 # 3.5e-3): the exact path's K/V differ by float16's rounding alone; on the native path each
 # layer rounds its activations to 8 bits after it, and a value moved across a rounding edge
 # moves a step of 1/254 of its block's largest, as two float32 runs differing in their
 # last bits would (hybrid against float32 weights: ~2e-3, python -m inference.bench.quality).
 KL_LIMIT = {"none": 1e-5, "hybrid": 1e-2}
 # Top-two logit gaps below which a position counts as a near-tie, whose argmax may flip.
-# The native path's 8-bit roundings move a logit by up to ~1.2 between the pools (an AVX512
-# Zen 5: one of 72 positions flipped at a gap of 0.12, none past 0.2); the exact path's by
+# The native path's 8-bit roundings move a logit by up to ~1.2 between the pools (on one AVX512
+# CPU one of 72 positions flipped at a gap of 0.12, none past 0.2); the exact path's by
 # ~0.02.
 NEAR_TIE = {"none": 0.1, "hybrid": 0.25}
 

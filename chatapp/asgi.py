@@ -1,6 +1,8 @@
 """ASGI entry point: HTTP through Django, WebSockets through Channels."""
 
+import asyncio
 import os
+import sys
 
 from django.core.asgi import get_asgi_application
 
@@ -12,6 +14,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
+from chatapp.chat.generation import registry  # noqa: E402
 from chatapp.chat.routing import websocket_urlpatterns  # noqa: E402
 from chatapp.jobs.scheduler import start_in_process  # noqa: E402
 from chatapp.origins import SameOriginValidator  # noqa: E402
@@ -28,3 +31,22 @@ if settings.ENGINE["PRELOAD"]:
     preload_in_background()
 # The periodic work this process runs itself (settings.PERIODIC_TASKS; beat runs the rest).
 start_in_process()
+
+
+def drain_on_shutdown() -> None:
+    """Under daphne, SIGTERM stops twisted's reactor; a "before shutdown" trigger that
+    returns a Deferred holds the stop until it fires. The replies running here get
+    CHAT_DRAIN_S to finish and are saved before the process exits (docs/workers.md,
+    "Draining"). Other servers (tests' communicators, uvicorn) have no reactor: nothing."""
+    if "twisted.internet.reactor" not in sys.modules:
+        return
+    from twisted.internet import defer, reactor
+
+    def drain() -> defer.Deferred[None]:
+        future = asyncio.ensure_future(registry.drain(settings.CHAT_DRAIN_S))
+        return defer.Deferred.fromFuture(future)
+
+    reactor.addSystemEventTrigger("before", "shutdown", drain)  # type: ignore[arg-type]
+
+
+drain_on_shutdown()

@@ -298,7 +298,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         reply = await database_sync_to_async(conversations.get_message)(
             self.user, _id_field(content, "message_id")
         )
-        if not conversations.can_continue(reply):
+        if not await database_sync_to_async(conversations.can_continue)(reply):
             raise FrameError("invalid", "Only a reply cut off at the length limit can go on.")
         conv = reply.conversation
         reservation = self._reserve_stream(conv.pk)

@@ -2,9 +2,10 @@
 
 A reply outlives its socket for CHAT_DISCONNECT_GRACE_S, so that a page refresh or a
 dropped connection can `resume` it; viewers subscribe and get every delta from then
-on. The reply is saved as it streams (every CHAT_CHECKPOINT_INTERVAL_S) and once at
-the end with its figures and why it ended, so a stop, disconnect or error loses nothing
-that was generated.
+on. The reply is saved as it streams (by the one checkpoint writer, every
+CHAT_CHECKPOINT_INTERVAL_S: checkpoints.py) and once at the end with its figures and why
+it ended, so a stop, disconnect or error loses nothing that was generated, and a crash
+loses about an interval of it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
-from chatapp.chat import titles
+from chatapp.chat import checkpoints, titles
 from chatapp.chat.conversations import message_json
 from chatapp.chat.models import Message
 from chatapp.events import send_request_ended
@@ -185,7 +186,6 @@ class Generation:
         finish_reason = "error"
         error_code: str | None = None
         figures: RequestFigures | None = None
-        last_checkpoint = time.monotonic()
         try:
             client = await asyncio.to_thread(get_engine_client, self.model or None)
             # The owner's scope: nobody else's prefix or response cache sees this prompt.
@@ -220,9 +220,8 @@ class Generation:
                     if finish_reason == "error":
                         error_code = "worker_lost" if is_worker_lost(delta) else "engine_error"
                         log.error("engine error on %s: %s", self.request_id, delta.error)
-                if time.monotonic() - last_checkpoint >= settings.CHAT_CHECKPOINT_INTERVAL_S:
-                    last_checkpoint = time.monotonic()
-                    await self._checkpoint()
+                if text or delta.token_ids:
+                    checkpoints.writer.changed(self.message_id, self._progress, self._gone)
         except EngineBusyError:
             error_code = "busy"
         except PromptTooLongError:
@@ -245,25 +244,18 @@ class Generation:
                 finish_reason if error_code is None else "error", error_code, figures
             )
 
-    async def _checkpoint(self) -> None:
-        if not await database_sync_to_async(self._save_progress)():
-            # Deleted with its conversation: nobody can see this reply any more.
-            self.stop("abort")
+    def _progress(self) -> checkpoints.Progress:
+        return checkpoints.Progress(self.message_id, self.text, list(self.token_ids))
 
-    def _save_progress(self) -> bool:
-        """Save the text so far; False when the reply no longer exists."""
-        rows = Message.objects.filter(pk=self.message_id)
-        return bool(
-            rows.filter(status=Message.Status.STREAMING).update(
-                text=self.text, token_ids=list(self.token_ids), updated_at=timezone.now()
-            )
-            or rows.exists()
-        )
+    def _gone(self) -> None:
+        # Deleted with its conversation: nobody can see this reply any more.
+        self.stop("abort")
 
     async def _finish(
         self, finish_reason: str, error_code: str | None, m: RequestFigures | None
     ) -> None:
         self.finished = True
+        checkpoints.writer.forget(self.message_id)
         if self._grace is not None:
             self._grace.cancel()
         status = STATUS_FOR_FINISH.get(finish_reason, Message.Status.ERROR)
@@ -329,6 +321,10 @@ class Generation:
 
 class AlreadyStreaming(Exception):
     """A reply is already being written (or about to be) in that conversation."""
+
+
+# How long a drain waits after the last reply ended, for its final frames to go out.
+DRAIN_FLUSH_S = 0.5
 
 
 class Draining(Exception):
@@ -432,6 +428,9 @@ class GenerationRegistry:
                 gen.stop("shutdown")
             # Each saves its text and figures once its stream ends (at once on abort).
             await asyncio.wait(late, timeout=10)
+        # The sockets still have to send each reply's `done` frame before the server
+        # closes them.
+        await asyncio.sleep(DRAIN_FLUSH_S)
 
 
 registry = GenerationRegistry()

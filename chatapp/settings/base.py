@@ -237,8 +237,12 @@ CHAT_MAX_NEW_TOKENS = env_int("CHAT_MAX_NEW_TOKENS", 2048)
 # How long a reply keeps generating after its last viewer disconnected, so that a page
 # refresh can pick it up again; past this it is stopped and saved (finish "disconnect").
 CHAT_DISCONNECT_GRACE_S = env_float("CHAT_DISCONNECT_GRACE_S", 20.0)
-# Save a streaming reply's partial text this often, so a crash loses at most this much.
-CHAT_CHECKPOINT_INTERVAL_S = env_float("CHAT_CHECKPOINT_INTERVAL_S", 2.0)
+# On SIGTERM the replies running in this process get this long to finish; the rest are cut
+# (finish "shutdown") and saved. Below compose's stop_grace_period for web (40 s).
+CHAT_DRAIN_S = env_float("CHAT_DRAIN_S", 30.0)
+# Save the streaming replies' partial text this often (all of them in one transaction:
+# chatapp/chat/checkpoints.py), so a crash loses about this much of what a reader saw.
+CHAT_CHECKPOINT_INTERVAL_S = env_float("CHAT_CHECKPOINT_INTERVAL_S", 0.25)
 # Per-user limits on the chat socket.
 CHAT_RATE_LIMIT_PER_MINUTE = env_int("CHAT_RATE_LIMIT_PER_MINUTE", 30)
 CHAT_MAX_CONCURRENT_STREAMS = env_int("CHAT_MAX_CONCURRENT_STREAMS", 4)

@@ -81,6 +81,9 @@ MEANINGS: dict[str, str] = {
     "CHAT_DISCONNECT_GRACE_S": (
         "a reply keeps generating this long after its last viewer left, so a refresh can resume it"
     ),
+    "CHAT_DRAIN_S": (
+        "on SIGTERM, how long running replies may finish before they are cut and saved"
+    ),
     "CHAT_CHECKPOINT_INTERVAL_S": "how often a streaming reply's partial text is saved",
     "CHAT_RATE_LIMIT_PER_MINUTE": "messages one user may send a minute on the chat socket",
     "CHAT_MAX_CONCURRENT_STREAMS": "replies one user may have generating at once",

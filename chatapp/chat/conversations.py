@@ -372,12 +372,14 @@ def prompt_for(
 
 
 def can_continue(reply: Message) -> bool:
-    """Whether a reply can be written on (Continue): it ended at its length limit."""
+    """Whether a reply can be written on (Continue): it ended at its length limit, and
+    nothing was said after it (a later turn's prompt holds it as it is)."""
     return (
         reply.role == Message.Role.ASSISTANT
         and reply.status == Message.Status.COMPLETE
         and reply.finish_reason == "length"
         and bool(reply.token_ids)
+        and not reply.children.exists()
     )
 
 

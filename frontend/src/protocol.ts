@@ -399,6 +399,11 @@ export class ChatProtocol {
     return this.action({ type: 'regenerate', message_id: messageId, ...this.modelField(messageId) }, messageId);
   }
 
+  /** Write on a reply cut at its length limit, in place (the server reuses its KV cache). */
+  continueReply(messageId: number): Result {
+    return this.action({ type: 'continue', message_id: messageId }, messageId);
+  }
+
   /** Edit and resend a message; it keeps its documents (the server copies them onto the new version). */
   edit(messageId: number, text: string): Result {
     const body = text.trim();

@@ -116,4 +116,5 @@ export type ClientFrame =
   | { type: 'regenerate'; message_id: number; model?: string }
   | { type: 'edit'; message_id: number; text: string; model?: string; attachments?: number[] }
   | { type: 'resume'; message_id: number }
+  | { type: 'continue'; message_id: number }
   | { type: 'ping' };

@@ -250,6 +250,19 @@ describe('branches', () => {
     expect(conversations.message(5)!.alternative_index).toBe(1);
   });
 
+  it('continue writes the same reply on in place: its text so far, then the new deltas', () => {
+    const cut = [...base().slice(0, 3), msg({ id: 4, role: 'assistant', text: 'Once upon', parent_id: 3, finish_reason: 'length', seq: 9 })];
+    conversations.apply(conv(1), cut);
+    void conversations.select(1);
+    expect(protocol.continueReply(4).ok).toBe(true);
+    expect(port.sent.at(-1)).toEqual({ type: 'continue', message_id: 4 });
+    protocol.handleFrame({ type: 'start', conversation_id: 1, user_message: null, message: msg({ id: 4, role: 'assistant', text: 'Once upon', status: 'streaming', parent_id: 3 }) });
+    protocol.handleFrame({ type: 'delta', message_id: 4, text: ' a time', seq: 1 });
+    expect(conversations.thread(1)).toEqual([1, 2, 3, 4]);
+    expect(conversations.message(4)!.text).toBe('Once upon a time');
+    expect(conversations.message(4)!.alternatives ?? []).toEqual([]);
+  });
+
   it('edit branches after the parent of the edited message', () => {
     conversations.apply(conv(1), base());
     void conversations.select(1);

@@ -57,11 +57,20 @@ async def test_a_reply_cut_at_the_limit_goes_on_in_place_from_the_cache(
     assert figures["cached_tokens"] >= first_done["figures"]["prompt_tokens"] // 16 * 16 > 0
 
 
-async def test_only_a_reply_cut_at_the_limit_can_go_on(alice_socket: ChatSocket) -> None:
+async def test_only_the_last_reply_cut_at_the_limit_can_go_on(alice_socket: ChatSocket) -> None:
     conv_id, reply, _ = await cut_reply(alice_socket)
     user = await database_sync_to_async(lambda: reply.parent)()
+    later = await Message.objects.acreate(
+        conversation_id=conv_id, parent=reply, role="user", text="And then?"
+    )
+    for message_id in (reply.pk, user.pk):  # followed by a later turn; not a reply
+        await alice_socket.send({"type": "continue", "message_id": message_id})
+        error = await alice_socket.recv()
+        assert error["type"] == "error" and error["code"] == "invalid", error
+        assert error["message_id"] == message_id
+    await later.adelete()
     await Message.objects.filter(pk=reply.pk).aupdate(finish_reason="stop")
-    for message_id in (reply.pk, user.pk):
+    for message_id in (reply.pk,):  # ended by itself
         await alice_socket.send({"type": "continue", "message_id": message_id})
         error = await alice_socket.recv()
         assert error["type"] == "error" and error["code"] == "invalid", error

@@ -32,6 +32,10 @@ export function MessageList() {
         stick.current = true;
         return protocol.edit(id, text).ok;
       },
+      continueReply: (id) => {
+        stick.current = true;
+        protocol.continueReply(id);
+      },
       alternative: (id, d) => void conversations.showAlternative(id, d),
     }),
     [conversations, protocol],
@@ -117,9 +121,9 @@ export function MessageList() {
             </div>
           ) : null}
           {loading ? <div class="loading" data-testid="loading">Loading…</div> : null}
-          {thread.map((id) => {
+          {thread.map((id, i) => {
             const m = messages.get(id);
-            return m ? <MessageView key={id} m={m} busy={busy} actions={actions} figures={figures} /> : null;
+            return m ? <MessageView key={id} m={m} busy={busy} actions={actions} figures={figures} last={i === thread.length - 1} /> : null;
           })}
           {notices.map((n) => (
             <div class="notice" role="alert" data-testid="chat-error" data-code={n.code || ''} key={n.id}>

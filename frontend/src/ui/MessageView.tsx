@@ -9,6 +9,7 @@ import { copyText } from './clipboard';
 
 export interface MessageActions {
   regenerate(id: number): void;
+  continueReply(id: number): void;
   edit(id: number, text: string): boolean;
   alternative(id: number, delta: -1 | 1): void;
 }
@@ -19,6 +20,8 @@ interface Props {
   actions: MessageActions;
   /** Show the reply's figures (a setting, ui-state.ts). */
   figures: boolean;
+  /** The last message of the branch shown: only it can be written on (Continue). */
+  last?: boolean;
 }
 
 const FINISH_WORDS: Record<string, string> = {
@@ -83,7 +86,7 @@ function Alternatives({ m, busy, actions }: Omit<Props, 'figures'>) {
   );
 }
 
-function MessageViewInner({ m, busy, actions, figures }: Props) {
+function MessageViewInner({ m, busy, actions, figures, last = false }: Props) {
   const [editing, setEditing] = useState(false);
   const [draft, setDraft] = useState('');
   const [copied, setCopied] = useState(false);
@@ -188,6 +191,9 @@ function MessageViewInner({ m, busy, actions, figures }: Props) {
               {m.role === 'user' ? (
                 <button type="button" class="icon-btn" data-testid="message-edit" aria-label="Edit and resend" title="Edit" disabled={busy} onClick={startEdit}>Edit</button>
               ) : null}
+              {last && m.role === 'assistant' && m.status === 'complete' && m.finish_reason === 'length' ? (
+                <button type="button" class="icon-btn" data-testid="message-continue" aria-label="Continue this reply" title="Continue from where the reply was cut off" disabled={busy} onClick={() => actions.continueReply(m.id)}>Continue</button>
+              ) : null}
               {m.role === 'assistant' ? (
                 <button type="button" class="icon-btn" data-testid="message-regenerate" aria-label="Regenerate reply" title="Regenerate" disabled={busy} onClick={() => actions.regenerate(m.id)}>Regenerate</button>
               ) : null}
@@ -200,4 +206,4 @@ function MessageViewInner({ m, busy, actions, figures }: Props) {
   );
 }
 
-export const MessageView = memo(MessageViewInner, (a, b) => a.m === b.m && a.busy === b.busy && a.actions === b.actions && a.figures === b.figures);
+export const MessageView = memo(MessageViewInner, (a, b) => a.m === b.m && a.busy === b.busy && a.actions === b.actions && a.figures === b.figures && a.last === b.last);

@@ -15,7 +15,7 @@ from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_http_methods
 
-from chatapp.chat import attachments, imports
+from chatapp.chat import attachments, imports, instructions
 from chatapp.chat import conversations as conv_logic
 from chatapp.chat.attachments import AttachmentRefused, AttachmentsInvalid
 from chatapp.chat.conversations import InvalidSettings, NotFound, clean_title
@@ -118,7 +118,9 @@ def conversations(request: HttpRequest) -> HttpResponse:
         conv = conv_logic.create_conversation(
             request.user,
             clean_title(data.get("title", "")),
-            conv_logic.clean_settings(data.get("settings")),
+            instructions.with_instructions(
+                request.user, conv_logic.clean_settings(data.get("settings"))
+            ),
             model,
         )
         return JsonResponse(conv_logic.conversation_json(conv), status=201)
@@ -210,7 +212,20 @@ def chat_limits(request: HttpRequest) -> HttpResponse:
     """Limits and defaults of the per-conversation settings and of a message, taken from
     the same constants and settings the server validates with."""
     context_tokens = get_engine_client().max_model_len if engine_ready() else None
-    return JsonResponse(conv_logic.settings_limits(context_tokens))
+    limits = conv_logic.settings_limits(context_tokens)
+    # A new chat's system prompt is the user's custom instructions.
+    limits["system_prompt"]["default"] = instructions.prompt_of(request.user)
+    return JsonResponse(limits)
+
+
+@api_view("GET", "PUT")
+def custom_instructions(request: HttpRequest) -> HttpResponse:
+    """The user's custom instructions, which each new chat of theirs starts with."""
+    if request.method == "PUT":
+        values = instructions.save(request.user, read_json(request))
+    else:
+        values = instructions.of(request.user)
+    return JsonResponse(instructions.as_json(values))
 
 
 # --- documents attached to messages (chatapp/chat/attachments.py) -------------------

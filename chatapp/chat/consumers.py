@@ -22,7 +22,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from chatapp.chat import attachments, conversations
+from chatapp.chat import attachments, conversations, instructions
 from chatapp.chat.attachments import AttachmentsInvalid
 from chatapp.chat.conversations import InvalidSettings, NotFound
 from chatapp.chat.generation import (
@@ -261,6 +261,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         else:
             # Not saved yet: it is written together with the first exchange, in one
             # transaction, so a refused or failed first message leaves nothing behind.
+            new_settings = await database_sync_to_async(instructions.with_instructions)(
+                self.user, new_settings
+            )
             conv = conversations.new_conversation(self.user, "", new_settings)
         documents = await self._documents(ids)
         await self._generate(conv, None, text, content, documents=documents)

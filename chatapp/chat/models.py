@@ -159,3 +159,15 @@ class Attachment(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class CustomInstructions(models.Model):
+    """What a user tells every new chat of theirs (chatapp/chat/instructions.py): about
+    themselves, and how they want answers. A new chat takes them as its system prompt."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="custom_instructions"
+    )
+    about = models.TextField(blank=True, default="")
+    style = models.TextField(blank=True, default="")
+    updated_at = models.DateTimeField(auto_now=True)

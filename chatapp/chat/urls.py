@@ -5,6 +5,7 @@ from chatapp.chat import api, shares, views
 urlpatterns = [
     path("", views.index, name="index"),
     path("api/me/", api.me),
+    path("api/me/instructions/", api.custom_instructions),
     path("api/engine/", api.engine_info),
     path("api/models/", api.models),
     path("api/chat/limits/", api.chat_limits),

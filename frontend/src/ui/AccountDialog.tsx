@@ -2,6 +2,7 @@ import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
 import { ApiKeys, KEY_NAME_MAX_CHARS, keysApi, type ApiKeyInfo, type KeysPort } from '../api-keys';
 import { SharedLinks, sharingApi, type SharedLink, type SharingPort } from '../sharing';
 import { copyText } from './clipboard';
+import { InstructionsSection } from './InstructionsSection';
 import { useModal, when } from './modal';
 import './account.css';
 
@@ -9,13 +10,15 @@ interface Props {
   onClose(): void;
   /** Opens a shared conversation in the chat. */
   onOpenConversation?(id: number): void;
+  /** The custom instructions were saved (new chats' default system prompt changed). */
+  onInstructionsSaved?(): void;
   /** For tests: the server's endpoints by default. */
   keys?: KeysPort;
   sharing?: SharingPort;
 }
 
-/** The account's API keys and shared links, managed from the chat. */
-export function AccountDialog({ onClose, onOpenConversation, keys = keysApi, sharing = sharingApi }: Props) {
+/** The account's custom instructions, API keys and shared links, managed from the chat. */
+export function AccountDialog({ onClose, onOpenConversation, onInstructionsSaved, keys = keysApi, sharing = sharingApi }: Props) {
   const keyState = useMemo(() => new ApiKeys(keys), [keys]);
   const linkState = useMemo(() => new SharedLinks(sharing), [sharing]);
   const close = () => {
@@ -34,6 +37,7 @@ export function AccountDialog({ onClose, onOpenConversation, keys = keysApi, sha
     <div class="overlay" onMouseDown={(e) => e.target === e.currentTarget && close()}>
       <div class="dialog account-dialog" role="dialog" aria-modal="true" aria-labelledby="account-title" data-testid="account-dialog" tabIndex={-1} {...modal}>
         <h2 id="account-title">Your account</h2>
+        <InstructionsSection say={setStatus} onSaved={onInstructionsSaved} />
         <KeysSection state={keyState} say={setStatus} />
         <LinksSection state={linkState} say={setStatus} onOpenConversation={onOpenConversation} onClose={close} />
         <p class="sr-only" role="status" data-testid="account-status">{status}</p>

@@ -164,7 +164,7 @@ export function App(props: AppProps) {
       </main>
       {settingsOpen ? <SettingsDialog key={String(currentId)} onClose={() => setSettingsOpen(false)} /> : null}
       {shareOpen && currentId != null ? <ShareDialog conversationId={currentId} username={props.username} onClose={() => setShareOpen(false)} /> : null}
-      {accountOpen ? <AccountDialog onClose={() => setAccountOpen(false)} onOpenConversation={(id) => conversations.select(id)} /> : null}
+      {accountOpen ? <AccountDialog onClose={() => setAccountOpen(false)} onOpenConversation={(id) => conversations.select(id)} onInstructionsSaved={() => void chat.server.loadLimits()} /> : null}
       {/* Always in the page (a live region added with its text is not read); the same words
           twice differ by a trailing space, so a second identical reply is read too. */}
       <div class="sr-only" role="status" aria-live="polite" aria-atomic="true" data-testid="reply-announcer">

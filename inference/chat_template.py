@@ -25,6 +25,16 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 _PH = "\u2063PLACEHOLDER\u2063"
+# The Hermes tool-call markers (tool_calls.py in the API parses what is between them).
+HERMES_OPEN = "<tool_call>"
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "probe_tool",
+        "description": "d",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
 
 
 @dataclass
@@ -96,6 +106,7 @@ class PromptBuilder:
             log.exception("chat template probe failed; prompts will be re-tokenized")
         if not self.exact:
             log.warning("chat template is not splittable; prefix reuse across turns is off")
+        self.tool_format = self._tool_format()
 
     # --- public -------------------------------------------------------------------
 
@@ -104,6 +115,17 @@ class PromptBuilder:
         if not self.exact:
             return self._render_ids(turns, add_generation_prompt)
         return self._assemble(turns, add_generation_prompt)
+
+    def build_with_tools(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> list[int]:
+        """Prompt ids for OpenAI-shaped messages (assistant `tool_calls`, `tool` results)
+        and tool definitions, rendered whole by the template: its tool section and call
+        format cannot be probed turn by turn, so these prompts are tokenized as text."""
+        text = self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=True
+        )
+        return self._encode(text)
 
     def public_openings(self, system_prompt: str = "") -> list[list[int]]:
         """Token ids a conversation may open with that are no user's own text: for a
@@ -180,6 +202,25 @@ class PromptBuilder:
         if first_sys != a.head["system"]:
             raise ValueError("first system head differs")
         return a
+
+    def _tool_format(self) -> str | None:
+        """The tool-call format the template teaches the model, if one this server parses:
+        "hermes" (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`, Hermes, Qwen2.5,
+        Qwen3, SmolLM3). None when the template ignores `tools` (it renders the same with
+        and without them) or writes calls some other way."""
+        source = str(getattr(self.tokenizer, "chat_template", "") or "")
+        if HERMES_OPEN not in source:
+            return None
+        user = [{"role": "user", "content": "Hi"}]
+        try:
+            with_tools = self.tokenizer.apply_chat_template(
+                user, tools=[_PROBE_TOOL], tokenize=False, add_generation_prompt=True
+            )
+            without = self._render(user, add_generation_prompt=True)
+        except Exception:  # a template that breaks on tools cannot serve them
+            log.exception("chat template fails with tools; tool calling is off")
+            return None
+        return "hermes" if with_tools != without and "probe_tool" in with_tools else None
 
     def _self_check(self) -> bool:
         sample = [

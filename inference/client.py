@@ -69,6 +69,17 @@ class EngineClient(Protocol):
     def chat_prompt(self, turns: list[Turn], cache_salt: str | None = None) -> Prompt:
         """A conversation's prompt; replies the engine wrote keep their exact ids."""
 
+    @property
+    def tool_format(self) -> str | None:
+        """The tool-call format the model's chat template writes ("hermes"), None when it
+        has none this server parses (PromptBuilder.tool_format)."""
+
+    def tool_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> Prompt:
+        """The prompt of OpenAI-shaped messages (tool calls and results) and tools, rendered
+        whole by the model's chat template."""
+
     def system_prompt(self, text: str) -> Prompt:
         """A conversation's opening alone (its system turn, no generation prompt)."""
 

@@ -46,6 +46,7 @@ from chatapp.openai_api.protocol import (
     request_error,
 )
 from chatapp.openai_api.streams import recorded_stream
+from chatapp.openai_api.tool_calls import HermesParser, constraint, template_tools
 from chatapp.text import InvalidText, clean_text
 from inference.chat_template import Turn
 from inference.client import (
@@ -131,6 +132,22 @@ class ApiRequest:
     tool_choice: str | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
 
+    @property
+    def uses_tools(self) -> bool:
+        """Tools offered, or calls and results in the history: the prompt needs the
+        template's tool format."""
+        return bool(self.tools) or any(
+            m.tool_calls or m.role == "tool" for m in self.messages or ()
+        )
+
+    @property
+    def parses_tools(self) -> bool:
+        """The reply is read for tool calls (not with tool_choice "none")."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def tool_parser(self) -> HermesParser | None:
+        return HermesParser(self.parallel_tool_calls) if self.parses_tools else None
+
 
 # --- parsing --------------------------------------------------------------------------
 
@@ -181,17 +198,25 @@ def structured_output(b: CommonBody) -> tuple[str | None, str]:
     return None, ""
 
 
-def _not_yet(b: CommonBody, logprobs: int | None, tools: bool) -> None:
-    """Fields declared in the schema that the engine does not honour yet: refused, not
-    silently ignored."""
-    for name, used in (("tools", tools),):
-        if used:
-            raise invalid(f"'{name}' is not supported with a value other than its default", name)
+def tool_constraint(b: ChatCompletionBody) -> tuple[str | None, str]:
+    """With tool_choice "required" or a named function, the reply is calls only, held to
+    the tools' schemas while decoding (a structural tag): it always parses."""
+    choice = b.tool_choice
+    if not b.tools or choice is None or choice in ("auto", "none"):
+        return None, ""
+    if structured_output(b)[0] is not None:
+        raise invalid(
+            "a required or named 'tool_choice' decides the reply's format; "
+            "send it without response_format or a grammar",
+            "tool_choice",
+        )
+    return "structural_tag", constraint(b.tools, choice, b.parallel_tool_calls is not False)
 
 
-def parse_common(b: CommonBody, max_tokens: int | None, logprobs: int | None) -> ApiRequest:
-    _not_yet(b, logprobs, bool(getattr(b, "tools", None)))
-    kind, spec = structured_output(b)
+def parse_common(
+    b: CommonBody, max_tokens: int | None, logprobs: int | None, tools: tuple[str | None, str]
+) -> ApiRequest:
+    kind, spec = tools if tools[0] is not None else structured_output(b)
     bias = [(int(t), float(v)) for t, v in (b.logit_bias or {}).items()]
     sampling = SamplingParams(
         max_tokens=max_tokens or settings.CHAT_MAX_NEW_TOKENS,
@@ -229,7 +254,7 @@ def parse_chat(body: dict) -> ApiRequest:
     # are given they must agree rather than one silently winning.
     limit = b.max_completion_tokens or b.max_tokens
     logprobs = (b.top_logprobs or 0) if b.logprobs else None
-    req = parse_common(b, limit, logprobs)
+    req = parse_common(b, limit, logprobs, tool_constraint(b))
     req.turns = [
         Turn(m.role, _text_ok(m.text, f"messages[{i}].content")) for i, m in enumerate(b.messages)
     ]
@@ -242,7 +267,7 @@ def parse_chat(body: dict) -> ApiRequest:
 
 def parse_completion(body: dict) -> ApiRequest:
     b = validated(CompletionBody, body)
-    req = parse_common(b, b.max_tokens or 16, b.logprobs)
+    req = parse_common(b, b.max_tokens or 16, b.logprobs, (None, ""))
     if isinstance(b.prompt, str):
         req.prompt_text = _text_ok(b.prompt, "prompt")
     else:
@@ -410,8 +435,24 @@ async def starting_with(first: Delta, stream: AsyncIterator[Delta]) -> AsyncIter
             yield delta
 
 
-def finish_reason(delta: Delta) -> str:
-    return "length" if delta.finish_reason == "length" else "stop"
+def finish_reason(delta: Delta, called: bool = False) -> str:
+    if delta.finish_reason == "length":
+        return "length"
+    return "tool_calls" if called else "stop"
+
+
+def reply_message(req: ApiRequest, text: str, last: Delta) -> tuple[dict[str, Any], str]:
+    """A whole reply as chat.completion's message, its tool calls parsed out, and its
+    finish_reason."""
+    parser = req.tool_parser()
+    if parser is not None:
+        parser.feed(text)
+        parser.finish()
+        if parser.calls:
+            message = {"role": "assistant", "content": parser.content,
+                       "tool_calls": parser.tool_calls()}  # fmt: skip
+            return message, finish_reason(last, called=True)
+    return {"role": "assistant", "content": text}, finish_reason(last)
 
 
 def api_view(handler: Any) -> Any:
@@ -426,8 +467,48 @@ def api_view(handler: Any) -> Any:
     return view
 
 
+def template_messages(req: ApiRequest) -> list[dict[str, Any]]:
+    """The messages as chat templates take them: each turn's checked text, an assistant's
+    calls with their arguments as objects (what templates write with `tojson`), a tool
+    result with the id of the call it answers."""
+    assert req.turns is not None and req.messages is not None
+    out: list[dict[str, Any]] = []
+    for turn, m in zip(req.turns, req.messages, strict=True):
+        msg: dict[str, Any] = {"role": turn.role, "content": turn.text}
+        if m.tool_calls:
+            msg["content"] = turn.text or None
+            msg["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {
+                        "name": c.function.name,
+                        "arguments": _arguments(c.function.arguments),
+                    },
+                }
+                for c in m.tool_calls
+            ]
+        if m.role == "tool":
+            msg["tool_call_id"] = m.tool_call_id
+            if m.name:
+                msg["name"] = m.name
+        out.append(msg)
+    return out
+
+
+def _arguments(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
 def build_prompt(client: EngineClient, req: ApiRequest, cache_salt: str) -> Prompt:
     try:
+        if req.uses_tools:
+            tools = template_tools(req.tools) if req.tool_choice != "none" else None
+            return client.tool_prompt(template_messages(req), tools)
         if req.turns is not None:
             return client.chat_prompt(req.turns, cache_salt=cache_salt)
         source = req.prompt_ids if req.prompt_ids is not None else req.prompt_text
@@ -496,6 +577,7 @@ def upstream_refuses(req: ApiRequest) -> None:
     a field it is not sent is refused by name rather than ignored."""
     p = req.sampling
     for name, used in (
+        ("tools", req.uses_tools),
         ("logprobs", p.logprobs is not None),
         ("frequency_penalty", bool(p.frequency_penalty)),
         ("presence_penalty", bool(p.presence_penalty)),
@@ -518,6 +600,12 @@ async def start_stream(
     client = await engine_client(req.model)
     if getattr(client, "tokenizer", None) is None:
         upstream_refuses(req)
+    if req.uses_tools and client.tool_format is None:
+        raise invalid(
+            f"the model '{req.model}' does not support tools: its chat template has no "
+            "tool-call format this server reads (Hermes-style <tool_call> JSON)",
+            "tools" if req.tools else "messages",
+        )
     try:
         release = await limiter.acquire(key, request)
     except RateLimited as exc:
@@ -721,13 +809,12 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
             raise failed_reply(last)
         lps = logprobs_of(client, req, chat, logprobs, 0)
         if chat:
-            if c.index == 0:
+            message, finish = reply_message(req, text, last)
+            if c.index == 0 and "tool_calls" not in message:
                 client.remember_reply(text, ids, req.scope)
-            message = {"role": "assistant", "content": text}
             out.append(
-                {"index": c.index, "message": message, "finish_reason": finish_reason(last),
-                 "logprobs": lps}
-            )  # fmt: skip
+                {"index": c.index, "message": message, "finish_reason": finish, "logprobs": lps}
+            )
         else:
             out.append(
                 {"index": c.index, "text": text, "finish_reason": finish_reason(last),
@@ -768,6 +855,8 @@ async def sse_events(
     ids: list[list[int]] = [[] for _ in range(n)]
     texts = [""] * n
     lasts: list[Delta | None] = [None] * n
+    # Each choice's tool-call parser: content and calls go out as the parser reads them.
+    parsers = [req.tool_parser() if chat else None for _ in range(n)]
     try:
         if chat:
             for i in range(n):
@@ -777,7 +866,15 @@ async def sse_events(
                 # The status line went out long ago: the error travels as an `error` event.
                 yield sse(failed_reply(delta).body(), event="error")
                 break
-            if delta.text or delta.logprobs:
+            parser = parsers[i]
+            if parser is not None:
+                pieces = parser.feed(delta.text) + (parser.finish() if delta.finished else [])
+                # A delta's logprobs ride on its first piece (or an empty delta while the
+                # parser holds its text back).
+                lps = delta.logprobs and logprobs_of(client, req, chat, delta.logprobs, 0)
+                for k, fields in enumerate(pieces or ([{}] if lps else [])):
+                    yield chunk(i, {"delta": fields, "logprobs": lps if k == 0 else None})
+            elif delta.text or delta.logprobs:
                 fields = piece(delta.text)
                 if delta.logprobs:
                     fields["logprobs"] = logprobs_of(
@@ -788,14 +885,16 @@ async def sse_events(
             texts[i] += delta.text
             if delta.finished:
                 lasts[i] = delta
-                yield chunk(i, piece("") if not chat else {"delta": {}}, finish_reason(delta))
+                called = parser is not None and bool(parser.calls)
+                end = finish_reason(delta, called)
+                yield chunk(i, piece("") if not chat else {"delta": {}}, end)
         else:
             if req.include_usage:
                 body = envelope(rid, obj, created, req.model, [])
                 done = [d for d in lasts if d is not None]
                 body["usage"] = total_usage(prompt_len, done, ids)
                 yield sse(body)
-            if chat:
+            if chat and not (parsers[0] is not None and parsers[0].calls):
                 client.remember_reply(texts[0], ids[0], req.scope)
         yield b"data: [DONE]\n\n"
     finally:

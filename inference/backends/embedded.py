@@ -112,6 +112,15 @@ class EmbeddedClient:
             user_ids = self.prompts.turn_ids(turns[-1], first=len(turns) == 1)
         return Prompt(token_ids=self.prompts.build(turns), user_token_ids=user_ids)
 
+    @property
+    def tool_format(self) -> str | None:
+        return self.prompts.tool_format
+
+    def tool_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> Prompt:
+        return Prompt(token_ids=self.prompts.build_with_tools(messages, tools))
+
     def system_prompt(self, text: str) -> Prompt:
         return Prompt(
             token_ids=self.prompts.build([Turn("system", text)], add_generation_prompt=False)

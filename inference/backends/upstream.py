@@ -157,6 +157,13 @@ class UpstreamClient:
     def chat_prompt(self, turns: list[Turn], cache_salt: str | None = None) -> Prompt:
         return Prompt(messages=[{"role": t.role, "content": t.text} for t in turns])
 
+    tool_format: str | None = None  # tools are not forwarded (the API refuses them)
+
+    def tool_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> Prompt:
+        raise ValueError("tools are not supported with an upstream engine")
+
     def system_prompt(self, text: str) -> Prompt:
         return Prompt(messages=[{"role": "system", "content": text}])
 

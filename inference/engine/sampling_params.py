@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from inference.engine.errors import InvalidRequestError
 
-STRUCTURED_KINDS = (None, "json", "json_schema", "regex", "choice", "grammar")
+STRUCTURED_KINDS = (None, "json", "json_schema", "regex", "choice", "grammar", "structural_tag")
 
 
 @dataclass
@@ -17,7 +17,8 @@ class SamplingParams:
     repetition_penalty == 1, frequency/presence_penalty == 0 and an empty logit_bias switch
     those off. `logprobs` (None: off) asks for each sampled token's log-probability and its
     `logprobs` most likely alternatives. `structured` names the grammar the output must
-    follow ("json", "json_schema", "regex", "choice", "grammar"), `structured_spec` holds it.
+    follow ("json", "json_schema", "regex", "choice", "grammar", or "structural_tag": an
+    xgrammar structural tag, as JSON, that tool calls use), `structured_spec` holds it.
     """
 
     max_tokens: int = 512

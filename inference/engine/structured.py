@@ -80,6 +80,8 @@ class StructuredOutputs:
             return c.compile_grammar("root ::= " + " | ".join(json.dumps(s) for s in choices))
         if kind == "grammar":
             return c.compile_grammar(spec)
+        if kind == "structural_tag":
+            return c.compile_structural_tag(spec)
         raise ValueError(f"unknown structured output kind {kind!r}")
 
     def fill(self, seqs: list[Sequence]) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The native path's attention (quant_gemm.c) against softmax(q K^T) V computed in torch,
+"""The native path's attention (kernels/decode_attention.c) against softmax(q K^T) V in torch,
 for every shape its kernels branch on: query heads per KV head (the decode row's heads of
 one KV head in one pass for 2 to 4, head after head otherwise), head_dim (512-bit vectors
 for multiples of 16 up to 128; 256-bit for 8 to 128 by powers of two in one pass, for other

@@ -1,5 +1,5 @@
-"""The torch path's paged attention (kernels/quant_gemm.c's paged_attention) against attention
-written out."""
+"""The torch path's paged attention (kernels/decode_attention.c's paged_attention) against
+attention written out."""
 
 from __future__ import annotations
 

@@ -1,11 +1,18 @@
 """Small native kernels, built ahead (python -m inference.engine.kernels.build, run by
 scripts/setup.sh and the Dockerfile) and loaded here with ctypes, which drops the GIL
-during a call: weight-only Q4_1 and Q8_0 matrix products and a whole decoder layer for
-steps of a few rows (quant_gemm.c), the same products for many rows on AMX's tiles
-(amx_gemm.c) or in float32 from weights unpacked once (panel_gemm.c), spread over a thread
-pool of their own (spinning between a step's products, asleep between steps), prompts'
-chunk attention (chunk_attention.c), the torch path's norms, rope and activation for steps
-whose products run in the pool (row_ops.c) and the sampler's filtered draws (sample.c).
+during a call. The C files, by job:
+
+- activations.c: a product's input quantized per row and block (int8, int16, bf16);
+- q4_1_gemm.c, q8_0_gemm.c, q4_1_bf16_gemm.c: each weight format's products of a few rows;
+- amx_gemm.c, panel_gemm.c: the same products for many rows, on AMX's tiles or on weights
+  unpacked once;
+- gemm_dispatch.c: which of them serves a product's rows (the limits cpu_backend.py sets);
+- thread_pool.c: the kernels' own pool (spinning between a step's products, asleep between
+  steps);
+- decode_attention.c, decode_layer.c: a whole decoder layer for steps of a few rows and its
+  attention over the paged pool; chunk_attention.c: a prompt chunk's attention;
+- row_ops.c: norms, rope and activation for steps whose products run in the pool;
+- sample.c: the sampler's filtered draws.
 
 Why our own: at one row a step is bound by the bytes of weights it reads, so 4-bit weights
 should cost a quarter of bf16; torch's int4 product is fast only with AVX512. A process
@@ -261,7 +268,7 @@ def decode_attention(
     pool: torch.Tensor,
     nthreads: int,
 ) -> torch.Tensor:
-    """The native path's attention alone, as its steps run it (quant_gemm.c): qkv [rows,
+    """The native path's attention alone, as its steps run it (decode_attention.c): qkv [rows,
     heads + 2 * kv_heads, head_dim] float32 contiguous, the rows' K/V already in `pool`
     (float32, or float16 with shape.kv_half: [2 * kv_heads, blocks, block_size, head_dim]);
     positions int64 [rows]; tables

@@ -1,7 +1,7 @@
 /* Q4_1 and Q8_0 products on AMX tiles (Intel Sapphire Rapids and later): the weights
  * unpacked to bf16 in the cache, then multiplied 16 x 16 x 32 an instruction.
  *
- * The 8-bit kernels (quant_gemm.c) pay for every row: each block's dot product is a few
+ * The 8-bit kernels (q4_1_gemm.c) pay for every row: each block's dot product is a few
  * vector instructions per row, ~0.5 ms a row for the default model's 30 layers on two
  * threads of a 2-core Xeon. oneDNN's bf16 products on AMX read weights of 16 bits (three
  * times the GGUF's) and carry a large fixed cost at a few dozen rows. Here a chunk of 32

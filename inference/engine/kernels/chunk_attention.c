@@ -15,7 +15,7 @@
  *
  * Pool layout (model_runner.py): [2 * kv_heads, num_blocks, block_size, head_dim],
  * keys are heads [0, kv_heads), values the rest. Tiles run in the kernels' pool
- * (quant_gemm.c). AVX512 where the build has it (16 lanes a vector), else AVX2 (8).
+ * (decode_attention.c). AVX512 where the build has it (16 lanes a vector), else AVX2 (8).
  */
 #include <immintrin.h>
 #include <math.h>

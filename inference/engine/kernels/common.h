@@ -1,5 +1,5 @@
-/* What the kernels' C files share: the weights' kernel layouts and the thread pool
- * (quant_gemm.c), and the products on AMX tiles (amx_gemm.c). */
+/* What the kernels' C files share: the weights' kernel layouts, the thread pool
+ * (thread_pool.c), and the products on AMX tiles (amx_gemm.c). */
 #ifndef CHATAPP_KERNELS_COMMON_H
 #define CHATAPP_KERNELS_COMMON_H
 #include <stddef.h>
@@ -8,7 +8,7 @@
 #define QK 32   /* weights a block, along k */
 #define GROUP 8 /* columns side by side in the kernel layout */
 
-/* Q4_1 in the kernel layout (quant_gemm.c): per group of 8 columns and block, 128 bytes of
+/* Q4_1 in the kernel layout (q4_1_gemm.c): per group of 8 columns and block, 128 bytes of
  * nibbles, 4 vectors of 32; vector j holds k 8j..8j+3 in its low nibbles and 8j+4..8j+7 in
  * its high ones, 4 bytes per column (lane c = column c). d and m: fp16 [group][block][8]. */
 typedef struct {
@@ -64,7 +64,7 @@ static inline __mmask16 first_lanes(int n) {
 #include <immintrin.h>
 
 /* 32 floats rounded to bf16 (to nearest even), in order: how the bf16-activation products
- * (quant_gemm.c's q4_1_gemm_bf16, amx_gemm.c) take x. */
+ * (q4_1_bf16_gemm.c, amx_gemm.c) take x. */
 static inline __m512bh bf16_of_32(const float *x) {
     return _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
 }
@@ -89,7 +89,7 @@ __attribute__((visibility("hidden"))) int q4_amx_matmul(const Q4Matrix *w, const
 __attribute__((visibility("hidden"))) int q8_amx_matmul(const Q8Matrix *w, const float *x, int rows,
                                                         float *y, int nthreads);
 
-/* y [rows, N] = x @ W.T from x already at 8 bits a block (quant_gemm.c's quantize_rows:
+/* y [rows, N] = x @ W.T from x already at 8 bits a block (activations.c's quantize_rows:
  * int8 qx [rows][K], per row and block the scale dx and dx * sum(qx)) on panel_gemm.c's
  * tiles (512-bit with AVX512-VNNI, else AVX2's): 0, or -1 out of memory. */
 __attribute__((visibility("hidden"))) int q4_panel8_matmul(const Q4Matrix *w, const int8_t *qx,

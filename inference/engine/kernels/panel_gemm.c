@@ -3,7 +3,7 @@
  * path's steps of many rows too (Q4_1 by 8-bit x, tile512_u8 or AVX2's tile256_u8; the
  * head's Q8_0 on the 16-bit tile; see the last sections).
  *
- * The 8-bit kernels (quant_gemm.c) unpack every weight block again for each 4 rows, which
+ * The 8-bit kernels (q4_1_gemm.c) unpack every weight block again for each 4 rows, which
  * is right while reading the weights bounds a step, and their 8-bit activations cost a
  * prompt's first token its precision (native_decode.py). fbgemm's fp16 products (the
  * large steps' format on these CPUs) run at AVX2's float peak, 8 multiply-adds an FMA,
@@ -363,7 +363,8 @@ static int q4_panel_matmul(const Q4Matrix *w, const float *x, int rows, float *y
 }
 
 /* Whether the 16-bit product runs its AVX512-VNNI tile (tile512), which outruns the
- * bf16-activation product of quant_gemm.c on a Zen 4 from 32 rows. */
+ * bf16-activation product (q4_1_bf16_gemm.c) from about 32 rows (python -m
+ * inference.bench.kernels --rows 8 16 32 64 --kinds bf16 i16). */
 int q4_1_i16_vnni(void) {
 #if HAVE_I16_VNNI
     return 1;
@@ -380,7 +381,7 @@ int q4_1_gemm_i16(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N
 
 /* ---- 8-bit activations: the native path's products of many rows ---------------------------
  *
- * quant_gemm.c's 8-bit kernel unpacks each weight block again for every 4 rows, in 256-bit
+ * q4_1_gemm.c's 8-bit kernel unpacks each weight block again for every 4 rows, in 256-bit
  * vectors of 8 columns, and at a decode step of 64 rows that unpacking and the per-row
  * broadcasts of x are most of its instructions. Steps of at least panel_min_rows rows
  * instead unpack 16 columns once into a panel of their q as bytes, 4 consecutive k a 32-bit
@@ -388,7 +389,7 @@ int q4_1_gemm_i16(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N
  * AVX512-VNNI, 8 rows take one register tile: vpdpbusd multiplies the weights' bytes (0..15)
  * by x's 4 int8 broadcast from memory and adds into 32-bit sums, 64 multiply-adds an
  * instruction, twice vpdpwssd's; on AVX2 alone, 4 rows (tile256_u8). Same activations
- * (quant_gemm.c's per-block int8, scale max|x| / 127) and same integer sums: only the float
+ * (activations.c's per-block int8, scale max|x| / 127) and same integer sums: only the float
  * sums' order differs. */
 static void panel_q4_u8(const void *w, int g, int h, int32_t *panel) {
     const Q4Matrix *W = (const Q4Matrix *)w;
@@ -453,7 +454,7 @@ static void tile512_u8(const void *task, const int32_t *panel, int r0, int rows,
 #if !HAVE_I16_VNNI
 /* The same panels on AVX2 (no vpdpbusd): a tile of 4 rows by the panel's 16 columns, each
  * k quad's two weight vectors loaded once for the 4 rows and each row's x quad broadcast
- * once for the 16 columns (quant_gemm.c's grouped tile unpacks each block again for every
+ * once for the 16 columns (q4_1_gemm.c's grouped tile unpacks each block again for every
  * 4 rows and broadcasts x for every 8 columns). vpmaddubsw multiplies the bytes (0..15) by
  * x's int8 into int16 pairs, summed in int16 over the block (8 x 2 x 15 x 127 < 32767:
  * nothing saturates) and widened once a block; 8 sums, 2 weights, x and a product fill 12

@@ -4,7 +4,7 @@
  * on the one thread torch keeps during such steps (~15% of a 384-token prompt's step on a
  * Zen 4), each op a pass over memory: here each is one pass, fused, its rows spread over
  * the pool. Every row is computed alone, the same way whatever the step's other rows. The
- * native path's layers (quant_gemm.c's decode_layer) use them too. */
+ * native path's layers (decode_layer.c) use them too. */
 #include <math.h>
 
 #include "common.h"

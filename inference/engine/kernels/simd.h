@@ -9,7 +9,7 @@
 /* acc += v in place, 32-bit lanes (add_into) and 16-bit ones (add16_into): adds gcc can
  * neither copy around (gcc 12 added into v's register and copied the sum back, a third more
  * instructions in panel_gemm.c's tile) nor reassociate (a tile's products of a block were
- * all computed before any sum, and spilled to the stack: quant_gemm.c). */
+ * all computed before any sum, and spilled to the stack: q4_1_gemm.c). */
 static inline __m256i add_into(__m256i acc, __m256i v) {
     __asm__("vpaddd %1, %0, %0" : "+x"(acc) : "x"(v));
     return acc;

@@ -1,0 +1,26 @@
+/* The decode step's shapes (decode_attention.c, decode_layer.c; kernels/__init__.py's
+ * LayerShape and LayerWeights mirror them). */
+#ifndef CHATAPP_KERNELS_DECODE_H
+#define CHATAPP_KERNELS_DECODE_H
+#include <stdint.h>
+
+#include "common.h"
+
+typedef struct {
+    const float *input_norm, *post_norm;
+    Q4Matrix qkv, o, gate_up, down;
+} LayerWeights;
+
+typedef struct {
+    int hidden, heads, kv_heads, head_dim, inter;
+    float eps, scale;
+    int block_size, num_blocks;  /* pool: [2 * kv_heads, num_blocks * block_size, head_dim] */
+    int kv_half;                 /* the pool's elements: float16, else float32 */
+} LayerShape;
+
+/* The rows' attention over the pool (decode_attention.c); 0, or -1 out of memory. */
+int decode_attention(const LayerShape *s, const float *qkv, int rows, const int64_t *positions,
+                     const int64_t *block_tables, int table_width, const void *pool,
+                     float *out, int nthreads);
+
+#endif

@@ -1,0 +1,74 @@
+/* A whole decoder layer for a decode step of a few rows.
+ *
+ * The same maths as LlamaModel.forward (model.py) for rows that each decode one token: RMS
+ * norm, the fused q/k/v product, rope, the new K/V into the paged pool, attention over each
+ * row's blocks, o, residual, norm, gate/up, SiLU, down, residual. In torch this is ~30
+ * small ops a layer whose dispatch cost more than the 4-bit matrix products themselves.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "common.h"
+#include "decode.h"
+#include "gemm.h"
+
+int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
+                 const int64_t *positions, const float *cos, const float *sin,
+                 const int64_t *block_tables, int table_width, void *pool, int nthreads) {
+    int H = s->hidden, d = s->head_dim, hq = s->heads, hkv = s->kv_heads;
+    int nqkv = (hq + 2 * hkv) * d, bs = s->block_size;
+    size_t head_stride = (size_t)s->num_blocks * bs * d;
+    float *h = malloc(sizeof(float) * rows * H);
+    float *qkv = malloc(sizeof(float) * rows * nqkv);
+    float *attn = malloc(sizeof(float) * rows * hq * d);
+    float *gu = malloc(sizeof(float) * rows * 2 * s->inter);
+    float *act = malloc(sizeof(float) * rows * s->inter);
+    int64_t *slots = malloc(sizeof(int64_t) * rows);
+    int rc = -1;
+    if (!h || !qkv || !attn || !gu || !act || !slots) goto out;
+
+    /* The work between the products runs over the pool too (row_ops.c), as they do. */
+    add_rms_norm(x, NULL, w->input_norm, rows, H, s->eps, h, nthreads);
+    if (q4_matmul(&w->qkv, h, rows, qkv, nthreads)) goto out;
+    for (int r = 0; r < rows; r++) {
+        int64_t pos = positions[r];
+        const int64_t *table = block_tables + (size_t)r * table_width;
+        slots[r] = table[pos / bs] * bs + pos % bs;
+    }
+    KvPut put = {slots, pool, hq, 2 * hkv, head_stride, s->kv_half};
+    rope_put_rows(qkv, rows, nqkv, hq + hkv, d, cos, sin, &put, nthreads);
+    if (decode_attention(s, qkv, rows, positions, block_tables, table_width, pool, attn,
+                         nthreads))
+        goto out;
+    if (q4_matmul(&w->o, attn, rows, h, nthreads)) goto out;
+    add_rms_norm(x, h, w->post_norm, rows, H, s->eps, h, nthreads);
+    if (q4_matmul(&w->gate_up, h, rows, gu, nthreads)) goto out;
+    silu_mul(gu, rows, s->inter, act, nthreads);
+    if (q4_matmul(&w->down, act, rows, h, nthreads)) goto out;
+    for (int i = 0; i < rows * H; i++) x[i] += h[i];
+    rc = 0;
+out:
+    free(h);
+    free(qkv);
+    free(attn);
+    free(gu);
+    free(act);
+    free(slots);
+    return rc;
+}
+
+/* Every layer of a step in one call: one hand-off of the GIL a step instead of one a layer
+ * (when the web side's thread took the GIL during a layer, the engine's thread waited for
+ * it at that layer's return). pools[i]: layer i's KV pool. Returns the failing layer's
+ * decode_layer code, 0 when all went through. */
+int decode_layers(const LayerShape *s, const LayerWeights *w, int layers, float *x, int rows,
+                  const int64_t *positions, const float *cos, const float *sin,
+                  const int64_t *block_tables, int table_width, void *const *pools,
+                  int nthreads) {
+    for (int i = 0; i < layers; i++) {
+        int rc = decode_layer(s, w + i, x, rows, positions, cos, sin, block_tables, table_width,
+                              pools[i], nthreads);
+        if (rc) return rc;
+    }
+    return 0;
+}

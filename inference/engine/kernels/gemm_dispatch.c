@@ -1,0 +1,99 @@
+/* Which product serves a step's rows, inside the kernels: AMX's tiles (amx_gemm.c), the
+ * panels' (panel_gemm.c) from the row counts kernels.load() sets (cpu_backend.py holds them),
+ * else the grouped tiles of a few rows (q4_1_gemm.c, q8_0_gemm.c); and the library's
+ * product entry points. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "gemm.h"
+
+/* Products of at least this many rows take AMX's tiles (amx_gemm.c) where they run, the
+ * layers' (Q4_1) and the head's (Q8_0); 0: never. */
+static int amx_min_rows, amx_head_min_rows;
+
+void set_amx_min_rows(int layers, int head) {
+    amx_min_rows = layers;
+    amx_head_min_rows = head;
+}
+
+/* Products of at least this many rows take panel_gemm.c's 512-bit tiles where the kernels
+ * are built for AVX512-VNNI (AMX's first, where they take the product), the layers' and the
+ * head's; 0: never (kernels/__init__.py sets the measured limits at load). */
+static int panel_min_rows, panel_head_min_rows;
+
+void set_panel_min_rows(int layers, int head) {
+    panel_min_rows = layers;
+    panel_head_min_rows = head;
+}
+
+int q4_matmul(const Q4Matrix *w, const float *x, int rows, float *y, int nthreads) {
+    if (amx_min_rows > 0 && rows >= amx_min_rows && q4_amx_matmul(w, x, rows, y, nthreads) == 0)
+        return 0;
+    QuantizedRows q;
+    if (quantize_rows(x, rows, w->k, &q, nthreads)) {
+        free_rows(&q);
+        return -1;
+    }
+    int rc = 0;
+    if (panel_min_rows > 0 && rows >= panel_min_rows) {
+        rc = q4_panel8_matmul(w, q.qx, q.dx, q.sx, rows, y, nthreads);
+    } else {
+        q4_int8_matmul(w, &q, rows, y, nthreads);
+    }
+    free_rows(&q);
+    return rc;
+}
+
+/* y [rows, N] = x [rows, K] @ W.T for Q4_1 W in the kernel layout. */
+int q4_1_gemm(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N, int K,
+              const float *x, int rows, float *y, int nthreads) {
+    if (K % QK) return -2;
+    Q4Matrix w = {qs, d, m, N, K};
+    return q4_matmul(&w, x, rows, y, nthreads);
+}
+
+/* y [rows, N] = x [rows, K] @ W.T for Q8_0 W in the kernel layout. */
+int q8_0_gemm(const int8_t *qs, const float *d, int N, int K, const float *x, int rows,
+              float *y, int nthreads) {
+    if (K % QK) return -2;
+    Q8Matrix w = {qs, d, N, K};
+    if (amx_head_min_rows > 0 && rows >= amx_head_min_rows &&
+        q8_amx_matmul(&w, x, rows, y, nthreads) == 0)
+        return 0;
+    if (panel_head_min_rows > 0 && rows >= panel_head_min_rows)
+        return q8_panel16_matmul(&w, x, rows, y, nthreads);
+    Wide q;
+    if (quantize_rows16(x, rows, K, &q)) {
+        free(q.qx);
+        free(q.dx);
+        return -1;
+    }
+    q8_int16_matmul(&w, &q, rows, y, nthreads);
+    free(q.qx);
+    free(q.dx);
+    return 0;
+}
+
+/* 1 where q4_1_gemm_bf16 runs (built with AVX512-BF16), else 0. */
+int q4_1_bf16_available(void) { return HAVE_BF16_GEMM; }
+
+/* y [rows, N] = x [rows, K] @ W.T for Q4_1 W in the kernel layout, x rounded to bf16 and
+ * the weights exact; -3 where this build has no AVX512-BF16. */
+int q4_1_gemm_bf16(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N, int K,
+                   const float *x, int rows, float *y, int nthreads) {
+#if HAVE_BF16_GEMM
+    if (K % QK) return -2;
+    Bf16Rows q;
+    int rc = round_rows_bf16(x, rows, K, &q);
+    if (!rc) {
+        Q4Matrix w = {qs, d, m, N, K};
+        q4_bf16_matmul(&w, &q, rows, y, nthreads);
+    }
+    free(q.xb);
+    free(q.sx);
+    return rc;
+#else
+    (void)qs, (void)d, (void)m, (void)N, (void)K, (void)x, (void)rows, (void)y, (void)nthreads;
+    return -3;
+#endif
+}

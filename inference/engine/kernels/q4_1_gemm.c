@@ -1,0 +1,141 @@
+/* Weight-only block-quantized matrix products for small batches on x86 CPUs.
+ *
+ * y[r, n] = sum_k x[r, k] * W[n, k], where W is stored in blocks of 32 along k:
+ *   Q4_1: W = d * q + m,  q in [0, 15] (the layers of the bundled GGUF);
+ *   Q8_0: W = d * q,      q in [-127, 127] (its lm_head).
+ * Activations are quantized per row and block (to int8 for Q4_1, as llama.cpp's q8_1; to
+ * int16 for the head), so each block's dot product is integer multiply-adds:
+ * d * dx * sum(q * qx) + m * dx * sum(qx). At one to a few rows the step is bound by the
+ * weights' bytes, and Q4_1 reads 5 bits per weight instead of 16.
+ *
+ * The weights are in a kernel layout of their own, made at load from GGUF's (quantized.py,
+ * `for_kernel`): columns in groups of 8, and within a group and a block, the weights of
+ * 4 consecutive k of each column side by side, so a 32-byte vector holds 4 k x 8 columns.
+ * A block then reduces over k with vertical adds, each column in its own 32-bit lane, and
+ * its scales come as one vector of the group's 8 scales: no horizontal sums per column and
+ * one float multiply-add per block for 8 columns. On this machine's AVX2 that took the
+ * layers' products from ~60% of the memory bandwidth to ~90% (docs/performance.md).
+ *
+ * This file: Q4_1 by int8 activations, a few rows a tile. Built per ISA (python -m
+ * inference.engine.kernels.build); with AVX512-VNNI one instruction does the 8-bit and
+ * 16-bit dot products that take two here.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "gemm.h"
+#include "simd.h"
+
+/* One half of a block (64 bytes: 16 k x 8 columns) into 4 vectors of q (0..15), in the
+ * order of x's 4-byte groups: w[i] pairs with x[4i .. 4i + 3] of the half. */
+static inline void q4_unpack_half(const uint8_t *wb, __m256i w[4]) {
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    for (int j = 0; j < 2; j++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(wb + 32 * j));
+        w[2 * j] = _mm256_and_si256(v, mask);
+        w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+    }
+}
+
+#if HAVE_VNNI
+/* Each column's sum(q * qx) over one block, in its lane. */
+static inline __m256i q4_block_dot(const __m256i w[8], const int8_t *xq) {
+    __m256i s = _mm256_setzero_si256();
+    for (int i = 0; i < 8; i++) s = _mm256_dpbusd_epi32(s, w[i], bcast4(xq + 4 * i));
+    return s;
+}
+#endif
+
+/* Rows r0 .. r0 + NR of y for groups g0 .. g1: each weight block unpacked once for the rows.
+ * NR is a constant at each call (q4_tile), so the accumulators stay in registers. Without
+ * VNNI the pairs' products are summed in int16 first (8 x 2 x 15 x 127 < 32767: nothing
+ * saturates), and a block is unpacked in halves (16 k: 4 vectors), each half's products
+ * added into every row's sums before the next half is unpacked. AVX2's 16 registers then
+ * hold the tile: the whole block's 8 vectors and two accumulators a row spilled to the
+ * stack, and the 30 layers' products took 1.13-1.3x as long at 4-64 rows on a 2-core
+ * Zen 1 (docs/performance.md). */
+static inline __attribute__((always_inline)) void q4_tile_n(const Q4Matrix *W, int g0, int g1,
+                                                            const QuantizedRows *q, int r0,
+                                                            const int NR, float *y) {
+    int K = W->k, N = W->n, nb = K / QK;
+    for (int g = g0; g < g1; g++) {
+        const uint8_t *wq = W->qs + (size_t)g * nb * 128;
+        const uint16_t *wd = W->d + (size_t)g * nb * GROUP, *wm = W->m + (size_t)g * nb * GROUP;
+        __m256 acc[ROW_TILE];
+        for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            __m256i s[ROW_TILE];
+#if HAVE_VNNI
+            __m256i w[8];
+            q4_unpack_half(wq + (size_t)b * 128, w);
+            q4_unpack_half(wq + (size_t)b * 128 + 64, w + 4);
+            for (int r = 0; r < NR; r++)
+                s[r] = q4_block_dot(w, q->qx + (size_t)(r0 + r) * K + b * QK);
+#else
+            for (int h = 0; h < 2; h++) {
+                __m256i w[4];
+                q4_unpack_half(wq + (size_t)b * 128 + 64 * h, w);
+                for (int r = 0; r < NR; r++) {
+                    const int8_t *xq = q->qx + (size_t)(r0 + r) * K + b * QK + 16 * h;
+                    if (!h) s[r] = _mm256_setzero_si256();
+                    for (int i = 0; i < 4; i++)
+                        s[r] = add16_into(s[r], _mm256_maddubs_epi16(w[i], bcast4(xq + 4 * i)));
+                }
+            }
+            for (int r = 0; r < NR; r++) s[r] = _mm256_madd_epi16(s[r], _mm256_set1_epi16(1));
+#endif
+            __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b * GROUP)));
+            for (int r = 0; r < NR; r++) {
+                size_t row = (size_t)(r0 + r);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]),
+                                         _mm256_mul_ps(d8, _mm256_set1_ps(q->dx[row * nb + b])),
+                                         acc[r]);
+            }
+        }
+        /* The offsets' terms after the products: summed apart, as they always were (so the
+         * results are the same to the bit), and not holding registers in the loop above. */
+        __m256 accm[ROW_TILE];
+        for (int r = 0; r < NR; r++) accm[r] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            __m256 m8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + b * GROUP)));
+            for (int r = 0; r < NR; r++)
+                accm[r] = _mm256_fmadd_ps(m8, _mm256_set1_ps(q->sx[(size_t)(r0 + r) * nb + b]),
+                                          accm[r]);
+        }
+        for (int r = 0; r < NR; r++)
+            store_group(y + (size_t)(r0 + r) * N, g * GROUP, N, _mm256_add_ps(acc[r], accm[r]));
+    }
+}
+
+static void q4_tile(const Q4Matrix *W, int g0, int g1, const QuantizedRows *q, int r0, int nr,
+                    float *y) {
+    switch (nr) {
+    case 1: q4_tile_n(W, g0, g1, q, r0, 1, y); break;
+    case 2: q4_tile_n(W, g0, g1, q, r0, 2, y); break;
+    case 3: q4_tile_n(W, g0, g1, q, r0, 3, y); break;
+    default: q4_tile_n(W, g0, g1, q, r0, 4, y); break;
+    }
+}
+
+typedef struct {
+    const Q4Matrix *w;
+    const QuantizedRows *q;
+    int rows;
+    float *y;
+} Q4Task;
+
+/* A chunk's columns for every row: its weights are read from memory once and stay in cache
+ * for the later tiles of rows. */
+static void q4_chunk(void *arg, int c) {
+    const Q4Task *t = (const Q4Task *)arg;
+    int g0 = c * CHUNK_GROUPS, g1 = chunk_end(t->w->n, c);
+    for (int r0 = 0; r0 < t->rows; r0 += ROW_TILE)
+        q4_tile(t->w, g0, g1, t->q, r0, t->rows - r0 < ROW_TILE ? t->rows - r0 : ROW_TILE, t->y);
+}
+
+void q4_int8_matmul(const Q4Matrix *w, const QuantizedRows *q, int rows, float *y,
+                    int nthreads) {
+    Q4Task t = {w, q, rows, y};
+    pool_run(q4_chunk, &t, chunks_of(w->n), nthreads);
+}

@@ -220,7 +220,7 @@ class Generation:
                     if finish_reason == "error":
                         error_code = "worker_lost" if is_worker_lost(delta) else "engine_error"
                         log.error("engine error on %s: %s", self.request_id, delta.error)
-                if text or delta.token_ids:
+                if text:
                     checkpoints.writer.changed(self.message_id, self._progress, self._gone)
         except EngineBusyError:
             error_code = "busy"
@@ -245,7 +245,7 @@ class Generation:
             )
 
     def _progress(self) -> checkpoints.Progress:
-        return checkpoints.Progress(self.message_id, self.text, list(self.token_ids))
+        return checkpoints.Progress(self.message_id, self.text)
 
     def _gone(self) -> None:
         # Deleted with its conversation: nobody can see this reply any more.

@@ -1,9 +1,9 @@
-/* Q4_1 and Q8_0 products on AMX tiles (Intel Sapphire Rapids and later): the weights
+/* Q4_1 and Q8_0 products on AMX tiles (CPUs with AMX-TILE and AMX-BF16): the weights
  * unpacked to bf16 in the cache, then multiplied 16 x 16 x 32 an instruction.
  *
  * The 8-bit kernels (q4_1_gemm.c) pay for every row: each block's dot product is a few
- * vector instructions per row, ~0.5 ms a row for the default model's 30 layers on two
- * threads of a 2-core Xeon. oneDNN's bf16 products on AMX read weights of 16 bits (three
+ * vector instructions per row (python -m inference.bench.kernels --rows 8 16 32 64
+ * --kinds int8 amx onednn compares them). oneDNN's bf16 products on AMX read weights of 16 bits (three
  * times the GGUF's) and carry a large fixed cost at a few dozen rows. Here a chunk of 32
  * output columns is unpacked once, for all of K, into a bf16 buffer in AMX's pair layout
  * (~100 KB at most, it stays in L2), and every 32 rows of x then take one tile product per
@@ -84,9 +84,8 @@ static inline void store_row(uint16_t *row, __m512 lo, __m512 hi) {
 
 /* The unpacking waits on memory: each chunk reads four groups' blocks (and their scales)
  * in short runs, too short for the hardware's prefetchers to get ahead of. So it asks for
- * the block AHEAD blocks on in each run. On a 2-core Xeon with AMX, 1 / 2 / 3 / 4 / 8
- * blocks ahead: the layers' products at 64 rows ~19.7-20.4 / 17.2-18.0 / 16.7-18.2 /
- * 17.9-19.0 / 19.2-19.9 ms a step, against 21.0-22.5 without (docs/performance.md). */
+ * the block AHEAD blocks on in each run; 2 was the fastest of 1-8 for the layers'
+ * products at 64 rows (python -m inference.bench.kernels --rows 64 --kinds amx). */
 #define AHEAD 2
 
 /* The cache lines of p .. p + bytes - 1 (bytes 1: p's own line). */
@@ -119,8 +118,8 @@ static inline __m512i pick_pairs(__m512i halves, int o) {
  * One byte shuffle a (group, o) puts those bytes, one to a 32-bit lane, in the order of the
  * row's float32 lanes (2c + e); the low and the high nibble then each take a mask or a
  * shift, a conversion and d * q + m. Widening the vector to 16 bits, permuting its pairs
- * and widening again took ~3x the shuffles: on a 2-core Xeon with AMX the layers' products
- * at 64 rows went from ~22.7 to ~20.0 ms a step (docs/performance.md). */
+ * and widening again took ~3x the shuffles and ~1.1x the layers' products' time at 64
+ * rows (python -m inference.bench.kernels --rows 64 --kinds amx). */
 static void unpack_q4(const void *w, int n0, uint16_t *out) {
     const Q4Matrix *W = (const Q4Matrix *)w;
     const int nb = W->k / QK;

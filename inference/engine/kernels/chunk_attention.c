@@ -4,8 +4,8 @@
  * Why: a follow-up question about a long document is a chunk of a few dozen rows over
  * thousands of cached positions. The torch path gathered the context out of the pool and ran
  * SDPA over it with a mask; both the gather and SDPA's kernel (~70 GFLOP/s on one core)
- * made turn 2 pay ~4x a turn without the document (docs/performance.md). Here the context is
- * read where it lies, block by block, once per tile of query lanes.
+ * made turn 2 pay ~4x a turn without the document (python -m inference.bench.followup).
+ * Here the context is read where it lies, block by block, once per tile of query lanes.
  *
  * A tile is up to TL (row, query head) lanes of one KV head, the lanes of two vectors:
  * the scores of KJ keys against all its lanes are 2 * KJ accumulators, each key element

@@ -29,7 +29,7 @@ static inline float dot_f32(const float *a, const float *b, int n) {
  * heads one after the other (each vectorized over head_dim), so the keys and values come
  * from memory once for them: an item per query head had both cores read them, and at 64
  * decode rows over ~145 positions of distinct contexts attention was ~half a native step
- * (docs/performance.md). Rows of one sequence's chunk (consecutive rows with the same
+ * (python -m inference.bench.attention). Rows of one sequence's chunk (consecutive rows with the same
  * block table) go in tiles: up to TILE_LANES (row, query head) pairs of one KV head, the
  * lanes of one vector, so each key and value is read once for the whole tile, where one
  * item per (row, head) read the chunk's whole context once per row and head. */
@@ -75,11 +75,9 @@ static __thread int tls_scores_cap;
 
 /* As a row's keys reach block blk: the next block's keys into L1 and this block's values
  * into L2, all at once. Steps of fewer than PREFETCH_MIN_ROWS rows keep fetching ahead this
- * way, as before prefetch_position: their few chats' K/V stays in the caches more, a
- * position at a time showed no gain there on a Zen 4 beyond the host's noise (the same code
- * against itself: 0.74-1.24x at 1-3 rows of 300 positions), and one user's served TTFT was
- * a few ms longer in four runs; from 4 rows over scattered blocks it takes ~0.65x the
- * time. */
+ * way: their few chats' K/V stays in the caches more and a position at a time showed no
+ * gain there; from 4 rows over scattered blocks it takes ~0.65x the time (python -m
+ * inference.bench.attention). */
 #define PREFETCH_MIN_ROWS 4
 
 static inline void prefetch_blocks(const LayerShape *s, int ctx, const int64_t *table, int blk,
@@ -99,8 +97,8 @@ static inline void prefetch_blocks(const LayerShape *s, int ctx, const int64_t *
  * own (16 positions of head_dim 64, 2 KB of float16) and chats' blocks lie scattered, so
  * the hardware's prefetchers, which stop at a page's end, start cold at every block; and a
  * whole block's lines asked for at once, at its first position, waited behind each other
- * (on a 2-core Zen 4, 64 decode rows over 300 scattered positions of a float16 pool:
- * ~0.65x the time spread out this way; docs/performance.md). */
+ * (64 decode rows over 300 scattered positions of a float16 pool: ~0.65x the time spread
+ * out this way; python -m inference.bench.attention). */
 static inline __attribute__((always_inline)) void prefetch_position(
     const LayerShape *s, int ctx, const int64_t *table, int blk, int slot, const void *base,
     int from, int n, const int l2, const int H) {
@@ -243,10 +241,10 @@ static void attention_single512(const LayerShape *s, int ctx, const float *qp,
 /* A decode row's G query heads of one KV head together (d = 16 * ND): each key and value
  * is loaded once for all G heads, where attention_single512 head after head read them from
  * memory for the first and from the caches for the others, and the blocks are fetched
- * ahead (prefetch_position). Attention is mostly waiting for memory there: on a 2-core Zen 4
- * (python -m inference.bench.attention), 64 rows of 300 positions, the default model's 30
- * layers, head after head took 65 ms over blocks scattered as chats' are against 17 ms over
- * shared (cached) ones; this pass took 0.87-0.94x of it, the cached case unchanged.
+ * ahead (prefetch_position). Attention is mostly waiting for memory there: at 64 rows of
+ * 300 positions head after head took ~4x as long over blocks scattered as chats' are as
+ * over shared (cached) ones; this pass takes ~0.9x of it, the cached case unchanged
+ * (python -m inference.bench.attention).
  * scores: G * ctx floats; q and o: the G heads' queries and outputs, d apart. */
 static inline __attribute__((always_inline)) void attention_group512_n(
     const LayerShape *s, int ctx, const float *qp, const int64_t *table, const void *keys,
@@ -368,10 +366,9 @@ static inline float exp_scores256(float *scores, int ctx, __m256 mx) {
  *
  * A float16 pool's keys and values are converted once for the G heads: the 8 keys into
  * float32 in L1 (kf), each value's slice in registers that every head then multiplies.
- * Converted again for each head, as they were, the conversions bounded the pass: on a
- * 2-core Zen 1, 64 decode rows over 300 positions took as long as over a float32 pool,
- * which is twice the bytes; now ~0.85x, and ~0.7x with the values' blocks fetched ahead
- * (then block by block; a position at a time since, docs/performance.md). */
+ * Converted again for each head, the conversions bound the pass: 64 decode rows over 300
+ * positions took as long as over a float32 pool, twice the bytes; converted once, ~0.7x
+ * with the values fetched ahead (python -m inference.bench.attention, AVX2 build). */
 static inline __attribute__((always_inline)) void attention_group256_n(
     const LayerShape *s, int ctx, const float *qp, const int64_t *table, const void *keys,
     const void *vals, float *scores, float *o, const int G, const int ND, const int ahead,
@@ -753,10 +750,7 @@ int decode_attention(const LayerShape *s, const float *qkv, int rows, const int6
  * row r belongs to the sequence whose block table is tables[row_seq[r]] (table_width ids
  * each) and sits at positions[r]; its K/V (qkv's) are written to the pool first, so a
  * chunk sees its own earlier rows. Everything is checked before anything is written: bad
- * input leaves the pool as it was. The torch path's kernel of its own before this (threads
- * started each call, a dot product and a scalar exponential a position and head) took
- * ~5.7x this one's time for a mixed step's 53 decodes on a Zen 4, where those steps left it
- * one thread (docs/performance.md). Returns 0, -1 (bad input) or -2 (out of memory). */
+ * input leaves the pool as it was. Returns 0, -1 (bad input) or -2 (out of memory). */
 int paged_attention(const LayerShape *s, const float *qkv, int rows, const int64_t *positions,
                     const int32_t *row_seq, const int64_t *tables, int num_tables,
                     int table_width, void *pool, float *out, int nthreads) {

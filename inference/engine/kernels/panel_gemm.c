@@ -16,12 +16,10 @@
  * d * dx, and m * dx * sum(qx) adds the offsets: y = sum_b dx (d sum(q qx) + m sum(qx)).
  * The chunks run in the kernels' pool.
  *
- * Measured on a 2-core Zen 3 (docs/performance.md): the default model's 30 layers at 256
- * rows, one thread, 485 ms against fbgemm's 610 and 579 for the same panels in float32
- * with FMA (6 x 16 tiles; dropped). Built for AVX512-VNNI, the tile is 8 rows of 512-bit
- * sums (tile512): on a Zen 4, 395 ms for the same 256 rows against 648 with the AVX2 tile
- * and 327 for oneDNN's bf16 products (which round the weights to bf16 and pay no block
- * scales).
+ * Built for AVX512-VNNI, the tile is 8 rows of 512-bit sums (tile512). Against fbgemm's
+ * products, the same panels in float32 (6 x 16 tiles with FMA; dropped, slower) and
+ * oneDNN's bf16 (which round the weights to bf16 and pay no block scales): python -m
+ * inference.bench.kernels --rows 64 128 256 --threads 1 --kinds i16 panel fbgemm onednn.
  */
 #include <immintrin.h>
 #include <stdatomic.h>

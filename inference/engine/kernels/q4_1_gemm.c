@@ -13,8 +13,9 @@
  * 4 consecutive k of each column side by side, so a 32-byte vector holds 4 k x 8 columns.
  * A block then reduces over k with vertical adds, each column in its own 32-bit lane, and
  * its scales come as one vector of the group's 8 scales: no horizontal sums per column and
- * one float multiply-add per block for 8 columns. On this machine's AVX2 that took the
- * layers' products from ~60% of the memory bandwidth to ~90% (docs/performance.md).
+ * one float multiply-add per block for 8 columns: at one row the layers' products read
+ * the weights at ~90% of the memory bandwidth, ~60% without (python -m
+ * inference.bench.kernels --rows 1 2 4 8 reports the rate).
  *
  * This file: Q4_1 by int8 activations, a few rows a tile. Built per ISA (python -m
  * inference.engine.kernels.build); with AVX512-VNNI one instruction does the 8-bit and
@@ -53,8 +54,8 @@ static inline __m256i q4_block_dot(const __m256i w[8], const int8_t *xq) {
  * saturates), and a block is unpacked in halves (16 k: 4 vectors), each half's products
  * added into every row's sums before the next half is unpacked. AVX2's 16 registers then
  * hold the tile: the whole block's 8 vectors and two accumulators a row spilled to the
- * stack, and the 30 layers' products took 1.13-1.3x as long at 4-64 rows on a 2-core
- * Zen 1 (docs/performance.md). */
+ * stack, and the layers' products took 1.13-1.3x as long at 4-64 rows (python -m
+ * inference.bench.kernels --rows 4 8 16 32 64 --kinds int8, in the AVX2 build). */
 static inline __attribute__((always_inline)) void q4_tile_n(const Q4Matrix *W, int g0, int g1,
                                                             const QuantizedRows *q, int r0,
                                                             const int NR, float *y) {

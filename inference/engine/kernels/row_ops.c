@@ -1,8 +1,8 @@
 /* The torch path's work between its products, for steps whose products run in the kernels'
  * pool (prompts' chunks, mixed steps; model.py's PoolRowOps): the residual add with the
  * next RMS norm, rope on q and k, SiLU(gate) * up. As torch ops they ran one after another
- * on the one thread torch keeps during such steps (~15% of a 384-token prompt's step on a
- * Zen 4), each op a pass over memory: here each is one pass, fused, its rows spread over
+ * on the one thread torch keeps during such steps (~15% of a 384-token prompt's step:
+ * python -m inference.bench.step_profile), each op a pass over memory: here each is one pass, fused, its rows spread over
  * the pool. Every row is computed alone, the same way whatever the step's other rows. The
  * native path's layers (decode_layer.c) use them too. */
 #include <math.h>

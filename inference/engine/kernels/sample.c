@@ -39,8 +39,7 @@ static __thread int tls_cap;
 static __thread Cand *tls_cand;
 
 /* The largest of l[0 .. V), NaNs passed over. In four vectors: the scalar loop is a chain of
- * dependent maxss, half of a row's weighing over 49k logits (a 64-row step's sampling ~1
- * ms on a Zen 5). vmaxps(a, b) gives b where a is NaN or the two are equal, as the scalar
+ * dependent maxss, half of a row's weighing over 49k logits. vmaxps(a, b) gives b where a is NaN or the two are equal, as the scalar
  * `a > b ? a : b` did, so the maximum is the same value. */
 static float max_of(const float *l, int V) {
     __m256 a[4];

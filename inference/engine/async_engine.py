@@ -71,6 +71,9 @@ class AsyncEngine:
             raise InvalidRequestError(f"request id {rid!r} is already streaming")
         self._streams[rid] = (loop, queue)
         try:
+            if sampling.structured is not None:
+                # Off the loop: add_request then finds the grammar compiled (cached).
+                await asyncio.to_thread(self.engine.prepare_structured, sampling)
             self.engine.add_request(
                 prompt_token_ids,
                 sampling,

@@ -145,6 +145,7 @@ class LLMEngine:
         self.sampler = Sampler()
         # Structured outputs' grammars (structured.py): made on the first such request.
         self.structured: StructuredOutputs | None = None
+        self._structured_lock = threading.Lock()
         self.step_tokens_counts = [0] * len(STEP_TOKEN_BUCKETS)
         self.step_tokens_sum = 0
         self.speculator = self._speculator(config)
@@ -323,11 +324,22 @@ class LLMEngine:
                 deltas.append(self._finish(aborted, "abort"))
         return deltas
 
+    def prepare_structured(self, sampling: SamplingParams) -> None:
+        """Compile a structured request's grammar ahead of add_request, on any thread
+        (xgrammar lets go of the GIL while it compiles): the async front runs it on a
+        worker thread, so a compile of a second never stalls the loop that streams every
+        other request's deltas. Raises InvalidRequestError as add_request would."""
+        if sampling.structured is not None:
+            self._grammars().compiled(sampling.structured, sampling.structured_spec)
+
     def _grammars(self) -> StructuredOutputs:
-        if self.structured is None:
-            vocab = self.runner.model.vocab_size
-            self.structured = StructuredOutputs(self.tokenizer, vocab, self.eos_token_ids)
-        return self.structured
+        # Locked: the first structured requests may arrive on several threads at once,
+        # and reading the vocabulary into xgrammar takes a while (about half a second).
+        with self._structured_lock:
+            if self.structured is None:
+                vocab = self.runner.model.vocab_size
+                self.structured = StructuredOutputs(self.tokenizer, vocab, self.eos_token_ids)
+            return self.structured
 
     def _start_masks(self, batch: ScheduledBatch) -> GrammarMasks | None:
         """Structured requests' grammar masks, filled on their own thread while the model

@@ -12,6 +12,8 @@ output is complete. xgrammar is imported on the first structured request only.
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -40,8 +42,17 @@ class GrammarState:
         return bool(self.matcher.is_terminated())
 
 
+# Compiled grammars kept, newest used last: a client repeating its schema (every request
+# of an agent loop) compiles it once.
+GRAMMAR_CACHE_SIZE = 128
+
+
 class StructuredOutputs:
-    """Grammars for one tokenizer: compiled (cached), one matcher per request, masks."""
+    """Grammars for one tokenizer: compiled (cached), one matcher per request, masks.
+
+    A compile takes from milliseconds to a second or more (a schema with many patterned
+    strings); `compiled` may run on any thread, and the async front runs it on a worker
+    thread before the request reaches add_request, whose `start` then finds it cached."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
         import xgrammar as xgr
@@ -54,16 +65,33 @@ class StructuredOutputs:
         self.compiler = xgr.GrammarCompiler(info, max_threads=2)
         # Masks are computed on one worker thread while the model runs (fill_async).
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
+        self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._cache_lock = threading.Lock()
 
     def start(self, kind: str, spec: str) -> GrammarState:
         """A matcher at the start of the grammar; InvalidRequestError if it does not compile."""
+        return GrammarState(self._xgr.GrammarMatcher(self.compiled(kind, spec)))
+
+    def compiled(self, kind: str, spec: str) -> Any:
+        """The grammar compiled, from the cache when it was before (thread-safe: two threads
+        compiling one new grammar at once both compile it, and one result is kept)."""
+        key = (kind, spec)
+        with self._cache_lock:
+            found = self._cache.get(key)
+            if found is not None:
+                self._cache.move_to_end(key)
+                return found
         try:
             compiled = self._compile(kind, spec)
         except (RuntimeError, ValueError, TypeError) as exc:
             raise InvalidRequestError(
                 f"the {kind} for structured output is invalid: {exc}"
             ) from exc
-        return GrammarState(self._xgr.GrammarMatcher(compiled))
+        with self._cache_lock:
+            self._cache[key] = compiled
+            while len(self._cache) > GRAMMAR_CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return compiled
 
     def _compile(self, kind: str, spec: str) -> Any:
         c = self.compiler

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
@@ -15,6 +16,7 @@ from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_http_methods
 
+from chatapp import ratelimit
 from chatapp.chat import attachments, imports, instructions
 from chatapp.chat import conversations as conv_logic
 from chatapp.chat.attachments import AttachmentRefused, AttachmentsInvalid
@@ -144,12 +146,22 @@ def conversation(request: HttpRequest, pk: int) -> HttpResponse:
         if unknown:
             raise InvalidSettings(f"unknown field(s): {', '.join(sorted(unknown))}")
         conv = conv_logic.update_conversation(conv, data)
+    messages, older = conv_logic.branch_json(conv, *page_of(request))
     return JsonResponse(
-        {
-            "conversation": conv_logic.conversation_json(conv),
-            "messages": conv_logic.branch_json(conv),
-        }
+        {"conversation": conv_logic.conversation_json(conv), "messages": messages, "older": older}
     )
+
+
+def page_of(request: HttpRequest) -> tuple[int | None, int]:
+    """`?before=<message id>&limit=<n>`: which page of the branch to answer."""
+    try:
+        before = int(request.GET["before"]) if "before" in request.GET else None
+        limit = int(request.GET.get("limit", conv_logic.MESSAGES_PAGE))
+    except ValueError as exc:
+        raise InvalidSettings("before and limit must be whole numbers") from exc
+    if not 1 <= limit <= conv_logic.MESSAGES_PAGE_MAX:
+        raise InvalidSettings(f"limit must be between 1 and {conv_logic.MESSAGES_PAGE_MAX}")
+    return before, limit
 
 
 @api_view("GET")
@@ -295,6 +307,18 @@ def prompt_size(request: HttpRequest) -> HttpResponse:
     """The tokens a send would put before the model (the conversation so far, the
     documents, the words), and whether that fits its context window: the composer shows
     it before sending, in the words a send past the window is refused with."""
+    # Counted before any work: a count tokenizes on the cores every reply shares.
+    per_minute = settings.CHAT_PROMPT_SIZE_PER_MINUTE
+    counted = ratelimit.usage(
+        request, group="prompt-size", key="user", rate=f"{per_minute}/m", increment=True
+    )
+    if counted and counted["should_limit"]:
+        refused = error_response(
+            429, "rate_limited", f"At most {per_minute} prompt-size counts a minute."
+        )
+        # time_left is whole seconds to the window's edge, whose last second still counts.
+        refused["Retry-After"] = str(max(1, math.ceil(counted.get("time_left", 60)) + 1))
+        return refused
     data = read_json(request)
     unknown = set(data) - {"conversation_id", "text", "attachments", "settings", "model"}
     if unknown:

@@ -508,24 +508,50 @@ def conversation_json(conv: Conversation) -> dict[str, Any]:
     }
 
 
-def branch_json(conv: Conversation) -> list[dict[str, Any]]:
-    """The active branch with each message's alternatives, from one query."""
-    by_id = _all_messages(conv)
-    leaf = by_id.get(conv.active_leaf_id) if conv.active_leaf_id else None
+# GET /api/conversations/<id>/ answers the newest messages of the active branch, this many
+# unless `limit` says fewer (or up to MESSAGES_PAGE_MAX); `before` pages back.
+MESSAGES_PAGE = 200
+MESSAGES_PAGE_MAX = 1000
+
+
+def branch_json(
+    conv: Conversation, before: int | None = None, limit: int = MESSAGES_PAGE
+) -> tuple[list[dict[str, Any]], bool]:
+    """The newest `limit` messages of the active branch (those older than message `before`
+    when given), oldest first, each with its alternatives; and whether older ones remain.
+
+    The tree is walked on (id, parent, role) alone and only the page's rows are read
+    whole: a 100,000-message conversation costs its ids, never its text."""
+    tree = {
+        pk: (parent, role)
+        for pk, parent, role in Message.objects.filter(conversation=conv)
+        .order_by("id")
+        .values_list("id", "parent_id", "role")
+    }
+    path: list[int] = []
+    node = conv.active_leaf_id if conv.active_leaf_id in tree else None
+    while node is not None:
+        path.append(node)
+        node = tree[node][0]
+    path.reverse()
+    if before is not None:
+        path = path[: path.index(before)] if before in path else []
+    page_ids = path[-limit:]
+    older = len(path) > len(page_ids)
     siblings: dict[tuple[int | None, str], list[int]] = {}
-    for m in by_id.values():  # ordered by id
-        siblings.setdefault((m.parent_id, m.role), []).append(m.pk)
-    branch = path_to(leaf, by_id) if leaf else []
+    for pk, (parent, role) in tree.items():  # ordered by id
+        siblings.setdefault((parent, role), []).append(pk)
+    rows = Message.objects.in_bulk(page_ids)
     documents = attachments.of_messages(
-        (m.pk for m in branch if m.role == Message.Role.USER), with_text=False
+        (pk for pk in page_ids if tree[pk][1] == Message.Role.USER), with_text=False
     )
     out = []
-    for m in branch:
-        data = message_json(m, documents=documents.get(m.pk, []))
-        alts = siblings[(m.parent_id, m.role)]
-        data["alternatives"], data["alternative_index"] = alts, alts.index(m.pk)
+    for pk in page_ids:
+        data = message_json(rows[pk], documents=documents.get(pk, []))
+        alts = siblings[tree[pk]]
+        data["alternatives"], data["alternative_index"] = alts, alts.index(pk)
         out.append(data)
-    return out
+    return out, older
 
 
 def message_json(

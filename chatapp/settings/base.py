@@ -245,6 +245,9 @@ CHAT_DRAIN_S = env_float("CHAT_DRAIN_S", 30.0)
 CHAT_CHECKPOINT_INTERVAL_S = env_float("CHAT_CHECKPOINT_INTERVAL_S", 0.25)
 # Per-user limits on the chat socket.
 CHAT_RATE_LIMIT_PER_MINUTE = env_int("CHAT_RATE_LIMIT_PER_MINUTE", 30)
+# The composer's prompt-size counts one user may ask for a minute (each tokenizes up to a
+# context window on the web process's cores, beside everyone's replies).
+CHAT_PROMPT_SIZE_PER_MINUTE = env_int("CHAT_PROMPT_SIZE_PER_MINUTE", 60)
 CHAT_MAX_CONCURRENT_STREAMS = env_int("CHAT_MAX_CONCURRENT_STREAMS", 4)
 # Documents attached to a message (docs/http.md, "Attachments"): the largest file taken,
 # the most text kept from one, how many go with one message, and how long an uploaded file

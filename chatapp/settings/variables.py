@@ -86,6 +86,9 @@ MEANINGS: dict[str, str] = {
     ),
     "CHAT_CHECKPOINT_INTERVAL_S": "how often a streaming reply's partial text is saved",
     "CHAT_RATE_LIMIT_PER_MINUTE": "messages one user may send a minute on the chat socket",
+    "CHAT_PROMPT_SIZE_PER_MINUTE": (
+        "prompt-size counts (POST /api/chat/prompt-size/) one user may ask for a minute"
+    ),
     "CHAT_MAX_CONCURRENT_STREAMS": "replies one user may have generating at once",
     "CHAT_ATTACHMENT_MAX_BYTES": 'largest attached file (docs/http.md, "Attachments")',
     "CHAT_ATTACHMENT_MAX_CHARS": "most text kept from one attached file",

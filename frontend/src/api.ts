@@ -60,7 +60,11 @@ export const api = {
   list: (q = '') =>
     request<{ conversations: Conversation[] }>('GET', '/api/conversations/' + (q ? '?q=' + encodeURIComponent(q) : '')),
   create: (body: { title?: string; settings?: Settings }) => request<Conversation>('POST', '/api/conversations/', body),
-  get: (id: number) => request<{ conversation: Conversation; messages: Message[] }>('GET', `/api/conversations/${id}/`),
+  get: (id: number, before?: number) =>
+    request<{ conversation: Conversation; messages: Message[]; older?: boolean }>(
+      'GET',
+      `/api/conversations/${id}/${before == null ? '' : `?before=${before}`}`,
+    ),
   patch: (id: number, body: { title?: string; settings?: Settings; active_message?: number; model?: string }) =>
     request<Conversation | { conversation: Conversation; messages: Message[] }>('PATCH', `/api/conversations/${id}/`, body),
   remove: (id: number) => request<void>('DELETE', `/api/conversations/${id}/`),

@@ -6,7 +6,8 @@ import type { ThreadKey, UiState } from './ui-state';
 
 export interface ConversationsPort {
   list(q?: string): Promise<{ conversations: Conversation[] }>;
-  get(id: number): Promise<{ conversation: Conversation; messages: Message[] }>;
+  /** The newest page of the active branch, or the one before message `before`; `older`: more remain. */
+  get(id: number, before?: number): Promise<{ conversation: Conversation; messages: Message[]; older?: boolean }>;
   patch(id: number, body: { title?: string; settings?: Settings; active_message?: number; model?: string }): Promise<unknown>;
   remove(id: number): Promise<void>;
 }
@@ -34,6 +35,8 @@ export class Conversations {
   private readonly _messages = signal<ReadonlyMap<number, Message>>(new Map());
   private readonly _loading = signal<ReadonlySet<number>>(new Set());
   private readonly _loaded = signal<ReadonlySet<number>>(new Set());
+  /** Conversations whose branch starts before the messages loaded (GET pages it). */
+  private readonly _older = signal<ReadonlySet<number>>(new Set());
   private readonly _awaiting = signal<ReadonlySet<number>>(new Set());
   private readonly _draftSettings = signal<Settings>({});
   private readonly _draftModel = signal<string | null>(null);
@@ -107,6 +110,10 @@ export class Conversations {
 
   isLoaded(id: number): boolean {
     return this._loaded.value.has(id);
+  }
+
+  hasOlder(id: number): boolean {
+    return this._older.value.has(id);
   }
 
   // ------------------------------------------------------------------ writing (the protocol's side)
@@ -222,6 +229,8 @@ export class Conversations {
     try {
       const data = await this.api.get(id);
       this.apply(data.conversation, data.messages);
+      // Older pages loaded before stay, and so does what was known of the rest.
+      if (this.thread(id)[0] === data.messages[0]?.id) this.setOlder(id, !!data.older);
     } catch (e) {
       const err = e as ApiError;
       if (!quiet) this.ui.notify(id, err.status === 404 ? errorWords('not_found') : err.message || 'Could not load the conversation.');
@@ -232,11 +241,44 @@ export class Conversations {
     }
   }
 
-  /** The server's view of a conversation's active branch. */
+  /** The page of the branch before the first message loaded, put before it. */
+  async loadOlder(id: number): Promise<void> {
+    const first = this.thread(id).find((x) => x > 0);
+    if (first == null || this.isLoading(id)) return;
+    this._loading.value = new Set(this._loading.value).add(id);
+    try {
+      const data = await this.api.get(id, first);
+      if (this.thread(id).find((x) => x > 0) !== first) return; // the branch changed meanwhile
+      this.editMessages((all) => {
+        for (const m of data.messages) if (!all.has(m.id)) all.set(m.id, m);
+      });
+      this.setThread(id, [...data.messages.map((m) => m.id), ...this.thread(id)]);
+      this.setOlder(id, !!data.older);
+    } catch (e) {
+      this.ui.notify(id, (e as Error).message || 'Could not load the older messages.');
+    } finally {
+      const loading = new Set(this._loading.value);
+      loading.delete(id);
+      this._loading.value = loading;
+    }
+  }
+
+  private setOlder(id: number, older: boolean): void {
+    const next = new Set(this._older.value);
+    if (older) next.add(id);
+    else next.delete(id);
+    this._older.value = next;
+  }
+
+  /** The server's view of a conversation's active branch (its newest page: the messages
+   * loaded before that page stay when the page starts on the branch already shown). */
   apply(c: Conversation, messages: Message[]): void {
     batch(() => {
       this.upsert(c);
       const ids: number[] = [];
+      const shown = this.thread(c.id);
+      const start = messages.length ? shown.indexOf(messages[0].id) : -1;
+      if (start > 0) ids.push(...shown.slice(0, start));
       this.editMessages((all) => {
         for (const m of messages) {
           const old = all.get(m.id);

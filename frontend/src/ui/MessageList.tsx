@@ -121,6 +121,11 @@ export function MessageList() {
             </div>
           ) : null}
           {loading ? <div class="loading" data-testid="loading">Loading…</div> : null}
+          {currentId != null && conversations.hasOlder(currentId) ? (
+            <button type="button" class="load-older" data-testid="load-older" disabled={conversations.isLoading(currentId)} onClick={() => void conversations.loadOlder(currentId)}>
+              Load older messages
+            </button>
+          ) : null}
           {thread.map((id, i) => {
             const m = messages.get(id);
             return m ? <MessageView key={id} m={m} busy={busy} actions={actions} figures={figures} last={i === thread.length - 1} /> : null;

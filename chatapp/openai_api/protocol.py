@@ -347,7 +347,7 @@ class ChatCompletionBody(CommonBody):
 class CompletionBody(CommonBody):
     prompt: Any = None
     logprobs: Annotated[int | None, Field(ge=0, le=MAX_TOP_LOGPROBS)] = None
-    echo: Any = False
+    echo: bool | None = None
 
     @field_validator("prompt", mode="plain")
     @classmethod
@@ -364,10 +364,12 @@ class CompletionBody(CommonBody):
             return prompt[0]
         raise refuse("'prompt' must be a string or a list of token ids", "prompt")
 
-    @field_validator("echo", mode="plain")
-    @classmethod
-    def _echo(cls, value: Any) -> Any:
-        return _default_only("echo", value, (False,))
+    @model_validator(mode="after")
+    def _completion_together(self) -> CompletionBody:
+        if self.echo and self.logprobs is not None:
+            # The prompt's own logprobs would need the prefill's logits, which are not kept.
+            raise refuse("'echo' is not supported together with 'logprobs'", "echo")
+        return self
 
 
 CHAT_FIELDS = frozenset(f.alias or name for name, f in ChatCompletionBody.model_fields.items())

@@ -131,6 +131,8 @@ class ApiRequest:
     tools: list[Tool] | None = None
     tool_choice: str | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    # Completions only: the prompt's text goes before each choice's text.
+    echo: bool = False
 
     @property
     def uses_tools(self) -> bool:
@@ -272,7 +274,19 @@ def parse_completion(body: dict) -> ApiRequest:
         req.prompt_text = _text_ok(b.prompt, "prompt")
     else:
         req.prompt_ids = b.prompt
+    req.echo = bool(b.echo)
     return req
+
+
+def echoed(client: EngineClient, req: ApiRequest) -> str:
+    """The text `echo` puts before a completion: the prompt as sent, or its ids decoded."""
+    if not req.echo:
+        return ""
+    if req.prompt_text is not None:
+        return req.prompt_text
+    # Token-id prompts reach only backends with a tokenizer (an upstream refuses them),
+    # which the EngineClient protocol does not name.
+    return str(getattr(client, "tokenizer").decode(req.prompt_ids or []))  # noqa: B009
 
 
 # --- plumbing ---------------------------------------------------------------------------
@@ -578,6 +592,7 @@ def upstream_refuses(req: ApiRequest) -> None:
     p = req.sampling
     for name, used in (
         ("tools", req.uses_tools),
+        ("echo", req.echo),
         ("logprobs", p.logprobs is not None),
         ("frequency_penalty", bool(p.frequency_penalty)),
         ("presence_penalty", bool(p.presence_penalty)),
@@ -817,8 +832,8 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
             )
         else:
             out.append(
-                {"index": c.index, "text": text, "finish_reason": finish_reason(last),
-                 "logprobs": lps}
+                {"index": c.index, "text": echoed(client, req) + text,
+                 "finish_reason": finish_reason(last), "logprobs": lps}
             )  # fmt: skip
     obj = "chat.completion" if chat else "text_completion"
     body = envelope(rid, obj, created, req.model, out)
@@ -861,6 +876,9 @@ async def sse_events(
         if chat:
             for i in range(n):
                 yield chunk(i, {"delta": {"role": "assistant", "content": ""}})
+        elif req.echo:
+            for i in range(n):
+                yield chunk(i, piece(echoed(client, req)))
         async for i, delta in interleaved(choices):
             if delta.finish_reason == "error":
                 # The status line went out long ago: the error travels as an `error` event.

@@ -180,3 +180,16 @@ def test_a_schema_or_grammar_that_does_not_compile_is_a_400(client: openai.OpenA
             extra_body={"guided_regex": "a+"},
         )  # fmt: skip
     assert err.value.body["param"] == "guided_regex"  # type: ignore[index]
+
+
+def test_echo_puts_the_prompt_before_the_completion(client: openai.OpenAI, model_id: str):
+    kwargs: dict[str, Any] = dict(
+        model=model_id, prompt="Once upon a", max_tokens=4, temperature=0, echo=True
+    )
+    plain = client.completions.create(**{**kwargs, "echo": False}).choices[0].text
+    assert client.completions.create(**kwargs).choices[0].text == "Once upon a" + plain
+    streamed = "".join(c.choices[0].text for c in client.completions.create(**kwargs, stream=True))
+    assert streamed == "Once upon a" + plain
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(**kwargs, logprobs=1)
+    assert err.value.body["param"] == "echo"  # type: ignore[index]

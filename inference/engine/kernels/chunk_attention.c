@@ -25,48 +25,14 @@
 
 #include "common.h"
 #include "simd.h"
+#include "simd_mappings.h"
 
 #ifdef __AVX512F__
-#define VL 16
 #define KJ 8 /* 16 score accumulators + 2 queries + a broadcast: 19 of 32 registers */
 #define DI 8
-typedef __m512 vec;
-typedef __m512i ivec;
-static inline vec vload(const float *p) { return _mm512_loadu_ps(p); }
-static inline void vstore(float *p, vec v) { _mm512_storeu_ps(p, v); }
-static inline vec vset1(float x) { return _mm512_set1_ps(x); }
-static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
-static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
-static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
-static inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
-static inline vec vexp(vec x) { return exp512(x); }
-static inline ivec iload(const int32_t *p) { return _mm512_loadu_si512(p); }
-/* -inf in the lanes whose position is before p (they do not see key p). */
-static inline vec vmask_before(vec s, ivec pos, int p) {
-    __mmask16 seen = _mm512_cmpge_epi32_mask(pos, _mm512_set1_epi32(p));
-    return _mm512_mask_blend_ps(seen, _mm512_set1_ps(-INFINITY), s);
-}
 #else
-#define VL 8
 #define KJ 4 /* AVX2 has 16 registers: 8 accumulators + 2 queries + a broadcast */
 #define DI 4
-typedef __m256 vec;
-typedef __m256i ivec;
-static inline vec vload(const float *p) { return _mm256_loadu_ps(p); }
-static inline void vstore(float *p, vec v) { _mm256_storeu_ps(p, v); }
-static inline vec vset1(float x) { return _mm256_set1_ps(x); }
-static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
-static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
-static inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
-static inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
-static inline vec vexp(vec x) { return exp256(x); }
-static inline ivec iload(const int32_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
-static inline vec vmask_before(vec s, ivec pos, int p) {
-    __m256 seen = _mm256_castsi256_ps(_mm256_cmpgt_epi32(pos, _mm256_set1_epi32(p - 1)));
-    return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, seen);
-}
 #endif
 
 #define TL (2 * VL)
@@ -257,8 +223,10 @@ static inline __m512i interleave_bf16(__m512 a, __m512 b) {
     return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b, a));
 }
 
-/* exp(x) for x <= 0 to about bf16's precision (relative error ~1e-4, the weights are
- * rounded to bf16 next): 2^(x log2 e) as 2^n times a degree-4 polynomial of the fraction. */
+/* exp(x) for x <= 0 to about bf16's precision (relative error ~1e-4): 2^(x log2 e) as 2^n
+ * times a degree-4 polynomial of the fraction. Apart from simd.h's exp on purpose: the bf16
+ * products round these weights to bf16 next, so exp's float precision (~1e-7, two more
+ * terms) would be thrown away; the float32 products use vexp. */
 static inline __m512 exp_bf16(__m512 x) {
     __m512 t = _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _mm512_set1_ps(-126.0f));
     __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);

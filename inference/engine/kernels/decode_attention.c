@@ -10,6 +10,7 @@
 #include "common.h"
 #include "decode.h"
 #include "simd.h"
+#include "simd_mappings.h"
 
 /* A float dot product: -O3 alone keeps a reduction scalar (it may not reorder the sum),
  * which made attention over a long context the slowest part of a decode step. */
@@ -23,6 +24,20 @@ static inline float dot_f32(const float *a, const float *b, int n) {
     float sum = hsum256(_mm256_add_ps(acc0, acc1));
     for (; i < n; i++) sum += a[i] * b[i];
     return sum;
+}
+
+/* The ctx scores in place to exp(score - max) (mx: the scores' maximum in each lane);
+ * returns 1 / their sum. Either width's passes. */
+static inline float exp_scores(float *scores, int ctx, vec mx) {
+    const vec mxv = vset1(vreduce_max(mx));
+    vec sum = vzero();
+    for (int p0 = 0; p0 < ctx; p0 += VL) {
+        const vmask m = vfirst(ctx - p0);
+        const vec e = vexp(vsub(vload_first(scores + p0, m), mxv));
+        vstore_first(scores + p0, m, e);
+        sum = vadd_first(sum, m, e);
+    }
+    return 1.0f / vreduce_add(sum);
 }
 
 /* The attention's work items. A row alone (a decode) is one item per KV head, its query
@@ -129,22 +144,6 @@ static inline __attribute__((always_inline)) void prefetch_for_keys(
 }
 
 #if defined(__AVX512F__)
-/* 2^x for x in [-126, 0] (exp's argument scaled by log2(e)): x = n + f with |f| <= 1/2, 2^f
- * by its Taylor series to f^6 (relative error ~1e-7, expf's order), times 2^n by scalef. */
-static inline __m512 exp2_512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-126.0f));
-    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_mul_ps(_mm512_sub_ps(x, n), _mm512_set1_ps(0.69314718f));
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
 /* 16 vectors' sums in one vector (r[j] = the sum of a[j]'s elements): pairs, then quads
  * within 128-bit lanes, then across lanes, ~3 instructions a vector where a horizontal sum
  * each took ~8. */
@@ -164,24 +163,9 @@ static inline __m512 sum16x16(__m512 a[16]) {
                          _mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-/* The ctx scores in place to exp(score - max) (mx: the scores' maximum in each lane);
- * returns 1 / their sum. */
-static inline float exp_scores512(float *scores, int ctx, __m512 mx) {
-    const __m512 mxv = _mm512_set1_ps(_mm512_reduce_max_ps(mx)), log2e = _mm512_set1_ps(1.44269504f);
-    __m512 sum = _mm512_setzero_ps();
-    for (int p0 = 0; p0 < ctx; p0 += 16) {
-        const __mmask16 m = first_lanes(ctx - p0);
-        const __m512 x = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + p0), mxv), log2e);
-        const __m512 e = exp2_512(x);
-        _mm512_mask_storeu_ps(scores + p0, m, e);
-        sum = _mm512_mask_add_ps(sum, m, sum, e);
-    }
-    return 1.0f / _mm512_reduce_add_ps(sum);
-}
-
 /* attention_single where head_dim is a multiple of 16 up to 128, on 512-bit vectors: the
  * query in registers, 16 positions' scores reduced together (sum16x16), the exponentials
- * 16 at a time (exp2_512), the weighted values summed over even and odd positions apart
+ * 16 at a time (exp_scores), the weighted values summed over even and odd positions apart
  * (two chains of adds). The scores are the same dot products summed in another order. */
 static inline __attribute__((always_inline)) void attention_single512_h(
     const LayerShape *s, int ctx, const float *qp, const int64_t *table, const void *keys,
@@ -210,7 +194,7 @@ static inline __attribute__((always_inline)) void attention_single512_h(
         _mm512_mask_storeu_ps(scores + p0, m, sc);
         mx = _mm512_mask_max_ps(mx, m, mx, sc);
     }
-    const float inv = exp_scores512(scores, ctx, mx);
+    const float inv = exp_scores(scores, ctx, mx);
     __m512 even[8], odd[8];
     for (int c = 0; c < 8; c++) even[c] = odd[c] = _mm512_setzero_ps();
     blk = 0;
@@ -285,7 +269,7 @@ static inline __attribute__((always_inline)) void attention_group512_n(
         }
     }
     float inv[4];
-    for (int h = 0; h < G; h++) inv[h] = exp_scores512(scores + h * ctx, ctx, mx[h]);
+    for (int h = 0; h < G; h++) inv[h] = exp_scores(scores + h * ctx, ctx, mx[h]);
     /* G * ND chains of adds, enough to cover the adds' latency without splitting positions. */
     __m512 out[4][4];
     for (int h = 0; h < G; h++)
@@ -338,25 +322,6 @@ static inline __m256 sum8x8(const __m256 a[8]) {
                          _mm256_permute2f128_ps(c0, c1, 0x31));
 }
 
-/* The first n of 8 lanes set (all bits), the others clear. */
-static inline __m256i first_lanes8(int n) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-/* The ctx scores in place to exp(score - max) (mx: the maximum in each lane); returns 1 /
- * their sum. */
-static inline float exp_scores256(float *scores, int ctx, __m256 mx) {
-    const __m256 mxv = _mm256_set1_ps(hmax256(mx));
-    __m256 sum = _mm256_setzero_ps();
-    for (int p0 = 0; p0 < ctx; p0 += 8) {
-        const __m256i m = first_lanes8(ctx - p0);
-        const __m256 e = exp256(_mm256_sub_ps(_mm256_maskload_ps(scores + p0, m), mxv));
-        _mm256_maskstore_ps(scores + p0, m, e);
-        sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(m)));
-    }
-    return 1.0f / hsum256(sum);
-}
-
 /* A decode row's G query heads of one KV head over its positions on 256-bit vectors (d =
  * 8 * ND): 8 positions' scores of a head reduced together (sum8x8) where a horizontal sum
  * each and a scalar exponential each had taken most of the time, the keys and values
@@ -395,7 +360,7 @@ static inline __attribute__((always_inline)) void attention_group256_n(
             for (int j = 0; j < 8; j++)
                 for (int c = 0; c < ND; c++)
                     _mm256_store_ps(kf + (j * ND + c) * 8, kv_load8(keys, kp[j] + 8 * c, 1));
-        const __m256i m = first_lanes8(n);
+        const __m256i m = vfirst(n);
         for (int h = 0; h < G; h++) {
             __m256 acc[8];
             for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
@@ -414,7 +379,7 @@ static inline __attribute__((always_inline)) void attention_group256_n(
         }
     }
     float inv[4];
-    for (int h = 0; h < G; h++) inv[h] = exp_scores256(scores + h * ctx, ctx, mx[h]);
+    for (int h = 0; h < G; h++) inv[h] = exp_scores(scores + h * ctx, ctx, mx[h]);
     /* A slice of NC vectors: G * NC sums, at most 12 (with a float16 pool's G weights held
      * for the slice's conversions). */
     const int NC = ND < (G == 1 ? 8 : G <= 3 ? 4 : 2) ? ND : (G == 1 ? 8 : G <= 3 ? 4 : 2);

@@ -13,7 +13,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tests.tiny_model import TOKENIZER_FILES
 
@@ -26,16 +28,32 @@ QUANTIZED = ("Q4_0", "Q4_1", "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q6_K")
 def build_tiny_llama_256(folder: Path, tokenizer_source: Path, seed: int = 0) -> Path:
     """A 2-layer llama (hidden 256, MLP 512, 4 heads of 64, 2 KV heads, vocab 49152) with
     the default model's tokenizer. A large init range keeps greedy choices clear of ties."""
+    return build_llama(folder, tokenizer_source, hidden=256, layers=2, mlp=512, seed=seed)
+
+
+def build_llama(
+    folder: Path,
+    tokenizer_source: Path,
+    hidden: int,
+    layers: int,
+    mlp: int,
+    head_dim: int = 64,
+    seed: int = 0,
+    **extra: Any,
+) -> Path:
+    """A random llama of these sizes (KV heads half the heads) with the default model's
+    tokenizer; `extra`: more config fields (rope_scaling, say)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
+    heads = hidden // head_dim
     config = LlamaConfig(
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        hidden_size=hidden,
+        intermediate_size=mlp,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
         vocab_size=49152,
         max_position_embeddings=1024,
         initializer_range=0.2,
@@ -43,13 +61,17 @@ def build_tiny_llama_256(folder: Path, tokenizer_source: Path, seed: int = 0) ->
         eos_token_id=2,
         pad_token_id=2,
         tie_word_embeddings=True,
-        rope_theta=10000.0,
+        **extra,
     )
     LlamaForCausalLM(config).save_pretrained(folder)
-    for name in TOKENIZER_FILES:
-        if (tokenizer_source / name).is_file():
-            shutil.copy(tokenizer_source / name, folder / name)
+    copy_tokenizer(tokenizer_source, folder)
     return folder
+
+
+def copy_tokenizer(source: Path, folder: Path) -> None:
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copy(source / name, folder / name)
 
 
 class TinyGGUFs:
@@ -59,19 +81,26 @@ class TinyGGUFs:
     def __init__(self, tokenizer_source: Path) -> None:
         from inference.bench.llama_server import gguf_tools
 
+        self.tokenizer_source = tokenizer_source
         self.converter, self.quantize = gguf_tools()
         self.dir = self.quantize.parents[2] / "test-ggufs"
         self.dir.mkdir(exist_ok=True)
-        self.hf = self.dir / "tiny-llama-256"
-        if not (self.hf / "config.json").is_file():
-            partial = self.dir / "tiny-llama-256.partial"
-            shutil.rmtree(partial, ignore_errors=True)
-            build_tiny_llama_256(partial, tokenizer_source)
-            shutil.rmtree(self.hf, ignore_errors=True)
-            partial.rename(self.hf)
+        self.hf = self.model("tiny-llama-256", build_tiny_llama_256)
 
-    def file(self, file_type: str) -> Path:
-        return make_gguf(self.hf, file_type, self.dir, self.converter, self.quantize)
+    def model(self, name: str, build: Callable[[Path, Path], Path]) -> Path:
+        """The Hugging Face folder `name`, made by `build(folder, tokenizer_source)` once."""
+        folder = self.dir / name
+        if not (folder / "config.json").is_file():
+            partial = self.dir / f"{name}.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            build(partial, self.tokenizer_source)
+            shutil.rmtree(folder, ignore_errors=True)
+            partial.rename(folder)
+        return folder
+
+    def file(self, file_type: str, model: Path | None = None) -> Path:
+        """The tiny llama's GGUF of `file_type`, or another model folder's (self.model)."""
+        return make_gguf(model or self.hf, file_type, self.dir, self.converter, self.quantize)
 
 
 def tiny_ggufs(tokenizer_source: Path) -> TinyGGUFs:

@@ -90,6 +90,9 @@ class Message(models.Model):
     # output_tokens, prompt_tokens, cached_tokens, cached_tokens_redis, e2e_ms, queue_ms,
     # and replayed when the response cache answered.
     figures = models.JSONField(default=dict, blank=True)
+    # On a user message whose documents were too long to read whole: the passages its turn
+    # carried instead (chatapp/chat/retrieval.py), [{n, attachment_id, name, page, text}].
+    sources = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

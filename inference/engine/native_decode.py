@@ -91,7 +91,7 @@ class NativeDecoder:
     ) -> torch.Tensor:
         m = self.model
         rows = input_ids.shape[0]
-        x = F.embedding(input_ids, m.embed).contiguous()
+        x = m.embed_tokens(input_ids).contiguous()
         positions = meta.positions.contiguous()
         cos = m.cos[positions].contiguous()
         sin = m.sin[positions].contiguous()

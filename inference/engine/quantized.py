@@ -140,6 +140,14 @@ class Q4_1:
         self._gguf_layout("rows")
         return Q4_1(self.qs[index], self.d[index], self.m[index])
 
+    @classmethod
+    def from_values(cls, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> Q4_1:
+        """Blocks of 4-bit values q (uint8 [N, K / 32, 32], 0..15) with x = d * q + m:
+        what Q4_0 (m = -8d) and Q4_K (d and m per 32 from its scales) are, exactly."""
+        n, nb = q.shape[0], q.shape[1]
+        qs = q[..., :16] | (q[..., 16:] << 4)
+        return cls(qs.reshape(n, nb * 16).contiguous(), d.contiguous(), m.contiguous())
+
     def _gguf_layout(self, what: str) -> None:
         if self.kernel:
             raise ValueError(f"slice the {what} of GGUF-layout blocks, before for_kernel()")
@@ -229,6 +237,26 @@ class Q8_0:
         if self.kernel:
             raise ValueError("take the rows of GGUF-layout blocks, before for_kernel()")
         return Q8_0(self.qs[index], self.d[index])
+
+    @staticmethod
+    def cat(parts: list[Q8_0]) -> Q8_0:
+        if any(p.kernel for p in parts):
+            raise ValueError("join the rows of GGUF-layout blocks, before for_kernel()")
+        return Q8_0(torch.cat([p.qs for p in parts]), torch.cat([p.d for p in parts]))
+
+    def embedding(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of W in float32: an embedding lookup from the blocks (either layout),
+        so that a tied embedding and head share one 8-bit copy and no float one."""
+        k = self.shape[1]
+        nb = k // QK
+        if not self.kernel:
+            q, d = self.qs[ids], self.d[ids]
+        else:
+            group, col = ids // GROUP, ids % GROUP
+            q = self.qs.view(-1, nb, 16, GROUP, 2)[group, :, :, col, :]
+            d = self.d.view(-1, nb, GROUP)[group, :, col]
+        values = q.reshape(-1, nb, QK).float() * d.float()[..., None]
+        return values.reshape(*ids.shape, k)
 
 
 BlockWeight = Q4_1 | Q8_0

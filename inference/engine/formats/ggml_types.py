@@ -82,7 +82,7 @@ def _q8_0(b: torch.Tensor) -> torch.Tensor:
     return d[..., None] * b[..., 2:].contiguous().view(torch.int8).float()
 
 
-def _k_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def k_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A k-quant's 12 scale bytes -> (scales, minimums), each uint8 [..., 8] in 0..63.
 
     Sub-blocks 0-3 keep theirs in the low 6 bits of bytes 0-3 (scales) and 4-7 (minimums);
@@ -94,7 +94,7 @@ def _k_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return scales, mins
 
 
-def _k_low_nibbles(qs: torch.Tensor) -> torch.Tensor:
+def k_low_nibbles(qs: torch.Tensor) -> torch.Tensor:
     """128 bytes -> uint8 [..., 8, 32]: each run of 32 bytes holds sub-block 2i in its low
     nibbles and 2i + 1 in its high ones."""
     runs = qs.reshape(*qs.shape[:-1], 4, 1, 32)
@@ -105,8 +105,8 @@ def _q4_k(b: torch.Tensor) -> torch.Tensor:
     """d f16, dmin f16, 12 scale bytes, 128 bytes of nibbles; 8 sub-blocks of 32:
     x = (d * scale) * q - dmin * min."""
     d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
-    sc, mn = _k_scales(b[..., 4:16])
-    q = _k_low_nibbles(b[..., 16:144]).float()
+    sc, mn = k_scales(b[..., 4:16])
+    q = k_low_nibbles(b[..., 16:144]).float()
     scale = (d[..., None] * sc.float())[..., None]
     offset = (dmin[..., None] * mn.float())[..., None]
     return (scale * q - offset).flatten(-2)
@@ -118,9 +118,9 @@ _BITS_8 = torch.arange(8, dtype=torch.uint8)[:, None]
 def _q5_k(b: torch.Tensor) -> torch.Tensor:
     """As Q4_K with a fifth bit per weight: 32 bytes whose bit i tops sub-block i."""
     d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
-    sc, mn = _k_scales(b[..., 4:16])
+    sc, mn = k_scales(b[..., 4:16])
     high = (b[..., None, 16:48] >> _BITS_8) & 1  # [..., 8, 32]: bit i of byte l
-    q = (_k_low_nibbles(b[..., 48:176]) | (high << 4)).float()
+    q = (k_low_nibbles(b[..., 48:176]) | (high << 4)).float()
     scale = (d[..., None] * sc.float())[..., None]
     offset = (dmin[..., None] * mn.float())[..., None]
     return (scale * q - offset).flatten(-2)

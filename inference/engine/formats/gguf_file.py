@@ -8,6 +8,9 @@ know is refused there, by name, before any weight is read.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import mmap
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +22,22 @@ import torch
 from inference.engine.formats.ggml_types import GGMLType, ggml_type
 
 
+def return_freed_memory() -> None:
+    """Give the heap's freed pages back to the system. glibc keeps what a load frees (the
+    conversions' temporaries, float tensors dropped once in blocks) for reuse, and
+    fragmented, so a process that read a 119 MB GGUF went on holding 508 MB; 154 MB after
+    this. A no-op where the C library is not glibc."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 @dataclass(frozen=True)
 class GGUFTensor:
     name: str
     type: GGMLType
     shape: tuple[int, ...]  # rows first, as torch holds it: [out, in] for a matrix
     raw: torch.Tensor  # uint8 [rows, row bytes], a view of the mapped file
+    offset: int = 0  # where its bytes start in the file
 
     def dequantize(self) -> torch.Tensor:
         """The weights as float32 of `shape` (a new tensor, but for F32's view)."""
@@ -69,5 +82,18 @@ class GGUFFile:
                 # not apply, and nothing writes to these views.
                 warnings.simplefilter("ignore", UserWarning)
                 raw = torch.from_numpy(data.reshape(rows, kind.row_bytes(shape[-1])))
-            out[t.name] = GGUFTensor(t.name, kind, shape, raw)
+            out[t.name] = GGUFTensor(t.name, kind, shape, raw, int(t.data_offset))
         return out
+
+    def release(self, tensor: GGUFTensor) -> None:
+        """Hand the tensor's mapped pages back to the page cache once it is converted: read
+        pages of a mapping count in the process's RSS until then, so a load that reads every
+        tensor would otherwise hold the whole file besides what it made of it."""
+        mapped = getattr(self._reader.data, "_mmap", None)
+        if mapped is None:
+            return
+        start = tensor.offset - tensor.offset % mmap.PAGESIZE
+        end = tensor.offset + tensor.raw.numel()
+        end -= end % mmap.PAGESIZE  # a page shared with the next tensor stays
+        if end > start:
+            mapped.madvise(mmap.MADV_DONTNEED, start, end - start)

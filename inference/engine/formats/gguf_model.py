@@ -4,14 +4,15 @@
 transformers config of that model type; `load_gguf_weights` renames the tensors to the names
 a Hugging Face checkpoint of that type uses and undoes what llama.cpp's converter changed
 (the q/k row order of llama-family models, Gemma's norm weights stored plus one).
-`load_gguf_blocks` gives the matrices whose GGUF blocks the engine multiplies natively
-(Q4_1, Q8_0), as `read_gguf` does for the bundled model. An architecture or tensor this file
-does not know is refused by name.
+`load_gguf_blocks` gives every matrix in the blocks the engine multiplies natively (Q4_1,
+and Q8_0 for the embedding and head), one tensor at a time, for the quantized modes. An
+architecture or tensor this file does not know is refused by name.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,9 @@ import torch
 from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase
 
 from inference.engine.errors import UnsupportedModelError
+from inference.engine.formats.ggml_types import k_low_nibbles, k_scales
 from inference.engine.formats.gguf_file import GGUFFile, GGUFTensor
-from inference.engine.quantized import Q4_1, Q8_0, BlockWeight
+from inference.engine.quantized import GROUP, Q4_1, Q8_0, QK, BlockWeight
 
 
 class UnsupportedGGUF(UnsupportedModelError):
@@ -254,49 +256,186 @@ def _hf_tensors(
     return config, arch, {hf_name(n, arch, file.path.name): t for n, t in file.tensors().items()}
 
 
-def load_gguf_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor as float32 under its Hugging Face name, in Hugging Face's row order.
+def load_gguf_weights(path: str | Path, skip: Collection[str] = ()) -> dict[str, torch.Tensor]:
+    """Every tensor as float32 under its Hugging Face name, in Hugging Face's row order, but
+    those whose name without `model.` is in `skip` (load_gguf_blocks holds them).
 
     One tensor is dequantized at a time; F32 tensors stay views of the mapped file."""
     config, arch, tensors = _hf_tensors(path)
-    out: dict[str, torch.Tensor] = {}
-    for name, t in tensors.items():
-        w = t.dequantize()
-        order = _row_order(name, w.shape[0], arch, config)
-        if order is not None:
-            w = w[order]
-        if arch.norm_offset and name.endswith("norm.weight"):
-            w = w - arch.norm_offset
-        out[name] = w
-    return out
+    return {
+        name: _float(name, t, arch, config)
+        for name, t in tensors.items()
+        if name.removeprefix("model.") not in skip
+    }
+
+
+def _float(name: str, t: GGUFTensor, arch: Architecture, config: PretrainedConfig) -> torch.Tensor:
+    w = t.dequantize()
+    order = _row_order(name, w.shape[0], arch, config)
+    if order is not None:
+        w = w[order]
+    if arch.norm_offset and name.endswith("norm.weight"):
+        w = w - arch.norm_offset
+    return w
+
+
+def gguf_weight_reader(path: str | Path) -> Callable[[str], torch.Tensor | None]:
+    """A float32 tensor by its name without `model.`, read when asked (None: no such
+    tensor): the float copies a step size needs beside load_gguf_blocks' (hybrid's large
+    steps where the blocks do not serve them), made one at a time. A part of a fused
+    matrix (Phi-3's q_proj of qkv_proj) is cut from it."""
+    config, arch, tensors = _hf_tensors(path)
+    parts = {
+        part: (name, lo, hi)
+        for name, t in tensors.items()
+        for part, lo, hi in _fused_parts(name.removeprefix("model."), t.shape[0], config)
+    }
+
+    def read(name: str) -> torch.Tensor | None:
+        if name not in parts:
+            return None
+        source, lo, hi = parts[name]
+        return _float(source, tensors[source], arch, config)[lo:hi]
+
+    return read
+
+
+def _fused_parts(name: str, rows: int, config: PretrainedConfig) -> list[tuple[str, int, int]]:
+    """The projections a matrix holds, each with its rows: itself, or (Phi-3) q, k and v of
+    qkv_proj and gate and up of gate_up_proj, as the layers name them."""
+    if name.endswith("self_attn.qkv_proj.weight"):
+        head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads
+        )
+        q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+        cuts = [("q", 0, q), ("k", q, q + kv), ("v", q + kv, q + 2 * kv)]
+        return [(name.replace("qkv_proj", f"{p}_proj"), lo, hi) for p, lo, hi in cuts]
+    if name.endswith("mlp.gate_up_proj.weight"):
+        half = rows // 2
+        return [
+            (name.replace("gate_up_proj", "gate_proj"), 0, half),
+            (name.replace("gate_up_proj", "up_proj"), half, rows),
+        ]
+    return [(name, 0, rows)]
+
+
+_HEAD_NAMES = ("embed_tokens.weight", "lm_head.weight")
 
 
 def load_gguf_blocks(path: str | Path) -> dict[str, BlockWeight]:
-    """The Q4_1 and Q8_0 matrices, in the engine's block objects, named as load_blocks names
-    them (no `model.` prefix; a tied head shares the embedding's blocks)."""
-    config, arch, tensors = _hf_tensors(path)
+    """Every matrix in the engine's block objects, named as load_blocks names them (no
+    `model.` prefix; a tied head shares the embedding's blocks), read one tensor at a time
+    with no float copy of the whole model: the layers' as Q4_1, the embedding and head as
+    Q8_0 (the products the kernels have).
+
+    Q4_1 and Q8_0 blocks are kept as they are; Q4_0 and Q4_K are Q4_1 exactly (4-bit
+    values with a scale and an offset per 32: Q4_0's offset is -8 scales, Q4_K's scales
+    and minimums per 32 come from its 6-bit ones); any other type (Q5_K, Q6_K, Q8_0 layers,
+    the float types) is dequantized per tensor and quantized to the engine's format."""
+    file = open_gguf(path)
+    config, arch = gguf_config(file), architecture(file)
     out: dict[str, BlockWeight] = {}
-    for name, t in tensors.items():
-        if len(t.shape) != 2 or t.type.name not in ("Q4_1", "Q8_0"):
+    for gguf_name, t in file.tensors().items():
+        name = hf_name(gguf_name, arch, file.path.name)
+        key = name.removeprefix("model.")
+        if len(t.shape) != 2:
             continue
-        rows = t.shape[0]
-        b = t.raw.reshape(rows, -1, t.type.block_bytes)
-        w: BlockWeight
-        if t.type.name == "Q4_1":
-            w = Q4_1(_qs(b[..., 4:]), _f16(b[..., 0:2]), _f16(b[..., 2:4]))
-        else:
-            w = Q8_0(_qs(b[..., 2:]).view(torch.int8), _f16(b[..., 0:2]))
-        order = _row_order(name, rows, arch, config)
+        # The embedding and head go to the kernels' layout now, which an embedding lookup
+        # reads too: their GGUF layout would be a second copy of the largest matrix.
+        w: BlockWeight = _as_kernel_q8_0(t) if key in _HEAD_NAMES else _as_q4_1(t)
+        order = _row_order(name, t.shape[0], arch, config)
         if order is not None:
             w = w.take_rows(order)
-        out[name.removeprefix("model.")] = w
+        for part, lo, hi in _fused_parts(key, t.shape[0], config):
+            out[part] = w if (lo, hi) == (0, t.shape[0]) else w.rows(lo, hi)  # type: ignore[union-attr]
+        file.release(t)
     if "lm_head.weight" not in out and "embed_tokens.weight" in out:
         out["lm_head.weight"] = out["embed_tokens.weight"]
     return out
 
 
+def gguf_matrix_names(path: str | Path) -> set[str]:
+    """The names (without `model.`) of the tensors load_gguf_blocks turns into blocks."""
+    file = open_gguf(path)
+    arch = architecture(file)
+    return {
+        hf_name(n, arch, file.path.name).removeprefix("model.")
+        for n, t in file.tensors().items()
+        if len(t.shape) == 2
+    }
+
+
+# Rows converted at once: ~4 MB of float32, so that a conversion's temporaries stay small
+# beside the model (an embedding of 50M weights made ~1 GB of them in one go).
+CHUNK_ELEMS = 1 << 20
+
+
+def _by_rows(t: GGUFTensor, convert: Callable[[GGUFTensor], Any]) -> list[Any]:
+    step = max(1, CHUNK_ELEMS // t.shape[-1])
+    return [
+        convert(GGUFTensor(t.name, t.type, (len(part), *t.shape[1:]), part))
+        for part in torch.split(t.raw, step)
+    ]
+
+
+def _as_q4_1(t: GGUFTensor) -> Q4_1:
+    return Q4_1.cat(_by_rows(t, _rows_as_q4_1))
+
+
+def _rows_as_q4_1(t: GGUFTensor) -> Q4_1:
+    rows = t.shape[0]
+    b = t.raw.reshape(rows, -1, t.type.block_bytes)
+    kind = t.type.name
+    # Scales as float16, as the kernels hold them: float32 ones would make the blocks a fifth
+    # larger until the layers take them over.
+    if kind == "Q4_1":
+        return Q4_1(_qs(b[..., 4:]), _half(b[..., 0:2]), _half(b[..., 2:4]))
+    if kind == "Q4_0":
+        d = _half(b[..., 0:2])
+        return Q4_1(_qs(b[..., 2:]), d, -8 * d)
+    if kind == "Q4_K":
+        d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
+        sc, mn = k_scales(b[..., 4:16])
+        # Q4_K's scale and minimum of each 32 (6 bits each, times its d and dmin), rounded
+        # to float16: the one step here that is not exact (relative 2^-11 at most).
+        scale = (d[..., None] * sc.float()).reshape(rows, -1)
+        offset = (dmin[..., None] * mn.float()).reshape(rows, -1)
+        q = k_low_nibbles(b[..., 16:144]).reshape(rows, -1, 32)
+        return Q4_1.from_values(q, scale.half(), (-offset).half())
+    q4 = Q4_1.quantize(t.dequantize())
+    return Q4_1(q4.qs, q4.d.half(), q4.m.half())
+
+
+def _as_kernel_q8_0(t: GGUFTensor) -> Q8_0:
+    """Q8_0 blocks in the kernels' layout, made a few rows at a time straight into their
+    place: the layout keeps each group of 8 rows together, so whole groups convert alone."""
+    rows, k = t.shape
+    step = max(GROUP, CHUNK_ELEMS // k // GROUP * GROUP)
+    padded = -(-rows // GROUP) * GROUP
+    qs = torch.empty(padded, k, dtype=torch.int8)
+    d = torch.empty(padded, k // QK, dtype=torch.float32)
+    for lo in range(0, rows, step):
+        part = t.raw[lo : lo + step]
+        q8 = _rows_as_q8_0(GGUFTensor(t.name, t.type, (len(part), k), part)).for_kernel()
+        qs[lo : lo + q8.qs.shape[0]] = q8.qs
+        d[lo : lo + q8.d.shape[0]] = q8.d
+    return Q8_0(qs, d, kernel=True, n=rows)
+
+
+def _rows_as_q8_0(t: GGUFTensor) -> Q8_0:
+    if t.type.name == "Q8_0":
+        b = t.raw.reshape(t.shape[0], -1, t.type.block_bytes)
+        return Q8_0(_qs(b[..., 2:]).view(torch.int8), _f16(b[..., 0:2]))
+    return Q8_0.quantize(t.dequantize())
+
+
 def _qs(b: torch.Tensor) -> torch.Tensor:
     return b.reshape(b.shape[0], -1).contiguous()
+
+
+def _half(b: torch.Tensor) -> torch.Tensor:
+    """uint8 [rows, blocks, 2] -> float16 [rows, blocks]."""
+    return b.contiguous().view(torch.float16).squeeze(-1)
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:

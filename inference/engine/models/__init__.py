@@ -9,9 +9,10 @@ from typing import Any
 import torch
 
 from inference.engine import kernels
+from inference.engine.formats.gguf_file import return_freed_memory
 from inference.engine.layers.linear import HYBRID_MAX_ROWS
 from inference.engine.models.base import DecoderModel
-from inference.engine.models.loader import load_blocks, load_config, load_weights
+from inference.engine.models.loader import lazy_weights, load_blocks, load_config, load_weights
 from inference.engine.models.registry import model_class
 from inference.engine.native_decode import NativeDecoder
 
@@ -46,14 +47,20 @@ def load_model(
     config = load_config(folder)
     family = model_class(config)
     kw: dict[str, Any] = {}
+    blocks_only = False
     if quantization in ("int4", "hybrid"):
         kw["stored_blocks"] = load_blocks(folder)
+        # A GGUF's matrices come as blocks only, with no float copy of the model.
+        kw["lazy"] = lazy_weights(folder)
+        blocks_only = kw["lazy"] is not None
     model = family(
-        config, load_weights(folder), dtype=dtype, device=device, quantization=quantization,
+        config, load_weights(folder, blocks_only), dtype=dtype, device=device,
+        quantization=quantization,
         max_len=max_len, tp_rank=tp_rank, tp_size=tp_size, all_reduce=all_reduce,
         native_max_rows=native_max_rows, **kw,
     )  # fmt: skip
     lib = kernels.load() if model.has_blocks and model.llama_shaped else None
     if lib is not None and NativeDecoder.usable(model):
         model.native = NativeDecoder(model, lib, model.native_rows, HYBRID_MAX_ROWS)
+    return_freed_memory()  # what loading freed, back to the system
     return model

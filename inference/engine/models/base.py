@@ -30,6 +30,7 @@ from transformers import PretrainedConfig
 
 from inference.engine import kernels, paged_attention
 from inference.engine.errors import UnsupportedModelError
+from inference.engine.formats.gguf_file import return_freed_memory
 from inference.engine.layers.activation import ACTIVATIONS, softcap
 from inference.engine.layers.attention import (
     PLAIN,
@@ -76,13 +77,23 @@ class LayerSpec:
 
 
 class Weights(dict[str, torch.Tensor]):
-    """A checkpoint's tensors by canonical name; a missing one is a refusal naming it."""
+    """A checkpoint's tensors by canonical name; one not held is read by `lazy` (a GGUF's
+    matrices, each when a float copy of it is wanted), and a missing one is a refusal
+    naming it."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], family: str) -> None:
+    def __init__(
+        self,
+        tensors: dict[str, torch.Tensor],
+        family: str,
+        lazy: Callable[[str], torch.Tensor | None] | None = None,
+    ) -> None:
         super().__init__(tensors)
         self.family = family
+        self.lazy = lazy
 
     def __missing__(self, name: str) -> torch.Tensor:
+        if self.lazy is not None and (t := self.lazy(name)) is not None:
+            return t
         raise UnsupportedModelError(
             f"tensor {name!r} is missing from this {self.family} checkpoint: the files do "
             "not hold what the architecture needs"
@@ -115,7 +126,8 @@ class DecoderLayer:
             keys = [f"{prefix}.{n}.weight" for n in names]
             blocks = None
             if formats.blocks is not None:
-                parts = [shard(formats.blocks[k], dim) for k in keys]
+                # Popped: the GGUF-layout blocks go once the Linear has its kernel layout.
+                parts = [shard(formats.blocks.pop(k), dim) for k in keys]
                 blocks = parts[0] if len(parts) == 1 else type(parts[0]).cat(parts)
             weight = None
             if formats.large is not None and not blocks_take_every_row(
@@ -237,7 +249,11 @@ class DecoderModel:
         tp_size: int = 1,
         all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
         native_max_rows: int = 0,
+        lazy: Callable[[str], torch.Tensor | None] | None = None,
     ) -> None:
+        """`stored_blocks`: block matrices read from the files (a GGUF's own), taken over
+        (popped) as the layers are built; `lazy`: a reader of the float tensors `tensors`
+        leaves out (a GGUF's matrices, which then come as blocks only)."""
         check_tensor_parallel_size(config, tp_size)
         if tp_size > 1 and all_reduce is None:
             raise ValueError("a tensor-parallel shard needs an all_reduce")
@@ -272,7 +288,7 @@ class DecoderModel:
         specs = self.layer_specs(config)
         # Weights stay where they were read (CPU) until sliced: a rank moves only its own
         # shard to its device.
-        w = Weights(self.rename(tensors, config), self.family)
+        w = Weights(self.rename(tensors, config), self.family, lazy)
         self.quantization = quantization
         formats = WeightFormats(large=quantization)
         native_rows = 0  # steps the native path may take (none without 4-bit blocks)
@@ -297,16 +313,31 @@ class DecoderModel:
                 formats.bf16_rows, formats.bf16_kind = prompt_block_rows(kind), kind
         self.native_rows = native_rows
         self.has_blocks = formats.blocks is not None
-        self.embed = self.put(w["embed_tokens.weight"])
+        # A GGUF's embedding stays in its 8-bit blocks, shared with a tied head: a float
+        # copy of a large vocabulary outweighs the 4-bit layers of a small model.
+        self.embed_blocks: Q8_0 | None = None
+        own = stored.get("embed_tokens.weight")
+        if lazy is not None and formats.blocks is not None and isinstance(own, Q8_0):
+            self.embed_blocks = own.for_kernel()
+            stored["embed_tokens.weight"] = self.embed_blocks
+            if stored.get("lm_head.weight") is own:
+                stored["lm_head.weight"] = self.embed_blocks
+        del own
+        self.embed: torch.Tensor | None = None
+        if self.embed_blocks is None:
+            self.embed = self.put(w["embed_tokens.weight"])
         self.embed_scale = None
         if self.scale_embeddings:
             # As transformers does: sqrt(hidden) rounded to the model's dtype.
             self.embed_scale = torch.tensor(self.hidden_size**0.5, dtype=dtype, device=self.device)
         self.norm = self.norm_weight(w["norm.weight"])
         self.lm_head = self._lm_head(w, stored, formats, dtype, native_rows)
-        self.layers = [
-            DecoderLayer(self, w, f"layers.{i}", formats, specs[i]) for i in range(self.num_layers)
-        ]
+        self.layers = []
+        for i in range(self.num_layers):
+            self.layers.append(DecoderLayer(self, w, f"layers.{i}", formats, specs[i]))
+            # Each layer's conversions freed as much as it keeps: give that back now, so
+            # that the load's peak stays near what the model holds.
+            return_freed_memory()
         # Fused weights were copied; drop the per-projection originals.
         del w
         self._rope_tables(config, {layer.rope for layer in self.layers})
@@ -336,9 +367,16 @@ class DecoderModel:
         # Logits are computed on rank 0 only.
         if self.tp_rank != 0:
             return None
+        if self.embed_blocks is not None:
+            # A GGUF's head (its own or the embedding's), as blocks only: they serve every
+            # step, with no float copy.
+            blocks = stored["lm_head.weight"]
+            assert isinstance(blocks, Q8_0)  # load_gguf_blocks makes the head Q8_0
+            return Linear(None, "none", blocks)
         lm_head = w.get("lm_head.weight")
         tied = lm_head is None or getattr(self.config, "tie_word_embeddings", False)
         head = self.put(lm_head) if lm_head is not None and not tied else self.embed
+        assert head is not None  # a float embedding wherever the head is not in blocks
         if formats.blocks is None:
             return Linear(head, self.quantization)
         # With 4-bit layers, small steps take the head from 8-bit blocks (the GGUF's own)
@@ -443,7 +481,7 @@ class DecoderModel:
         (compiled_step.py) through opaque custom ops, so one graph holds everything else.
         `ops`: the work between the products (row_ops.py; torch ops by default)."""
         ops = ops or self.torch_ops
-        x = F.embedding(input_ids, self.embed)
+        x = self.embed_tokens(input_ids)
         if self.embed_scale is not None:
             x = x * self.embed_scale
         tables = {
@@ -481,6 +519,13 @@ class DecoderModel:
             x, h = ops.add_norm(x, out, after)
         return h
 
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The input rows: the float embedding's, or the blocks' (a GGUF's) dequantized."""
+        if self.embed_blocks is not None:
+            return self.embed_blocks.embedding(input_ids).to(self.dtype)
+        assert self.embed is not None
+        return F.embedding(input_ids, self.embed)
+
     def attend(
         self, qkv: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, layer: int = 0
     ) -> torch.Tensor:
@@ -515,13 +560,13 @@ def _head_blocks(stored: dict[str, BlockWeight], head: torch.Tensor, tied: bool)
 
 
 def _block_weights(stored: dict[str, BlockWeight], w: Weights) -> dict[str, Q4_1]:
-    """Each linear's 4-bit blocks: the GGUF's own where the folder came from one (`stored`),
-    else quantized from the float weights now."""
+    """Each linear's 4-bit blocks: the GGUF's own where the model came from one (`stored`,
+    taken over), else quantized from the float weights now."""
     blocks: dict[str, Q4_1] = {}
-    for name, t in w.items():
+    for name in dict.fromkeys([*stored, *w]):
         if name.endswith("_proj.weight"):
-            b = stored.get(name)
-            blocks[name] = b if isinstance(b, Q4_1) else Q4_1.quantize(t)
+            b = stored.pop(name, None)
+            blocks[name] = b if isinstance(b, Q4_1) else Q4_1.quantize(w[name])
     return blocks
 
 

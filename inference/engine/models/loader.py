@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+from collections.abc import Callable
 
 import torch
 from safetensors.torch import load_file
@@ -14,7 +15,9 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 
 from inference.engine.errors import UnsupportedModelError
 from inference.engine.formats.gguf_model import (
+    gguf_matrix_names,
     gguf_path,
+    gguf_weight_reader,
     load_gguf_blocks,
     load_gguf_config,
     load_gguf_tokenizer,
@@ -70,10 +73,12 @@ def _raw_config(folder: str) -> dict[str, object] | None:
     return raw if isinstance(raw, dict) else None
 
 
-def load_weights(folder: str) -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's *.safetensors, by its name in the checkpoint."""
+def load_weights(folder: str, blocks_only: bool = False) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's *.safetensors, by its name in the checkpoint. With
+    `blocks_only`, a GGUF's matrices are left out: load_blocks gives them as blocks, and
+    lazy_weights any float copy of one a step size needs."""
     if (gguf := gguf_path(folder)) is not None:
-        return load_gguf_weights(gguf)
+        return load_gguf_weights(gguf, gguf_matrix_names(gguf) if blocks_only else ())
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     # The GGUF's own blocks beside a converted checkpoint are load_blocks' to read.
     files = [f for f in files if os.path.basename(f) != BLOCKS_FILE]
@@ -109,6 +114,13 @@ def save_blocks(blocks: dict[str, BlockWeight], folder: str | os.PathLike[str]) 
         if isinstance(b, Q4_1):
             flat[f"{name}.{kind}.m"] = b.m
     save_file(flat, os.path.join(folder, BLOCKS_FILE))
+
+
+def lazy_weights(folder: str) -> Callable[[str], torch.Tensor | None] | None:
+    """For a GGUF, a reader of one float tensor by name (what load_weights(blocks_only=True)
+    left out); None for a folder, whose load_weights holds every tensor."""
+    gguf = gguf_path(folder)
+    return gguf_weight_reader(gguf) if gguf is not None else None
 
 
 def load_blocks(folder: str) -> dict[str, BlockWeight] | None:

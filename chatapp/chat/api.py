@@ -327,13 +327,13 @@ def prompt_size(request: HttpRequest) -> HttpResponse:
     documents = attachments.usable(request.user, attachments.clean_ids(data.get("attachments")))
     conv_id = data.get("conversation_id")
     if conv_id is None:
+        conv_settings = conv_logic.clean_settings(data.get("settings"))
         conv = conv_logic.new_conversation(
-            request.user, "", conv_logic.clean_settings(data.get("settings"))
+            request.user, "", instructions.with_instructions(request.user, conv_settings)
         )
         branch: list = []
     else:
         conv = conv_logic.get_conversation(request.user, conv_id)
-        branch = conv_logic.active_branch(conv)
     # The model the send would go to (the picker's, else the conversation's); counted only
     # on an engine already up here: a count never loads a model.
     named = data.get("model")
@@ -353,9 +353,26 @@ def prompt_size(request: HttpRequest) -> HttpResponse:
                 "attachments": [{"id": a.pk, "tokens": a.tokens} for a in documents],
             }
         )
+    if conv.pk is not None:
+        # Past the window by its messages' stored counts: refused before its history is
+        # read or tokenized (a 100,000-message import took 7-17 s to say so).
+        past = conv_logic.too_long_by_count(client, conv, conv.active_leaf_id)
+        if past:
+            return JsonResponse(
+                {
+                    "prompt_tokens": None,
+                    "context_tokens": client.max_model_len,
+                    "fits": False,
+                    "message": past,
+                    "attachments": [{"id": a.pk, "tokens": a.tokens} for a in documents],
+                }
+            )
+        branch = conv_logic.active_branch(conv)
     salt = prefix_cache_salt(request.user.pk)
     legacy = client.model_name == default
-    prompt = conv_logic.prompt_for(client, conv, branch, text, documents, salt, legacy=legacy)
+    prompt, chosen = conv_logic.prompt_with_documents(
+        client, conv, branch, text, documents, salt, legacy=legacy
+    )
     too_long = conv_logic.too_long_words(client, prompt)
     return JsonResponse(
         {
@@ -363,6 +380,8 @@ def prompt_size(request: HttpRequest) -> HttpResponse:
             "context_tokens": client.max_model_len,
             "fits": too_long is None,
             "message": too_long,
+            # The documents do not fit whole: this many passages of them would be sent.
+            "passages": len(chosen),
             "attachments": [
                 {"id": a.pk, "tokens": attachments.count_tokens(client, a.name, a.text)}
                 for a in documents

@@ -482,21 +482,35 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         model = client.model_name
         default = await asyncio.to_thread(default_model)
 
-        def prepare() -> tuple[Prompt, Message | None]:
+        def prepare() -> tuple[Prompt, Message | None, list[dict]]:
             # The branch the reply continues: for a plain send, the active branch; for
-            # regenerate and edit, the path down to `parent`.
+            # regenerate and edit, the path down to `parent`. One past the model's window
+            # by its messages' stored counts is refused before its history is read.
+            leaf = (parent.pk if parent else None) if branch_from else conv.active_leaf_id
+            past = conversations.too_long_by_count(client, conv, leaf)
+            if past:
+                raise FrameError("too_long", past)
             branch = (
                 conversations.path_to(parent) if branch_from else conversations.active_branch(conv)
             )
             # Scoped to the conversation's owner (docs/kv-tier.md, "Whose blocks"). Replies
             # keep their ids only for a model with their tokenizer (turns_for).
             salt = prefix_cache_salt(conv.owner_id)
-            prompt = conversations.prompt_for(
-                client, conv, branch, user_text, documents or [], salt, legacy=model == default
+            legacy = model == default
+            anchor = branch[-1] if branch else None
+            if user_text is None:
+                return (
+                    conversations.prompt_for(client, conv, branch, None, [], salt, legacy),
+                    anchor,
+                    [],
+                )
+            # Documents too long to read whole give their passages most relevant to the words.
+            prompt, chosen = conversations.prompt_with_documents(
+                client, conv, branch, user_text, documents or [], salt, legacy
             )
-            return prompt, (branch[-1] if branch else None)
+            return prompt, anchor, [p.as_json(n) for n, p in enumerate(chosen, start=1)]
 
-        prompt, anchor = await database_sync_to_async(prepare)()
+        prompt, anchor, sources = await database_sync_to_async(prepare)()
         too_long = conversations.too_long_words(client, prompt)
         if too_long:
             raise FrameError("too_long", too_long)
@@ -509,6 +523,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 model,
                 client.tokenizer_id,
                 documents,
+                sources,
             )
         except AttachmentsInvalid as exc:
             raise FrameError("invalid", str(exc).capitalize() + ".") from exc

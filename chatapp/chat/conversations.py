@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from chatapp.chat import attachments
+from chatapp.chat import attachments, retrieval
 from chatapp.chat.models import Attachment, Conversation, Message
 from chatapp.text import InvalidText, clean_text
 from inference.chat_template import Prompt, Turn
@@ -346,6 +346,9 @@ def turns_for(
             )
             ids = list(m.token_ids) if m.token_ids and same else None
             turns.append(Turn("assistant", m.text, ids))
+        elif m.sources:
+            chosen = [retrieval.Passage.from_json(s) for s in m.sources]
+            turns.append(Turn(m.role, retrieval.prompt_text(m.text, chosen)))
         else:
             turns.append(Turn(m.role, attachments.prompt_text(m.text, documents.get(m.pk, []))))
     return turns
@@ -406,6 +409,43 @@ def reopen_reply(reply: Message) -> None:
     Conversation.objects.filter(pk=reply.conversation_id).update(active_leaf=reply)
 
 
+def prompt_with_documents(
+    client: EngineClient,
+    conv: Conversation,
+    branch: list[Message],
+    user_text: str,
+    documents: list[Attachment],
+    cache_salt: str | None,
+    legacy: bool = False,
+) -> tuple[Prompt, list[retrieval.Passage]]:
+    """prompt_for a send, and when its documents make it too long for the context window,
+    the prompt with only their passages most relevant to `user_text` (retrieval.py) and
+    those passages; none when the documents fit whole."""
+    whole = prompt_for(client, conv, branch, user_text, documents, cache_salt, legacy)
+    if not documents or whole.length is None or too_long_words(client, whole) is None:
+        return whole, []
+    earlier = attachments.of_messages(m.pk for m in branch if m.role == Message.Role.USER)
+    turns = turns_for(conv, branch, client.tokenizer_id, legacy, earlier)
+    every = [p for a in documents for p in retrieval.passages(a.pk, a.name, a.text)]
+    ranked = retrieval.rank(every, user_text)
+
+    def build(chosen: list[retrieval.Passage]) -> Prompt:
+        turn = Turn("user", retrieval.prompt_text(user_text, chosen))
+        return client.chat_prompt([*turns, turn], cache_salt=cache_salt)
+
+    # Room for a reply of the conversation's length (up to half the window), not only for
+    # its first token: passages could fill the window otherwise.
+    limit = client.max_model_len
+
+    def fits(chosen: list[retrieval.Passage]) -> bool:
+        length = build(chosen).length
+        reserve = min(conv.max_tokens, limit // 2) if limit else 0
+        return length is not None and (limit is None or length + reserve <= limit)
+
+    chosen = retrieval.select(ranked, fits)
+    return (build(chosen), chosen) if chosen else (whole, [])
+
+
 def too_long_words(client: EngineClient, prompt: Prompt) -> str | None:
     """Why the prompt does not fit the model's context window, in the words both the
     composer (before sending) and the socket (refusing a send) use; None when it fits."""
@@ -440,6 +480,7 @@ def add_exchange(
     model: str = "",
     tokenizer: str | None = None,
     documents: list[Attachment] | None = None,
+    sources: list[dict] | None = None,
 ) -> tuple[Message | None, Message]:
     """Save the user message (if any) and an empty streaming assistant reply under it,
     and make the reply the conversation's active leaf. A new conversation is saved here
@@ -469,6 +510,7 @@ def add_exchange(
             token_ids=user_token_ids,
             model=model,
             tokenizer=ids_in if user_token_ids else "",
+            sources=sources or [],
         )
         attachments.attach(user_msg, documents or [])
         parent = user_msg
@@ -578,6 +620,8 @@ def message_json(
         if documents is None:
             documents = list(m.attachments.defer("text").order_by("position", "id"))
         data["attachments"] = [attachments.attachment_json(a) for a in documents]
+        if m.sources:
+            data["sources"] = m.sources
     if with_alternatives:
         alts = alternatives(m)
         data["alternatives"] = alts

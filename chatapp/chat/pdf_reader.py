@@ -57,7 +57,8 @@ def read(data: bytes, max_pages: int, max_content_bytes: int, max_chars: int) ->
         chars += len(texts[-1])
         if chars > max_chars:
             raise Refused("chars", chars)
-    return "\n\n".join(t.strip() for t in texts if t.strip()).replace("\x00", "")
+    # A form feed between pages (empty ones too): a passage then knows its page number.
+    return "\n\f\n".join(t.strip() for t in texts).replace("\x00", "")
 
 
 def main() -> None:

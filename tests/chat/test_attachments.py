@@ -46,10 +46,11 @@ def test_text_and_code_files_are_read_as_utf8_text(name: str, data: bytes, text:
     assert extract(name, data) == ("text", text)
 
 
-def test_a_pdf_gives_the_text_of_its_pages() -> None:
+def test_a_pdf_gives_the_text_of_its_pages_apart_by_form_feeds() -> None:
     kind, text = extract("report.pdf", pdf_with_text("The tide is high.", "Page two says hello."))
     assert kind == "pdf"
-    assert text == "The tide is high.\n\nPage two says hello."
+    # The form feed tells a passage its page (retrieval.py).
+    assert text == "The tide is high.\n\f\nPage two says hello."
 
 
 @pytest.mark.parametrize(
@@ -286,7 +287,13 @@ def test_past_the_context_window_the_count_says_so_in_the_words_a_send_gets(
     c = client_for(alice)
     words = " ".join(f"w{i}" for i in range(tiny_engine.max_model_len))
     doc = upload(c, "huge.txt", words.encode()).json()
+    # A document past the window fits as its passages: the count says how many go.
     answer = prompt_size(c, conversation_id=None, text="Summarise.", attachments=[doc["id"]])
+    data = answer.json()
+    assert data["fits"] is True and data["passages"] > 0
+    assert data["prompt_tokens"] < tiny_engine.max_model_len
+    # Words past the window do not.
+    answer = prompt_size(c, conversation_id=None, text=words, attachments=[doc["id"]])
     data = answer.json()
     assert data["fits"] is False and data["prompt_tokens"] > tiny_engine.max_model_len
     assert data["message"] == (

@@ -208,18 +208,18 @@ async def test_a_regenerated_reply_reads_the_same_documents(alice_socket: ChatSo
     assert again[-1]["figures"]["cached_tokens"] >= first[-1]["figures"]["prompt_tokens"] - 16
 
 
-async def test_a_document_past_the_context_window_is_refused_and_stays_attachable(
-    alice_socket: ChatSocket, tiny_engine: Any, settings: Any
+async def test_words_past_the_context_window_are_refused_and_the_document_stays_attachable(
+    alice_socket: ChatSocket, tiny_engine: Any
 ) -> None:
-    settings.CHAT_ATTACHMENT_MAX_CHARS = 10**6
+    # (A document past the window is sent as its relevant passages: test_retrieval.py.)
     words = " ".join(f"w{i}" for i in range(tiny_engine.max_model_len))
-    doc = await pending(alice_socket.user, "huge.txt", words)  # type: ignore[attr-defined]
+    doc = await pending(alice_socket.user)  # type: ignore[attr-defined]
     await alice_socket.send(
-        {"type": "send", "conversation_id": None, "text": "Summarise.", "attachments": [doc.pk]}
+        {"type": "send", "conversation_id": None, "text": words, "attachments": [doc.pk]}
     )
     error = await alice_socket.recv()
     assert error["code"] == "too_long"
-    needed = len(await prompt_ids_new("Summarise.", [doc], alice_socket.user))  # type: ignore[attr-defined]
+    needed = len(await prompt_ids_new(words, [doc], alice_socket.user))  # type: ignore[attr-defined]
     assert error["message"] == (
         f"This message needs {needed:,} tokens with the conversation so far, and the model "
         f"reads at most {tiny_engine.max_model_len:,} tokens, its reply included. Remove an "

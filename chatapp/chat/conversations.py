@@ -446,6 +446,34 @@ def prompt_with_documents(
     return (build(chosen), chosen) if chosen else (whole, [])
 
 
+def too_long_by_count(client: EngineClient, conv: Conversation, leaf_id: int | None) -> str | None:
+    """Why any prompt after the branch ending at message `leaf_id` is past the model's
+    window, from the messages' stored token counts alone: no text is read and nothing is
+    tokenized, so a 100,000-message conversation is refused at the cost of its ids. None
+    when it may fit; the whole prompt then tells exactly (too_long_words). A count taken
+    of a text alone may be a token over its turn's share, hence one off each message."""
+    limit = client.max_model_len
+    if leaf_id is None or not limit or client.tokenizer_id is None:
+        return None
+    tree = {
+        pk: (parent, tokens if tokenizer == client.tokenizer_id else None)
+        for pk, parent, tokens, tokenizer in Message.objects.filter(conversation=conv)
+        .values_list("id", "parent_id", "tokens", "tokenizer")
+        .iterator(chunk_size=10_000)
+    }
+    known, node = 0, leaf_id if leaf_id in tree else None
+    while node is not None:
+        node, tokens = tree[node]
+        known += max(0, (tokens or 0) - 1)
+    if known < limit:
+        return None
+    return (
+        f"This message needs more than {known:,} tokens with the conversation so far, and "
+        f"the model reads at most {limit:,} tokens, its reply included. Remove an "
+        "attachment, shorten the message or start a new chat."
+    )
+
+
 def too_long_words(client: EngineClient, prompt: Prompt) -> str | None:
     """Why the prompt does not fit the model's context window, in the words both the
     composer (before sending) and the socket (refusing a send) use; None when it fits."""
@@ -508,6 +536,7 @@ def add_exchange(
             role=Message.Role.USER,
             text=user_text,
             token_ids=user_token_ids,
+            tokens=len(user_token_ids) or None,
             model=model,
             tokenizer=ids_in if user_token_ids else "",
             sources=sources or [],

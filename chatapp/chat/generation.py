@@ -300,6 +300,7 @@ class Generation:
                 saved = Message.objects.filter(pk=self.message_id).update(
                     text=self.text,
                     token_ids=list(self.token_ids),
+                    tokens=len(self.token_ids) or None,
                     status=status,
                     finish_reason=finish_reason,
                     figures=figures,

@@ -35,7 +35,7 @@ from django.utils.dateparse import parse_datetime
 from chatapp.chat import attachments
 from chatapp.chat.conversations import InvalidSettings, clean_settings
 from chatapp.chat.models import Attachment, Conversation, Message
-from inference.client import list_models
+from inference.client import EngineClient, default_model, list_models, loaded_clients
 from inference.engine import EngineError
 
 log = logging.getLogger(__name__)
@@ -687,6 +687,17 @@ def _rows(user: Any, incoming: list[Incoming], created: list[Conversation]) -> I
         yield from write(user, conversation, created)
 
 
+def _counter(model: str) -> EngineClient | None:
+    """The engine client of the conversation's model (blank: the default) when this
+    process has it up, to count each message's tokens as it is written: a send then sizes
+    the conversation without tokenizing it (conversations.too_long_by_count). A count
+    never loads a model."""
+    try:
+        return loaded_clients().get(model or default_model())
+    except EngineError:
+        return None
+
+
 def write(user: Any, incoming: Incoming, created: list[Conversation]) -> Iterator[None]:
     conv = Conversation.objects.create(
         owner=user,
@@ -696,7 +707,9 @@ def write(user: Any, incoming: Incoming, created: list[Conversation]) -> Iterato
     )
     created.append(conv)
     saved: dict[str, int] = {}
+    counter = _counter(incoming.model)
     for node in incoming.nodes:
+        tokens = counter.count_tokens(node.text) if counter else None
         message = Message.objects.create(
             conversation=conv,
             parent_id=saved.get(node.parent) if node.parent else None,
@@ -704,6 +717,9 @@ def write(user: Any, incoming: Incoming, created: list[Conversation]) -> Iterato
             text=node.text,
             status=Message.Status.COMPLETE,
             figures=node.figures,
+            tokens=tokens,
+            # The vocabulary `tokens` was counted in (no token ids are stored).
+            tokenizer=(counter.tokenizer_id or "") if counter and tokens is not None else "",
         )
         saved[node.key] = message.pk
         Attachment.objects.bulk_create(

@@ -93,6 +93,11 @@ class Message(models.Model):
     # On a user message whose documents were too long to read whole: the passages its turn
     # carried instead (chatapp/chat/retrieval.py), [{n, attachment_id, name, page, text}].
     sources = models.JSONField(default=list, blank=True)
+    # How many tokens the message takes in a prompt, for the tokenizer `tokenizer` names: a
+    # turn's token ids when it has them, else its text's count (imports). Summed over a
+    # branch, it refuses a prompt past the context window without reading or tokenizing
+    # the history (conversations.too_long_by_count). None: not counted.
+    tokens = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

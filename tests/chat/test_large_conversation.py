@@ -9,10 +9,13 @@ import time
 from typing import Any
 
 import pytest
+from channels.db import database_sync_to_async
 from django.test import Client
 
 from chatapp.chat.conversations import MESSAGES_PAGE
+from chatapp.chat.export import conversation_payload
 from chatapp.chat.models import Conversation, Message
+from tests.sockets import open_socket
 
 pytestmark = pytest.mark.django_db
 
@@ -109,3 +112,67 @@ def test_prompt_size_counts_are_rate_limited_per_user(make_user: Any, settings: 
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limited"
     assert 1 <= int(refused["Retry-After"]) <= 61
     assert count(other).status_code == 200  # another user's counts are their own
+
+
+def test_an_import_counts_each_messages_tokens_for_the_served_model(
+    make_user: Any, tiny_engine: Any
+) -> None:
+    alice = make_user("alice")
+    conv = long_conversation(alice, 4)
+    exported = json.dumps(conversation_payload(conv)).encode()
+    client = Client()
+    client.force_login(make_user("bob"))
+    answer = client.post(
+        "/api/conversations/import/", data=exported, content_type="application/json"
+    )
+    assert answer.status_code == 201, answer.content
+    copied = Message.objects.filter(conversation__owner__username="bob").order_by("id")
+    assert [(m.tokens, m.tokenizer) for m in copied] == [
+        (tiny_engine.count_tokens(m.text), tiny_engine.tokenizer_id) for m in copied
+    ]
+
+
+def counted_conversation(owner: Any, count: int, engine: Any) -> Conversation:
+    """A long conversation whose messages carry their token counts, as an import leaves it."""
+    conv = long_conversation(owner, count)
+    per_message = engine.count_tokens(Message.objects.filter(conversation=conv).first().text)
+    Message.objects.filter(conversation=conv).update(
+        tokens=per_message, tokenizer=engine.tokenizer_id
+    )
+    return conv
+
+
+def test_prompt_size_refuses_a_conversation_past_the_window_from_its_counts(
+    make_user: Any, tiny_engine: Any
+) -> None:
+    alice = make_user("alice")
+    conv = counted_conversation(alice, MESSAGES, tiny_engine)
+    client = Client()
+    client.force_login(alice)
+    body = json.dumps({"conversation_id": conv.pk, "text": "And then?"})
+    started = time.perf_counter()
+    answer = client.post("/api/chat/prompt-size/", data=body, content_type="application/json")
+    took = time.perf_counter() - started
+    print(f"\nprompt-size on {MESSAGES:,} counted messages: {took:.2f} s")
+    size = answer.json()
+    assert answer.status_code == 200 and size["fits"] is False
+    assert size["message"].startswith("This message needs more than")
+    assert f"at most {tiny_engine.max_model_len:,} tokens" in size["message"]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_send_past_the_window_by_its_counts_is_refused_and_saves_nothing(
+    make_user: Any, tiny_engine: Any
+) -> None:
+    alice = await database_sync_to_async(make_user)("alice")
+    conv = await database_sync_to_async(counted_conversation)(alice, MESSAGES, tiny_engine)
+    before = await database_sync_to_async(Message.objects.count)()
+    sock, connected, _ = await open_socket(alice)
+    assert connected
+    try:
+        await sock.send({"type": "send", "conversation_id": conv.pk, "text": "And then?"})
+        refused = (await sock.recv_until("error"))[-1]
+    finally:
+        await sock.close()
+    assert refused["code"] == "too_long" and "more than" in refused["message"]
+    assert await database_sync_to_async(Message.objects.count)() == before

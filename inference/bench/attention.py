@@ -45,9 +45,9 @@ def baseline_library(root: Path) -> ctypes.CDLL:
     src = root / "inference" / "engine" / "kernels"
     lib = compiled_library(
         "quant_gemm_baseline",
-        [src / p.name for p in kernels.SOURCES],
+        sorted(src.rglob("*.c")),  # its own files: the two checkouts' may differ
         kernels.cpu_build_flags(),
-        [src / p.name for p in kernels.HEADERS],
+        sorted(src.rglob("*.h")),
     )
     kernels.declare_decode_attention(lib)
     return lib

@@ -118,7 +118,15 @@ def test_an_import_counts_each_messages_tokens_for_the_served_model(
     make_user: Any, tiny_engine: Any
 ) -> None:
     alice = make_user("alice")
-    conv = long_conversation(alice, 4)
+    # Ids from the database's sequence (long_conversation gives its own, which the import's
+    # inserts on PostgreSQL would then meet).
+    conv = Conversation.objects.create(owner=alice, title="To copy")
+    parent = None
+    for i, text in enumerate(["What is a token?", "A piece of a word.", "And a prompt?"]):
+        role = Message.Role.ASSISTANT if i % 2 else Message.Role.USER
+        parent = Message.objects.create(conversation=conv, parent=parent, role=role, text=text)
+    Conversation.objects.filter(pk=conv.pk).update(active_leaf=parent)
+    conv.refresh_from_db()
     exported = json.dumps(conversation_payload(conv)).encode()
     client = Client()
     client.force_login(make_user("bob"))

@@ -225,8 +225,11 @@ def chat_limits(request: HttpRequest) -> HttpResponse:
     the same constants and settings the server validates with."""
     context_tokens = get_engine_client().max_model_len if engine_ready() else None
     limits = conv_logic.settings_limits(context_tokens)
-    # A new chat's system prompt is the user's custom instructions.
-    limits["system_prompt"]["default"] = instructions.prompt_of(request.user)
+    # A new chat's system prompt is the user's custom instructions, where they wrote any
+    # (instructions.with_instructions); otherwise the deployment's default stands.
+    prompt = instructions.prompt_of(request.user)
+    if prompt:
+        limits["system_prompt"]["default"] = prompt
     return JsonResponse(limits)
 
 

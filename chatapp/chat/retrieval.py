@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 PAGE_BREAK = "\f"
 PASSAGE_CHARS = 800  # about 200 tokens: enough to answer from, small enough to pick many
+# At most this many passages go (about 1,600 tokens): what answers a question is in the
+# best few, and a prompt that fills the window costs its first token seconds of prefill.
+MOST_PASSAGES = 8
 K1, B = 1.5, 0.75  # BM25's usual constants
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -111,10 +114,12 @@ def passage_block(number: int, p: Passage) -> str:
 
 
 def select(ranked: list[Passage], fits: Callable[[list[Passage]], bool]) -> list[Passage]:
-    """The best passages that fit together (`fits` says whether a choice does), in the
-    order of the documents, numbered from 1 in that order."""
+    """The best passages, at most MOST_PASSAGES, that fit together (`fits` says whether a
+    choice does), in the order of the documents."""
     chosen: list[Passage] = []
-    for p in ranked:
+    for p in ranked[: MOST_PASSAGES * 4]:
+        if len(chosen) == MOST_PASSAGES:
+            break
         if fits([*chosen, p]):
             chosen.append(p)
         elif chosen:

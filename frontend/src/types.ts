@@ -53,6 +53,17 @@ export interface PromptSize {
   /** Why it does not fit, in the words a send past the window is refused with. */
   message: string | null;
   attachments: { id: number; tokens: number | null }[];
+  /** The documents do not fit whole: how many of their passages would go instead. */
+  passages?: number;
+}
+
+/** A passage of a document too long to read whole, sent in its place (a user message's `sources`). */
+export interface Source {
+  n: number;
+  attachment_id: number;
+  name: string;
+  page: number | null;
+  text: string;
 }
 
 export type Role = 'user' | 'assistant' | 'system';
@@ -81,6 +92,8 @@ export interface Message {
   error?: string;
   /** A user message's documents (without their text). */
   attachments?: AttachmentInfo[];
+  /** Passages sent in place of documents too long to read whole. */
+  sources?: Source[];
   /** The model that wrote a reply (or that a user turn went to); null on older messages. */
   model?: string | null;
 }

@@ -156,14 +156,48 @@ def test_files_that_cannot_be_read_are_refused_on_their_chip(page: Page, tmp_pat
     expect(chips(page)).to_have_count(1)
 
 
-def test_past_the_context_window_the_composer_says_so_and_the_server_refuses_the_same(
-    page: Page,
+def test_a_200_page_pdf_is_sent_as_its_passages_and_the_one_from_page_150_is_shown(
+    page: Page, tmp_path: Path
 ) -> None:
+    """Past the context window a document is not refused: the passages most relevant to
+    the question go instead (BM25), and the message lists them, each opening its text."""
+    book = tmp_path / "lighthouse.pdf"
+    book.write_bytes(pdf_with_text(*(book_page(n) for n in range(1, 201))))
+    new_chat(page, max_tokens=16)
+    page.get_by_test_id("attach-input").set_input_files(str(book))
+    expect(chips(page).first).to_have_attribute("data-status", "ready", timeout=60_000)
+    question = "Who repaints the copper lantern of the lighthouse?"
+    page.get_by_test_id("composer-input").fill(question)
+    expect(page.get_by_test_id("prompt-count")).to_have_attribute("data-fits", "true")
+    expect(page.get_by_test_id("passages-note")).to_contain_text("most relevant to your message")
+    expect(page.get_by_test_id("context-warning")).to_have_count(0)
+    shot(page, "45-documents-passages-composer")
+    page.get_by_test_id("send-button").click()
+    wait_finished(replies(page).last)
+    # Greedy, the default model answers from that passage.
+    expect(replies(page).last.get_by_test_id("message-content")).to_contain_text("Marguerite")
+    sources = user_messages(page).last.get_by_test_id("message-sources")
+    item = sources.locator("[data-testid=source-item][data-page='150']")
+    expect(item).to_have_count(1)
+    item.click()
+    expect(sources.get_by_test_id("source-text")).to_contain_text(FACT)
+    shot(page, "45-documents-passages-sent")
+
+
+FACT = "The lighthouse keeper Marguerite repaints the copper lantern every October."
+
+
+def book_page(n: int) -> str:
+    """A page of a long, dull book; page 150 holds the one fact asked about."""
+    words = ["harvest", "river", "stone", "market", "bridge", "winter", "candle", "orchard"]
+    body = " ".join(words[(n + i) % len(words)] for i in range(120))
+    return f"Page {n}. {body}" + (f" {FACT}" if n == 150 else "")
+
+
+def test_words_past_the_context_window_are_refused_in_the_composers_words(page: Page) -> None:
     new_chat(page)
-    words = " ".join(f"item{i}" for i in range(6000))  # ~ 12,000 tokens: past 8,192
-    drop_or_paste(page, "drop", "inventory.txt", words)
-    expect(chips(page).first).to_have_attribute("data-status", "ready")
-    page.get_by_test_id("composer-input").fill("Summarise the inventory.")
+    words = " ".join(f"w{i}" for i in range(5000))  # under 32,000 chars, past 8,192 tokens
+    page.get_by_test_id("composer-input").fill(words)
     warning = page.get_by_test_id("context-warning")
     expect(warning).to_contain_text("the model reads at most 8,192 tokens, its reply included")
     expect(page.get_by_test_id("prompt-count")).to_have_attribute("data-fits", "false")
@@ -171,10 +205,7 @@ def test_past_the_context_window_the_composer_says_so_and_the_server_refuses_the
     shot(page, "documents-over-the-window")
     said = warning.inner_text()
     # Sent anyway (around the disabled button): the server refuses it in the same words.
-    page.evaluate(
-        "window.__chat.protocol.sendMessage('Summarise the inventory.', "
-        "window.__chat.attachments.ready('new'))"
-    )
+    page.evaluate("w => window.__chat.protocol.sendMessage(w, [])", words)
     notice = page.get_by_test_id("chat-error")
     expect(notice).to_have_attribute("data-code", "too_long")
     expect(notice).to_contain_text(said)

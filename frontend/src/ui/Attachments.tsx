@@ -1,6 +1,6 @@
 import { useState } from 'preact/hooks';
 import { humanSize, tokenWords, type DraftAttachment, type Measure } from '../attachments';
-import type { AttachmentInfo } from '../types';
+import type { AttachmentInfo, Source } from '../types';
 import { useChat } from './hooks';
 
 export const PaperclipIcon = () => (
@@ -53,6 +53,11 @@ export function PromptCount({ m }: { m: Measure | undefined }) {
       {size && !size.fits && size.message ? (
         <div class="context-warning" role="alert" data-testid="context-warning">{size.message}</div>
       ) : null}
+      {size?.fits && size.passages ? (
+        <div class="passages-note" data-testid="passages-note">
+          Too long to read whole: the {n(size.passages)} passages most relevant to your message go instead, and the reply lists them.
+        </div>
+      ) : null}
     </div>
   );
 }
@@ -103,6 +108,34 @@ export function MessageAttachments({ docs }: { docs: readonly AttachmentInfo[] }
             <p class="muted">Loading…</p>
           )}
         </div>
+      ) : null}
+    </div>
+  );
+}
+
+/** The passages a message sent in place of documents too long to read whole: a number,
+ * the document and its page each; a click shows the passage. */
+export function MessageSources({ sources }: { sources: readonly Source[] }) {
+  const [open, setOpen] = useState<number | null>(null);
+  if (!sources.length) return null;
+  const shown = sources.find((s) => s.n === open);
+  return (
+    <div class="sources" data-testid="message-sources">
+      <span class="sources-label">Passages used:</span>
+      <ul class="chips">
+        {sources.map((s) => (
+          <li key={s.n}>
+            <button type="button" class="chip" data-testid="source-item" data-page={s.page ?? ''} aria-expanded={open === s.n} onClick={() => setOpen(open === s.n ? null : s.n)}>
+              [{s.n}] {s.name}
+              {s.page ? `, p. ${s.page}` : ''}
+            </button>
+          </li>
+        ))}
+      </ul>
+      {shown ? (
+        <blockquote class="source-text" data-testid="source-text">
+          {shown.text}
+        </blockquote>
       ) : null}
     </div>
   );

@@ -4,7 +4,7 @@ import { formatFigures, hasFigures } from '../format';
 import { renderMarkdown } from '../markdown';
 import { applyMathStyles } from '../math';
 import type { Message } from '../types';
-import { MessageAttachments } from './Attachments';
+import { MessageAttachments, MessageSources } from './Attachments';
 import { copyText } from './clipboard';
 
 export interface MessageActions {
@@ -134,6 +134,7 @@ function MessageViewInner({ m, busy, actions, figures, last = false }: Props) {
     >
       <div class="msg-body">
         {m.attachments?.length ? <MessageAttachments docs={m.attachments} /> : null}
+        {m.sources?.length ? <MessageSources sources={m.sources} /> : null}
         {editing ? (
           <div class="edit-box">
             <textarea

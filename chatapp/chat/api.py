@@ -126,7 +126,9 @@ def conversations(request: HttpRequest) -> HttpResponse:
             model,
         )
         return JsonResponse(conv_logic.conversation_json(conv), status=201)
-    qs = Conversation.objects.filter(owner=request.user)
+    # Archived conversations are out of the list; `?archived=1` lists them alone.
+    archived = request.GET.get("archived") in ("1", "true")
+    qs = Conversation.objects.filter(owner=request.user, archived=archived)
     q = clean_text(request.GET.get("q", ""), "The search", settings.CHAT_MAX_MESSAGE_CHARS).strip()
     if q:
         qs = qs.filter(Q(title__icontains=q) | Q(messages__text__icontains=q)).distinct()
@@ -142,7 +144,11 @@ def conversation(request: HttpRequest, pk: int) -> HttpResponse:
         return HttpResponse(status=204)
     if request.method == "PATCH":
         data = read_json(request)
-        unknown = set(data) - {"title", "settings", "active_message", "model"}
+        unknown = (
+            set(data)
+            - {"title", "settings", "active_message", "model"}
+            - set(conv_logic.ORGANISING)
+        )
         if unknown:
             raise InvalidSettings(f"unknown field(s): {', '.join(sorted(unknown))}")
         conv = conv_logic.update_conversation(conv, data)

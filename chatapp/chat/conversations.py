@@ -232,6 +232,10 @@ def create_conversation(
     return conv
 
 
+FOLDER_CHARS = 60
+ORGANISING = {"pinned", "archived", "folder"}
+
+
 def update_conversation(conv: Conversation, data: dict[str, Any]) -> Conversation:
     changed: list[str] = []
     if "title" in data:
@@ -243,6 +247,15 @@ def update_conversation(conv: Conversation, data: dict[str, Any]) -> Conversatio
     if "model" in data:
         conv.model = clean_model(data["model"])
         changed.append("model")
+    for flag in ("pinned", "archived"):
+        if flag in data:
+            if not isinstance(data[flag], bool):
+                raise InvalidSettings(f"{flag} must be true or false.")
+            setattr(conv, flag, data[flag])
+            changed.append(flag)
+    if "folder" in data:
+        conv.folder = " ".join(clean_text(data["folder"], "The folder", FOLDER_CHARS).split())
+        changed.append("folder")
     if "active_message" in data:
         message = Message.objects.filter(pk=_int(data["active_message"]), conversation=conv).first()
         if message is None:
@@ -253,7 +266,10 @@ def update_conversation(conv: Conversation, data: dict[str, Any]) -> Conversatio
     # back would undo a reply added meanwhile (active_leaf) or, were the conversation
     # deleted meanwhile, insert it again.
     values = {name: getattr(conv, name) for name in changed}
-    if not Conversation.objects.filter(pk=conv.pk).update(**values, updated_at=timezone.now()):
+    # Filing a conversation away is not a change to it: it keeps its place by date.
+    if not changed or set(changed) - ORGANISING:
+        values["updated_at"] = timezone.now()
+    if not Conversation.objects.filter(pk=conv.pk).update(**values):
         raise NotFound("conversation")
     try:
         conv.refresh_from_db()
@@ -576,6 +592,9 @@ def conversation_json(conv: Conversation) -> dict[str, Any]:
         "updated_at": conv.updated_at.isoformat(),
         "settings": conv.settings_dict,
         "model": model_of(conv),
+        "pinned": conv.pinned,
+        "archived": conv.archived,
+        "folder": conv.folder,
     }
 
 

@@ -32,6 +32,11 @@ class Conversation(models.Model):
     active_leaf = models.ForeignKey(
         "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # Organising (the sidebar): pinned ones first, archived ones out of the list, and a
+    # folder name ("" for none) grouping the rest.
+    pinned = models.BooleanField(default=False)
+    archived = models.BooleanField(default=False)
+    folder = models.CharField(max_length=60, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.architectures import build_tiny
 from tests.tiny_model import TOKENIZER_FILES
 
 # The file types the converter writes itself (its --outtype), and those llama-quantize
@@ -66,6 +67,33 @@ def build_llama(
     LlamaForCausalLM(config).save_pretrained(folder)
     copy_tokenizer(tokenizer_source, folder)
     return folder
+
+
+# Each registered family as a GGUF source: tests/architectures.py's tiny model at widths the
+# k-quants take (hidden 256, MLP 512, heads of 64), with what llama.cpp assumes rather than
+# reads from the file made true in the model too: Gemma's query scale is 1/sqrt(head_dim),
+# and Gemma 3's global layers are every sixth (so six layers, one of them global).
+FAMILY_SOURCES: dict[str, dict[str, Any]] = {
+    "qwen2": {},
+    "qwen3": {},
+    "gemma2": {"query_pre_attn_scalar": 64},
+    "gemma3": {"query_pre_attn_scalar": 64, "num_hidden_layers": 6, "layer_types": None},
+    "phi3": {},
+}
+
+
+def build_family(name: str) -> Callable[[Path, Path], Path]:
+    """A builder for TinyGGUFs.model: the tiny `name` model of FAMILY_SOURCES' widths."""
+
+    def build(folder: Path, tokenizer_source: Path) -> Path:
+        widths = {
+            "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+        }  # fmt: skip
+        settings = {**widths, **FAMILY_SOURCES[name]}
+        return build_tiny(name, folder, tokenizer_source, **settings)
+
+    return build
 
 
 def copy_tokenizer(source: Path, folder: Path) -> None:
@@ -118,8 +146,27 @@ def _run(args: list[str]) -> None:
     out = subprocess.run(args, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(
-            f"{Path(args[1]).name} failed:\n{out.stdout[-2000:]}{out.stderr[-3000:]}"
+            f"{' '.join(args[-4:])} failed:\n{out.stdout[-2000:]}{out.stderr[-3000:]}"
         )
+
+
+# The converter reads Gemma 2's and Phi-3's vocabulary from a SentencePiece tokenizer.model;
+# the test models carry the default model's BPE tokenizer.json, which it reads for the other
+# families (and for Gemma 3 and Phi-4 folders without tokenizer.model) as "gpt2". It names
+# the pre-tokenizer by hashing what transformers' tokenizer makes of a text, and transformers
+# gives a qwen2 folder Qwen2Tokenizer's own split whatever tokenizer.json says: every test
+# model's is SmolLM2's.
+_CONVERT = """
+import runpy, sys
+sys.path.insert(0, sys.argv[1])
+from conversion import TextModel, gemma, phi
+gemma.Gemma2Model.set_vocab = TextModel._set_vocab_gpt2
+phi.Phi3MiniModel.set_vocab = TextModel._set_vocab_gpt2
+TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"
+converter = sys.argv[1] + "/convert_hf_to_gguf.py"
+sys.argv = [converter, *sys.argv[2:]]
+runpy.run_path(converter, run_name="__main__")
+"""
 
 
 def make_gguf(
@@ -134,8 +181,11 @@ def make_gguf(
     partial = out.with_suffix(".partial")
     if file_type in CONVERTED:
         outtype = CONVERTED[file_type]
-        _run([sys.executable, str(converter), str(hf_folder), "--outtype", outtype,
-              "--outfile", str(partial)])  # fmt: skip
+        # One name for all: llama.cpp tunes a vocabulary by the model's name (a "phi3" one
+        # must hold SentencePiece's </s>), and these carry SmolLM2's whatever the family.
+        _run([sys.executable, "-c", _CONVERT, str(converter.parent), str(hf_folder),
+              "--outtype", outtype, "--outfile", str(partial),
+              "--model-name", "tiny test model"])  # fmt: skip
     elif file_type in QUANTIZED:
         source = make_gguf(hf_folder, "F32", out_dir, converter, quantize)
         _run([str(quantize), str(source), str(partial), file_type, "1"])

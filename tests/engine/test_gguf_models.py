@@ -19,7 +19,14 @@ import pytest
 import torch
 from gguf import GGUFReader, GGUFWriter
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationMixin,
+    LlamaForCausalLM,
+    PreTrainedTokenizerBase,
+)
 
 from inference.bench.llama_server import LlamaServer, llama_server_binary
 from inference.engine.config import EngineConfig
@@ -34,7 +41,14 @@ from inference.engine.formats.gguf_model import (
 )
 from inference.engine.quantized import Q4_1, Q8_0
 from tests.engine.conftest import greedy, run_to_completion, token_ids_of
-from tests.gguf_files import QUANTIZED, TinyGGUFs, build_llama, tiny_ggufs
+from tests.gguf_files import (
+    FAMILY_SOURCES,
+    QUANTIZED,
+    TinyGGUFs,
+    build_family,
+    build_llama,
+    tiny_ggufs,
+)
 
 # (No prompt whose next token llama-server would hold back as a partial UTF-8 character: it
 # then sends no probabilities.)
@@ -216,7 +230,7 @@ def engine_greedy(engine: LLMEngine, prompts: list[list[int]], n: int) -> list[l
     return [token_ids_of(out[f"r{i}"]) for i in range(len(prompts))]
 
 
-def hf_greedy(model: LlamaForCausalLM, prompts: list[list[int]], n: int) -> list[list[int]]:
+def hf_greedy(model: GenerationMixin, prompts: list[list[int]], n: int) -> list[list[int]]:
     out = []
     with torch.no_grad():
         for p in prompts:
@@ -290,9 +304,17 @@ def test_the_engine_on_a_gguf_chooses_the_next_token_as_llama_cpp_does(
     one (the file's blocks as Q4_1 layers and a Q8_0 head, load_gguf_blocks)."""
     path = ggufs.file(file_type)
     tokenizer = load_gguf_tokenizer(path)
+    assert_chooses_as_llama_cpp(path, tokenizer, quantization, tmp_module)
+
+
+def assert_chooses_as_llama_cpp(
+    path: Path, tokenizer: PreTrainedTokenizerBase, quantization: str, workdir: Path
+) -> None:
+    """The engine's next token on each of PROMPTS is llama-server's on the same file, or
+    within NEAR_TIE of it, and the same on MIN_SAME of them."""
     prompts = [tokenizer(p).input_ids for p in PROMPTS]
     choices = [c[0] for c in engine_greedy(exact_engine(path, quantization), prompts, 1)]
-    server = LlamaServer(llama_server_binary(), path, threads=1, slots=1, workdir=tmp_module)
+    server = LlamaServer(llama_server_binary(), path, threads=1, slots=1, workdir=workdir)
     server.start()
     same, near = 0, []
     try:
@@ -303,8 +325,57 @@ def test_the_engine_on_a_gguf_chooses_the_next_token_as_llama_cpp_does(
             near.append(best - theirs.get(ours, float("-inf")))
     finally:
         server.stop()
-    assert max(near) <= NEAR_TIE, (file_type, same, near)
-    assert same >= len(PROMPTS) * MIN_SAME, (file_type, same, near)
+    assert max(near) <= NEAR_TIE, (path.name, same, near)
+    assert same >= len(PROMPTS) * MIN_SAME, (path.name, same, near)
+
+
+def family_gguf(ggufs: TinyGGUFs, family: str, file_type: str) -> tuple[Path, Path]:
+    """The tiny `family` model's folder and its GGUF of `file_type`."""
+    source = ggufs.model(f"tiny-{family}-256", build_family(family))
+    return source, ggufs.file(file_type, source)
+
+
+# What shapes a family's maths beyond the llama keys the test above reads.
+FAMILY_KEYS = (
+    "model_type", "architectures", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "head_dim", "rope_parameters",
+    "sliding_window", "layer_types", "query_pre_attn_scalar", "attn_logit_softcapping",
+    "final_logit_softcapping", "tie_word_embeddings", "rms_norm_eps",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_SOURCES))
+def test_every_familys_config_comes_back_from_its_file(ggufs: TinyGGUFs, family: str) -> None:
+    """Gemma 3's kinds of layer and their two ropes, Gemma's scalar and soft-caps, Phi-3's
+    "no window": what a token-level test can miss where one layer of six is global."""
+    source, path = family_gguf(ggufs, family, "F32")
+    ours, theirs = load_gguf_config(path).to_dict(), AutoConfig.from_pretrained(source).to_dict()
+    for key in FAMILY_KEYS:
+        assert ours.get(key) == theirs.get(key), (key, ours.get(key), theirs.get(key))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(FAMILY_SOURCES))
+def test_every_family_as_a_float_gguf_answers_as_transformers_on_its_checkpoint(
+    ggufs: TinyGGUFs, family: str
+) -> None:
+    """Exact mode, token for token, 32 greedy tokens, three prompts in one batch: the
+    config, names, row order and norm offsets read back from the file are the model's."""
+    source, path = family_gguf(ggufs, family, "F32")
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    prompts = [tokenizer(p).input_ids for p in PROMPTS[:3]]
+    ours = engine_greedy(exact_engine(path), prompts, 32)
+    reference = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    assert ours == hf_greedy(reference, prompts, 32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(FAMILY_SOURCES))
+def test_every_family_as_a_q8_0_gguf_chooses_the_next_token_as_llama_cpp_does(
+    ggufs: TinyGGUFs, tmp_module: Path, family: str
+) -> None:
+    source, path = family_gguf(ggufs, family, "Q8_0")
+    assert_chooses_as_llama_cpp(path, AutoTokenizer.from_pretrained(source), "none", tmp_module)
 
 
 def llama_cpp_logprobs(url: str, ids: list[int]) -> dict[int, float]:

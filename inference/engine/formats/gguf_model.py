@@ -179,9 +179,9 @@ def gguf_config(file: GGUFFile) -> PretrainedConfig:
         "attention_bias": "blk.0.attn_q.bias" in names,
         "torch_dtype": "float32",
     }
-    window = get("attention.sliding_window")
-    if window is not None:
-        fields["sliding_window"] = int(window)
+    # Phi-3's converter writes a window of 0 for "none" (Phi-4's sets one).
+    if window := int(get("attention.sliding_window", 0) or 0):
+        fields["sliding_window"] = window
     for key, hf in (
         ("attn_logit_softcapping", "attn_logit_softcapping"),
         ("final_logit_softcapping", "final_logit_softcapping"),
@@ -191,9 +191,34 @@ def gguf_config(file: GGUFFile) -> PretrainedConfig:
     if arch.model_type.startswith("gemma"):
         # Not in the file: llama.cpp scales Gemma's queries by 1 / sqrt(head_dim).
         fields["query_pre_attn_scalar"] = fields["head_dim"]
+    if arch.model_type == "gemma3_text":
+        fields.update(_gemma3_layers(get, fields))
     config: PretrainedConfig = AutoConfig.for_model(arch.model_type, **fields)
     config.architectures = [_CAUSAL_LM[arch.model_type]]
     return config
+
+
+def _gemma3_layers(get: Callable[..., Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3's kinds of layer and a rope for each, as llama.cpp reads them: windowed layers
+    where the file sets a window, every sixth global unless a pattern says otherwise (a
+    count, or one flag per layer); the file's rope (its base and scaling) on the global
+    layers, base rope.freq_base_swa (10,000 unless set) and no scaling on the windowed."""
+    n = fields["num_hidden_layers"]
+    pattern = get("attention.sliding_window_pattern", 6)
+    if "sliding_window" not in fields:
+        windowed = [False] * n
+    elif isinstance(pattern, (list, tuple)):
+        windowed = [bool(p) for p in pattern]
+    else:
+        windowed = [(i + 1) % int(pattern) != 0 for i in range(n)]
+    local = {"rope_type": "default", "rope_theta": _f32(get("rope.freq_base_swa", 1e4))}
+    return {
+        "layer_types": ["sliding_attention" if w else "full_attention" for w in windowed],
+        "rope_parameters": {
+            "sliding_attention": local,
+            "full_attention": fields["rope_parameters"],
+        },
+    }
 
 
 _CAUSAL_LM = {

@@ -361,12 +361,44 @@ def test_every_family_as_a_float_gguf_answers_as_transformers_on_its_checkpoint(
 ) -> None:
     """Exact mode, token for token, 32 greedy tokens, three prompts in one batch: the
     config, names, row order and norm offsets read back from the file are the model's."""
-    source, path = family_gguf(ggufs, family, "F32")
+    assert_answers_as_transformers(*family_gguf(ggufs, family, "F32"))
+
+
+def assert_answers_as_transformers(source: Path, path: Path) -> None:
+    """The engine on the file, exact mode, gives transformers' 32 greedy tokens on the
+    source folder for three prompts in one batch."""
     tokenizer = AutoTokenizer.from_pretrained(source)
     prompts = [tokenizer(p).input_ids for p in PROMPTS[:3]]
     ours = engine_greedy(exact_engine(path), prompts, 32)
     reference = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
     assert ours == hf_greedy(reference, prompts, 32)
+
+
+# Llama 3's scaling at a size where it moves most frequencies: wavelengths past 64 positions
+# divided by 8, under 16 kept, those between smoothed (with heads of 64, base 10,000).
+LLAMA3_ROPE = {
+    "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+}  # fmt: skip
+
+
+def build_llama3_rope(folder: Path, tokenizer_source: Path) -> Path:
+    return build_llama(
+        folder, tokenizer_source, hidden=256, layers=2, mlp=512, rope_parameters=LLAMA3_ROPE
+    )
+
+
+@pytest.mark.slow
+def test_llama_3_rope_scaling_in_a_gguf_answers_as_transformers_on_its_checkpoint(
+    ggufs: TinyGGUFs,
+) -> None:
+    """The converter keeps only the scaling's result, a rope_freqs tensor of per-frequency
+    divisors; applied as they are, they give transformers' llama3 rope."""
+    source = ggufs.model("tiny-llama3-rope-256", build_llama3_rope)
+    path = ggufs.file("F32", source)
+    divisors = {t.name: t.data for t in GGUFReader(path).tensors}["rope_freqs.weight"]
+    assert divisors.min() == 1.0 and divisors.max() == 8.0
+    assert_answers_as_transformers(source, path)
 
 
 @pytest.mark.slow

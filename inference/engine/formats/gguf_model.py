@@ -142,10 +142,11 @@ def gguf_config(file: GGUFFile) -> PretrainedConfig:
     heads = int(get("attention.head_count"))
     hidden = int(get("embedding_length"))
     names = set(file.tensor_names())
-    if "rope_freqs.weight" in names or "rope_factors_long.weight" in names:
+    if "rope_factors_long.weight" in names:
         raise UnsupportedGGUF(
-            f"{file.path.name}: rope scaling stored as per-frequency factors (rope_freqs / "
-            "rope_factors_*) is not supported; supported: none, linear, yarn"
+            f"{file.path.name}: rope scaling stored as long and short factors (longrope, "
+            "rope_factors_long / rope_factors_short) is not supported; supported: none, "
+            "linear, yarn, per-frequency divisors (rope_freqs: Llama 3's)"
         )
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": _f32(get("rope.freq_base", 1e4))}
     scaling = get("rope.scaling.type", "none")
@@ -158,7 +159,7 @@ def gguf_config(file: GGUFFile) -> PretrainedConfig:
     elif scaling != "none":
         raise UnsupportedGGUF(
             f"{file.path.name}: rope scaling {scaling!r} is not supported; "
-            "supported: none, linear, yarn"
+            "supported: none, linear, yarn, per-frequency divisors (rope_freqs)"
         )
     eos = file.get("tokenizer.ggml.eos_token_id")
     fields: dict[str, Any] = {
@@ -194,6 +195,13 @@ def gguf_config(file: GGUFFile) -> PretrainedConfig:
     if arch.model_type == "gemma3_text":
         fields.update(_gemma3_layers(get, fields))
     config: PretrainedConfig = AutoConfig.for_model(arch.model_type, **fields)
+    if "rope_freqs.weight" in names:
+        # Llama 3's scaling, which the converter writes as its result only: each frequency's
+        # divisor (1 .. factor), not the settings it came from. They are applied as they
+        # are, as llama.cpp does (layers/rotary.py divides the default frequencies by
+        # them); set after the config is made, whose check knows no such key.
+        divisors = file.tensors()["rope_freqs.weight"].dequantize().tolist()
+        config.rope_parameters["freq_factors"] = divisors
     config.architectures = [_CAUSAL_LM[arch.model_type]]
     return config
 
@@ -240,6 +248,15 @@ def load_gguf_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+# Tensors that are settings, not weights: read into the config (gguf_config).
+_CONFIG_TENSORS = frozenset({"rope_freqs.weight"})
+
+
+def weights(file: GGUFFile) -> dict[str, GGUFTensor]:
+    """The file's weight tensors by GGUF name."""
+    return {n: t for n, t in file.tensors().items() if n not in _CONFIG_TENSORS}
+
+
 def hf_name(name: str, arch: Architecture, file: str = "") -> str:
     """GGUF tensor name -> the Hugging Face checkpoint's; a refusal for one not known."""
     base, _, suffix = name.rpartition(".")
@@ -278,7 +295,7 @@ def _hf_tensors(
 ) -> tuple[PretrainedConfig, Architecture, dict[str, GGUFTensor]]:
     file = open_gguf(path)
     config, arch = gguf_config(file), architecture(file)
-    return config, arch, {hf_name(n, arch, file.path.name): t for n, t in file.tensors().items()}
+    return config, arch, {hf_name(n, arch, file.path.name): t for n, t in weights(file).items()}
 
 
 def load_gguf_weights(path: str | Path, skip: Collection[str] = ()) -> dict[str, torch.Tensor]:
@@ -360,7 +377,7 @@ def load_gguf_blocks(path: str | Path) -> dict[str, BlockWeight]:
     file = open_gguf(path)
     config, arch = gguf_config(file), architecture(file)
     out: dict[str, BlockWeight] = {}
-    for gguf_name, t in file.tensors().items():
+    for gguf_name, t in weights(file).items():
         name = hf_name(gguf_name, arch, file.path.name)
         key = name.removeprefix("model.")
         if len(t.shape) != 2:
@@ -385,7 +402,7 @@ def gguf_matrix_names(path: str | Path) -> set[str]:
     arch = architecture(file)
     return {
         hf_name(n, arch, file.path.name).removeprefix("model.")
-        for n, t in file.tensors().items()
+        for n, t in weights(file).items()
         if len(t.shape) == 2
     }
 

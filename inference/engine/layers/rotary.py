@@ -49,7 +49,11 @@ def rope_tables(
     if rope_type == "default":
         theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
         exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
-        return _table(1.0 / (theta**exponents), 1.0, torch.arange(max_len))
+        inv_freq = 1.0 / (theta**exponents)
+        # A GGUF's rope_freqs (Llama 3's scaling as its per-frequency divisors).
+        if (divisors := params.get("freq_factors")) is not None:
+            inv_freq = inv_freq / torch.tensor(divisors, dtype=torch.float32)
+        return _table(inv_freq, 1.0, torch.arange(max_len))
     init = ROPE_INIT_FUNCTIONS[rope_type]
     cpu = torch.device("cpu")
     kw = {"layer_type": layer_type} if layer_type is not None else {}

@@ -384,6 +384,9 @@ export class ChatProtocol {
   stop(key: ThreadKey = this.conversations.currentKey.value): boolean {
     const m = this.conversations.streamingIn(key);
     if (!m) return false;
+    // Offline the Stop button is off (paused.ts); Escape is refused the same way rather
+    // than queueing a stop that would land after the reply resumed or finished.
+    if (!this.socket.isOpen) return false;
     if (m.status === 'streaming' && m.id > 0) {
       this.socket.sendWhenOpen({ type: 'stop', message_id: m.id }, 'stop:' + m.id);
       return true;

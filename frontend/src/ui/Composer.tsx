@@ -2,6 +2,7 @@ import { useEffect, useLayoutEffect, useRef, useState } from 'preact/hooks';
 import type { Chat } from '../chat';
 import type { ThreadKey } from '../ui-state';
 import { cleanSettings } from '../protocol';
+import { stopState } from '../paused';
 import { DraftChips, PaperclipIcon, PromptCount } from './Attachments';
 import { useChat } from './hooks';
 
@@ -85,6 +86,7 @@ export function Composer({ dragging }: ComposerProps) {
   const tokens = new Map((measure?.size?.attachments ?? []).map((a) => [a.id, a.tokens] as [number, number | null]));
 
   const online = conn === 'open';
+  const stop = stopState(conn);
   // Why Send is off while the socket is down; the same words as the line above the box.
   const offlineReason =
     conn === 'unauthorized' ? 'You are signed out.' : conn === 'connecting' ? 'Connecting…' : conn === 'unavailable' ? UNAVAILABLE : 'You are offline: messages can be sent again once the connection is back.';
@@ -164,7 +166,15 @@ export function Composer({ dragging }: ComposerProps) {
           }}
         />
         {streaming ? (
-          <button type="button" class="btn stop" data-testid="stop-button" aria-label="Stop generating" onClick={() => protocol.stop()}>
+          <button
+            type="button"
+            class="btn stop"
+            data-testid="stop-button"
+            aria-label="Stop generating"
+            title={stop.reason}
+            disabled={!stop.enabled}
+            onClick={() => protocol.stop()}
+          >
             <span class="stop-square" aria-hidden="true" /> Stop
           </button>
         ) : (

@@ -2,6 +2,7 @@ import { useCallback, useEffect, useLayoutEffect, useMemo, useRef, useState } fr
 import { copyText } from './clipboard';
 import { useChat } from './hooks';
 import { MessageView, type MessageActions } from './MessageView';
+import { isPaused, pausedWords } from '../paused';
 
 /** Within this many pixels of the bottom counts as "at the bottom". */
 const STICK_PX = 48;
@@ -16,6 +17,7 @@ export function MessageList() {
   const notices = ui.noticesFor(key);
   const busy = conversations.isBusy(key);
   const figures = ui.showFigures.value;
+  const conn = ui.conn.value;
   const scroller = useRef<HTMLDivElement>(null);
   const inner = useRef<HTMLDivElement>(null);
   const stick = useRef(true);
@@ -128,7 +130,7 @@ export function MessageList() {
           ) : null}
           {thread.map((id, i) => {
             const m = messages.get(id);
-            return m ? <MessageView key={id} m={m} busy={busy} actions={actions} figures={figures} last={i === thread.length - 1} /> : null;
+            return m ? <MessageView key={id} m={m} busy={busy} actions={actions} figures={figures} last={i === thread.length - 1} paused={isPaused(m, conn) ? pausedWords(conn) : undefined} /> : null;
           })}
           {notices.map((n) => (
             <div class="notice" role="alert" data-testid="chat-error" data-code={n.code || ''} key={n.id}>

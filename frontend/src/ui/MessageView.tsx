@@ -22,6 +22,8 @@ interface Props {
   figures: boolean;
   /** The last message of the branch shown: only it can be written on (Continue). */
   last?: boolean;
+  /** Being written, but the connection is down: these words stand in for the cursor (paused.ts). */
+  paused?: string;
 }
 
 const FINISH_WORDS: Record<string, string> = {
@@ -54,7 +56,7 @@ function ReplayedMark() {
   );
 }
 
-function Figures({ m }: { m: Message }) {
+function Figures({ m, paused }: { m: Message; paused?: string }) {
   if (m.role !== 'assistant') return null;
   const show = hasFigures(m.figures);
   return (
@@ -67,7 +69,7 @@ function Figures({ m }: { m: Message }) {
             </span>
           ))
         : m.status === 'streaming'
-          ? <span class="figure muted">writing…</span>
+          ? <span class="figure muted">{paused ? 'paused' : 'writing…'}</span>
           : null}
     </div>
   );
@@ -86,7 +88,7 @@ function Alternatives({ m, busy, actions }: Omit<Props, 'figures'>) {
   );
 }
 
-function MessageViewInner({ m, busy, actions, figures, last = false }: Props) {
+function MessageViewInner({ m, busy, actions, figures, last = false, paused }: Props) {
   const [editing, setEditing] = useState(false);
   const [draft, setDraft] = useState('');
   const [copied, setCopied] = useState(false);
@@ -105,6 +107,8 @@ function MessageViewInner({ m, busy, actions, figures, last = false }: Props) {
     else mark();
   }, [m.text]);
   const streaming = m.status === 'streaming';
+  // A paused reply drops the status-streaming class: its blinking cursor would say text is coming.
+  const shownStatus = paused ? 'paused' : m.status;
   const confirmed = m.id > 0;
 
   const copy = async () => {
@@ -126,11 +130,12 @@ function MessageViewInner({ m, busy, actions, figures, last = false }: Props) {
   return (
     <article
       ref={el}
-      class={`msg msg-${m.role} status-${m.status}`}
+      class={`msg msg-${m.role} status-${shownStatus}`}
       data-testid="message"
       data-message-id={String(m.id)}
       data-role={m.role}
       data-status={m.status}
+      data-paused={paused ? 'true' : undefined}
     >
       <div class="msg-body">
         {m.attachments?.length ? <MessageAttachments docs={m.attachments} /> : null}
@@ -163,8 +168,9 @@ function MessageViewInner({ m, busy, actions, figures, last = false }: Props) {
         ) : m.text || !m.attachments?.length ? (
           <div class="plain" data-testid="message-content">{m.text}</div>
         ) : null}
-        {streaming && !m.text ? <span class="typing" aria-label="Writing">●●●</span> : null}
+        {streaming && !m.text && !paused ? <span class="typing" aria-label="Writing">●●●</span> : null}
       </div>
+      {paused ? <div class="msg-note muted" data-testid="message-paused" role="status">{paused}</div> : null}
       {m.error ? <div class="msg-error" role="alert" data-testid="message-error">{m.error}</div> : null}
       {!streaming && m.role === 'assistant' && m.status !== 'complete' && !m.error ? (
         <div class="msg-note" data-testid="message-note">
@@ -200,11 +206,11 @@ function MessageViewInner({ m, busy, actions, figures, last = false }: Props) {
               ) : null}
             </span>
           ) : null}
-          {figures ? <Figures m={m} /> : null}
+          {figures ? <Figures m={m} paused={paused} /> : null}
         </div>
       ) : null}
     </article>
   );
 }
 
-export const MessageView = memo(MessageViewInner, (a, b) => a.m === b.m && a.busy === b.busy && a.actions === b.actions && a.figures === b.figures && a.last === b.last);
+export const MessageView = memo(MessageViewInner, (a, b) => a.m === b.m && a.busy === b.busy && a.actions === b.actions && a.figures === b.figures && a.last === b.last && a.paused === b.paused);

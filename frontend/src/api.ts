@@ -1,5 +1,5 @@
 import type { ChatLimits } from './limits';
-import type { AttachmentInfo, Conversation, EngineInfo, Message, ModelsInfo, PromptSize, Settings } from './types';
+import type { AttachmentInfo, Conversation, EngineInfo, Message, ModelsInfo, Organising, PromptSize, Settings } from './types';
 
 export function getCookie(name: string, cookie = typeof document !== 'undefined' ? document.cookie : ''): string {
   for (const part of cookie.split(';')) {
@@ -59,13 +59,14 @@ export const api = {
   me: () => request<{ username: string; is_staff: boolean }>('GET', '/api/me/'),
   list: (q = '') =>
     request<{ conversations: Conversation[] }>('GET', '/api/conversations/' + (q ? '?q=' + encodeURIComponent(q) : '')),
+  listArchived: () => request<{ conversations: Conversation[] }>('GET', '/api/conversations/?archived=1'),
   create: (body: { title?: string; settings?: Settings }) => request<Conversation>('POST', '/api/conversations/', body),
   get: (id: number, before?: number) =>
     request<{ conversation: Conversation; messages: Message[]; older?: boolean }>(
       'GET',
       `/api/conversations/${id}/${before == null ? '' : `?before=${before}`}`,
     ),
-  patch: (id: number, body: { title?: string; settings?: Settings; active_message?: number; model?: string }) =>
+  patch: (id: number, body: { title?: string; settings?: Settings; active_message?: number; model?: string } & Organising) =>
     request<Conversation | { conversation: Conversation; messages: Message[] }>('PATCH', `/api/conversations/${id}/`, body),
   remove: (id: number) => request<void>('DELETE', `/api/conversations/${id}/`),
   engine: () => request<EngineInfo>('GET', '/api/engine/'),

@@ -1,15 +1,17 @@
 import { batch, computed, signal, type ReadonlySignal } from '@preact/signals';
 import type { ApiError } from './api';
 import { errorWords } from './errors';
-import type { Conversation, Message, Settings } from './types';
+import type { Conversation, Message, Organising, Settings } from './types';
 import type { ThreadKey, UiState } from './ui-state';
 
 export interface ConversationsPort {
   list(q?: string): Promise<{ conversations: Conversation[] }>;
   /** The newest page of the active branch, or the one before message `before`; `older`: more remain. */
   get(id: number, before?: number): Promise<{ conversation: Conversation; messages: Message[]; older?: boolean }>;
-  patch(id: number, body: { title?: string; settings?: Settings; active_message?: number; model?: string }): Promise<unknown>;
+  patch(id: number, body: { title?: string; settings?: Settings; active_message?: number; model?: string } & Organising): Promise<unknown>;
   remove(id: number): Promise<void>;
+  /** The archived conversations (out of `list`). */
+  listArchived?(): Promise<{ conversations: Conversation[] }>;
 }
 
 export interface Result {
@@ -27,6 +29,7 @@ const NO_IDS: readonly number[] = [];
  */
 export class Conversations {
   private readonly _list = signal<readonly Conversation[]>([]);
+  private readonly _archived = signal<readonly Conversation[] | null>(null);
   private readonly _listLoaded = signal(false);
   private readonly _searchQuery = signal('');
   private readonly _searchResults = signal<readonly Conversation[] | null>(null);
@@ -44,6 +47,8 @@ export class Conversations {
   private readonly receiving = new Set<number>();
 
   readonly list: ReadonlySignal<readonly Conversation[]> = this._list;
+  /** The archived conversations, once asked for (loadArchived). */
+  readonly archived: ReadonlySignal<readonly Conversation[] | null> = this._archived;
   readonly listLoaded: ReadonlySignal<boolean> = this._listLoaded;
   readonly searchResults: ReadonlySignal<readonly Conversation[] | null> = this._searchResults;
   readonly currentId: ReadonlySignal<number | null> = this._currentId;
@@ -336,6 +341,41 @@ export class Conversations {
     }
   }
 
+  /** Pin, archive or file a conversation in a folder; an archived one leaves the list,
+   * an unarchived one comes back in its place by date. */
+  async organise(id: number, change: Organising): Promise<Result> {
+    const known = this.conversation(id) || this._archived.value?.find((c) => c.id === id);
+    try {
+      const c = unwrapConversation(await this.api.patch(id, change)).conversation;
+      const merged = { ...(known || {}), ...(c || {}), ...change, id } as Conversation;
+      batch(() => {
+        const others = this._list.value.filter((x) => x.id !== id);
+        const archived = this._archived.value?.filter((x) => x.id !== id) ?? null;
+        if (merged.archived) {
+          this._list.value = others;
+          this._archived.value = archived ? [merged, ...archived] : null;
+        } else {
+          const when = (x: Conversation) => x.updated_at || x.created_at;
+          this._list.value = [...others, merged].sort((a, b) => when(b).localeCompare(when(a)));
+          this._archived.value = archived;
+        }
+      });
+      return { ok: true };
+    } catch (e) {
+      this.ui.notify(null, (e as Error).message);
+      return { ok: false, error: (e as Error).message };
+    }
+  }
+
+  async loadArchived(): Promise<void> {
+    if (!this.api.listArchived) return;
+    try {
+      this._archived.value = (await this.api.listArchived()).conversations;
+    } catch (e) {
+      this.ui.notify(null, (e as Error).message);
+    }
+  }
+
   async remove(id: number): Promise<Result> {
     try {
       await this.api.remove(id);
@@ -348,6 +388,7 @@ export class Conversations {
     }
     batch(() => {
       this._list.value = this._list.value.filter((c) => c.id !== id);
+      if (this._archived.value) this._archived.value = this._archived.value.filter((c) => c.id !== id);
       const found = this._searchResults.value;
       if (found) this._searchResults.value = found.filter((c) => c.id !== id);
       const gone = this.thread(id);

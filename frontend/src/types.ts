@@ -15,7 +15,13 @@ export interface Conversation {
   settings?: Settings | null;
   /** The model the conversation's turns go to (the header's picker). */
   model?: string;
+  /** Organising (the sidebar): pinned first, archived out of the list, a folder's group. */
+  pinned?: boolean;
+  archived?: boolean;
+  folder?: string;
 }
+
+export type Organising = { pinned?: boolean; archived?: boolean; folder?: string };
 
 export interface Figures {
   ttft_ms?: number | null;

@@ -1,7 +1,7 @@
 import { useEffect, useRef, useState } from 'preact/hooks';
 import { getCookie } from '../api';
 import { dayBucket } from '../format';
-import type { Conversation } from '../types';
+import type { Conversation, Organising } from '../types';
 import { useChat } from './hooks';
 import { PencilIcon, TrashIcon } from './icons';
 import { ImportButton } from './ImportButton';
@@ -26,8 +26,45 @@ interface ItemProps {
   onNavigate(): void;
 }
 
+/** Pin, a folder, archive: asked in a row under the item (the ⋯ button). */
+function Organise({ c, onDone }: { c: Conversation; onDone(): void }) {
+  const { conversations } = useChat();
+  const [filing, setFiling] = useState(false);
+  const [folder, setFolder] = useState(c.folder || '');
+  const first = useRef<HTMLButtonElement>(null);
+  const input = useRef<HTMLInputElement>(null);
+  useEffect(() => (filing ? input.current?.focus() : first.current?.focus()), [filing]);
+  const act = async (change: Organising) => {
+    onDone();
+    await conversations.organise(c.id, change);
+  };
+  const keys = (e: KeyboardEvent) => {
+    if (e.key === 'Escape') {
+      e.stopPropagation();
+      onDone();
+    }
+  };
+  return (
+    <div class="conv-organise" role="group" aria-label={`Organise “${c.title || 'New chat'}”`} data-testid="conversation-organise" onKeyDown={keys}>
+      {filing ? (
+        <form class="conv-folder-form" onSubmit={(e) => { e.preventDefault(); void act({ folder: folder.trim() }); }}>
+          <input ref={input} class="conv-rename" data-testid="conversation-folder-input" aria-label="Folder (empty for none)" placeholder="Folder name, empty for none" value={folder} maxLength={60} onInput={(e) => setFolder((e.target as HTMLInputElement).value)} />
+          <button type="submit" class="btn small" data-testid="conversation-folder-save">Move</button>
+        </form>
+      ) : (
+        <>
+          <button type="button" class="btn small" ref={first} data-testid="conversation-pin" aria-pressed={!!c.pinned} onClick={() => act({ pinned: !c.pinned })}>{c.pinned ? 'Unpin' : 'Pin'}</button>
+          <button type="button" class="btn small" data-testid="conversation-folder" onClick={() => setFiling(true)}>{c.folder ? 'Change folder' : 'Move to folder'}</button>
+          <button type="button" class="btn small" data-testid="conversation-archive" onClick={() => act({ archived: !c.archived })}>{c.archived ? 'Unarchive' : 'Archive'}</button>
+        </>
+      )}
+    </div>
+  );
+}
+
 function Item({ c, active, tabStop, onFocus, onNavigate }: ItemProps) {
   const { conversations } = useChat();
+  const [organising, setOrganising] = useState(false);
   const [renaming, setRenaming] = useState(false);
   const [confirming, setConfirming] = useState(false);
   const [title, setTitle] = useState(c.title);
@@ -118,7 +155,10 @@ function Item({ c, active, tabStop, onFocus, onNavigate }: ItemProps) {
             }}
             onDblClick={startRename}
             onKeyDown={(e) => {
-              if (e.key === 'F2') {
+              if (e.key === 'ContextMenu' || (e.shiftKey && e.key === 'F10')) {
+                e.preventDefault();
+                setOrganising(!organising);
+              } else if (e.key === 'F2') {
                 e.preventDefault();
                 startRename();
               } else if (e.key === 'Delete') {
@@ -127,17 +167,41 @@ function Item({ c, active, tabStop, onFocus, onNavigate }: ItemProps) {
               }
             }}
           >
+            {c.pinned ? <span class="conv-pin" title="Pinned"><span aria-hidden="true">★ </span><span class="sr-only">Pinned: </span></span> : null}
             {c.title || 'New chat'}
           </button>
           <span class="conv-tools">
             {/* Out of the Tab order (the list is one stop): F2 and Delete do the same from the keyboard. */}
             <button type="button" class="icon-btn" tabIndex={-1} data-testid="conversation-rename" aria-label="Rename" title="Rename (F2)" onClick={startRename}><PencilIcon /></button>
             <button type="button" class="icon-btn" tabIndex={-1} data-testid="conversation-delete" aria-label="Delete" title="Delete (Delete key)" onClick={() => setConfirming(true)}><TrashIcon /></button>
+            <button type="button" class="icon-btn" tabIndex={-1} data-testid="conversation-more" aria-label="Pin, folder, archive" aria-expanded={organising} title="Pin, folder, archive (context menu key)" onClick={() => setOrganising(!organising)}>⋯</button>
           </span>
+          {organising ? <Organise c={c} onDone={() => setOrganising(false)} /> : null}
         </>
       )}
     </li>
   );
+}
+
+/** The list's groups: pinned first, then each folder (by name), then the rest by day. */
+export function groupsOf(list: readonly Conversation[]): [string, Conversation[]][] {
+  const pinned = list.filter((c) => c.pinned);
+  const folders = new Map<string, Conversation[]>();
+  const groups: [string, Conversation[]][] = pinned.length ? [['Pinned', pinned]] : [];
+  const dated: [string, Conversation[]][] = [];
+  for (const c of list) {
+    if (c.pinned) continue;
+    if (c.folder) {
+      folders.set(c.folder, [...(folders.get(c.folder) ?? []), c]);
+      continue;
+    }
+    const b = dayBucket(c.updated_at || c.created_at);
+    const g = dated[dated.length - 1];
+    if (g && g[0] === b) g[1].push(c);
+    else dated.push([b, [c]]);
+  }
+  const named = [...folders].sort(([a], [b]) => a.localeCompare(b)).map(([name, items]) => [`Folder: ${name}`, items] as [string, Conversation[]]);
+  return [...groups, ...named, ...dated];
 }
 
 export function Sidebar(props: Props) {
@@ -171,13 +235,9 @@ export function Sidebar(props: Props) {
     e.preventDefault();
     buttons[Math.max(0, Math.min(buttons.length - 1, to))]?.focus();
   };
-  const groups: [string, Conversation[]][] = [];
-  for (const c of list) {
-    const b = results ? 'Results' : dayBucket(c.updated_at || c.created_at);
-    const g = groups[groups.length - 1];
-    if (g && g[0] === b) g[1].push(c);
-    else groups.push([b, [c]]);
-  }
+  const groups = results ? [['Results', [...list]] as [string, Conversation[]]] : groupsOf(list);
+  const archived = conversations.archived.value;
+  const [showArchived, setShowArchived] = useState(false);
 
   return (
     <aside class="sidebar" data-testid="sidebar" aria-label="Conversations">
@@ -221,7 +281,32 @@ export function Sidebar(props: Props) {
         {listLoaded && list.length === 0 ? (
           <p class="conv-empty" data-testid="conversation-empty">{results ? 'No conversation matches.' : 'No conversations yet.'}</p>
         ) : null}
+        {showArchived && !results ? (
+          <section data-testid="archived-list">
+            <h3 class="conv-group">Archived</h3>
+            {archived?.length === 0 ? <p class="conv-empty">Nothing archived.</p> : null}
+            <ul>
+              {(archived ?? []).map((c) => (
+                <Item key={c.id} c={c} active={c.id === currentId} tabStop={c.id === tabStop} onFocus={setFocusId} onNavigate={props.onNavigate} />
+              ))}
+            </ul>
+          </section>
+        ) : null}
       </nav>
+      {!results && listLoaded ? (
+          <button
+            type="button"
+            class="icon-btn show-archived"
+            data-testid="show-archived"
+            aria-expanded={showArchived}
+            onClick={() => {
+              if (!showArchived) void conversations.loadArchived();
+              setShowArchived(!showArchived);
+            }}
+          >
+            {showArchived ? 'Hide archived' : 'Archived chats'}
+          </button>
+        ) : null}
       <div class="sidebar-foot">
         <span class="user" data-testid="username" title={props.username}>{props.username}</span>
         {props.onOpenAccount ? (

@@ -57,6 +57,9 @@ class ModelInfo:
     default: bool = False
     # The context window in tokens, once known (an engine loaded it, a worker reported it).
     context_tokens: int | None = None
+    # What its files hold (engine.models.describe), where this process can read them.
+    architecture: str | None = None
+    weight_format: str | None = None
 
 
 def parse_model_list(raw: str) -> list[ModelSpec]:

@@ -24,10 +24,18 @@ from django.utils.crypto import salted_hmac
 
 from inference.backends.embedded import EmbeddedClient, WorkerModels
 from inference.backends.upstream import UpstreamModels
-from inference.catalog import OWNER, ModelInfo, ModelSpec, created_at, served_models
+from inference.catalog import (
+    OWNER,
+    ModelInfo,
+    ModelSpec,
+    created_at,
+    is_model_path,
+    served_models,
+)
 from inference.chat_template import Prompt, Turn
 from inference.engine import Delta, EngineConfig, EngineError, SamplingParams
 from inference.engine.errors import UnsupportedModelError
+from inference.engine.models.describe import describe_model
 from inference.workers.protocol import EngineUnavailableError, ModelNotFoundError
 
 log = logging.getLogger(__name__)
@@ -181,9 +189,29 @@ def list_models() -> list[ModelInfo]:
     found += [ModelInfo(n, created_at(_folder_of(n)), OWNER) for n in _clients if n not in listed]
     found.sort(key=lambda m: m.id != default)
     return [
-        dataclasses.replace(m, default=m.id == default, context_tokens=_context(m.id, m))
+        dataclasses.replace(
+            m,
+            default=m.id == default,
+            context_tokens=_context(m.id, m),
+            architecture=(files := _files(m.id))[0],
+            weight_format=files[1],
+        )
         for m in found
     ]
+
+
+def _files(name: str) -> tuple[str | None, str | None]:
+    """A model's architecture and weight format, where its files are here to read (an
+    upstream's, or a worker's on another machine, are not)."""
+    spec = _spec_of(name) if settings.ENGINE["MODE"] != "upstream" else None
+    path = _folder_of(name) or (spec.path if spec is not None else "")
+    if not path or not is_model_path(path):
+        return None, None
+    try:
+        files = describe_model(path)
+    except (UnsupportedModelError, OSError, ValueError):
+        return None, None
+    return files.architecture, files.weight_format
 
 
 def _context(name: str, info: ModelInfo) -> int | None:

@@ -218,7 +218,13 @@ def models(request: HttpRequest) -> HttpResponse:
         {
             "default": next((m.id for m in served if m.default), ""),
             "models": [
-                {"id": m.id, "default": m.default, "context_tokens": m.context_tokens}
+                {
+                    "id": m.id,
+                    "default": m.default,
+                    "context_tokens": m.context_tokens,
+                    "architecture": m.architecture,
+                    "weight_format": m.weight_format,
+                }
                 for m in served
             ],
         }

@@ -752,7 +752,17 @@ def logprobs_of(
 
 
 def model_object(m: ModelInfo) -> dict[str, Any]:
-    return {"id": m.id, "object": "model", "created": m.created, "owned_by": m.owned_by}
+    """OpenAI's four fields, then what the files hold where known (extra fields, as vLLM's
+    max_model_len: clients ignore what they do not read)."""
+    known = {
+        "architecture": m.architecture,
+        "weight_format": m.weight_format,
+        "context_length": m.context_tokens,
+    }
+    return {
+        "id": m.id, "object": "model", "created": m.created, "owned_by": m.owned_by,
+        **{k: v for k, v in known.items() if v is not None},
+    }  # fmt: skip
 
 
 async def served_models() -> list[ModelInfo]:

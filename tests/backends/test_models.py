@@ -189,7 +189,10 @@ def test_v1_models_lists_every_served_model_the_default_first(
         created_at(str(real_model_dir)),
         created_at(str(tiny_model_dir)),
     ]
-    assert api.models.retrieve("tiny").id == "tiny"
+    tiny = api.models.retrieve("tiny").model_dump()
+    # What the files hold, as extra fields beside OpenAI's four.
+    assert tiny["id"] == "tiny" and tiny["architecture"] == "LlamaForCausalLM"
+    assert tiny["weight_format"] == "safetensors fp32" and tiny["context_length"] > 0
     with pytest.raises(openai.NotFoundError) as missing:
         api.models.retrieve("gpt-4o")
     assert missing.value.code == "model_not_found"

@@ -219,7 +219,13 @@ def test_the_models_endpoint_lists_what_a_conversation_can_use(
     answer = browser.get("/api/models/").json()
     assert answer["default"] == MAIN
     assert answer["models"] == [
-        {"id": name, "default": name == MAIN, "context_tokens": engines[name].max_model_len}
+        {
+            "id": name,
+            "default": name == MAIN,
+            "context_tokens": engines[name].max_model_len,
+            "architecture": "LlamaForCausalLM",
+            "weight_format": "safetensors fp32",
+        }
         for name in (MAIN, TWIN, OWN)
     ]
     assert Client().get("/api/models/").status_code == 401

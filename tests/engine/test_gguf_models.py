@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from inference.engine.formats.gguf_model import (
     load_gguf_tokenizer,
     load_gguf_weights,
 )
+from inference.engine.models.describe import ModelFiles, describe_model
 from inference.engine.quantized import Q4_1, Q8_0
 from tests.engine.conftest import greedy, run_to_completion, token_ids_of
 from tests.gguf_files import (
@@ -187,6 +189,21 @@ def test_loading_a_gguf_holds_no_float_copy_of_its_weights(
 
 def build_llama_1024x8(folder: Path, tokenizer_source: Path) -> Path:
     return build_llama(folder, tokenizer_source, hidden=1024, layers=8, mlp=4096)
+
+
+def test_a_model_is_described_by_its_architecture_weight_types_and_context(
+    ggufs: TinyGGUFs,
+) -> None:
+    """What the start-up log and /v1/models say: a Q4_K_M file's matrices are Q4_K and
+    Q6_K (llama-quantize's choice per tensor), counted from the file."""
+    path = ggufs.file("Q4_K_M")
+    kinds = Counter(t.tensor_type.name for t in GGUFReader(path).tensors if len(t.shape) == 2)
+    counts = ", ".join(f"{n} {k}" for k, n in kinds.most_common())
+    assert set(kinds) == {"Q4_K", "Q6_K"}
+    assert describe_model(str(path)) == ModelFiles(
+        "LlamaForCausalLM", "llama", f"GGUF Q4_K_M: {counts}", 1024
+    )
+    assert describe_model(str(ggufs.hf)).weight_format == "safetensors fp32"
 
 
 def test_a_gguf_is_found_as_a_file_or_the_one_in_a_folder(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ to build a model from a folder: load_model."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -12,13 +13,17 @@ from inference.engine import kernels
 from inference.engine.formats.gguf_file import return_freed_memory
 from inference.engine.layers.linear import HYBRID_MAX_ROWS
 from inference.engine.models.base import DecoderModel
+from inference.engine.models.describe import describe_model
 from inference.engine.models.loader import lazy_weights, load_blocks, load_config, load_weights
 from inference.engine.models.registry import model_class
 from inference.engine.native_decode import NativeDecoder
 
 __all__ = [
-    "DecoderModel", "check_model", "load_config", "load_model", "load_weights", "model_class",
+    "DecoderModel", "check_model", "describe_model", "load_config", "load_model",
+    "load_weights", "model_class",
 ]  # fmt: skip
+
+log = logging.getLogger(__name__)
 
 
 def check_model(folder: str) -> type[DecoderModel]:
@@ -63,4 +68,20 @@ def load_model(
     if lib is not None and NativeDecoder.usable(model):
         model.native = NativeDecoder(model, lib, model.native_rows, HYBRID_MAX_ROWS)
     return_freed_memory()  # what loading freed, back to the system
+    if tp_rank == 0:
+        log.info("%s", describe_loaded(folder, model, quantization))
     return model
+
+
+def describe_loaded(folder: str, model: DecoderModel, quantization: str) -> str:
+    """The start-up line of one model: what was loaded, and what serves its steps."""
+    files = describe_model(folder)
+    isa = kernels.loaded_isa()
+    served = [f"quantization {quantization}"]
+    if model.native is not None:
+        served.append(f"native decode up to {model.native.max_rows} rows")
+    served.append(f"kernels {isa.name}" if model.has_blocks and isa else "torch products")
+    return (
+        f"model {folder}: {files.architecture} ({files.family}), {files.weight_format}, "
+        f"context {files.context_length}; served by {', '.join(served)}"
+    )

@@ -19,6 +19,8 @@ from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
 from inference.engine.errors import UnsupportedModelError
 from inference.engine.models import load_config, model_class
+from inference.engine.models.reference import PAGE, render
+from inference.engine.models.registry import FAMILIES
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.scheduler import ScheduledBatch
 from inference.engine.sequence import Sequence
@@ -210,3 +212,14 @@ def test_the_default_quantized_mode_stays_close_to_exact(tiny, name):
         kls.append(F.kl_div(b.log_softmax(-1), a.log_softmax(-1), reduction="sum", log_target=True))
     assert agree / len(prompts) >= MIN_AGREEMENT
     assert float(torch.stack(kls).mean()) <= MAX_MEAN_KL
+
+
+def test_the_models_page_lists_what_the_registries_hold() -> None:
+    """docs/models.md's tables are the registries' (python -m inference.engine.models.reference
+    writes them): a family or weight type added or removed shows on the page."""
+    page = PAGE.read_text()
+    assert render(page) == page, (
+        "docs/models.md is stale: python -m inference.engine.models.reference"
+    )
+    for family in FAMILIES:
+        assert f"| {family.family} |" in page

@@ -107,7 +107,14 @@ export interface Message {
 /** GET /api/models/: the models a conversation can use, the default first. */
 export interface ModelsInfo {
   default: string;
-  models: { id: string; default: boolean; context_tokens: number | null }[];
+  models: {
+    id: string;
+    default: boolean;
+    context_tokens: number | null;
+    /** What the model's files hold, where the server can read them (docs/models.md). */
+    architecture?: string | null;
+    weight_format?: string | null;
+  }[];
 }
 
 export interface EngineInfo {

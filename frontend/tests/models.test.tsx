@@ -11,7 +11,7 @@ class TwoModelsApi extends FakeApi {
     return {
       default: 'main',
       models: [
-        { id: 'main', default: true, context_tokens: 2048 },
+        { id: 'main', default: true, context_tokens: 2048, architecture: 'LlamaForCausalLM', weight_format: 'GGUF Q4_K_M: 98 Q4_K, 15 Q6_K' },
         { id: 'twin', default: false, context_tokens: 1024 },
       ],
     };
@@ -117,6 +117,11 @@ describe('the chat header and replies', () => {
     expect([...picker.options].map((o) => o.value)).toEqual(['main', 'twin']);
     expect(picker.value).toBe('main');
     expect(picker.disabled).toBe(false);
+  });
+
+  it('says in each option\'s tooltip what the server knows of the model', () => {
+    const titles = [...($('model-picker') as HTMLSelectElement).options].map((o) => o.title);
+    expect(titles).toEqual(['LlamaForCausalLM · GGUF Q4_K_M: 98 Q4_K, 15 Q6_K · 2,048 tokens of context', '1,024 tokens of context']);
   });
 
   it('names the model of each reply and keeps a model no longer served visible, marked', async () => {

@@ -8,7 +8,14 @@ import { useChat } from './hooks';
 export function ModelPicker() {
   const { conversations, server, ui } = useChat();
   const id = conversations.currentId.value;
-  const served = server.models.value?.models.map((m) => m.id) ?? [];
+  const listed = server.models.value?.models ?? [];
+  const served = listed.map((m) => m.id);
+  // The option's tooltip: what the server says the model's files hold.
+  const about = (id: string) => {
+    const m = listed.find((x) => x.id === id);
+    const context = m?.context_tokens ? `${m.context_tokens.toLocaleString('en-US')} tokens of context` : null;
+    return [m?.architecture, m?.weight_format, context].filter(Boolean).join(' · ') || undefined;
+  };
   const current = conversations.modelOf(id, server.defaultModel.value) ?? '';
   const options = current && !served.includes(current) ? [...served, current] : served;
 
@@ -23,7 +30,7 @@ export function ModelPicker() {
       <span class="sr-only">Model</span>
       <select data-testid="model-picker" value={current} disabled={!current || options.length === 0} onChange={pick}>
         {options.map((m) => (
-          <option key={m} value={m}>
+          <option key={m} value={m} title={about(m)}>
             {served.includes(m) ? m : `${m} (not served)`}
           </option>
         ))}

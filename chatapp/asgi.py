@@ -3,6 +3,7 @@
 import asyncio
 import os
 import sys
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -43,8 +44,25 @@ def drain_on_shutdown() -> None:
     from twisted.internet import defer, reactor
 
     def drain() -> defer.Deferred[None]:
-        future = asyncio.ensure_future(registry.drain(settings.CHAT_DRAIN_S))
-        return defer.Deferred.fromFuture(future)
+        # daphne's own "before shutdown" trigger cancels every connection's application at
+        # once, which would close the sockets of the replies being drained (and of those
+        # told "draining"): it is held back and run after the drain. The triggers fire in
+        # the order they were added, and this one is added when daphne imports the app,
+        # before daphne adds its own.
+        event = getattr(reactor, "_eventTriggers", {}).get("shutdown")
+        waiting: list[Any] = event.before if event is not None else []
+        held = [t for t in waiting if getattr(t[0], "__name__", "") == "kill_all_applications"]
+        for trigger in held:
+            waiting.remove(trigger)
+
+        async def drain_then_close() -> None:
+            await registry.drain(settings.CHAT_DRAIN_S)
+            for kill, args, kwargs in held:
+                result = kill(*args, **kwargs)
+                if isinstance(result, defer.Deferred):
+                    await result.asFuture(asyncio.get_running_loop())
+
+        return defer.Deferred.fromFuture(asyncio.ensure_future(drain_then_close()))
 
     reactor.addSystemEventTrigger("before", "shutdown", drain)  # type: ignore[arg-type]
 

@@ -6,6 +6,7 @@ default 4-bit mode stays close to exact; what the engine cannot serve is refused
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from transformers import AutoModelForCausalLM
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
 from inference.engine.errors import UnsupportedModelError
-from inference.engine.models import load_config, model_class
+from inference.engine.models import load_config, load_model, model_class
 from inference.engine.models.reference import PAGE, render
 from inference.engine.models.registry import FAMILIES
 from inference.engine.sampling_params import SamplingParams
@@ -223,3 +224,16 @@ def test_the_models_page_lists_what_the_registries_hold() -> None:
     )
     for family in FAMILIES:
         assert f"| {family.family} |" in page
+
+
+def test_start_up_logs_one_line_per_model_saying_what_it_is_and_what_serves_it(
+    tiny: Build, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tiny("qwen3")
+    with caplog.at_level(logging.INFO, logger="inference.engine.models"):
+        load_model(str(folder))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model ")]
+    assert lines == [
+        f"model {folder}: Qwen3ForCausalLM (qwen3), safetensors fp32, context 1024; "
+        "served by quantization none, torch products"
+    ]

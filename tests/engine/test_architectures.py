@@ -9,6 +9,7 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -38,7 +39,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory, real_model_path: Path) -> Bui
     """build(name, **overrides): a tiny model of that architecture, built once per settings."""
     built: dict[str, Path] = {}
 
-    def build(name: str, **overrides: object) -> Path:
+    def build(name: str, **overrides: Any) -> Path:
         key = f"{name}{sorted(overrides.items())}"
         if key not in built:
             folder = tmp_path_factory.mktemp(f"tiny-{name}")

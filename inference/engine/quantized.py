@@ -9,6 +9,7 @@ load (`Q4_1.quantize`). The products run in inference/engine/kernels.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,9 +175,11 @@ class Q4_1:
 
 @dataclass
 class Q8_0:
-    """W[n, k] = d[n, k // 32] * q; q in [-127, 127]. The GGUF's embedding / lm_head; its
-    product takes the activations at 16 bits (kernels: q8_0_gemm), since 8-bit ones lost
-    the head's answer to the final hidden state's outliers (see model.py).
+    """W[n, k] = d[n, k // 32] * q; q in [-127, 127]. The GGUF's embedding / lm_head, and
+    the layers of a GGUF whose matrices have more than 4 bits (Q8_0 kept, Q5_K / Q6_K held
+    at 8 bits: gguf_model.load_gguf_blocks); its product takes the activations at 16 bits
+    (kernels: q8_0_gemm), since 8-bit ones lost the head's answer to the final hidden
+    state's outliers (see model.py).
 
     The kernel's layout (kernel=True): columns in groups of 8 (the last zero-padded), per
     group and block 16 pairs of k, each 16 bytes (k and k + 1 of each column); d float32
@@ -196,14 +199,33 @@ class Q8_0:
         return self.n, self.qs.shape[1]
 
     @classmethod
-    def quantize(cls, w: torch.Tensor) -> Q8_0:
+    def quantize(cls, w: torch.Tensor, divisors: tuple[int, ...] = (127,)) -> Q8_0:
+        """Each block's scale its largest magnitude over one of `divisors`: of several, the
+        one of least squared error in that block (K_QUANT_DIVISORS)."""
         n, k = w.shape
         _check_k(k)
         blocks = w.float().reshape(n, k // QK, QK)
-        d = blocks.abs().amax(-1) / 127.0
-        inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
-        q = (blocks * inv[..., None]).round().clamp(-127, 127).to(torch.int8)
-        return cls(q.reshape(n, k).contiguous(), d.contiguous())
+        amax = blocks.abs().amax(-1)
+        best: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        for m in divisors:
+            d = amax / float(m)
+            inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+            q = (blocks * inv[..., None]).round().clamp(-127, 127)
+            if len(divisors) == 1:
+                return cls(q.to(torch.int8).reshape(n, k).contiguous(), d.contiguous())
+            err = (q * d[..., None] - blocks).square().sum(-1)
+            if best is None:
+                best = (err, q, d)
+                continue
+            better = err < best[0]
+            best = (
+                torch.minimum(err, best[0]),
+                torch.where(better[..., None], q, best[1]),
+                torch.where(better, d, best[2]),
+            )
+        assert best is not None, "no divisors"
+        q8 = best[1].to(torch.int8).reshape(n, k).contiguous()
+        return cls(q8, best[2].contiguous())
 
     def for_kernel(self) -> Q8_0:
         if self.kernel:
@@ -221,12 +243,17 @@ class Q8_0:
         q = self.qs.reshape(-1, k // QK, 16, GROUP, 2).permute(0, 3, 1, 2, 4)
         return q.reshape(-1, k)[:n]
 
-    def matmul_t(self, x: torch.Tensor) -> torch.Tensor:
-        """x [rows, K] @ W.T in float32."""
+    def matmul_t(self, x: torch.Tensor, kind: str = "q8_0") -> torch.Tensor:
+        """x [rows, K] @ W.T in float32: x at 16 bits a block, by kernels.q8_0_gemm (kind
+        "q8_0": on AMX's tiles, both in bf16, from the head's AMX rows where they run), or
+        "i16", never on the tiles (a GGUF's Q8_0 layers: q8_0_layers_gemm.c says why)."""
         lib = kernels.load()
         if lib is None or not self.kernel:
             return x.float() @ self.dequantize().T
-        return kernels.q8_0_gemm(lib, self.qs, self.d, x.float().contiguous(), self.n)
+        x = x.float().contiguous()
+        if kind == "i16":
+            return _q8_0_gemm_i16(lib, self.qs, self.d, x, self.n)
+        return kernels.q8_0_gemm(lib, self.qs, self.d, x, self.n)
 
     def dequantize(self) -> torch.Tensor:
         n, k = self.shape
@@ -234,9 +261,24 @@ class Q8_0:
         return (self._values().reshape(n, k // QK, QK).float() * d.float()[..., None]).reshape(n, k)
 
     def take_rows(self, index: torch.Tensor) -> Q8_0:
-        if self.kernel:
-            raise ValueError("take the rows of GGUF-layout blocks, before for_kernel()")
+        self._gguf_layout("rows")
         return Q8_0(self.qs[index], self.d[index])
+
+    def rows(self, start: int, stop: int) -> Q8_0:
+        self._gguf_layout("rows")
+        return Q8_0(self.qs[start:stop], self.d[start:stop])
+
+    def cols(self, start: int, stop: int) -> Q8_0:
+        self._gguf_layout("columns")
+        _check_k(start)
+        _check_k(stop)
+        return Q8_0(
+            self.qs[:, start:stop].contiguous(), self.d[:, start // QK : stop // QK].contiguous()
+        )
+
+    def _gguf_layout(self, what: str) -> None:
+        if self.kernel:
+            raise ValueError(f"slice the {what} of GGUF-layout blocks, before for_kernel()")
 
     @staticmethod
     def cat(parts: list[Q8_0]) -> Q8_0:
@@ -258,6 +300,33 @@ class Q8_0:
         values = q.reshape(-1, nb, QK).float() * d.float()[..., None]
         return values.reshape(*ids.shape, k)
 
+
+def _q8_0_gemm_i16(
+    lib: ctypes.CDLL, qs: torch.Tensor, d: torch.Tensor, x: torch.Tensor, n: int
+) -> torch.Tensor:
+    """q8_0_layers_gemm.c's product (declared here, beside its one caller): the panels from
+    the head's panel rows, as q8_0_gemm takes them."""
+    fn = lib.q8_0_gemm_i16
+    if fn.argtypes is None:
+        p, i = ctypes.c_void_p, ctypes.c_int
+        fn.argtypes = [p, p, i, i, p, i, p, i, i]
+        fn.restype = i
+    rows, k = x.shape
+    y = torch.empty(rows, n, dtype=torch.float32)
+    rc = fn(
+        qs.data_ptr(), d.data_ptr(), n, k, x.data_ptr(), rows, y.data_ptr(), kernels.threads(),
+        kernels.default_panel_min_rows()[1],
+    )  # fmt: skip
+    if rc:
+        raise RuntimeError(f"q8_0_gemm_i16 failed ({rc})")
+    return y
+
+
+# Q8_0.quantize's divisors for weights read from 5- and 6-bit blocks (a GGUF's Q5_K / Q6_K
+# layers, held at 8 bits): 31 or 32 steps of a 6-bit sub-block of 16 over 124, 96 or 93 put
+# its weights on the 8-bit grid exactly, and the divisors between serve Q5_K's offsets. On a
+# tiny llama's Q6_K / Q5_K_M layers the squared error is ~0.6x / ~0.45x that of 127 alone.
+K_QUANT_DIVISORS = (127, 124, 120, 116, 112, 108, 104, 100, 96, 93)
 
 BlockWeight = Q4_1 | Q8_0
 

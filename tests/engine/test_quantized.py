@@ -642,3 +642,39 @@ def test_split_mixed_steps_takes_auto_on_or_off():
     assert model_runner.split_mixed("auto") == (not kernels.cpu_has_amx())
     with pytest.raises(ValueError, match="split_mixed_steps must be one of auto, on, off"):
         model_runner.split_mixed("yes")
+
+
+def _q8_layer_products_agree(n: int) -> None:
+    """A Q8_0 layer (a GGUF's layers of more than 4 bits) serves every step from its blocks
+    alone, x at 16 bits a block against the weights' integers: q8_0_gemm's grouped tiles
+    for a few rows, its 16-bit panels from the head's panel rows, never AMX's bf16 tiles
+    (q8_0_layers_gemm.c). Within 2e-4 of dequantize(blocks) @ x at every size, with an
+    input 30x the rest: far within the 8-bit activations' percent (the head's kind, on the
+    tiles where they run, is ~2.5e-3 off)."""
+    q = Q8_0.quantize(_weight(n, 256))
+    lin = Linear(None, "none", q, HYBRID_MAX_ROWS, q8_kind="i16")
+    assert lin.kind == "blocks" and lin.block_rows > 1 << 30 and lin.bf16_rows == 0
+    w = q.dequantize().double()
+    for rows in (1, 3, 4, 8, 9, 23, 24, 64, 130):
+        x = torch.randn(rows, 256)
+        x[:, 7] *= 30
+        err = _rel_err(lin(x), (x.double() @ w.T).float())
+        assert err < 2e-4, (n, rows, err)
+
+
+@needs_kernels
+@pytest.mark.parametrize("n", [70, 96])
+def test_q8_0_layers_products_match_the_dequantized_blocks_at_every_size(n):
+    _q8_layer_products_agree(n)
+    assert blocks_take_every_row(Q8_0.quantize(_weight(n, 256)), 0, "int8")
+
+
+@needs_kernels
+def test_q8_0_layers_products_in_the_avx2_build():
+    code = (
+        "from tests.engine.test_quantized import _q8_layer_products_agree\n"
+        "for n in (70, 96):\n"
+        "    _q8_layer_products_agree(n)\n"
+        "print('agreed')\n"
+    )
+    run_in_avx2_build(code)

@@ -24,7 +24,7 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase
 from inference.engine.errors import UnsupportedModelError
 from inference.engine.formats.ggml_types import k_low_nibbles, k_scales
 from inference.engine.formats.gguf_file import GGUFFile, GGUFTensor
-from inference.engine.quantized import GROUP, Q4_1, Q8_0, QK, BlockWeight
+from inference.engine.quantized import GROUP, K_QUANT_DIVISORS, Q4_1, Q8_0, QK, BlockWeight
 
 
 class UnsupportedGGUF(UnsupportedModelError):
@@ -367,15 +367,17 @@ _HEAD_NAMES = ("embed_tokens.weight", "lm_head.weight")
 def load_gguf_blocks(path: str | Path) -> dict[str, BlockWeight]:
     """Every matrix in the engine's block objects, named as load_blocks names them (no
     `model.` prefix; a tied head shares the embedding's blocks), read one tensor at a time
-    with no float copy of the whole model: the layers' as Q4_1, the embedding and head as
-    Q8_0 (the products the kernels have).
+    with no float copy of the whole model: the embedding and head as Q8_0, the layers as
+    Q4_1 or Q8_0 (layer_blocks: the products the kernels have).
 
     Q4_1 and Q8_0 blocks are kept as they are; Q4_0 and Q4_K are Q4_1 exactly (4-bit
     values with a scale and an offset per 32: Q4_0's offset is -8 scales, Q4_K's scales
-    and minimums per 32 come from its 6-bit ones); any other type (Q5_K, Q6_K, Q8_0 layers,
-    the float types) is dequantized per tensor and quantized to the engine's format."""
+    and minimums per 32 come from its 6-bit ones); Q5_K and Q6_K layers are held at 8 bits
+    (Q8_0's rounding error is a quarter of a 6-bit step or less); any other (the float
+    types) is dequantized per tensor and quantized to the engine's format."""
     file = open_gguf(path)
     config, arch = gguf_config(file), architecture(file)
+    layers = _as_q8_0 if layer_blocks(file) is Q8_0 else _as_q4_1
     out: dict[str, BlockWeight] = {}
     for gguf_name, t in weights(file).items():
         name = hf_name(gguf_name, arch, file.path.name)
@@ -384,16 +386,38 @@ def load_gguf_blocks(path: str | Path) -> dict[str, BlockWeight]:
             continue
         # The embedding and head go to the kernels' layout now, which an embedding lookup
         # reads too: their GGUF layout would be a second copy of the largest matrix.
-        w: BlockWeight = _as_kernel_q8_0(t) if key in _HEAD_NAMES else _as_q4_1(t)
+        w: BlockWeight = _as_kernel_q8_0(t) if key in _HEAD_NAMES else layers(t)
         order = _row_order(name, t.shape[0], arch, config)
         if order is not None:
             w = w.take_rows(order)
         for part, lo, hi in _fused_parts(key, t.shape[0], config):
-            out[part] = w if (lo, hi) == (0, t.shape[0]) else w.rows(lo, hi)  # type: ignore[union-attr]
+            out[part] = w if (lo, hi) == (0, t.shape[0]) else w.rows(lo, hi)
         file.release(t)
     if "lm_head.weight" not in out and "embed_tokens.weight" in out:
         out["lm_head.weight"] = out["embed_tokens.weight"]
     return out
+
+
+# Layer types that 8-bit blocks hold with far less error than 4-bit ones: on a tiny llama,
+# the next token agreed with llama-server's on the same file 9/24 (Q8_0) and 5/24 (Q5_K_M,
+# Q6_K) with these layers at 4 bits, 19-22/24 at 8, as in exact mode
+# (tests/engine/test_gguf_models.py). The float types stay at 4 bits, as a float folder's
+# layers are quantized at load.
+_HELD_AT_8_BITS = frozenset({"Q5_K", "Q6_K", "Q8_0"})
+
+
+def layer_blocks(file: GGUFFile) -> type[Q4_1] | type[Q8_0]:
+    """The blocks a file's layers are held in: Q8_0 where every layer matrix has more than 4
+    bits (Q8_0, Q6_K, Q5_K_M files), else Q4_1. One format for all: a layer's fused
+    products (q, k and v as one) join blocks of one format, and the native small steps
+    (native_decode.py) take Q4_1 layers only, so a Q4_K_M file, whose attn_v / ffn_down are
+    partly Q6_K, keeps them at 4 bits and its native path."""
+    types = {
+        t.type.name
+        for name, t in file.tensors().items()
+        if len(t.shape) == 2 and name.startswith("blk.")
+    }
+    return Q8_0 if types and types <= _HELD_AT_8_BITS else Q4_1
 
 
 def gguf_matrix_names(path: str | Path) -> set[str]:
@@ -448,6 +472,10 @@ def _rows_as_q4_1(t: GGUFTensor) -> Q4_1:
     return Q4_1(q4.qs, q4.d.half(), q4.m.half())
 
 
+def _as_q8_0(t: GGUFTensor) -> Q8_0:
+    return Q8_0.cat(_by_rows(t, _rows_as_q8_0))
+
+
 def _as_kernel_q8_0(t: GGUFTensor) -> Q8_0:
     """Q8_0 blocks in the kernels' layout, made a few rows at a time straight into their
     place: the layout keeps each group of 8 rows together, so whole groups convert alone."""
@@ -468,6 +496,11 @@ def _rows_as_q8_0(t: GGUFTensor) -> Q8_0:
     if t.type.name == "Q8_0":
         b = t.raw.reshape(t.shape[0], -1, t.type.block_bytes)
         return Q8_0(_qs(b[..., 2:]).view(torch.int8), _f16(b[..., 0:2]))
+    if t.type.name in ("Q5_K", "Q6_K"):
+        # Each block's scale searched (K_QUANT_DIVISORS): with 127 alone, the Q6_K file's
+        # next token agreed with llama-server's on 17/24 prompts in exact mode, 20 with
+        # the search, as with the file's own values.
+        return Q8_0.quantize(t.dequantize(), K_QUANT_DIVISORS)
     return Q8_0.quantize(t.dequantize())
 
 

@@ -60,17 +60,22 @@ def blocks_rows(blocks: Q4_1 | Q8_0 | None, rows: int, kind: str) -> int:
 
 
 def blocks_take_every_row(blocks: Q4_1 | Q8_0 | None, rows: int, kind: str) -> bool:
-    """Whether a product's 4-bit blocks serve steps of any size by prompt_blocks' product
-    `kind` up to `rows` rows: then its float copy would never be multiplied, and is not
-    made (~212 MB of fp16 or bf16 for the bundled model's layers)."""
+    """Whether a product's blocks serve steps of any size: 4-bit ones by prompt_blocks'
+    product `kind` up to `rows` rows, 8-bit ones (a GGUF's layers of more than 4 bits)
+    wherever the kernels load, q8_0_gemm taking every row count (cpu_backend.py's head
+    rows pick its tiles). Then the float copy would never be multiplied, and is not made
+    (~212 MB of fp16 or bf16 for the bundled model's layers)."""
+    if isinstance(blocks, Q8_0):
+        return kernels.load() is not None
     return blocks_rows(blocks, rows, kind) >= min(AMX_BLOCK_ROWS, I16_BLOCK_ROWS)
 
 
 class Linear:
     """y = x @ W.T: in the model dtype (exact), fp16- or int8-stored (fbgemm), and/or from
-    4-bit blocks (`blocks`, used for steps of at most `block_rows` rows with 8-bit
+    blocks (`blocks`, used for steps of at most `block_rows` rows; Q4_1's with 8-bit
     activations, and up to `bf16_rows` rows with 16-bit ones: `bf16_kind`, "bf16", "amx" or
-    "i16", see kernels.q4_1_gemm). With no weight, the blocks serve every step."""
+    "i16", see kernels.q4_1_gemm; Q8_0's with 16-bit ones by `q8_kind`, Q8_0.matmul_t).
+    With no weight, the blocks serve every step."""
 
     def __init__(
         self,
@@ -80,8 +85,11 @@ class Linear:
         block_rows: int = 0,
         bf16_rows: int = 0,
         bf16_kind: str = "bf16",
+        q8_kind: str = "q8_0",
     ) -> None:
         self.blocks = blocks.for_kernel() if blocks is not None else None
+        # Q8_0 blocks' product (Q8_0.matmul_t's kind): the head's "q8_0", a layer's "i16".
+        self.q8_kind = q8_kind
         self.block_rows = block_rows if blocks is not None else 0
         self.bf16_rows = blocks_rows(blocks, bf16_rows, bf16_kind)
         self.bf16_kind = bf16_kind
@@ -94,8 +102,12 @@ class Linear:
             if blocks is None:
                 raise ValueError("a Linear needs a weight or blocks")
             self.kind = "blocks"
-            if not blocks_take_every_row(blocks, self.bf16_rows, bf16_kind):
-                self.block_rows = 1 << 62  # int4: the 8-bit activations' product throughout
+            # int4's Q4_1: the 8-bit activations' product throughout. Q8_0: its one product
+            # at every size, which picks its tiles by the rows itself (gemm_dispatch.c).
+            if isinstance(blocks, Q8_0) or not blocks_take_every_row(
+                blocks, self.bf16_rows, bf16_kind
+            ):
+                self.block_rows = 1 << 62
             self.out_features = blocks.shape[0]
             return
         self.out_features = weight.shape[0]
@@ -119,6 +131,8 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] <= self.block_rows:
+            if isinstance(self.blocks, Q8_0):
+                return self.blocks.matmul_t(x, kind=self.q8_kind).to(x.dtype)
             return self.blocks.matmul_t(x).to(x.dtype)  # type: ignore[union-attr]
         if x.shape[0] <= self.bf16_rows:
             assert isinstance(self.blocks, Q4_1)  # bf16_rows is set for Q4_1 blocks only
@@ -155,11 +169,11 @@ class BiasedLinear(Linear):
 @dataclass
 class WeightFormats:
     """How the linear weights are held: `large` is the float format ("none", "fp16", "int8";
-    None: no float copy at all), `blocks` the 4-bit matrices (None: none), which serve the
-    steps of at most `block_rows` rows."""
+    None: no float copy at all), `blocks` the block matrices (None: none; Q4_1, or a
+    GGUF's Q8_0), which serve the steps of at most `block_rows` rows."""
 
     large: str | None
-    blocks: dict[str, Q4_1] | None = None
+    blocks: dict[str, Q4_1 | Q8_0] | None = None
     block_rows: int = 0
     # Past block_rows and up to this many, the blocks with bf16 activations (prompts), by
     # this product (prompt_blocks).

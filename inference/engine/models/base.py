@@ -135,7 +135,7 @@ class DecoderLayer:
             ):
                 weight = torch.cat([put(shard(w[k], dim)) for k in keys])
             args = (weight, formats.large or "none", blocks, formats.block_rows,
-                    formats.bf16_rows, formats.bf16_kind)  # fmt: skip
+                    formats.bf16_rows, formats.bf16_kind, "i16")  # fmt: skip
             bias = _bias(names, dim)
             return Linear(*args) if bias is None else BiasedLinear(bias, *args)
 
@@ -559,14 +559,15 @@ def _head_blocks(stored: dict[str, BlockWeight], head: torch.Tensor, tied: bool)
     return Q8_0.quantize(head)
 
 
-def _block_weights(stored: dict[str, BlockWeight], w: Weights) -> dict[str, Q4_1]:
-    """Each linear's 4-bit blocks: the GGUF's own where the model came from one (`stored`,
-    taken over), else quantized from the float weights now."""
-    blocks: dict[str, Q4_1] = {}
+def _block_weights(stored: dict[str, BlockWeight], w: Weights) -> dict[str, BlockWeight]:
+    """Each linear's blocks: the GGUF's own where the model came from one (`stored`, taken
+    over: Q4_1, or Q8_0 where its layers have more than 4 bits), else 4-bit ones quantized
+    from the float weights now."""
+    blocks: dict[str, BlockWeight] = {}
     for name in dict.fromkeys([*stored, *w]):
         if name.endswith("_proj.weight"):
             b = stored.pop(name, None)
-            blocks[name] = b if isinstance(b, Q4_1) else Q4_1.quantize(w[name])
+            blocks[name] = b if isinstance(b, (Q4_1, Q8_0)) else Q4_1.quantize(w[name])
     return blocks
 
 

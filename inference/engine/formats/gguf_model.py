@@ -190,8 +190,10 @@ def gguf_config(file: GGUFFile) -> PretrainedConfig:
         if (v := get(key)) is not None:
             fields[hf] = _f32(v)
     if arch.model_type.startswith("gemma"):
-        # Not in the file: llama.cpp scales Gemma's queries by 1 / sqrt(head_dim).
-        fields["query_pre_attn_scalar"] = fields["head_dim"]
+        # Not in the file: llama.cpp scales Gemma's queries by 1 / sqrt(head_dim), but for
+        # the 27B models (known by their layer count) by 1 / sqrt(hidden / heads).
+        big = {"gemma2": 46, "gemma3_text": 62}[arch.model_type] == fields["num_hidden_layers"]
+        fields["query_pre_attn_scalar"] = hidden // heads if big else fields["head_dim"]
     if arch.model_type == "gemma3_text":
         fields.update(_gemma3_layers(get, fields))
     config: PretrainedConfig = AutoConfig.for_model(arch.model_type, **fields)

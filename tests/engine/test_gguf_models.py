@@ -170,7 +170,8 @@ def _gguf_name(hf: str) -> str:
 # where the kernels' products serve steps of any size, else it adds the float copy of the
 # layers its large steps multiply), over what the process held before, as a multiple of
 # the file's size. A llama of hidden 1024, 8 layers, MLP 4096: Q4_K_M 119 MB, peak +186 MB
-# (1.57x; 143 MB held after); Q8_0 189 MB, +214 MB (1.13x).
+# (1.57x; 143 MB held after); Q8_0 189 MB, +238 MB (1.26x, its layers held as Q8_0; 1.13x
+# when they were requantized to Q4_1).
 PEAK_RSS_PER_FILE_BYTE = 1.75
 
 _MEASURE_LOAD = """

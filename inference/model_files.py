@@ -54,7 +54,7 @@ def write_blocks(folder: Path, gguf: Path) -> None:
     hybrid weights (reading them from the GGUF takes ~30 s; this file loads in ~0.1 s)."""
     from transformers import AutoConfig
 
-    from inference.engine.model import BLOCKS_FILE, save_blocks
+    from inference.engine.models.loader import BLOCKS_FILE, save_blocks
     from inference.engine.quantized import read_gguf
 
     config = AutoConfig.from_pretrained(folder)
@@ -68,7 +68,7 @@ def write_blocks(folder: Path, gguf: Path) -> None:
 
 def ensure_default_model(folder: Path | None = None) -> Path:
     """Convert the bundled GGUF into `folder` unless that was already done; return it."""
-    from inference.engine.model import BLOCKS_FILE
+    from inference.engine.models.loader import BLOCKS_FILE
 
     folder = folder or default_model_path()
     if is_converted(folder):

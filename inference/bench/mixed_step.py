@@ -65,7 +65,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", default="bench_mixed_step.json")
     args = ap.parse_args()
-    model_runner.SPLIT_MIN_ROWS = 1  # what splits pay is what this measures
+    model_runner.SPLIT_MIN_ROWS = 1  # type: ignore[attr-defined]  # what splits pay is what this measures
     rows: list[dict[str, Any]] = []
     print(f"{platform.machine()}, torch {torch.__version__}")
     head = f"{'one forward ms':>22} | {'two forwards ms':>22}"

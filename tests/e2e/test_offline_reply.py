@@ -5,7 +5,6 @@ resumes the reply, which finishes with exactly the saved text."""
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 from playwright.sync_api import Page, expect

@@ -9,19 +9,20 @@ import pytest
 import torch
 
 from inference.engine import cpu_backend, kernels, model_runner
-from inference.engine.model import (
+from inference.engine.cpu_backend import (
     AMX_BLOCK_ROWS,
     AMX_COLUMNS,
     BF16_BLOCK_ROWS,
     HYBRID_MAX_ROWS,
     I16_BLOCK_ROWS,
+)
+from inference.engine.layers.linear import (
     Linear,
     blocks_take_every_row,
     default_native_max_rows,
     head_block_rows,
-    load_blocks,
-    load_weights,
 )
+from inference.engine.models.loader import load_blocks, load_weights
 from inference.engine.quantized import Q4_1, Q8_0
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.scheduler import ScheduledBatch

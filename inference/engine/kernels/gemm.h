@@ -104,4 +104,9 @@ HIDDEN void q4_bf16_matmul(const Q4Matrix *w, const Bf16Rows *q, int rows, float
  * tiles, the panels' or the grouped int8 tiles. 0, or -1 out of memory. */
 HIDDEN int q4_matmul(const Q4Matrix *w, const float *x, int rows, float *y, int nthreads);
 
+/* y [rows, N] = x @ W.T for Q8_0 W by its 16-bit products, the panels from panel_min_rows
+ * rows (q8_0_layers_gemm.c; exported): the head past AMX's rows, and Q8_0 layers. */
+int q8_0_gemm_i16(const int8_t *qs, const float *d, int N, int K, const float *x, int rows,
+                  float *y, int nthreads, int panel_min_rows);
+
 #endif

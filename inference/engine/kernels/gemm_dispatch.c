@@ -60,18 +60,7 @@ int q8_0_gemm(const int8_t *qs, const float *d, int N, int K, const float *x, in
     if (amx_head_min_rows > 0 && rows >= amx_head_min_rows &&
         q8_amx_matmul(&w, x, rows, y, nthreads) == 0)
         return 0;
-    if (panel_head_min_rows > 0 && rows >= panel_head_min_rows)
-        return q8_panel16_matmul(&w, x, rows, y, nthreads);
-    Wide q;
-    if (quantize_rows16(x, rows, K, &q)) {
-        free(q.qx);
-        free(q.dx);
-        return -1;
-    }
-    q8_int16_matmul(&w, &q, rows, y, nthreads);
-    free(q.qx);
-    free(q.dx);
-    return 0;
+    return q8_0_gemm_i16(qs, d, N, K, x, rows, y, nthreads, panel_head_min_rows);
 }
 
 /* 1 where q4_1_gemm_bf16 runs (built with AVX512-BF16), else 0. */

@@ -71,3 +71,13 @@ def chat_through_the_socket(front: LiveServer, max_tokens: int) -> dict[str, Any
     assert [m["role"] for m in saved] == ["user", "assistant"] and saved[1]["text"] == text
     session.close()
     return done
+
+
+def frames_until(sock: Any, *types: str, timeout: float = 60) -> list[dict[str, Any]]:
+    """The chat socket's frames up to and including the first of one of `types`."""
+    frames = []
+    while True:
+        frame = json.loads(sock.recv(timeout=timeout))
+        frames.append(frame)
+        if frame["type"] in types:
+            return frames

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.servers import PASSWORD, chat_through_the_socket, logged_in
+from tests.servers import PASSWORD, chat_through_the_socket, frames_until, logged_in
 from tools.live_server import LiveServer
 
 pytestmark = pytest.mark.slow
@@ -64,15 +64,6 @@ def front(
     srv.stop()
 
 
-def _frames_until(sock: Any, *types: str, timeout: float = 60) -> list[dict[str, Any]]:
-    frames = []
-    while True:
-        frame = json.loads(sock.recv(timeout=timeout))
-        frames.append(frame)
-        if frame["type"] in types:
-            return frames
-
-
 def test_the_server_runs_on_the_redis_layer_and_postgresql(front: LiveServer) -> None:
     out = front.python(
         "from django.conf import settings as s; from django.db import connection as c; "
@@ -90,12 +81,12 @@ def test_a_reconnect_resumes_the_reply(front: LiveServer) -> None:
     with front.chat_socket("apiuser", PASSWORD) as sock:
         sock.send(json.dumps({"type": "send", "conversation_id": None, "text": "Long story",
                               "settings": {"max_tokens": 1500, "temperature": 0}}))  # fmt: skip
-        frames = _frames_until(sock, "delta", "error")
+        frames = frames_until(sock, "delta", "error")
         assert frames[-1]["type"] == "delta", frames
         message_id = next(f for f in frames if f["type"] == "start")["message"]["id"]
     with front.chat_socket("apiuser", PASSWORD) as again:
         again.send(json.dumps({"type": "resume", "message_id": message_id}))
-        after = _frames_until(again, "done", "error", timeout=120)
+        after = frames_until(again, "done", "error", timeout=120)
     snapshot, done = after[0], after[-1]
     assert snapshot["type"] == "snapshot" and snapshot["message"]["id"] == message_id
     assert done["type"] == "done" and done["message"]["status"] == "complete", done
@@ -140,6 +131,6 @@ def test_sockets_held_a_minute_idle_and_pinging_stay_open(front: LiveServer) -> 
             assert json.loads(sock.recv(timeout=10))["type"] == "pong"
         idle.send(json.dumps({"type": "send", "conversation_id": None, "text": "Still there?",
                               "settings": {"max_tokens": 20, "temperature": 0}}))  # fmt: skip
-        frames = _frames_until(idle, "done", "error")
+        frames = frames_until(idle, "done", "error")
         assert frames[-1]["type"] == "done" and frames[-1]["status"] == "complete", frames
     assert "TimeoutError" not in front.log.read_text()

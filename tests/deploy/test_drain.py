@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from tests.servers import frames_until
 from tools.live_server import LiveServer
 
 PASSWORD = "a-long-test-password-1"
@@ -18,15 +19,6 @@ def send(sock: Any, text: str, max_tokens: int) -> None:
     settings = {"max_tokens": max_tokens, "temperature": 0}
     sock.send(json.dumps({"type": "send", "conversation_id": None, "text": text,
                           "settings": settings}))  # fmt: skip
-
-
-def frames_until(sock: Any, kinds: set[str], timeout: float = 120) -> list[dict[str, Any]]:
-    frames = []
-    while True:
-        frame = json.loads(sock.recv(timeout=timeout))
-        frames.append(frame)
-        if frame["type"] in kinds:
-            return frames
 
 
 def stored_reply(server: LiveServer, message_id: int) -> dict[str, Any]:
@@ -51,13 +43,13 @@ def test_sigterm_lets_a_running_reply_finish_and_refuses_new_ones(
             server.chat_socket("drainer", PASSWORD) as late,
         ):
             send(running, "Tell me a long story", 400)
-            frames = frames_until(running, {"delta"})
+            frames = frames_until(running, "delta", timeout=120)
             assert server.proc is not None
             server.proc.send_signal(signal.SIGTERM)
             send(late, "Hello?", 4)
-            refused = frames_until(late, {"error", "done"})[-1]
+            refused = frames_until(late, "error", "done", timeout=120)[-1]
             assert refused["type"] == "error" and refused["code"] == "draining", refused
-            frames += frames_until(running, {"done"})
+            frames += frames_until(running, "done", timeout=120)
         done = frames[-1]
         assert done["status"] == "complete", done
         assert server.proc.wait(timeout=60) == 0
@@ -76,7 +68,7 @@ def test_a_reply_past_the_drain_deadline_is_saved_and_marked_cut(
     try:
         with server.chat_socket("drainer", PASSWORD) as sock:
             send(sock, "Tell me a very long story", 2048)
-            frames = frames_until(sock, {"delta"})
+            frames = frames_until(sock, "delta", timeout=120)
             message_id = frames[-1]["message_id"]
             assert server.proc is not None
             server.proc.send_signal(signal.SIGTERM)

@@ -18,7 +18,13 @@ from chatapp.observability import recording
 from chatapp.observability.models import MinuteRollup
 
 ROOT = Path(__file__).resolve().parents[2]
-EVERY = {"engine-sample", "rollup-every-minute", "prune-every-hour", "kv-tier-upkeep"}
+EVERY = {
+    "engine-sample",
+    "rollup-every-minute",
+    "prune-every-hour",
+    "kv-tier-upkeep",
+    "reap-jobs-every-minute",
+}
 
 
 def schedules(**env: str) -> dict[str, set[str]]:
@@ -46,12 +52,17 @@ def test_with_a_broker_beat_and_the_web_process_split_the_schedule() -> None:
     embedded = schedules(CELERY_BROKER_URL="redis://127.0.0.1:6379/1", ENGINE_MODE="embedded")
     # The sample reads this process's engine; the upkeep warms it: both stay here.
     assert embedded == {
-        "beat": {"rollup-every-minute", "prune-every-hour"},
+        "beat": {"rollup-every-minute", "prune-every-hour", "reap-jobs-every-minute"},
         "web": {"engine-sample", "kv-tier-upkeep"},
     }
     distributed = schedules(CELERY_BROKER_URL="redis://127.0.0.1:6379/1", ENGINE_MODE="distributed")
     assert distributed == {
-        "beat": {"rollup-every-minute", "prune-every-hour", "kv-tier-upkeep"},
+        "beat": {
+            "rollup-every-minute",
+            "prune-every-hour",
+            "kv-tier-upkeep",
+            "reap-jobs-every-minute",
+        },
         "web": {"engine-sample"},
     }
 

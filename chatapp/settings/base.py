@@ -220,6 +220,9 @@ ENGINE = {
     "WORKER_ID": env_str("ENGINE_WORKER_ID", ""),  # default: <hostname>-<pid>
     "WORKER_FLUSH_MS": env_int("ENGINE_WORKER_FLUSH_MS", 15),
     "WORKER_DEAD_AFTER_S": env_float("ENGINE_WORKER_DEAD_AFTER_S", 3.0),
+    # On SIGTERM a worker's running replies get this long to finish: within the stop
+    # grace period of whatever stops it (compose's for `engine` is 40 s).
+    "WORKER_DRAIN_S": env_float("ENGINE_WORKER_DRAIN_S", 30.0),
 }
 
 # The response cache (docs/response-cache.md): a deterministic request (greedy, or seeded)

@@ -68,6 +68,9 @@ MEANINGS: dict[str, str] = {
     "ENGINE_WORKER_ID": "a worker's name; empty: `<hostname>-<pid>`",
     "ENGINE_WORKER_FLUSH_MS": "how long a worker gathers deltas into one message",
     "ENGINE_WORKER_DEAD_AFTER_S": "when a silent worker counts as dead",
+    "ENGINE_WORKER_DRAIN_S": (
+        "on SIGTERM, how long a worker's running replies get to finish before they are cut"
+    ),
     "RESPONSE_CACHE_ENABLED": (
         "replay greedy or seeded requests answered before (docs/response-cache.md)"
     ),

@@ -306,6 +306,8 @@ class RemoteEngine:
             raise_if_cancelled(exc)
             raise self._unreachable(exc) from exc
         link.last_contact = time.monotonic()
+        # A draining worker finishes what it has and takes nothing new.
+        found = [w for w in found if not w.draining]
         candidates = self._note(found)
         if not candidates:
             if self.missing is ModelNotFoundError:

@@ -41,6 +41,9 @@ class WorkerInfo:
     # The requests it is serving: a web process ends one its worker no longer lists.
     requests: list[str] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
+    # Stopping (SIGTERM): it beats on while it finishes its replies, so the web side does
+    # not count them lost, but no new request is routed to it.
+    draining: bool = False
 
     @property
     def load(self) -> int:

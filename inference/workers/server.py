@@ -73,6 +73,7 @@ class WorkerServer:
         model_path: str = "",
         flush_s: float = 0.015,
         dead_after_s: float = 3.0,
+        drain_s: float = 0.0,
     ) -> None:
         self.engine = engine
         self.url = url
@@ -84,6 +85,9 @@ class WorkerServer:
         self.model_created = created_at(model_path) if model_path else 0
         self.flush_s = max(0.0, flush_s)
         self.dead_after_s = dead_after_s
+        # On stop, how long the replies in flight get to finish before they are cut.
+        self.drain_s = max(0.0, drain_s)
+        self.draining = False
         # Three beats fit in the time after which the web side declares a worker dead.
         self.heartbeat_s = min(1.0, dead_after_s / 3)
         self.incarnation = uuid.uuid4().hex
@@ -126,6 +130,7 @@ class WorkerServer:
             await redis.aclose()
 
     async def _shut_down(self, receiver: asyncio.Task[None], loops: list[asyncio.Task]) -> None:
+        await self._drain()
         receiver.cancel()  # stop taking work
         in_flight = list(self.requests.items())
         for rid, req in in_flight:
@@ -141,6 +146,28 @@ class WorkerServer:
             task.cancel()
         await _settle([receiver, *loops, *self._background])
         log.info("engine worker %s stopped", self.id)
+
+    async def _drain(self) -> None:
+        """Take no new request (the next beat says `draining`, so none is routed here, and
+        one already on its way is refused as unavailable) and give the replies in flight up
+        to drain_s to finish; the heartbeat goes on meanwhile, so the web side keeps
+        waiting for them. What is left at the deadline is cut by the caller."""
+        self.draining = True
+        self._load_changed.set()
+        if self.requests and self.drain_s > 0:
+            log.info(
+                "engine worker %s draining: %d replies, %.0f s to finish",
+                self.id,
+                len(self.requests),
+                self.drain_s,
+            )
+            await _settle([req.task for req in self.requests.values()], self.drain_s)
+            if self.requests:
+                log.warning(
+                    "engine worker %s: cutting %d replies at the drain deadline",
+                    self.id,
+                    len(self.requests),
+                )
 
     def info(self) -> WorkerInfo:
         stats = dict(self.engine.stats())
@@ -158,6 +185,7 @@ class WorkerServer:
             waiting=int(stats.get("waiting") or 0),
             kv_usage=int(stats.get("kv_blocks_used") or 0) / total if total else 0.0,
             requests=list(self.requests),
+            draining=self.draining,
             stats={**stats, "messages_sent": self.messages_sent, "streams": len(self.requests)},
         )
 
@@ -200,6 +228,11 @@ class WorkerServer:
             if rid in self.requests:
                 error = InvalidRequestError(f"request id {rid!r} is already streaming")
                 self._post(reply_to, refusal_event(rid, error), urgent=True)
+                return
+            if self.draining:
+                # Routed here before the routing saw the `draining` beat.
+                busy = EngineUnavailableError(f"engine worker {self.id} is shutting down")
+                self._post(reply_to, refusal_event(rid, busy), urgent=True)
                 return
             wanted = message.get("model") or ""
             if wanted and self.model and wanted != self.model:

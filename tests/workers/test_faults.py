@@ -125,7 +125,10 @@ def test_a_worker_killed_mid_reply_gives_a_clear_error_and_the_next_turn_works(
 
 @pytest.fixture
 def solo(tmp_path: Path, tiny_model_dir: Path, namespace: str, redis: Redis) -> Iterator[Worker]:
-    with workers_running(tmp_path, tiny_model_dir, namespace, redis, "solo") as (worker,):
+    # No drain time: its replies are cut at once (tests/workers/test_drain.py drains).
+    with workers_running(
+        tmp_path, tiny_model_dir, namespace, redis, "solo", ENGINE_WORKER_DRAIN_S="0"
+    ) as (worker,):
         yield worker
 
 

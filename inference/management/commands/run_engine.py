@@ -3,8 +3,8 @@
 The worker loads the engine, registers in Redis (ENGINE_WORKERS_REDIS_URL) with a
 heartbeat carrying its load, and serves the web processes that run with
 ENGINE_MODE=distributed. Start as many as the machine holds; each takes its share.
-SIGTERM or Ctrl-C: it stops taking work, ends in-flight replies with a clear error,
-deregisters and exits.
+SIGTERM or Ctrl-C: it stops taking work, gives in-flight replies ENGINE_WORKER_DRAIN_S
+to finish, ends the rest with a clear error, deregisters and exits.
 
 A worker serves one model: the default (CHATAPP_MODEL), or `--model NAME` (a name from
 CHATAPP_MODELS), `--model NAME=FOLDER` or `--model FOLDER`; it registers under that name
@@ -116,6 +116,7 @@ class Command(BaseCommand):
             model_path=os.path.abspath(spec.path),
             flush_s=cfg["WORKER_FLUSH_MS"] / 1000,
             dead_after_s=float(cfg["WORKER_DEAD_AFTER_S"]),
+            drain_s=float(cfg["WORKER_DRAIN_S"]),
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -12,16 +12,27 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db.models import Q
-from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
+from django.http import (
+    FileResponse,
+    HttpRequest,
+    HttpResponse,
+    JsonResponse,
+    StreamingHttpResponse,
+)
 from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_http_methods
 
 from chatapp import ratelimit
-from chatapp.chat import attachments, imports, instructions
+from chatapp.chat import attachments, feedback, imports, instructions, prompts
 from chatapp.chat import conversations as conv_logic
 from chatapp.chat.attachments import AttachmentRefused, AttachmentsInvalid
 from chatapp.chat.conversations import InvalidSettings, NotFound, clean_title
-from chatapp.chat.export import conversation_markdown, conversation_payload
+from chatapp.chat.export import (
+    FORMATS,
+    conversation_markdown,
+    conversation_payload,
+    conversation_text,
+)
 from chatapp.chat.imports import ImportRefused
 from chatapp.chat.models import Conversation
 from chatapp.errors import error_response
@@ -128,7 +139,8 @@ def conversations(request: HttpRequest) -> HttpResponse:
         return JsonResponse(conv_logic.conversation_json(conv), status=201)
     # Archived conversations are out of the list; `?archived=1` lists them alone.
     archived = request.GET.get("archived") in ("1", "true")
-    qs = Conversation.objects.filter(owner=request.user, archived=archived)
+    # Temporary chats are never listed nor found (chatapp/chat/temporary.py).
+    qs = Conversation.objects.filter(owner=request.user, archived=archived, temporary=False)
     q = clean_text(request.GET.get("q", ""), "The search", settings.CHAT_MAX_MESSAGE_CHARS).strip()
     if q:
         qs = qs.filter(Q(title__icontains=q) | Q(messages__text__icontains=q)).distinct()
@@ -174,11 +186,14 @@ def page_of(request: HttpRequest) -> tuple[int | None, int]:
 def export(request: HttpRequest, pk: int, fmt: str) -> HttpResponse:
     conv = conv_logic.get_conversation(request.user, pk)
     slug = f"conversation-{conv.pk}"
-    if fmt == "md":
-        response = HttpResponse(
-            conversation_markdown(conv), content_type="text/markdown; charset=utf-8"
+    if fmt in ("md", "txt"):
+        text, kind = (
+            (conversation_markdown(conv), "text/markdown")
+            if fmt == "md"
+            else (conversation_text(conv), "text/plain")
         )
-        response["Content-Disposition"] = f'attachment; filename="{slug}.md"'
+        response = HttpResponse(text, content_type=f"{kind}; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="{slug}.{fmt}"'
         return response
     response = JsonResponse(conversation_payload(conv), json_dumps_params={"indent": 2})
     response["Content-Disposition"] = f'attachment; filename="{slug}.json"'
@@ -444,8 +459,8 @@ def exports(request: HttpRequest) -> JsonResponse:
             fmt = json.loads(request.body or b"{}").get("format", "md")
         except (ValueError, AttributeError):
             return error_response(400, "invalid", "expected a JSON object")
-        if fmt not in ("md", "json"):
-            return error_response(400, "invalid", "format must be 'md' or 'json'")
+        if fmt not in FORMATS:
+            return error_response(400, "invalid", "format must be 'md', 'json' or 'txt'")
         try:
             job = queue.start(Job.Kind.EXPORT, user=request.user, params={"format": fmt})
         except queue.JobNotQueued as exc:  # the broker is away: failed now, not queued forever
@@ -460,3 +475,62 @@ def exports(request: HttpRequest) -> JsonResponse:
 def export_download(request: HttpRequest, pk: int) -> FileResponse:
     job = get_object_or_404(Job, pk=pk, kind=Job.Kind.EXPORT, user=request.user)
     return file_response(job, attachment=True)
+
+
+# --- feedback on replies (chatapp/chat/feedback.py) ----------------------------------
+
+
+@api_view("PUT")
+def message_feedback(request: HttpRequest, pk: int) -> HttpResponse:
+    """The owner's thumbs up or down on a reply, with an optional comment; a null rating
+    takes it back."""
+    rating, comment = feedback.clean(read_json(request))
+    message = feedback.give(conv_logic.get_message(request.user, pk), rating, comment)
+    return JsonResponse({"message_id": message.pk, "feedback": feedback.feedback_json(message)})
+
+
+def _staff_only(request: HttpRequest) -> HttpResponse | None:
+    if not request.user.is_staff:
+        return error_response(403, "forbidden", "Only staff can read the feedback.")
+    return None
+
+
+@api_view("GET")
+def feedback_summary(request: HttpRequest) -> HttpResponse:
+    """The staff dashboard's feedback panel: counts per model, the newest rated replies."""
+    return _staff_only(request) or JsonResponse(feedback.summary())
+
+
+@api_view("GET")
+def feedback_export(request: HttpRequest) -> HttpResponse:
+    """Every rated reply with its conversation up to it, as JSON Lines (for evaluation)."""
+    refused = _staff_only(request)
+    if refused:
+        return refused
+    response = StreamingHttpResponse(
+        feedback.export_lines(), content_type="application/x-ndjson; charset=utf-8"
+    )
+    response["Content-Disposition"] = 'attachment; filename="feedback.jsonl"'
+    return response
+
+
+# --- saved prompts (chatapp/chat/prompts.py) -----------------------------------------
+
+
+@api_view("GET", "POST")
+def saved_prompts(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        created = prompts.save(request.user, prompts.clean(read_json(request)))
+        return JsonResponse(prompts.prompt_json(created), status=201)
+    mine = request.user.saved_prompts.all()[: prompts.MAX_PER_USER]
+    return JsonResponse({"prompts": [prompts.prompt_json(p) for p in mine]})
+
+
+@api_view("PATCH", "DELETE")
+def saved_prompt(request: HttpRequest, pk: int) -> HttpResponse:
+    found = prompts.get(request.user, pk)
+    if request.method == "DELETE":
+        found.delete()
+        return HttpResponse(status=204)
+    changed = prompts.save(request.user, prompts.clean(read_json(request), partial=True), found)
+    return JsonResponse(prompts.prompt_json(changed))

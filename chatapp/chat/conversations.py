@@ -595,6 +595,7 @@ def conversation_json(conv: Conversation) -> dict[str, Any]:
         "pinned": conv.pinned,
         "archived": conv.archived,
         "folder": conv.folder,
+        "temporary": conv.temporary,
     }
 
 
@@ -664,6 +665,8 @@ def message_json(
     }
     if m.error:
         data["error"] = m.error
+    if m.feedback_rating is not None:
+        data["feedback"] = m.feedback_json()
     if m.role == Message.Role.USER:
         if documents is None:
             documents = list(m.attachments.defer("text").order_by("position", "id"))

@@ -37,6 +37,9 @@ class Conversation(models.Model):
     pinned = models.BooleanField(default=False)
     archived = models.BooleanField(default=False)
     folder = models.CharField(max_length=60, blank=True, default="")
+    # A temporary chat (docs/http.md, "Temporary chats"): kept only while the page that
+    # started it is open, never listed, searched, exported, shared or titled.
+    temporary = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -103,16 +106,40 @@ class Message(models.Model):
     # branch, it refuses a prompt past the context window without reading or tokenizing
     # the history (conversations.too_long_by_count). None: not counted.
     tokens = models.PositiveIntegerField(null=True, blank=True)
+    # The owner's feedback on an assistant reply (chatapp/chat/feedback.py): +1 or -1, an
+    # optional comment, and when it was given. On the message itself, as a reply has one
+    # owner: a page of the branch reads it with the rows it already reads.
+    feedback_rating = models.SmallIntegerField(null=True, blank=True)
+    feedback_comment = models.TextField(blank=True, default="")
+    feedback_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         db_table = "chatapp_message"
         ordering = ["id"]
-        indexes = [models.Index(fields=["conversation", "id"])]
+        indexes = [
+            models.Index(fields=["conversation", "id"]),
+            # The dashboard's newest feedback first, reading only rated replies.
+            models.Index(
+                fields=["-feedback_at"],
+                name="chat_message_feedback_idx",
+                condition=models.Q(feedback_at__isnull=False),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.role}: {self.text[:40]}"
+
+    def feedback_json(self) -> dict[str, Any] | None:
+        """The owner's feedback as the API sends it (chatapp/chat/feedback.py)."""
+        if self.feedback_rating is None:
+            return None
+        return {
+            "rating": "up" if self.feedback_rating > 0 else "down",
+            "comment": self.feedback_comment,
+            "at": self.feedback_at.isoformat() if self.feedback_at else None,
+        }
 
 
 class SharedLink(models.Model):
@@ -184,3 +211,26 @@ class CustomInstructions(models.Model):
     about = models.TextField(blank=True, default="")
     style = models.TextField(blank=True, default="")
     updated_at = models.DateTimeField(auto_now=True)
+
+
+class SavedPrompt(models.Model):
+    """A prompt a user keeps to reuse: typed `/name` in the composer (or picked from the
+    Ctrl+K palette) puts its text in the message box (chatapp/chat/prompts.py)."""
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="saved_prompts"
+    )
+    # The command after `/`: lowercase letters, digits and dashes, unique per owner.
+    name = models.CharField(max_length=40)
+    text = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name"], name="chat_savedprompt_owner_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"/{self.name}"

@@ -120,6 +120,8 @@ def _options(data: dict[str, Any]) -> dict[str, bool]:
 @api_view("GET", "POST", "DELETE")
 def conversation_link(request: HttpRequest, pk: int) -> HttpResponse:
     conv = conv_logic.get_conversation(request.user, pk)
+    if conv.temporary and request.method == "POST":
+        return error_response(400, "temporary", "A temporary chat cannot be shared.")
     if request.method == "POST":
         link, created = publish(conv, _options(read_json(request)))
         if link is None:

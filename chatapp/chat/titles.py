@@ -111,6 +111,8 @@ def first_exchange(conv: Conversation) -> tuple[Message, Message] | None:
 
 
 def needs_title(conv: Conversation) -> bool:
+    if conv.temporary:
+        return False  # nobody sees it in a list, and it is gone when its tab closes
     pair = first_exchange(conv)
     if pair is None:
         return False

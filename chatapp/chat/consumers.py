@@ -1,8 +1,8 @@
 """The chat WebSocket (/ws/chat/). Protocol: docs/websocket.md.
 
-Every frame is validated here; anything wrong gets an `error` frame and the socket
-stays open. Generation itself lives in chatapp.chat.generation so a reply survives the
-socket that asked for it.
+Every frame is validated against its schema (chatapp/chat/protocol.py) before a handler
+sees it; anything wrong gets an `error` frame and the socket stays open. Generation itself
+lives in chatapp.chat.generation so a reply survives the socket that asked for it.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
+from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from chatapp.chat import attachments, conversations, instructions
+from chatapp.chat import attachments, conversations, instructions, temporary
 from chatapp.chat.attachments import AttachmentsInvalid
 from chatapp.chat.conversations import InvalidSettings, NotFound
 from chatapp.chat.generation import (
@@ -30,6 +31,7 @@ from chatapp.chat.generation import (
     AlreadyStreaming,
     Draining,
     Generation,
+    Reply,
     Reservation,
     Subscription,
     TooManyStreams,
@@ -39,9 +41,21 @@ from chatapp.chat.generation import (
     registry,
 )
 from chatapp.chat.models import Conversation, Message
+from chatapp.chat.protocol import (
+    AnyFrame,
+    ContinueFrame,
+    EditFrame,
+    PingFrame,
+    RegenerateFrame,
+    ResumeFrame,
+    SendFrame,
+    StopFrame,
+    frame_error,
+    parse_frame,
+)
 from chatapp.chat.user_sockets import join, leave, remember_loop, session_user_id
 from chatapp.ratelimit import counted_usage
-from chatapp.text import InvalidText, clean_text
+from chatapp.text import InvalidText
 from inference.client import (
     EngineUnavailableError,
     ModelNotFoundError,
@@ -67,34 +81,6 @@ class FrameError(Exception):
         self.message = message
 
 
-def _text_field(content: dict[str, Any], name: str = "text", allow_empty: bool = False) -> str:
-    text = content.get(name)
-    if not isinstance(text, str):
-        raise FrameError("bad_frame", f"'{name}' must be a string")
-    try:
-        return clean_text(
-            text, "The message", settings.CHAT_MAX_MESSAGE_CHARS, allow_empty=allow_empty
-        )
-    except InvalidText as exc:
-        raise FrameError(exc.code, exc.message) from exc
-
-
-def _attachment_ids(content: dict[str, Any]) -> list[int]:
-    try:
-        return attachments.clean_ids(content.get("attachments"))
-    except AttachmentsInvalid as exc:
-        raise FrameError("bad_frame", str(exc)) from exc
-
-
-def _id_field(content: dict[str, Any], name: str, allow_null: bool = False) -> int | None:
-    value = content.get(name)
-    if value is None and allow_null:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise FrameError("bad_frame", f"'{name}' must be an integer")
-    return value
-
-
 class ChatConsumer(AsyncJsonWebsocketConsumer):
     in_group = False
     signed_out = False
@@ -110,7 +96,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             return
         self.user = user
         self.session_key: str | None = self.scope["session"].session_key
-        self.forwarders: dict[int, tuple[Generation, Subscription, asyncio.Task[None]]] = {}
+        # The temporary chats this socket started: deleted when it closes.
+        self.temporary_chats: set[int] = set()
+        self.forwarders: dict[int, tuple[Reply, Subscription, asyncio.Task[None]]] = {}
         remember_loop(asyncio.get_running_loop())
         # Joined before accepting, so a logout (or a new title) from then on reaches it.
         await join(self.channel_layer, user.pk, self.channel_name)
@@ -151,6 +139,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         self._drop_forwarders()
+        if getattr(self, "temporary_chats", None):
+            try:
+                await database_sync_to_async(temporary.end)(self.user, self.temporary_chats)
+            except DatabaseError as exc:  # left for the stale sweep (temporary.STALE_S)
+                log.warning("could not delete temporary chats %s: %s", self.temporary_chats, exc)
+            self.temporary_chats = set()
         if self.in_group:
             self.in_group = False
             await leave(self.channel_layer, self.user.pk, self.channel_name)
@@ -199,26 +193,26 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.receive_json(content)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        if not isinstance(content, dict):
-            await self.send_error("bad_frame", "A frame must be a JSON object.")
-            return
-        kind = content.get("type")
-        handler = self.HANDLERS.get(kind) if isinstance(kind, str) else None
-        if handler is None:
-            await self.send_error("bad_frame", f"Unknown frame type: {str(kind)[:40]!r}.")
-            return
-        client_id = content.get("client_id")
-        if client_id is not None and (not isinstance(client_id, str) or len(client_id) > 64):
-            await self.send_error("bad_frame", "'client_id' must be a string of at most 64 chars.")
-            return
-        # Echo the ids the frame named, so the UI can tie the error to what it asked for.
-        extra: dict[str, Any] = {"client_id": client_id} if client_id else {}
-        for name in ("conversation_id", "message_id"):
-            value = content.get(name)
-            if isinstance(value, int) and not isinstance(value, bool):
-                extra[name] = value
+        # Echo the ids the frame named, so the UI can tie an error to what it asked for.
+        extra: dict[str, Any] = {}
+        if isinstance(content, dict):
+            client_id = content.get("client_id")
+            if isinstance(client_id, str) and client_id and len(client_id) <= 64:
+                extra["client_id"] = client_id
+            for name in ("conversation_id", "message_id"):
+                value = content.get(name)
+                if isinstance(value, int) and not isinstance(value, bool):
+                    extra[name] = value
         try:
-            await handler(self, content)
+            frame = parse_frame(content)
+        except ValidationError as exc:
+            refusal = frame_error(exc, content)
+            await self.send_error(refusal.code, refusal.message, **(extra if refusal.echo else {}))
+            return
+        kind = frame.type
+        handler = self.HANDLERS[kind]
+        try:
+            await handler(self, frame)
         except FrameError as exc:
             await self.send_error(exc.code, exc.message, **extra)
         except NotFound:
@@ -247,17 +241,15 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     # --- handlers -------------------------------------------------------------------
 
-    async def on_ping(self, content: dict[str, Any]) -> None:
+    async def on_ping(self, frame: PingFrame) -> None:
         await self.send_json({"type": "pong", "time": time.time()})
 
-    async def on_send(self, content: dict[str, Any]) -> None:
-        ids = _attachment_ids(content)
-        # A message may be its documents alone.
-        text = _text_field(content, allow_empty=bool(ids))
-        conv_id = _id_field(content, "conversation_id", allow_null=True)
-        new_settings = conversations.clean_settings(content.get("settings"))
-        if conv_id is not None:
-            conv = await database_sync_to_async(conversations.get_conversation)(self.user, conv_id)
+    async def on_send(self, frame: SendFrame) -> None:
+        new_settings = frame.settings.given() if frame.settings else {}
+        if frame.conversation_id is not None:
+            conv = await database_sync_to_async(conversations.get_conversation)(
+                self.user, frame.conversation_id
+            )
         else:
             # Not saved yet: it is written together with the first exchange, in one
             # transaction, so a refused or failed first message leaves nothing behind.
@@ -265,42 +257,48 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 self.user, new_settings
             )
             conv = conversations.new_conversation(self.user, "", new_settings)
-        documents = await self._documents(ids)
-        await self._generate(conv, None, text, content, documents=documents)
+            # A temporary chat (chatapp/chat/temporary.py) lives as long as this socket.
+            conv.temporary = frame.temporary
+        documents = await self._documents(frame.attachments or [])
+        try:
+            await self._generate(conv, None, frame.text, frame, documents=documents)
+        finally:
+            if conv.temporary and conv.pk is not None:
+                self.temporary_chats.add(conv.pk)
 
-    async def on_regenerate(self, content: dict[str, Any]) -> None:
+    async def on_regenerate(self, frame: RegenerateFrame) -> None:
         message = await database_sync_to_async(conversations.get_message)(
-            self.user, _id_field(content, "message_id")
+            self.user, frame.message_id
         )
         if message.role != Message.Role.ASSISTANT:
             raise FrameError("invalid", "Only a reply can be regenerated.")
         parent = await database_sync_to_async(lambda: message.parent)()
-        await self._generate(message.conversation, parent, None, content, branch_from=True)
+        await self._generate(message.conversation, parent, None, frame, branch_from=True)
 
-    async def on_edit(self, content: dict[str, Any]) -> None:
+    async def on_edit(self, frame: EditFrame) -> None:
         message = await database_sync_to_async(conversations.get_message)(
-            self.user, _id_field(content, "message_id")
+            self.user, frame.message_id
         )
         if message.role != Message.Role.USER:
             raise FrameError("invalid", "Only your own messages can be edited.")
         # Without `attachments` the edit keeps the message's documents; with it, those
         # listed (the message's own or new uploads).
-        if "attachments" in content:
-            documents = await self._documents(_attachment_ids(content), keep_from=message)
+        if "attachments" in frame.model_fields_set:
+            documents = await self._documents(frame.attachments or [], keep_from=message)
         else:
             documents = await database_sync_to_async(
                 lambda: list(message.attachments.order_by("position", "id"))
             )()
-        text = _text_field(content, allow_empty=bool(documents))
+        # A message may be its documents alone.
+        if not documents and not frame.text.strip():
+            raise FrameError("invalid", "The message is empty.")
         parent = await database_sync_to_async(lambda: message.parent)()
         await self._generate(
-            message.conversation, parent, text, content, branch_from=True, documents=documents
+            message.conversation, parent, frame.text, frame, branch_from=True, documents=documents
         )
 
-    async def on_continue(self, content: dict[str, Any]) -> None:
-        reply = await database_sync_to_async(conversations.get_message)(
-            self.user, _id_field(content, "message_id")
-        )
+    async def on_continue(self, frame: ContinueFrame) -> None:
+        reply = await database_sync_to_async(conversations.get_message)(self.user, frame.message_id)
         if not await database_sync_to_async(conversations.can_continue)(reply):
             raise FrameError("invalid", "Only a reply cut off at the length limit can go on.")
         conv = reply.conversation
@@ -309,7 +307,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             gen = await self._prepare_continuation(conv, reply, reservation)
         finally:
             registry.release(reservation)
-        await self._launch(gen, conv, None, reply, False, content)
+        await self._launch(gen, conv, None, reply, False, frame)
 
     async def _documents(
         self, ids: list[int], keep_from: Message | None = None
@@ -319,18 +317,19 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         except AttachmentsInvalid as exc:
             raise FrameError("invalid", str(exc).capitalize() + ".") from exc
 
-    async def on_stop(self, content: dict[str, Any]) -> None:
-        message_id = _id_field(content, "message_id")
-        message = await database_sync_to_async(conversations.get_message)(self.user, message_id)
-        gen = registry.get(message.pk)
-        if gen is not None:
-            gen.stop("abort")
-
-    async def on_resume(self, content: dict[str, Any]) -> None:
+    async def on_stop(self, frame: StopFrame) -> None:
         message = await database_sync_to_async(conversations.get_message)(
-            self.user, _id_field(content, "message_id")
+            self.user, frame.message_id
         )
-        gen = registry.get(message.pk)
+        # Here or on another web replica.
+        await registry.stop(message.pk)
+
+    async def on_resume(self, frame: ResumeFrame) -> None:
+        message = await database_sync_to_async(conversations.get_message)(
+            self.user, frame.message_id
+        )
+        # Generated here, or by another web replica (docs/serving.md, "Several web replicas").
+        gen = await registry.find(message.pk)
         if gen is not None and not gen.finished:
             as_json = await database_sync_to_async(conversations.message_json)(message, True)
             # Subscribe and snapshot with no await in between: no delta can slip past.
@@ -369,7 +368,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             message = fresh
         return conversations.message_json(message, with_alternatives=True)
 
-    HANDLERS = {
+    HANDLERS: dict[str, Any] = {
         "ping": on_ping,
         "send": on_send,
         "stop": on_stop,
@@ -421,7 +420,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         conv: Conversation,
         parent: Message | None,
         user_text: str | None,
-        content: dict[str, Any],
+        frame: SendFrame | RegenerateFrame | EditFrame,
         branch_from: bool = False,
         documents: list[attachments.Attachment] | None = None,
     ) -> None:
@@ -437,12 +436,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 user_text,
                 branch_from,
                 reservation,
-                content.get("model"),
+                frame.model,
                 documents or [],
             )
         finally:
             registry.release(reservation)  # a no-op once the reply has started
-        await self._launch(gen, conv, user_msg, reply, new_conversation, content)
+        await self._launch(gen, conv, user_msg, reply, new_conversation, frame)
 
     async def _launch(
         self,
@@ -451,7 +450,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         user_msg: Message | None,
         reply: Message,
         new_conversation: bool,
-        content: dict[str, Any],
+        frame: AnyFrame,
     ) -> None:
         # Launched before anything else is awaited, so a registered reply always runs
         # (and ends, freeing its slot) even if this socket fails from here on; its events
@@ -459,7 +458,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         sub = gen.subscribe()
         registry.launch(gen)
         try:
-            await self._announce(conv, user_msg, reply, new_conversation, content)
+            await self._announce(conv, user_msg, reply, new_conversation, frame)
         except BaseException:
             gen.unsubscribe(sub)
             raise
@@ -472,12 +471,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         user_text: str | None,
         branch_from: bool,
         reservation: Reservation,
-        named: Any = None,
+        named: str | None = None,
         documents: list[attachments.Attachment] | None = None,
     ) -> tuple[Generation, Message | None, Message]:
         await self._count_message()
         # The model the frame names (the picker's), else the conversation's own.
-        model = conversations.model_field(named) if named is not None else conv.model
+        model = named if named is not None else conv.model
         client = await asyncio.to_thread(get_engine_client, model or None)
         model = client.model_name
         default = await asyncio.to_thread(default_model)
@@ -574,10 +573,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         user_msg: Message | None,
         reply: Message,
         new_conversation: bool,
-        content: dict[str, Any],
+        frame: AnyFrame,
     ) -> None:
         """Tell this socket the reply started."""
-        client_id = content.get("client_id")
+        client_id = frame.client_id
         if new_conversation:
             conv_json = await database_sync_to_async(conversations.conversation_json)(conv)
             await self.send_json({"type": "conversation", "conversation": conv_json})
@@ -597,7 +596,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             start["client_id"] = client_id
         await self.send_json(start)
 
-    def _forward(self, gen: Generation, sub: Subscription) -> None:
+    def _forward(self, gen: Reply, sub: Subscription) -> None:
         old = self.forwarders.pop(gen.message_id, None)
         if old is not None:
             old[2].cancel()
@@ -605,7 +604,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         task = asyncio.get_running_loop().create_task(self._pump(gen, sub))
         self.forwarders[gen.message_id] = (gen, sub, task)
 
-    async def _pump(self, gen: Generation, sub: Subscription) -> None:
+    async def _pump(self, gen: Reply, sub: Subscription) -> None:
         """Send a reply's events to this socket, coalescing deltas: the first one goes
         out at once (that is the TTFT a person sees), later ones at most every
         CHAT_FLUSH_INTERVAL_MS, so a fast engine does not flood the socket."""

@@ -9,9 +9,19 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from pydantic import ValidationError
 
 from chatapp.chat import attachments, retrieval
 from chatapp.chat.models import Attachment, Conversation, Message
+from chatapp.chat.protocol import (
+    MAX_TOKENS_MIN,
+    MODEL_NAME_RULE,
+    TEMPERATURE_RANGE,
+    TOP_P_RANGE,
+    ConversationSettings,
+    is_model_name,
+    settings_error,
+)
 from chatapp.text import InvalidText, clean_text
 from inference.chat_template import Prompt, Turn
 from inference.client import EngineClient, default_model, list_models
@@ -19,19 +29,6 @@ from inference.engine import EngineError, PromptTooLongError
 
 TITLE_WORDS = 8
 TITLE_MAX_CHARS = 200  # Conversation.title's max_length
-
-# Ranges clean_settings enforces; settings_limits() reports the same values to the browser
-# (GET /api/chat/limits/), so the settings dialog can never offer what a send then refuses.
-TEMPERATURE_RANGE = (0.0, 2.0)
-TOP_P_RANGE = (0.0, 1.0)  # the lower bound itself is refused: top_p must be > 0
-MAX_TOKENS_MIN = 1
-# The settings' names in errors, as the settings dialog labels them (frontend/src/limits.ts).
-SETTING_LABELS = {
-    "system_prompt": "The system prompt",
-    "temperature": "Temperature",
-    "top_p": "Top-p",
-    "max_tokens": "Max tokens",
-}
 
 
 class NotFound(Exception):
@@ -49,17 +46,12 @@ class UnknownModel(InvalidSettings):
     code = "model_not_found"
 
 
-MODEL_MAX_CHARS = 200  # Conversation.model's max_length
-
-
 def model_field(value: Any) -> str:
     """A model name as a frame or a request body carries it (not checked against the
     served models: the engine client does that where it is used)."""
-    if not isinstance(value, str) or not value or len(value) > MODEL_MAX_CHARS:
-        raise InvalidSettings(
-            f"The model must be a model's name of at most {_num(MODEL_MAX_CHARS)} characters."
-        )
-    return value
+    if not is_model_name(value):
+        raise InvalidSettings(MODEL_NAME_RULE)
+    return str(value)
 
 
 def clean_model(value: Any) -> str:
@@ -122,40 +114,18 @@ def get_attachment(user: Any, attachment_id: Any) -> Attachment:
 
 
 def clean_settings(raw: Any) -> dict[str, Any]:
-    """Validate per-conversation settings; raise InvalidSettings (InvalidText for the system
-    prompt's text) with a reason in the settings dialog's words (frontend/src/limits.ts):
-    "Max tokens must be between 1 and 2,048." rather than the field's name."""
+    """The settings `raw` gives, by name (chatapp.chat.protocol.ConversationSettings
+    declares them); a refusal is InvalidSettings (InvalidText for the system prompt's text)
+    in the settings dialog's words: "Max tokens must be between 1 and 2,048."."""
     if raw is None:
         return {}
-    if not isinstance(raw, dict):
-        raise InvalidSettings("The settings must be an object.")
-    unknown = set(raw) - set(SETTING_LABELS)
-    if unknown:
-        plural = "s" if len(unknown) > 1 else ""
-        raise InvalidSettings(f"Unknown setting{plural}: {', '.join(sorted(unknown))}.")
-    out: dict[str, Any] = {}
-    if "system_prompt" in raw:
-        label, max_chars = SETTING_LABELS["system_prompt"], settings.CHAT_MAX_MESSAGE_CHARS
-        if isinstance(raw["system_prompt"], str) and len(raw["system_prompt"]) > max_chars:
-            raise InvalidText("too_long", f"{label} is longer than {_num(max_chars)} characters.")
-        out["system_prompt"] = clean_text(raw["system_prompt"], label, max_chars)
-    if "temperature" in raw:
-        out["temperature"] = _number(raw["temperature"], "temperature", *TEMPERATURE_RANGE)
-    if "top_p" in raw:
-        out["top_p"] = _number(raw["top_p"], "top_p", *TOP_P_RANGE, min_exclusive=True)
-    if "max_tokens" in raw:
-        mt, label = raw["max_tokens"], SETTING_LABELS["max_tokens"]
-        if isinstance(mt, bool) or not isinstance(mt, int | float):
-            raise InvalidSettings(f"{label} must be a number.")
-        if not isinstance(mt, int):
-            raise InvalidSettings(f"{label} must be a whole number.")
-        if not MAX_TOKENS_MIN <= mt <= settings.CHAT_MAX_NEW_TOKENS:
-            raise InvalidSettings(
-                f"{label} must be between {_num(MAX_TOKENS_MIN)} and "
-                f"{_num(settings.CHAT_MAX_NEW_TOKENS)}."
-            )
-        out["max_tokens"] = mt
-    return out
+    try:
+        return ConversationSettings.model_validate(raw).given()
+    except ValidationError as exc:
+        error = settings_error(exc)
+        if isinstance(error, InvalidText):
+            raise error from None
+        raise InvalidSettings(str(error)) from None
 
 
 def settings_limits(context_tokens: int | None = None) -> dict[str, Any]:
@@ -194,25 +164,6 @@ def settings_limits(context_tokens: int | None = None) -> dict[str, Any]:
             "per_message": settings.CHAT_ATTACHMENTS_PER_MESSAGE,
         },
     }
-
-
-def _num(x: float) -> str:
-    """A number as the settings dialog writes it (limits.ts `num`): thousands separated,
-    at most two decimals, no trailing zeros ("2,048", "0", "0.95")."""
-    text = f"{round(float(x), 2):,.2f}".rstrip("0").rstrip(".")
-    return "0" if text == "-0" else text
-
-
-def _number(value: Any, name: str, lo: float, hi: float, *, min_exclusive: bool = False) -> float:
-    label = SETTING_LABELS[name]
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidSettings(f"{label} must be a number.")
-    v = float(value)
-    if (v <= lo if min_exclusive else v < lo) or not v <= hi:  # `not <=` refuses NaN too
-        if min_exclusive:
-            raise InvalidSettings(f"{label} must be more than {_num(lo)} and at most {_num(hi)}.")
-        raise InvalidSettings(f"{label} must be between {_num(lo)} and {_num(hi)}.")
-    return v
 
 
 def new_conversation(
@@ -665,6 +616,8 @@ def message_json(
     }
     if m.error:
         data["error"] = m.error
+    if m.feedback_rating is not None:
+        data["feedback"] = m.feedback_json()
     if m.feedback_rating is not None:
         data["feedback"] = m.feedback_json()
     if m.role == Message.Role.USER:

@@ -218,6 +218,8 @@ class SendFrame(Attachments, ModelChoice):
     text: str
     conversation_id: int | None = None
     settings: ConversationSettings | None = None
+    # A new chat only: a temporary one (chatapp/chat/temporary.py).
+    temporary: bool = False
 
     @field_validator("text")
     @classmethod

@@ -1,5 +1,5 @@
 import type { ChatLimits } from './limits';
-import type { AttachmentInfo, Conversation, EngineInfo, Message, ModelsInfo, Organising, PromptSize, Settings } from './types';
+import type { AttachmentInfo, Conversation, EngineInfo, Feedback, Message, ModelsInfo, Organising, PromptSize, Rating, Settings } from './types';
 
 export function getCookie(name: string, cookie = typeof document !== 'undefined' ? document.cookie : ''): string {
   for (const part of cookie.split(';')) {
@@ -81,8 +81,10 @@ export const api = {
   removeAttachment: (id: number) => request<void>('DELETE', `/api/attachments/${id}/`),
   promptSize: (body: { conversation_id: number | null; text: string; attachments: number[]; settings?: Settings; model?: string }) =>
     request<PromptSize>('POST', '/api/chat/prompt-size/', body),
+  feedback: (messageId: number, body: { rating: Rating | null; comment?: string }) =>
+    request<{ message_id: number; feedback: Feedback | null }>('PUT', `/api/messages/${messageId}/feedback/`, body),
   importConversations: (file: File) =>
     request<{ imported: number; conversations: Conversation[] }>('POST', '/api/conversations/import/', file),
 };
 
-export const exportUrl = (id: number, kind: 'md' | 'json') => `/api/conversations/${id}/export.${kind}`;
+export const exportUrl = (id: number, kind: 'md' | 'json' | 'txt') => `/api/conversations/${id}/export.${kind}`;

@@ -1,7 +1,7 @@
 import { batch, computed, signal, type ReadonlySignal } from '@preact/signals';
 import type { ApiError } from './api';
 import { errorWords } from './errors';
-import type { Conversation, Message, Organising, Settings } from './types';
+import type { Conversation, Feedback, Message, Organising, Rating, Settings } from './types';
 import type { ThreadKey, UiState } from './ui-state';
 
 export interface ConversationsPort {
@@ -12,6 +12,8 @@ export interface ConversationsPort {
   remove(id: number): Promise<void>;
   /** The archived conversations (out of `list`). */
   listArchived?(): Promise<{ conversations: Conversation[] }>;
+  /** The owner's thumbs up or down on a reply; a null rating takes it back. */
+  feedback?(messageId: number, body: { rating: Rating | null; comment?: string }): Promise<{ feedback: Feedback | null }>;
 }
 
 export interface Result {
@@ -43,6 +45,10 @@ export class Conversations {
   private readonly _awaiting = signal<ReadonlySet<number>>(new Set());
   private readonly _draftSettings = signal<Settings>({});
   private readonly _draftModel = signal<string | null>(null);
+  /** The new chat is a temporary one (the header's switch). */
+  private readonly _temporaryMode = signal(false);
+  /** Temporary chats started on this page: never in the list, gone when the page goes. */
+  private readonly _temps = signal<ReadonlyMap<number, Conversation>>(new Map());
   /** Replies whose frames arrive on the current connection: a reload does not overwrite their newer text. */
   private readonly receiving = new Set<number>();
 
@@ -58,6 +64,8 @@ export class Conversations {
   readonly draftSettings: ReadonlySignal<Settings> = this._draftSettings;
   /** The model picked for the chat not started yet (null: the default); it goes with its first send. */
   readonly draftModel: ReadonlySignal<string | null> = this._draftModel;
+  /** Whether a new chat starts as a temporary one (docs/http.md, "Temporary chats"). */
+  readonly temporaryMode: ReadonlySignal<boolean> = this._temporaryMode;
 
   constructor(
     private readonly api: ConversationsPort,
@@ -81,7 +89,12 @@ export class Conversations {
 
   conversation(id: number | null): Conversation | undefined {
     if (id == null) return undefined;
-    return this._list.value.find((c) => c.id === id) || this._searchResults.value?.find((c) => c.id === id);
+    return this._list.value.find((c) => c.id === id) || this._searchResults.value?.find((c) => c.id === id) || this._temps.value.get(id);
+  }
+
+  /** A temporary chat (the new chat when the switch is on): not saved, not listed, not shared. */
+  isTemporary(id: number | null): boolean {
+    return id == null ? this._temporaryMode.value : this._temps.value.has(id);
   }
 
   /**
@@ -146,6 +159,12 @@ export class Conversations {
   }
 
   upsert(c: Conversation, toTop = false): void {
+    if (c.temporary || this._temps.value.has(c.id)) {
+      const temps = new Map(this._temps.value);
+      temps.set(c.id, { ...(temps.get(c.id) || {}), ...c });
+      this._temps.value = temps;
+      return;
+    }
     const list = this._list.value;
     const i = list.findIndex((x) => x.id === c.id);
     if (i >= 0) {
@@ -219,11 +238,73 @@ export class Conversations {
   }
 
   // ------------------------------------------------------------------ navigation and HTTP
-  newChat(): void {
-    this._currentId.value = null;
+  newChat(temporary?: boolean): void {
+    batch(() => {
+      this.leaveTemporary();
+      this._currentId.value = null;
+      if (temporary !== undefined) this._temporaryMode.value = temporary;
+    });
+  }
+
+  /** Switch the new chat between temporary and saved (only before its first message). */
+  setTemporaryMode(on: boolean): void {
+    this._temporaryMode.value = on;
+  }
+
+  /** Leaving a temporary chat ends it: it is deleted on the server and forgotten here. */
+  private leaveTemporary(): void {
+    const id = this._currentId.value;
+    if (id == null || !this._temps.value.has(id)) return;
+    this.forgetTemporary(id);
+    this.api.remove(id).catch(() => undefined);
+  }
+
+  private forgetTemporary(id: number): void {
+    batch(() => {
+      const temps = new Map(this._temps.value);
+      temps.delete(id);
+      this._temps.value = temps;
+      const gone = this.thread(id);
+      this.editMessages((all) => gone.forEach((mid) => all.delete(mid)));
+      const threads = new Map(this._threads.value);
+      threads.delete(id);
+      this._threads.value = threads;
+      const loaded = new Set(this._loaded.value);
+      loaded.delete(id);
+      this._loaded.value = loaded;
+      this.ui.clearThread(id);
+    });
+  }
+
+  /** The socket that started this page's temporary chats closed, and the server deleted
+   * them with it: forget them here too. True when the one on screen was among them. */
+  endTemporaries(): boolean {
+    const ids = [...this._temps.value.keys()];
+    const current = this._currentId.value;
+    batch(() => {
+      for (const id of ids) this.forgetTemporary(id);
+      if (current != null && ids.includes(current)) this._currentId.value = null;
+    });
+    return current != null && ids.includes(current);
+  }
+
+  /** Thumbs up or down on a reply (a null rating takes it back), with an optional comment. */
+  async giveFeedback(messageId: number, rating: Rating | null, comment = ''): Promise<Result> {
+    const m = this.message(messageId);
+    if (!m || !this.api.feedback) return { ok: false };
+    try {
+      const r = await this.api.feedback(messageId, { rating, comment });
+      const now = this.message(messageId);
+      if (now) this.putMessage({ ...now, feedback: r.feedback });
+      return { ok: true };
+    } catch (e) {
+      this.ui.notify(m.conversation_id, (e as Error).message);
+      return { ok: false, error: (e as Error).message };
+    }
   }
 
   async select(id: number): Promise<void> {
+    if (id !== this._currentId.value) this.leaveTemporary();
     this._currentId.value = id;
     if (!this.isLoaded(id)) await this.load(id);
   }
@@ -475,6 +556,7 @@ function sameMessage(a: Message, b: Message): boolean {
     a.alternative_index === b.alternative_index &&
     (a.error || '') === (b.error || '') &&
     (a.model || '') === (b.model || '') &&
+    JSON.stringify(a.feedback || null) === JSON.stringify(b.feedback || null) &&
     JSON.stringify(a.alternatives || []) === JSON.stringify(b.alternatives || []) &&
     JSON.stringify(a.figures || {}) === JSON.stringify(b.figures || {})
   );

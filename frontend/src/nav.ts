@@ -14,5 +14,9 @@ export function syncHash(id: number | null): void {
 
 /** Keep the hash on the current conversation from now on; returns the way to stop. */
 export function followInHash(conversations: Conversations): () => void {
-  return effect(() => syncHash(conversations.currentId.value));
+  // A temporary chat is not named in the URL: after a reload it is gone.
+  return effect(() => {
+    const id = conversations.currentId.value;
+    syncHash(id != null && conversations.isTemporary(id) ? null : id);
+  });
 }

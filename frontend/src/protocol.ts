@@ -106,6 +106,10 @@ export class ChatProtocol {
     this.forgetConnection();
     // "You are offline" is no longer true once the socket is open again.
     this.ui.clearNotices('offline');
+    // The server deleted the temporary chats of the socket that closed (docs/websocket.md).
+    if (reconnected && this.conversations.endTemporaries()) {
+      this.ui.notify(null, 'The temporary chat ended when the connection dropped: it was not kept.', 'temporary_ended');
+    }
     if (reconnected) this.catchUp();
     this.resumeStreaming();
   }
@@ -365,6 +369,7 @@ export class ChatProtocol {
       // Never send a value the server would refuse (it then uses its default for it).
       const s = withinLimits(cleanSettings(c.draftSettings.value), this.server.limits.value ?? FALLBACK_LIMITS);
       if (s) frame.settings = s;
+      if (c.temporaryMode.value) frame.temporary = true;
     }
     if (!this.socket.send(frame)) return this.refuse(key, 'offline');
     const localId = -++this.localSeq;

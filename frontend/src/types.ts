@@ -19,6 +19,17 @@ export interface Conversation {
   pinned?: boolean;
   archived?: boolean;
   folder?: string;
+  /** Kept only while the page that started it is open; never listed or shared. */
+  temporary?: boolean;
+}
+
+export type Rating = 'up' | 'down';
+
+/** The owner's feedback on a reply (docs/http.md, "Feedback"). */
+export interface Feedback {
+  rating: Rating;
+  comment: string;
+  at?: string | null;
 }
 
 export type Organising = { pinned?: boolean; archived?: boolean; folder?: string };
@@ -102,6 +113,8 @@ export interface Message {
   sources?: Source[];
   /** The model that wrote a reply (or that a user turn went to); null on older messages. */
   model?: string | null;
+  /** The owner's feedback on a reply, where given. */
+  feedback?: Feedback | null;
 }
 
 /** GET /api/models/: the models a conversation can use, the default first. */
@@ -137,7 +150,7 @@ export type ServerFrame =
   | { type: 'pong' };
 
 export type ClientFrame =
-  | { type: 'send'; conversation_id: number | null; text: string; client_id?: string; settings?: Settings; model?: string; attachments?: number[] }
+  | { type: 'send'; conversation_id: number | null; text: string; client_id?: string; settings?: Settings; model?: string; attachments?: number[]; temporary?: boolean }
   | { type: 'stop'; message_id: number }
   | { type: 'regenerate'; message_id: number; model?: string }
   | { type: 'edit'; message_id: number; text: string; model?: string; attachments?: number[] }

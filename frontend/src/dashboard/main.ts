@@ -38,6 +38,12 @@ interface Data {
   kv_tier?: { enabled?: boolean; entries?: number; bytes?: number; finished_at?: string } | null;
 }
 
+/** GET /api/feedback/: the owners' thumbs on replies (docs/http.md, "Feedback"). */
+interface FeedbackSummary {
+  models: { model: string; up: number; down: number }[];
+  recent: { message_id: number; conversation_id: number; model: string | null; rating: 'up' | 'down'; comment: string; reply: string; at: string | null }[];
+}
+
 interface ChartSpec {
   id: string; title: string; unit: string; scale?: number;
   lines: { key: string; label: string; color: string }[];
@@ -138,7 +144,12 @@ class Dashboard {
     tune.append(el('h2', {}, 'Serving-settings tuning'), el('p', { class: 'ld-help' },
       'Replays the recent requests (or a synthetic stream) under the current settings and, one change at a time, other token budgets, sequence caps, speculation modes and chat flush intervals; each setting runs several times, interleaved, on an engine with the Redis KV tier off and a cold prefix cache. Goodput counts the requests per second that meet both the TTFT and the TPOT target; a winner is named only when its worst run beats the best run of the current settings and of every other setting that beats them.'),
       tuneStart, el('div', { id: 'ld-tune-runs' }));
-    this.root.append(bar, tiles, grid, slow, bench, tune);
+    const feedback = el('section', { class: 'ld-wide', id: 'ld-feedback' });
+    const download = el('a', { href: '/api/feedback/export.jsonl', download: 'feedback.jsonl' }, 'Download all as JSON Lines');
+    feedback.append(el('h2', {}, 'Feedback on replies'), el('p', { class: 'ld-help' },
+      'Thumbs up and down that users gave replies, with their comments (temporary chats not counted). The download has every rated reply with the conversation up to it, for evaluation; no user names.'),
+      download, el('div', { id: 'ld-feedback-body' }));
+    this.root.append(bar, tiles, grid, slow, bench, tune, feedback);
   }
 
   setWindow(w: string): void {
@@ -158,6 +169,7 @@ class Dashboard {
     try {
       const data = await request<Data>('GET', `${this.dataUrl}?window=${encodeURIComponent(this.window)}`);
       this.render(data);
+      void this.refreshFeedback();
       status.textContent = `updated ${new Date().toLocaleTimeString()} · ${data.bucket_s}s buckets`;
       this.root.dataset.ready = '1';
     } catch (err) {
@@ -406,6 +418,39 @@ class Dashboard {
       }
     }
     box.replaceChildren(runs.length ? table : el('p', { class: 'ld-help' }, 'No runs yet.'));
+  }
+
+  async refreshFeedback(): Promise<void> {
+    const box = this.root.querySelector('#ld-feedback-body') as HTMLElement;
+    let f: FeedbackSummary;
+    try {
+      f = await request<FeedbackSummary>('GET', '/api/feedback/');
+    } catch (err) {
+      box.replaceChildren(el('p', { class: 'ld-help' }, `Could not load the feedback: ${(err as Error).message}`));
+      return;
+    }
+    const counts = el('table', { class: 'ld-table', 'data-testid': 'feedback-counts' });
+    const head = el('tr');
+    head.append(el('th', {}, 'model'), el('th', {}, '👍 up'), el('th', {}, '👎 down'), el('th', {}, 'share up'));
+    counts.append(head);
+    for (const m of f.models) {
+      const tr = el('tr');
+      const total = m.up + m.down;
+      tr.append(el('td', {}, m.model), el('td', { class: 'num' }, String(m.up)), el('td', { class: 'num' }, String(m.down)),
+        el('td', { class: 'num' }, total ? `${Math.round((100 * m.up) / total)}%` : '–'));
+      counts.append(tr);
+    }
+    const recent = el('table', { class: 'ld-table', 'data-testid': 'feedback-recent' });
+    const rhead = el('tr');
+    rhead.append(el('th', {}, 'when'), el('th', {}, 'rating'), el('th', {}, 'comment'), el('th', {}, 'reply'), el('th', {}, 'model'), el('th', {}, 'conversation'));
+    recent.append(rhead);
+    for (const r of f.recent) {
+      const tr = el('tr', { 'data-message-id': String(r.message_id), 'data-rating': r.rating });
+      tr.append(el('td', {}, r.at ? new Date(r.at).toLocaleString() : ''), el('td', {}, r.rating === 'up' ? '👍 up' : '👎 down'),
+        el('td', {}, r.comment), el('td', { class: 'ld-muted' }, r.reply), el('td', {}, r.model || ''), el('td', {}, String(r.conversation_id)));
+      recent.append(tr);
+    }
+    box.replaceChildren(...(f.recent.length ? [counts, el('h3', {}, 'Newest'), recent] : [el('p', { class: 'ld-help' }, 'No feedback yet.')]));
   }
 
   async startBenchmark(): Promise<void> {

@@ -2,7 +2,9 @@ import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
 import { ApiKeys, KEY_NAME_MAX_CHARS, keysApi, type ApiKeyInfo, type KeysPort } from '../api-keys';
 import { SharedLinks, sharingApi, type SharedLink, type SharingPort } from '../sharing';
 import { copyText } from './clipboard';
+import type { SavedPrompts } from '../prompts';
 import { InstructionsSection } from './InstructionsSection';
+import { ExportSection, PromptsSection } from './LibrarySections';
 import { useModal, when } from './modal';
 import './account.css';
 
@@ -12,13 +14,15 @@ interface Props {
   onOpenConversation?(id: number): void;
   /** The custom instructions were saved (new chats' default system prompt changed). */
   onInstructionsSaved?(): void;
+  /** The saved prompts, managed here. */
+  prompts?: SavedPrompts;
   /** For tests: the server's endpoints by default. */
   keys?: KeysPort;
   sharing?: SharingPort;
 }
 
 /** The account's custom instructions, API keys and shared links, managed from the chat. */
-export function AccountDialog({ onClose, onOpenConversation, onInstructionsSaved, keys = keysApi, sharing = sharingApi }: Props) {
+export function AccountDialog({ onClose, onOpenConversation, onInstructionsSaved, prompts, keys = keysApi, sharing = sharingApi }: Props) {
   const keyState = useMemo(() => new ApiKeys(keys), [keys]);
   const linkState = useMemo(() => new SharedLinks(sharing), [sharing]);
   const close = () => {
@@ -38,6 +42,8 @@ export function AccountDialog({ onClose, onOpenConversation, onInstructionsSaved
       <div class="dialog account-dialog" role="dialog" aria-modal="true" aria-labelledby="account-title" data-testid="account-dialog" tabIndex={-1} {...modal}>
         <h2 id="account-title">Your account</h2>
         <InstructionsSection say={setStatus} onSaved={onInstructionsSaved} />
+        {prompts ? <PromptsSection prompts={prompts} say={setStatus} /> : null}
+        <ExportSection say={setStatus} />
         <KeysSection state={keyState} say={setStatus} />
         <LinksSection state={linkState} say={setStatus} onOpenConversation={onOpenConversation} onClose={close} />
         <p class="sr-only" role="status" data-testid="account-status">{status}</p>

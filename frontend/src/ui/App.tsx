@@ -9,6 +9,8 @@ import { ModelPicker } from './ModelPicker';
 import { SettingsDialog } from './SettingsDialog';
 import { ShareDialog } from './ShareDialog';
 import { Sidebar } from './Sidebar';
+import { Palette, ShortcutsDialog, type Command } from './Palette';
+import { stopSpeech } from '../speech';
 
 export interface AppProps {
   username: string;
@@ -29,7 +31,8 @@ export function App(props: AppProps) {
   const chat = useChat();
   const { conversations, protocol, ui } = chat;
   const currentId = conversations.currentId.value;
-  const title = conversations.conversation(currentId)?.title;
+  const temporary = conversations.isTemporary(currentId);
+  const title = temporary ? 'Temporary chat' : conversations.conversation(currentId)?.title;
   const conn = ui.conn.value;
   const toasts = ui.toasts.value;
   const announcement = ui.announcement.value;
@@ -39,6 +42,8 @@ export function App(props: AppProps) {
   const [accountOpen, setAccountOpen] = useState(false);
   const [drawer, setDrawer] = useState(false);
   const [dragging, setDragging] = useState(false);
+  const [paletteOpen, setPaletteOpen] = useState(false);
+  const [shortcutsOpen, setShortcutsOpen] = useState(false);
   // The key listener is added once and reads these, so a key pressed between a render and
   // the next effect never acts on the state before it (an Escape that stopped a reply
   // instead of closing the dialog that had just opened).
@@ -50,7 +55,10 @@ export function App(props: AppProps) {
     return watchSystemTheme(setThemeState);
   }, []);
 
-  useEffect(() => setShareOpen(false), [currentId]);
+  useEffect(() => {
+    setShareOpen(false);
+    stopSpeech();
+  }, [currentId]);
 
   useEffect(() => {
     document.title = title ? `${title} · Chat` : 'Chat';
@@ -63,6 +71,18 @@ export function App(props: AppProps) {
         e.preventDefault();
         conversations.newChat();
         setDrawer(false);
+        return;
+      }
+      if (mod && !e.shiftKey && !e.altKey && (e.key === 'k' || e.key === 'K' || e.code === 'KeyK')) {
+        e.preventDefault();
+        setShortcutsOpen(false);
+        setPaletteOpen((was) => !was);
+        return;
+      }
+      // `?` shows the shortcuts, except where it is being typed.
+      if (e.key === '?' && !mod && !e.altKey && !typing(e.target)) {
+        e.preventDefault();
+        setShortcutsOpen(true);
         return;
       }
       if (e.key === 'Escape' && !e.defaultPrevented) {
@@ -87,6 +107,18 @@ export function App(props: AppProps) {
   }, []);
 
   const toggleTheme = () => setThemeState(setTheme(theme === 'dark' ? 'light' : 'dark'));
+  const paletteActions: Command[] = [
+    { id: 'new-chat', label: 'New chat', group: 'Actions', run: () => conversations.newChat(false) },
+    { id: 'new-temporary-chat', label: 'New temporary chat', hint: 'not saved, gone when the tab closes', group: 'Actions', run: () => conversations.newChat(true) },
+    { id: 'export-all', label: 'Export all conversations', group: 'Actions', run: () => setAccountOpen(true) },
+    { id: 'saved-prompts', label: 'Manage saved prompts', group: 'Actions', run: () => setAccountOpen(true) },
+    { id: 'settings', label: 'Conversation settings', group: 'Actions', run: () => setSettingsOpen(true) },
+    { id: 'theme', label: theme === 'dark' ? 'Light theme' : 'Dark theme', group: 'Actions', run: toggleTheme },
+    { id: 'shortcuts', label: 'Keyboard shortcuts', group: 'Actions', run: () => setShortcutsOpen(true) },
+  ];
+  const insertPrompt = (text: string) => {
+    ui.setDraft(conversations.currentKey.value, text, true);
+  };
 
   return (
     <div class={'app' + (drawer ? ' drawer-open' : '')} data-testid="app">
@@ -142,18 +174,36 @@ export function App(props: AppProps) {
               stays whole and a finger's width. */}
           <div class="head-tools">
             <ModelPicker />
-            {currentId != null ? (
+            {currentId == null ? (
+              <button
+                type="button"
+                class={'icon-btn temporary-toggle' + (temporary ? ' on' : '')}
+                data-testid="temporary-toggle"
+                aria-pressed={temporary}
+                title={temporary ? 'This new chat is temporary: press to make it a saved one' : 'Make this new chat temporary: not saved in your history'}
+                onClick={() => conversations.setTemporaryMode(!temporary)}
+              >
+                Temporary
+              </button>
+            ) : null}
+            {currentId != null && !temporary ? (
               <span class="exports">
                 <a class="icon-btn" data-testid="export-md" href={exportUrl(currentId, 'md')} download title="Export as Markdown">MD</a>
                 <a class="icon-btn" data-testid="export-json" href={exportUrl(currentId, 'json')} download title="Export as JSON">JSON</a>
+                <a class="icon-btn" data-testid="export-txt" href={exportUrl(currentId, 'txt')} download title="Export as plain text">TXT</a>
               </span>
             ) : null}
-            {currentId != null ? (
+            {currentId != null && !temporary ? (
               <button type="button" class="icon-btn" data-testid="share-button" aria-haspopup="dialog" title="Share a read-only link" onClick={() => setShareOpen(true)}>Share</button>
             ) : null}
           </div>
           <button type="button" class="icon-btn settings-btn" data-testid="settings-button" aria-label="Conversation settings" title="Settings" onClick={() => setSettingsOpen(true)}>⚙</button>
         </header>
+        {temporary ? (
+          <div class="temporary-banner" role="note" data-testid="temporary-banner">
+            <strong>Temporary chat.</strong> Not saved in your history, not searchable, not shareable, and gone when you close or reload this tab or open another chat.
+          </div>
+        ) : null}
         <MessageList />
         <Composer dragging={dragging} />
         {dragging ? (
@@ -164,7 +214,9 @@ export function App(props: AppProps) {
       </main>
       {settingsOpen ? <SettingsDialog key={String(currentId)} onClose={() => setSettingsOpen(false)} /> : null}
       {shareOpen && currentId != null ? <ShareDialog conversationId={currentId} username={props.username} onClose={() => setShareOpen(false)} /> : null}
-      {accountOpen ? <AccountDialog onClose={() => setAccountOpen(false)} onOpenConversation={(id) => conversations.select(id)} onInstructionsSaved={() => void chat.server.loadLimits()} /> : null}
+      {paletteOpen ? <Palette onClose={() => setPaletteOpen(false)} actions={paletteActions} onInsert={insertPrompt} /> : null}
+      {shortcutsOpen ? <ShortcutsDialog onClose={() => setShortcutsOpen(false)} /> : null}
+      {accountOpen ? <AccountDialog prompts={chat.prompts} onClose={() => setAccountOpen(false)} onOpenConversation={(id) => conversations.select(id)} onInstructionsSaved={() => void chat.server.loadLimits()} /> : null}
       {/* Always in the page (a live region added with its text is not read); the same words
           twice differ by a trailing space, so a second identical reply is read too. */}
       <div class="sr-only" role="status" aria-live="polite" aria-atomic="true" data-testid="reply-announcer">
@@ -180,4 +232,11 @@ export function App(props: AppProps) {
       </div>
     </div>
   );
+}
+
+/** Whether a key goes into a text field (where `?` is a character, not a shortcut). */
+function typing(target: EventTarget | null): boolean {
+  const el = target as HTMLElement | null;
+  if (!el || !el.tagName) return false;
+  return el.isContentEditable || ['INPUT', 'TEXTAREA', 'SELECT'].includes(el.tagName);
 }

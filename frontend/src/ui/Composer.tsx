@@ -3,6 +3,7 @@ import type { Chat } from '../chat';
 import type { ThreadKey } from '../ui-state';
 import { cleanSettings } from '../protocol';
 import { stopState } from '../paused';
+import { matching, slashQuery, type SavedPrompt } from '../prompts';
 import { DraftChips, PaperclipIcon, PromptCount } from './Attachments';
 import { useChat } from './hooks';
 
@@ -48,6 +49,26 @@ export function Composer({ dragging }: ComposerProps) {
   const ta = useRef<HTMLTextAreaElement>(null);
   const picker = useRef<HTMLInputElement>(null);
   const ready = drafts.filter((d) => d.status === 'ready');
+  // `/name` at the start of the box offers the saved prompts (chat.prompts).
+  const slash = slashQuery(text);
+  const [menuIndex, setMenuIndex] = useState(0);
+  const [menuClosed, setMenuClosed] = useState(false);
+  const saved = chat.prompts.list.value;
+  const options = slash != null && !menuClosed ? matching(saved, slash).slice(0, 8) : [];
+  useEffect(() => {
+    if (slash == null) setMenuClosed(false);
+    else chat.prompts.load().catch(() => undefined);
+    setMenuIndex(0);
+  }, [slash]);
+  const usePrompt = (p: SavedPrompt) => {
+    setText(p.text);
+    ui.setDraft(key, p.text);
+    const el = ta.current;
+    if (el) {
+      el.focus();
+      setTimeout(() => el.setSelectionRange(p.text.length, p.text.length), 0);
+    }
+  };
   const uploading = drafts.some((d) => d.status === 'uploading');
 
   useEffect(() => {
@@ -114,6 +135,28 @@ export function Composer({ dragging }: ComposerProps) {
         </div>
       ) : null}
       <DraftChips drafts={drafts} tokens={tokens} onRemove={(k) => attachments.remove(key, k)} />
+      {options.length ? (
+        <ul class="prompt-menu" id="prompt-menu" role="listbox" aria-label="Saved prompts" data-testid="prompt-menu">
+          {options.map((p, i) => (
+            <li
+              key={p.id}
+              id={'prompt-option-' + i}
+              role="option"
+              aria-selected={i === menuIndex}
+              class={'prompt-option' + (i === menuIndex ? ' active' : '')}
+              data-testid="prompt-option"
+              onMouseDown={(e) => {
+                e.preventDefault(); // the box keeps the focus
+                usePrompt(p);
+              }}
+            >
+              <code>/{p.name}</code> <span class="muted">{p.text.slice(0, 90)}</span>
+            </li>
+          ))}
+        </ul>
+      ) : slash != null && !menuClosed && chat.prompts.list.value.length === 0 ? (
+        <div class="prompt-menu muted" data-testid="prompt-menu-empty">No saved prompts yet: add them under Your account (or keep typing to send “/…” as it is).</div>
+      ) : null}
       <PromptCount m={measure} />
       <div class="composer-box">
         <button
@@ -158,7 +201,29 @@ export function Composer({ dragging }: ComposerProps) {
             e.preventDefault();
             attach(files);
           }}
+          aria-controls={options.length ? 'prompt-menu' : undefined}
+          aria-activedescendant={options.length ? 'prompt-option-' + menuIndex : undefined}
+          aria-autocomplete={slash != null ? 'list' : undefined}
           onKeyDown={(e) => {
+            if (options.length) {
+              if (e.key === 'ArrowDown' || e.key === 'ArrowUp') {
+                e.preventDefault();
+                const d = e.key === 'ArrowDown' ? 1 : -1;
+                setMenuIndex((i) => (i + d + options.length) % options.length);
+                return;
+              }
+              if ((e.key === 'Enter' && !e.shiftKey) || e.key === 'Tab') {
+                e.preventDefault();
+                usePrompt(options[Math.min(menuIndex, options.length - 1)]);
+                return;
+              }
+              if (e.key === 'Escape') {
+                e.preventDefault();
+                e.stopPropagation();
+                setMenuClosed(true);
+                return;
+              }
+            }
             if (e.key === 'Enter' && !e.shiftKey && !e.isComposing && (e as KeyboardEvent).keyCode !== 229) {
               e.preventDefault();
               send();
@@ -192,7 +257,7 @@ export function Composer({ dragging }: ComposerProps) {
           </button>
         )}
       </div>
-      <div class="composer-hint">Enter to send · Shift+Enter for a new line · Esc stops · Ctrl+Shift+O new chat · drop or paste files to attach them</div>
+      <div class="composer-hint">Enter to send · Shift+Enter for a new line · Esc stops · / saved prompts · Ctrl+K search and commands · ? shortcuts · drop or paste files to attach them</div>
     </form>
   );
 }

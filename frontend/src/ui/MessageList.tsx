@@ -39,6 +39,7 @@ export function MessageList() {
         protocol.continueReply(id);
       },
       alternative: (id, d) => void conversations.showAlternative(id, d),
+      feedback: async (id, rating, comment) => (await conversations.giveFeedback(id, rating, comment)).ok,
     }),
     [conversations, protocol],
   );

@@ -3,11 +3,14 @@ import { useLayoutEffect, useMemo, useRef, useState } from 'preact/hooks';
 import { formatFigures, hasFigures } from '../format';
 import { renderMarkdown } from '../markdown';
 import { applyMathStyles } from '../math';
-import type { Message } from '../types';
+import { canSpeak, speakableText, speaking, toggleSpeech } from '../speech';
+import type { Message, Rating } from '../types';
 import { MessageAttachments, MessageSources } from './Attachments';
 import { copyText } from './clipboard';
 
 export interface MessageActions {
+  /** Thumbs up or down on a reply (null takes it back), with an optional comment. */
+  feedback(id: number, rating: Rating | null, comment?: string): Promise<boolean>;
   regenerate(id: number): void;
   continueReply(id: number): void;
   edit(id: number, text: string): boolean;
@@ -33,6 +36,92 @@ const FINISH_WORDS: Record<string, string> = {
   error: 'Cut short by an error.',
   interrupted: 'Interrupted: the server restarted while writing this reply. It is kept as far as it got.',
 };
+
+/** 👍 / 👎 on a reply, and a comment box that opens after either (optional: Skip closes it). */
+function FeedbackButtons({ m, actions }: { m: Message; actions: MessageActions }) {
+  const given = m.feedback?.rating ?? null;
+  const [asking, setAsking] = useState<Rating | null>(null);
+  const [comment, setComment] = useState('');
+  const [thanks, setThanks] = useState(false);
+  const box = useRef<HTMLTextAreaElement>(null);
+  const rate = async (r: Rating) => {
+    if (given === r) {
+      // Pressed again: taken back.
+      setAsking(null);
+      await actions.feedback(m.id, null);
+      return;
+    }
+    if (await actions.feedback(m.id, r, '')) {
+      setComment('');
+      setAsking(r);
+      setThanks(false);
+      setTimeout(() => box.current?.focus(), 0);
+    }
+  };
+  const sendComment = async () => {
+    if (asking && comment.trim() && (await actions.feedback(m.id, asking, comment))) {
+      setAsking(null);
+      setThanks(true);
+    }
+  };
+  return (
+    <>
+      <button type="button" class={'icon-btn thumb' + (given === 'up' ? ' on' : '')} data-testid="feedback-up" aria-label="Good reply" aria-pressed={given === 'up'} title="Good reply" onClick={() => void rate('up')}>
+        👍
+      </button>
+      <button type="button" class={'icon-btn thumb' + (given === 'down' ? ' on' : '')} data-testid="feedback-down" aria-label="Bad reply" aria-pressed={given === 'down'} title="Bad reply" onClick={() => void rate('down')}>
+        👎
+      </button>
+      {asking ? (
+        <span class="feedback-box" role="group" aria-label="Tell us more" data-testid="feedback-form">
+          <textarea
+            ref={box}
+            rows={2}
+            maxLength={2000}
+            data-testid="feedback-comment"
+            aria-label={asking === 'up' ? 'What was good about this reply? (optional)' : 'What was wrong with this reply? (optional)'}
+            placeholder={asking === 'up' ? 'What was good? (optional)' : 'What was wrong? (optional)'}
+            value={comment}
+            onInput={(e) => setComment((e.target as HTMLTextAreaElement).value)}
+            onKeyDown={(e) => {
+              if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) {
+                e.preventDefault();
+                void sendComment();
+              } else if (e.key === 'Escape') {
+                e.stopPropagation();
+                setAsking(null);
+              }
+            }}
+          />
+          <button type="button" class="btn small primary" data-testid="feedback-send" disabled={!comment.trim()} onClick={() => void sendComment()}>Send</button>
+          <button type="button" class="btn small" data-testid="feedback-skip" onClick={() => setAsking(null)}>Skip</button>
+        </span>
+      ) : thanks ? (
+        <span class="muted feedback-thanks" role="status" data-testid="feedback-thanks">Thanks for the feedback.</span>
+      ) : null}
+    </>
+  );
+}
+
+function ReadAloud({ m, content }: { m: Message; content: { current: HTMLElement | null } }) {
+  const on = speaking.value === m.id;
+  return (
+    <button
+      type="button"
+      class="icon-btn"
+      data-testid="message-read-aloud"
+      aria-pressed={on}
+      aria-label={on ? 'Stop reading aloud' : 'Read aloud'}
+      title={on ? 'Stop reading' : 'Read aloud (your browser\'s voice)'}
+      onClick={() => {
+        const md = content.current?.querySelector<HTMLElement>('.md');
+        toggleSpeech(m.id, md ? speakableText(md) : m.text);
+      }}
+    >
+      {on ? 'Stop reading' : 'Read aloud'}
+    </button>
+  );
+}
 
 function Markdown({ text, streaming }: { text: string; streaming: boolean }) {
   const html = useMemo(() => renderMarkdown(text, streaming), [text, streaming]);
@@ -201,6 +290,8 @@ function MessageViewInner({ m, busy, actions, figures, last = false, paused }: P
               {last && m.role === 'assistant' && m.status === 'complete' && m.finish_reason === 'length' ? (
                 <button type="button" class="icon-btn" data-testid="message-continue" aria-label="Continue this reply" title="Continue from where the reply was cut off" disabled={busy} onClick={() => actions.continueReply(m.id)}>Continue</button>
               ) : null}
+              {m.role === 'assistant' && m.text && canSpeak() ? <ReadAloud m={m} content={el} /> : null}
+              {m.role === 'assistant' ? <FeedbackButtons m={m} actions={actions} /> : null}
               {m.role === 'assistant' ? (
                 <button type="button" class="icon-btn" data-testid="message-regenerate" aria-label="Regenerate reply" title="Regenerate" disabled={busy} onClick={() => actions.regenerate(m.id)}>Regenerate</button>
               ) : null}

@@ -180,13 +180,32 @@ def multiprocess() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 
-def exposition() -> tuple[bytes, str]:
-    """The text a scrape gets, and its content type."""
+class _Labelled:
+    """A registry's samples, each with one more label: the web replica that serves them,
+    so that a Prometheus scraping several replicas behind one proxy (or one name in DNS)
+    keeps their series apart."""
+
+    def __init__(self, source: Any, name: str, value: str) -> None:
+        self.source, self.name, self.value = source, name, value
+
+    def collect(self) -> Any:
+        for family in self.source.collect():
+            family.samples = [
+                s._replace(labels={**s.labels, self.name: self.value}) for s in family.samples
+            ]
+            yield family
+
+
+def exposition(replica: str = "") -> tuple[bytes, str]:
+    """The text a scrape gets, and its content type; every series labelled
+    `replica="<replica>"` when one is given."""
+    source: Any = REGISTRY
     if multiprocess():
-        merged = CollectorRegistry()
-        MultiProcessCollector(merged)
-        return generate_latest(merged), CONTENT_TYPE_LATEST
-    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+        source = CollectorRegistry()
+        MultiProcessCollector(source)
+    if replica:
+        source = _Labelled(source, "replica", replica)
+    return generate_latest(source), CONTENT_TYPE_LATEST
 
 
 def observe_request(model: str, fig: dict[str, Any], itl: list[float]) -> None:

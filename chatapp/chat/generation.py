@@ -16,7 +16,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from channels.db import database_sync_to_async
 from django.conf import settings
@@ -35,6 +35,9 @@ from inference.engine import (
     SamplingParams,
 )
 from inference.workers.protocol import is_worker_lost
+
+if TYPE_CHECKING:
+    from chatapp.chat.replicas import Replicas
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,22 @@ def model_missing_text(model: str) -> str:
 @dataclass(eq=False)
 class Subscription:
     queue: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+
+
+class Reply(Protocol):
+    """A reply as a socket watches it: a Generation here, or one another web replica
+    generates (replicas.RemoteReply)."""
+
+    message_id: int
+    text: str
+    deltas_sent: int
+    finished: bool
+
+    def subscribe(self) -> Subscription: ...
+
+    def unsubscribe(self, sub: Subscription) -> None: ...
+
+    def stop(self, reason: str = "abort") -> None: ...
 
 
 def message_figures(m: RequestFigures | None) -> dict[str, Any]:
@@ -187,6 +206,10 @@ class Generation:
         error_code: str | None = None
         figures: RequestFigures | None = None
         try:
+            shared = self.registry.replicas()
+            if shared is not None:
+                # Other web replicas find it there, to resume or stop it.
+                await shared.publish(self.message_id)
             client = await asyncio.to_thread(get_engine_client, self.model or None)
             # The owner's scope: nobody else's prefix or response cache sees this prompt.
             salt = prefix_cache_salt(self.owner_id) if self.owner_id is not None else None
@@ -273,6 +296,9 @@ class Generation:
                 }
             )
         self._publish(done_event(self.message_id, status, finish_reason, figures, message))
+        shared = self.registry.replicas()
+        if shared is not None:
+            await asyncio.shield(shared.withdraw(self.message_id))
         self.registry.forget(self)
         await send_request_ended(
             "chat",
@@ -355,6 +381,36 @@ class GenerationRegistry:
         self.by_conversation: dict[int, int] = {}
         self.reserved: set[Reservation] = set()
         self.draining = False
+        self._replicas: Replicas | None = None
+
+    def replicas(self) -> Replicas | None:
+        """The replies of the other web replicas (the Redis channel layer); None in a
+        single process (the in-memory layer)."""
+        from chatapp.chat import replicas
+
+        if not replicas.enabled():
+            return None
+        if self._replicas is None:
+            self._replicas = replicas.Replicas(self)
+        return self._replicas
+
+    async def find(self, message_id: int) -> Reply | None:
+        """The reply being generated, here or by another web replica (attached)."""
+        gen = self.get(message_id)
+        if gen is not None:
+            return gen
+        shared = self.replicas()
+        return await shared.find(message_id) if shared is not None else None
+
+    async def stop(self, message_id: int) -> None:
+        """Stop the reply, wherever it is being generated."""
+        gen = self.get(message_id)
+        if gen is not None:
+            gen.stop("abort")
+            return
+        shared = self.replicas()
+        if shared is not None:
+            await shared.stop(message_id)
 
     def get(self, message_id: int) -> Generation | None:
         return self.by_message.get(message_id)
@@ -437,5 +493,5 @@ class GenerationRegistry:
 registry = GenerationRegistry()
 
 
-def message_snapshot(gen: Generation, message: dict[str, Any]) -> dict[str, Any]:
+def message_snapshot(gen: Reply, message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "text": gen.text, "status": Message.Status.STREAMING, "seq": gen.deltas_sent}

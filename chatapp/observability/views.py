@@ -38,7 +38,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
             return HttpResponse("staff only\n", status=403)
     # A scrape sees the engines as they are now, not as of the last sample.
     engine_samples.refresh_prometheus()
-    body, content_type = metrics.exposition()
+    body, content_type = metrics.exposition(settings.METRICS_REPLICA)
     return HttpResponse(body, content_type=content_type)
 
 

@@ -3,6 +3,7 @@ environment; README.md lists the variables."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -148,10 +149,11 @@ WHITENOISE_USE_FINDERS = True
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 
-# Rate-limit counters live in the cache: set CACHE_URL (Redis) when several processes
-# serve, so they share one count.
+# Rate-limit counters live in the cache, which several processes must share: CACHE_URL
+# (Redis), else with the Redis channel layer (several web replicas) REDIS_URL under the
+# layer's prefix, else this process's memory.
 CACHE_URL = env_str("CACHE_URL", "")
-CACHES = {
+CACHES: dict[str, dict[str, Any]] = {
     "default": (
         {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL}
         if CACHE_URL
@@ -177,6 +179,12 @@ if CHANNEL_LAYER == "redis":
             },
         }
     }
+    if not CACHE_URL:
+        CACHES["default"] = {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": f"{CHANNEL_LAYER_PREFIX}:cache",
+        }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
@@ -287,6 +295,12 @@ OPENAI_MAX_KEYS_PER_USER = env_int("OPENAI_MAX_KEYS_PER_USER", 20)
 # --- Observability and offline jobs (chatapp/observability, chatapp/jobs) ---
 # /metrics is readable by staff, or with "Authorization: Bearer <METRICS_BEARER_TOKEN>".
 METRICS_BEARER_TOKEN = env_str("METRICS_BEARER_TOKEN", "")
+# Every /metrics series is labelled replica="<this>", so several web replicas scraped
+# behind one proxy stay apart: by default the host's name (a container's, under compose)
+# where several processes serve (the Redis channel layer), none for the one process.
+METRICS_REPLICA = env_str(
+    "METRICS_REPLICA", socket.gethostname() if CHANNEL_LAYER == "redis" else ""
+)
 # Background threads of the web process: its scheduler (PERIODIC_TASKS), in-process jobs.
 OBS_BACKGROUND = env_bool("OBS_BACKGROUND", True)
 OBS_SAMPLE_INTERVAL_S = env_float("OBS_SAMPLE_INTERVAL_S", 5.0)

@@ -29,8 +29,8 @@ MEANINGS: dict[str, str] = {
     "LOGIN_FAILURE_WINDOW_S": "the log-in throttle's window, opened by the first failure",
     "REDIS_URL": "Redis for the channel layer (and, with db 3, the engine workers)",
     "CACHE_URL": (
-        "Redis for Django's cache (rate-limit and log-in counters); set it when several "
-        "processes serve, so they share one count; empty: per-process memory"
+        "Redis for Django's cache (rate-limit and log-in counters), shared by every process; "
+        "empty: `REDIS_URL` with `CHANNEL_LAYER=redis`, else per-process memory"
     ),
     "CHANNEL_LAYER": "`memory` (one process) or `redis` (several web processes)",
     "CHANNEL_LAYER_PREFIX": (
@@ -117,6 +117,10 @@ MEANINGS: dict[str, str] = {
     "OPENAI_MAX_CONCURRENT": "an API key's default requests at once",
     "OPENAI_MAX_KEYS_PER_USER": "live API keys one account may make for itself",
     "METRICS_BEARER_TOKEN": "the bearer token Prometheus sends for `/metrics` (staff need none)",
+    "METRICS_REPLICA": (
+        "the `replica` label of every `/metrics` series; default: the host's name with the "
+        "Redis channel layer, none otherwise"
+    ),
     "OBS_BACKGROUND": "run the web process's scheduler and in-process jobs in background threads",
     "OBS_SAMPLE_INTERVAL_S": "how often the engine's live stats are sampled for the dashboard",
     "OBS_RAW_RETENTION_HOURS": "how long raw request figures (and KV tier upkeep passes) are kept",

@@ -195,6 +195,7 @@ SHOWN_DEFAULTS: dict[str, str] = {
     "DATABASE_URL": "`sqlite:///var/db.sqlite3`",
     "CELERY_TASK_ALWAYS_EAGER": "true without a broker",
     "ENGINE_WORKERS_REDIS_URL": "`REDIS_URL` with db 3",
+    "METRICS_REPLICA": "the host's name with `CHANNEL_LAYER=redis`, else none",
     "BENCH_COMMAND": "`python -m inference.bench --quick --skip-hf`",
     "DJANGO_SETTINGS_MODULE": "`chatapp.settings.dev`",
     "CHATAPP_CACHE_DIR": "`$XDG_CACHE_HOME/chatapp`",

@@ -137,8 +137,8 @@ def create(kind: str, user: Any = None, params: dict[str, Any] | None = None) ->
     if kind == Job.Kind.EXPORT:
         if user is None:
             raise ValueError("an export is of one user's conversations: name the user")
-        if (params or {}).get("format", "md") not in ("md", "json"):
-            raise ValueError("the export format must be 'md' or 'json'")
+        if (params or {}).get("format", "md") not in ("md", "json", "txt"):
+            raise ValueError("the export format must be 'md', 'json' or 'txt'")
     return Job.objects.create(kind=kind, user=user, params=params or {})
 
 

@@ -15,7 +15,8 @@ export function canSpeak(): boolean {
  */
 export function speakableText(rendered: HTMLElement): string {
   const copy = rendered.cloneNode(true) as HTMLElement;
-  copy.querySelectorAll('pre').forEach((pre) => pre.replaceWith(document.createTextNode(' (code block) ')));
+  copy.querySelectorAll('.code-block, pre').forEach((block) => block.replaceWith(document.createTextNode(' (code block) ')));
+  copy.querySelectorAll('button').forEach((b) => b.remove());
   copy.querySelectorAll('.katex-mathml').forEach((el) => el.remove());
   return (copy.textContent || '').replace(/\s+/g, ' ').trim();
 }

@@ -195,6 +195,8 @@ def test_a_conversation_exports_as_plain_text(plain_user) -> None:
     r = c.get(f"/api/conversations/{conv.pk}/export.txt")
     assert r.status_code == 200 and r["Content-Type"].startswith("text/plain")
     assert r.content.decode() == ("tides\n\nYou:\nquestion of tides\n\nAssistant:\nanswer tides\n")
+    bad = c.post("/api/exports/", {"format": "pdf"}, "application/json")
+    assert bad.status_code == 400
     job = Job.objects.create(kind=Job.Kind.EXPORT, user=plain_user, params={"format": "txt"})
     export.export_all(job)
     job.refresh_from_db()

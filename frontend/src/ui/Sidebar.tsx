@@ -310,7 +310,7 @@ export function Sidebar(props: Props) {
       <div class="sidebar-foot">
         <span class="user" data-testid="username" title={props.username}>{props.username}</span>
         {props.onOpenAccount ? (
-          <button type="button" class="icon-btn" data-testid="account-button" aria-haspopup="dialog" title="API keys and shared links" onClick={props.onOpenAccount}>Account</button>
+          <button type="button" class="icon-btn" data-testid="account-button" aria-haspopup="dialog" title="Instructions, saved prompts, exports, API keys and shared links" onClick={props.onOpenAccount}>Account</button>
         ) : null}
         {props.isStaff ? <a class="icon-btn" href="/admin/" data-testid="admin-link">Admin</a> : null}
         <button

@@ -71,7 +71,7 @@ class Command(BaseCommand):
             "--timeout", type=float, default=3600.0, help="seconds --wait waits (3600)"
         )
         parser.add_argument("--user", help="export: whose conversations")
-        parser.add_argument("--format", choices=("md", "json"), help="export (default md)")
+        parser.add_argument("--format", choices=("md", "json", "txt"), help="export (default md)")
         parser.add_argument("--model", help="benchmark: a model folder (default: the engine's)")
         parser.add_argument("--requests", type=int, help="tune: requests per trial")
         parser.add_argument("--rate", type=float, help="tune: arrivals per second")

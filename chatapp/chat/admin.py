@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from chatapp.chat.models import Conversation, Message
+from chatapp.chat.models import Conversation, Message, SavedPrompt
 
 
 class MessageInline(admin.TabularInline):
@@ -20,6 +20,21 @@ class ConversationAdmin(admin.ModelAdmin):
 
 @admin.register(Message)
 class MessageAdmin(admin.ModelAdmin):
-    list_display = ("id", "conversation", "role", "status", "finish_reason", "created_at")
-    list_filter = ("role", "status")
-    search_fields = ("text",)
+    list_display = (
+        "id",
+        "conversation",
+        "role",
+        "status",
+        "finish_reason",
+        "feedback_rating",
+        "created_at",
+    )
+    # feedback_rating: the owners' thumbs (1 up, -1 down; chatapp/chat/feedback.py).
+    list_filter = ("role", "status", "feedback_rating")
+    search_fields = ("text", "feedback_comment")
+
+
+@admin.register(SavedPrompt)
+class SavedPromptAdmin(admin.ModelAdmin):
+    list_display = ("id", "name", "owner", "updated_at")
+    search_fields = ("name", "owner__username")

@@ -549,9 +549,9 @@ def test_prompt_rows_take_the_blocks_with_bf16_activations_where_built(make_engi
     weights exact, x rounded to bf16 as torch's bf16 products round it, float32 sums."""
     monkeypatch.setattr(cpu_backend.Backend, "vnni", property(lambda self: False))
     lin = make_engine(quantization="hybrid").runner.model.layers[0].gate_up
-    if lin.bf16_kind != "bf16" or not lin.bf16_rows:
+    if lin.prompt_product != "bf16" or not lin.prompt_rows:
         pytest.skip("no bf16 prompt products here (no AVX512-BF16, or AMX's tiles)")
-    assert lin.bf16_rows == BF16_BLOCK_ROWS and lin.bf16_kind == "bf16"
+    assert lin.prompt_rows == BF16_BLOCK_ROWS and lin.prompt_product == "bf16"
     w = lin.blocks.dequantize().double()  # type: ignore[union-attr]
     for rows in (9, 21, BF16_BLOCK_ROWS):
         x = torch.randn(rows, w.shape[1])
@@ -571,10 +571,10 @@ def test_prompt_rows_take_the_blocks_on_amx_tiles_where_they_run(make_engine):
     outputs are not whole chunks of 32 keeps the float weights."""
     layer = make_engine(quantization="hybrid").runner.model.layers[0]
     lin = layer.gate_up
-    if lin.bf16_kind != "amx":
+    if lin.prompt_product != "amx":
         assert not kernels.amx_available()
         pytest.skip("no AMX tiles for the kernels here")
-    assert lin.bf16_rows == AMX_BLOCK_ROWS and lin.out_features % AMX_COLUMNS == 0
+    assert lin.prompt_rows == AMX_BLOCK_ROWS and lin.out_features % AMX_COLUMNS == 0
     w = lin.blocks.dequantize()  # type: ignore[union-attr]
     for rows in (9, 17, 40, 300):  # past the 8-bit rows (block_rows)
         x = torch.randn(rows, w.shape[1])
@@ -582,7 +582,7 @@ def test_prompt_rows_take_the_blocks_on_amx_tiles_where_they_run(make_engine):
         # the unpacking's fused d * q + m can round a weight to the other bf16 neighbour
         assert _rel_err(lin(x), want) < 1e-4
     for other in (layer.qkv, layer.o, layer.down):
-        assert other.bf16_rows == (AMX_BLOCK_ROWS if other.out_features % AMX_COLUMNS == 0 else 0)
+        assert other.prompt_rows == (AMX_BLOCK_ROWS if other.out_features % AMX_COLUMNS == 0 else 0)
 
 
 @pytest.fixture(params=["this CPU", "as on AVX2"])
@@ -603,11 +603,11 @@ def test_prompt_rows_take_the_16bit_blocks_where_large_steps_are_fp16(make_engin
     rows takes the 4-bit blocks with x at 16 bits a block: the float product of the GGUF's
     weights to ~1e-4, not of fp16 / bf16 copies."""
     lin = make_engine(quantization="hybrid").runner.model.layers[0].gate_up
-    if lin.bf16_kind != "i16":
+    if lin.prompt_product != "i16":
         assert kernels.cpu_has_native_bf16()
         assert kernels.cpu_has_amx() or not kernels.i16_vnni_available()
         pytest.skip("large steps here are bf16 on AMX, or without the 16-bit VNNI tile")
-    assert lin.bf16_rows == I16_BLOCK_ROWS
+    assert lin.prompt_rows == I16_BLOCK_ROWS
     w = lin.blocks.dequantize().double()  # type: ignore[union-attr]
     for rows in (9, 17, 40, 300):  # past the 8-bit rows (block_rows)
         x = torch.randn(rows, w.shape[1])
@@ -622,8 +622,10 @@ def test_products_the_blocks_take_at_every_size_hold_no_float_copy(make_engine, 
     engine = make_engine(quantization="hybrid")
     model = engine.runner.model
     layers = [(lay.qkv, lay.o, lay.gate_up, lay.down) for lay in model.layers]
-    every_row = [blocks_take_every_row(x.blocks, x.bf16_rows, x.bf16_kind) for x in layers[0]]
-    if layers[0][0].bf16_kind == "i16":
+    every_row = [
+        blocks_take_every_row(x.blocks, x.prompt_rows, x.prompt_product) for x in layers[0]
+    ]
+    if layers[0][0].prompt_product == "i16":
         assert all(every_row)  # the 16-bit product has no constraint on the columns
     for lins in layers:
         for lin, blocks_only in zip(lins, every_row, strict=True):
@@ -654,7 +656,7 @@ def _q8_layer_products_agree(n: int) -> None:
     tiles where they run, is ~2.5e-3 off)."""
     q = Q8_0.quantize(_weight(n, 256))
     lin = Linear(None, "none", q, HYBRID_MAX_ROWS, q8_kind="i16")
-    assert lin.kind == "blocks" and lin.block_rows > 1 << 30 and lin.bf16_rows == 0
+    assert lin.kind == "blocks" and lin.block_rows > 1 << 30 and lin.prompt_rows == 0
     w = q.dequantize().double()
     for rows in (1, 3, 4, 8, 9, 23, 24, 64, 130):
         x = torch.randn(rows, 256)

@@ -143,211 +143,118 @@ static inline __attribute__((always_inline)) void prefetch_for_keys(
     }
 }
 
-#if defined(__AVX512F__)
-/* 16 vectors' sums in one vector (r[j] = the sum of a[j]'s elements): pairs, then quads
- * within 128-bit lanes, then across lanes, ~3 instructions a vector where a horizontal sum
- * each took ~8. */
-static inline __m512 sum16x16(__m512 a[16]) {
-    __m512 b[8], c[4];
-    for (int k = 0; k < 8; k++)
-        b[k] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * k], a[2 * k + 1]),
-                             _mm512_unpackhi_ps(a[2 * k], a[2 * k + 1]));
-    for (int m = 0; m < 4; m++)
-        c[m] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * m], b[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(b[2 * m], b[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                    _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                                    _mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(3, 2, 3, 2)));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(3, 1, 3, 1)));
+/* The decode passes, written once over the build's vector width (simd_mappings.h: VL
+ * floats a vector, VREGS registers). Where the two widths were tuned apart, the choice is
+ * one of these constants of the width, not a second copy of the pass:
+ *
+ * KEYS_HELD: a position's keys (head_dim / VL vectors, at most 4 here) are loaded once into
+ * registers for all G heads, each head's scores summed position by position. With 16
+ * registers the G heads' accumulators would not fit beside them: the 256-bit pass goes head
+ * by head instead, VL positions' keys each (a float16 pool's converted once into kf for
+ * the G heads: converted for each head, the conversions bound the pass, ~0.7x the time
+ * converted once; python -m inference.bench.attention, AVX2 build).
+ *
+ * VALUE_SUMS: the weighted values' accumulators a slice of head_dim holds (G heads' sums
+ * of NC vectors each); the passes over the values go slice by slice.
+ *
+ * TWO_CHAINS: a single head's weighted values summed over even and odd positions apart,
+ * two chains of adds where one head's few accumulators would wait on each other (512-bit,
+ * head_dim up to 128 in 8 vectors). */
+#if VL == 16
+#define KEYS_HELD 1
+#define VALUE_SUMS 16
+#define TWO_CHAINS 1
+#else
+#define KEYS_HELD 0
+#define VALUE_SUMS 12
+#define TWO_CHAINS 0
+#endif
+
+/* A head's VL positions' scores (acc[j]: position j's products, summed across lanes here)
+ * scaled into scores (its first n lanes) and into the head's running maximum. */
+static inline __attribute__((always_inline)) void store_scores(vec acc[VL], vec scale, vmask m,
+                                                               float *scores, vec *mx) {
+    const vec sc = vmul(vsum_each(acc), scale);
+    vstore_first(scores, m, sc);
+    *mx = vmax_first(*mx, m, sc);
 }
 
-/* attention_single where head_dim is a multiple of 16 up to 128, on 512-bit vectors: the
- * query in registers, 16 positions' scores reduced together (sum16x16), the exponentials
- * 16 at a time (exp_scores), the weighted values summed over even and odd positions apart
- * (two chains of adds). The scores are the same dot products summed in another order. */
-static inline __attribute__((always_inline)) void attention_single512_h(
+/* sums[h][c] += position p's weight of head h times its values' slice (v: the slice's
+ * first element; w: position p's weight of head 0, heads ctx apart). Each value loaded
+ * once for the G heads where `load_once`, else once a head (from L1: the G weights then
+ * need no registers of their own). */
+static inline __attribute__((always_inline)) void add_values(vec sums[4][8], const float *w,
+                                                             int ctx, const void *vals,
+                                                             size_t v, const int G,
+                                                             const int NC, const int load_once,
+                                                             const int H) {
+    if (load_once) {
+        vec wh[4];
+        for (int h = 0; h < G; h++) wh[h] = vset1(w[h * ctx]);
+        for (int c = 0; c < NC; c++) {
+            const vec vc = vkv_load(vals, v + VL * c, H);
+            for (int h = 0; h < G; h++) sums[h][c] = vfma(wh[h], vc, sums[h][c]);
+        }
+        return;
+    }
+    for (int h = 0; h < G; h++) {
+        const vec wh = vset1(w[h * ctx]);
+        for (int c = 0; c < NC; c++)
+            sums[h][c] = vfma(wh, vkv_load(vals, v + VL * c, H), sums[h][c]);
+    }
+}
+
+/* A decode row's G query heads of one KV head over its positions (d = VL * ND): VL
+ * positions' scores of a head reduced together (vsum_each) where a horizontal sum each
+ * and a scalar exponential each had taken most of the time; the keys and values read from
+ * memory once for the G heads (attention head after head read them from memory for the
+ * first and from the caches for the others: at 64 rows of 300 positions over scattered
+ * blocks ~0.9x of that, the cached case unchanged; python -m inference.bench.attention);
+ * the blocks fetched ahead (prefetch_position). The exponentials VL at a time
+ * (exp_scores). scores: G * ctx floats; q and o: the G heads' queries and outputs, d apart.
+ * The scores are the same dot products summed in another order. */
+static inline __attribute__((always_inline)) void attention_group_n(
     const LayerShape *s, int ctx, const float *qp, const int64_t *table, const void *keys,
-    const void *vals, float *scores, float *o, const int ahead, const int H) {
-    const int d = s->head_dim, bs = s->block_size, nd = d / 16;
-    __m512 q[8];
-    for (int c = 0; c < 8; c++) q[c] = c < nd ? _mm512_loadu_ps(qp + 16 * c) : _mm512_setzero_ps();
-    const __m512 scale = _mm512_set1_ps(s->scale);
-    __m512 mx = _mm512_set1_ps(-INFINITY);
+    const void *vals, float *scores, float *o, const int G, const int ND, const int ahead,
+    const int H) {
+    const int d = s->head_dim, bs = s->block_size;
+    const vec scale = vset1(s->scale);
+    vec mx[4], q[4][KEYS_HELD ? 8 : 1];
+    for (int h = 0; h < G; h++) {
+        mx[h] = vset1(-INFINITY);
+        if (KEYS_HELD)
+            for (int c = 0; c < ND; c++) q[h][c] = vload(qp + h * d + VL * c);
+    }
+    float kf[H && !KEYS_HELD ? VL * VL * ND : 1] __attribute__((aligned(64)));
     /* The position's block and slot advance together: no division a position. */
     int blk = 0, slot = 0;
-    for (int p0 = 0; p0 < ctx; p0 += 16) {
-        const int n = ctx - p0 < 16 ? ctx - p0 : 16;
-        __m512 acc[16];
-        for (int j = 0; j < 16; j++) {
-            acc[j] = _mm512_setzero_ps();
-            if (j >= n) continue;
-            const size_t k = ((size_t)table[blk] * bs + slot) * d;
-            prefetch_for_keys(s, ctx, table, blk, slot, keys, vals, ahead, H);
-            for (int c = 0; c < 8; c++)
-                if (c < nd) acc[j] = _mm512_fmadd_ps(q[c], kv_load16(keys, k + 16 * c, H), acc[j]);
-            if (++slot == bs) slot = 0, blk++;
-        }
-        const __mmask16 m = first_lanes(n);
-        const __m512 sc = _mm512_mul_ps(sum16x16(acc), scale);
-        _mm512_mask_storeu_ps(scores + p0, m, sc);
-        mx = _mm512_mask_max_ps(mx, m, mx, sc);
-    }
-    const float inv = exp_scores(scores, ctx, mx);
-    __m512 even[8], odd[8];
-    for (int c = 0; c < 8; c++) even[c] = odd[c] = _mm512_setzero_ps();
-    blk = 0;
-    slot = 0;
-    for (int p = 0; p < ctx; p++) {
-        const size_t v = ((size_t)table[blk] * bs + slot) * d;
-        if (ahead) prefetch_position(s, ctx, table, blk + 1, slot, vals, 0, d, 0, H);
-        const __m512 w = _mm512_set1_ps(scores[p]);
-        if (p & 1) {
-            for (int c = 0; c < 8; c++)
-                if (c < nd) odd[c] = _mm512_fmadd_ps(w, kv_load16(vals, v + 16 * c, H), odd[c]);
-        } else {
-            for (int c = 0; c < 8; c++)
-                if (c < nd) even[c] = _mm512_fmadd_ps(w, kv_load16(vals, v + 16 * c, H), even[c]);
-        }
-        if (++slot == bs) slot = 0, blk++;
-    }
-    for (int c = 0; c < nd; c++)
-        _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(_mm512_add_ps(even[c], odd[c]), _mm512_set1_ps(inv)));
-}
-
-static void attention_single512(const LayerShape *s, int ctx, const float *qp,
-                                const int64_t *table, const void *keys, const void *vals,
-                                float *scores, float *o, int ahead) {
-    BY_KV_TYPE(s, attention_single512_h, s, ctx, qp, table, keys, vals, scores, o, ahead);
-}
-
-/* A decode row's G query heads of one KV head together (d = 16 * ND): each key and value
- * is loaded once for all G heads, where attention_single512 head after head read them from
- * memory for the first and from the caches for the others, and the blocks are fetched
- * ahead (prefetch_position). Attention is mostly waiting for memory there: at 64 rows of
- * 300 positions head after head took ~4x as long over blocks scattered as chats' are as
- * over shared (cached) ones; this pass takes ~0.9x of it, the cached case unchanged
- * (python -m inference.bench.attention).
- * scores: G * ctx floats; q and o: the G heads' queries and outputs, d apart. */
-static inline __attribute__((always_inline)) void attention_group512_n(
-    const LayerShape *s, int ctx, const float *qp, const int64_t *table, const void *keys,
-    const void *vals, float *scores, float *o, const int G, const int ND, const int ahead,
-    const int H) {
-    const int d = s->head_dim, bs = s->block_size;
-    __m512 q[4][4], mx[4];
-    for (int h = 0; h < G; h++) {
-        for (int c = 0; c < ND; c++) q[h][c] = _mm512_loadu_ps(qp + h * d + 16 * c);
-        mx[h] = _mm512_set1_ps(-INFINITY);
-    }
-    const __m512 scale = _mm512_set1_ps(s->scale);
-    int blk = 0, slot = 0;
-    for (int p0 = 0; p0 < ctx; p0 += 16) {
-        const int n = ctx - p0 < 16 ? ctx - p0 : 16;
-        __m512 acc[4][16];
-        for (int j = 0; j < 16; j++) {
-            if (j >= n) {
-                for (int h = 0; h < G; h++) acc[h][j] = _mm512_setzero_ps();
-                continue;
+    for (int p0 = 0; p0 < ctx; p0 += VL) {
+        const int n = ctx - p0 < VL ? ctx - p0 : VL;
+        const vmask m = vfirst(n);
+        if (KEYS_HELD) {
+            vec acc[4][VL];
+            for (int j = 0; j < VL; j++) {
+                if (j >= n) {
+                    for (int h = 0; h < G; h++) acc[h][j] = vzero();
+                    continue;
+                }
+                const size_t k = ((size_t)table[blk] * bs + slot) * d;
+                prefetch_for_keys(s, ctx, table, blk, slot, keys, vals, ahead, H);
+                vec kv[8];
+                for (int c = 0; c < ND; c++) kv[c] = vkv_load(keys, k + VL * c, H);
+                for (int h = 0; h < G; h++) {
+                    vec a = vmul(q[h][0], kv[0]);
+                    for (int c = 1; c < ND; c++) a = vfma(q[h][c], kv[c], a);
+                    acc[h][j] = a;
+                }
+                if (++slot == bs) slot = 0, blk++;
             }
-            const size_t k = ((size_t)table[blk] * bs + slot) * d;
-            prefetch_for_keys(s, ctx, table, blk, slot, keys, vals, ahead, H);
-            __m512 kv[4];
-            for (int c = 0; c < ND; c++) kv[c] = kv_load16(keys, k + 16 * c, H);
-            for (int h = 0; h < G; h++) {
-                __m512 a = _mm512_mul_ps(q[h][0], kv[0]);
-                for (int c = 1; c < ND; c++) a = _mm512_fmadd_ps(q[h][c], kv[c], a);
-                acc[h][j] = a;
-            }
-            if (++slot == bs) slot = 0, blk++;
+            for (int h = 0; h < G; h++)
+                store_scores(acc[h], scale, m, scores + h * ctx + p0, &mx[h]);
+            continue;
         }
-        const __mmask16 m = first_lanes(n);
-        for (int h = 0; h < G; h++) {
-            const __m512 sc = _mm512_mul_ps(sum16x16(acc[h]), scale);
-            _mm512_mask_storeu_ps(scores + h * ctx + p0, m, sc);
-            mx[h] = _mm512_mask_max_ps(mx[h], m, mx[h], sc);
-        }
-    }
-    float inv[4];
-    for (int h = 0; h < G; h++) inv[h] = exp_scores(scores + h * ctx, ctx, mx[h]);
-    /* G * ND chains of adds, enough to cover the adds' latency without splitting positions. */
-    __m512 out[4][4];
-    for (int h = 0; h < G; h++)
-        for (int c = 0; c < ND; c++) out[h][c] = _mm512_setzero_ps();
-    blk = 0;
-    slot = 0;
-    for (int p = 0; p < ctx; p++) {
-        const size_t v = ((size_t)table[blk] * bs + slot) * d;
-        if (ahead) prefetch_position(s, ctx, table, blk + 1, slot, vals, 0, d, 0, H);
-        __m512 vv[4];
-        for (int c = 0; c < ND; c++) vv[c] = kv_load16(vals, v + 16 * c, H);
-        for (int h = 0; h < G; h++) {
-            const __m512 w = _mm512_set1_ps(scores[h * ctx + p]);
-            for (int c = 0; c < ND; c++) out[h][c] = _mm512_fmadd_ps(w, vv[c], out[h][c]);
-        }
-        if (++slot == bs) slot = 0, blk++;
-    }
-    for (int h = 0; h < G; h++)
-        for (int c = 0; c < ND; c++)
-            _mm512_storeu_ps(o + h * d + 16 * c, _mm512_mul_ps(out[h][c], _mm512_set1_ps(inv[h])));
-}
-
-/* attention_group512_n for the shapes it is built for (2 to 4 heads a group, head_dim 16,
- * 32 or 64); returns 0 for others. */
-static int attention_group512(const LayerShape *s, int G, int ctx, const float *q,
-                              const int64_t *table, const void *keys, const void *vals,
-                              float *scores, float *o, int ahead) {
-#define GROUP_CASE(g, nd)                                                                   \
-    case (g) * 16 + (nd):                                                                  \
-        BY_KV_TYPE(s, attention_group512_n, s, ctx, q, table, keys, vals, scores, o, g, nd, \
-                   ahead);                                                                 \
-        return 1;
-    if (s->head_dim % 16) return 0;
-    switch (G * 16 + s->head_dim / 16) {
-        GROUP_CASE(2, 1) GROUP_CASE(3, 1) GROUP_CASE(4, 1)
-        GROUP_CASE(2, 2) GROUP_CASE(3, 2) GROUP_CASE(4, 2)
-        GROUP_CASE(2, 4) GROUP_CASE(3, 4) GROUP_CASE(4, 4)
-    }
-#undef GROUP_CASE
-    return 0;
-}
-#else
-/* 8 vectors' sums in one vector (r[j] = the sum of a[j]'s elements): pairs and quads by
- * horizontal adds, then the two 128-bit halves, where a horizontal sum a vector took ~5. */
-static inline __m256 sum8x8(const __m256 a[8]) {
-    const __m256 b0 = _mm256_hadd_ps(a[0], a[1]), b1 = _mm256_hadd_ps(a[2], a[3]);
-    const __m256 b2 = _mm256_hadd_ps(a[4], a[5]), b3 = _mm256_hadd_ps(a[6], a[7]);
-    const __m256 c0 = _mm256_hadd_ps(b0, b1), c1 = _mm256_hadd_ps(b2, b3);
-    return _mm256_add_ps(_mm256_permute2f128_ps(c0, c1, 0x20),
-                         _mm256_permute2f128_ps(c0, c1, 0x31));
-}
-
-/* A decode row's G query heads of one KV head over its positions on 256-bit vectors (d =
- * 8 * ND): 8 positions' scores of a head reduced together (sum8x8) where a horizontal sum
- * each and a scalar exponential each had taken most of the time, the keys and values
- * loaded from memory once for the G heads (the later heads find them in L1), the blocks
- * fetched ahead (prefetch_position). The values go in slices of head_dim whose G heads'
- * sums fit the 16 registers. scores: G * ctx floats; q and o: the G heads', d apart.
- *
- * A float16 pool's keys and values are converted once for the G heads: the 8 keys into
- * float32 in L1 (kf), each value's slice in registers that every head then multiplies.
- * Converted again for each head, the conversions bound the pass: 64 decode rows over 300
- * positions took as long as over a float32 pool, twice the bytes; converted once, ~0.7x
- * with the values fetched ahead (python -m inference.bench.attention, AVX2 build). */
-static inline __attribute__((always_inline)) void attention_group256_n(
-    const LayerShape *s, int ctx, const float *qp, const int64_t *table, const void *keys,
-    const void *vals, float *scores, float *o, const int G, const int ND, const int ahead,
-    const int H) {
-    const int d = s->head_dim, bs = s->block_size;
-    const __m256 scale = _mm256_set1_ps(s->scale), neg_inf = _mm256_set1_ps(-INFINITY);
-    __m256 mx[4];
-    float kf[H ? 8 * 8 * ND : 1] __attribute__((aligned(32)));
-    for (int h = 0; h < G; h++) mx[h] = neg_inf;
-    int blk = 0, slot = 0;
-    for (int p0 = 0; p0 < ctx; p0 += 8) {
-        const int n = ctx - p0 < 8 ? ctx - p0 : 8;
-        size_t kp[8];
-        for (int j = 0; j < 8; j++) {
+        size_t kp[VL];
+        for (int j = 0; j < VL; j++) {
             if (j >= n) {
                 kp[j] = kp[0]; /* a lane past the context: computed, then masked */
                 continue;
@@ -357,88 +264,92 @@ static inline __attribute__((always_inline)) void attention_group256_n(
             if (++slot == bs) slot = 0, blk++;
         }
         if (H && G > 1)
-            for (int j = 0; j < 8; j++)
+            for (int j = 0; j < VL; j++)
                 for (int c = 0; c < ND; c++)
-                    _mm256_store_ps(kf + (j * ND + c) * 8, kv_load8(keys, kp[j] + 8 * c, 1));
-        const __m256i m = vfirst(n);
+                    vstore_aligned(kf + (j * ND + c) * VL, vkv_load(keys, kp[j] + VL * c, 1));
         for (int h = 0; h < G; h++) {
-            __m256 acc[8];
-            for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+            vec acc[VL];
+            for (int j = 0; j < VL; j++) acc[j] = vzero();
             for (int c = 0; c < ND; c++) {
-                const __m256 qc = _mm256_loadu_ps(qp + h * d + 8 * c);
-                for (int j = 0; j < 8; j++)
-                    acc[j] = _mm256_fmadd_ps(qc,
-                                             H && G > 1 ? _mm256_load_ps(kf + (j * ND + c) * 8)
-                                                        : kv_load8(keys, kp[j] + 8 * c, H),
-                                             acc[j]);
+                const vec qc = vload(qp + h * d + VL * c);
+                for (int j = 0; j < VL; j++)
+                    acc[j] = vfma(qc,
+                                  H && G > 1 ? vload_aligned(kf + (j * ND + c) * VL)
+                                             : vkv_load(keys, kp[j] + VL * c, H),
+                                  acc[j]);
             }
-            const __m256 sc = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(sum8x8(acc), scale),
-                                               _mm256_castsi256_ps(m));
-            _mm256_maskstore_ps(scores + h * ctx + p0, m, sc);
-            mx[h] = _mm256_max_ps(mx[h], sc);
+            store_scores(acc, scale, m, scores + h * ctx + p0, &mx[h]);
         }
     }
     float inv[4];
     for (int h = 0; h < G; h++) inv[h] = exp_scores(scores + h * ctx, ctx, mx[h]);
-    /* A slice of NC vectors: G * NC sums, at most 12 (with a float16 pool's G weights held
-     * for the slice's conversions). */
-    const int NC = ND < (G == 1 ? 8 : G <= 3 ? 4 : 2) ? ND : (G == 1 ? 8 : G <= 3 ? 4 : 2);
+    /* A slice of NC vectors: G * NC sums, at most VALUE_SUMS (a power of two per head). */
+    const int per_head = VALUE_SUMS / G >= 8 ? 8 : VALUE_SUMS / G >= 4 ? 4 : 2;
+    const int NC = ND < per_head ? ND : per_head;
+    const int chains = TWO_CHAINS && G == 1 ? 2 : 1;
+    /* A value converted (a float16 pool) is converted once; with 32 registers the G
+     * weights fit beside the sums. */
+    const int load_once = H || KEYS_HELD;
     for (int c0 = 0; c0 < ND; c0 += NC) {
-        __m256 out[4][8];
-        for (int h = 0; h < G; h++)
-            for (int c = 0; c < NC; c++) out[h][c] = _mm256_setzero_ps();
+        vec out[2][4][8];
+        for (int e = 0; e < chains; e++)
+            for (int h = 0; h < G; h++)
+                for (int c = 0; c < NC; c++) out[e][h][c] = vzero();
         blk = 0;
         slot = 0;
         for (int p = 0; p < ctx; p++) {
-            const size_t v = ((size_t)table[blk] * bs + slot) * d + 8 * c0;
+            const size_t v = ((size_t)table[blk] * bs + slot) * d + VL * c0;
             if (ahead)
-                prefetch_position(s, ctx, table, blk + 1, slot, vals, 8 * c0, 8 * NC, 0, H);
-            else if (slot == 0)
+                prefetch_position(s, ctx, table, blk + 1, slot, vals, VL * c0, VL * NC, 0, H);
+            else if (!KEYS_HELD && slot == 0)
                 for (int j = 0; j < bs; j++)
-                    prefetch_position(s, ctx, table, blk + 1, j, vals, 8 * c0, 8 * NC, 0, H);
-            if (H && G > 1) {
-                __m256 w[4];
-                for (int h = 0; h < G; h++) w[h] = _mm256_broadcast_ss(scores + h * ctx + p);
-                for (int c = 0; c < NC; c++) {
-                    const __m256 vc = kv_load8(vals, v + 8 * c, 1);
-                    for (int h = 0; h < G; h++) out[h][c] = _mm256_fmadd_ps(w[h], vc, out[h][c]);
-                }
-            } else {
-                for (int h = 0; h < G; h++) {
-                    const __m256 w = _mm256_broadcast_ss(scores + h * ctx + p);
-                    for (int c = 0; c < NC; c++)
-                        out[h][c] = _mm256_fmadd_ps(w, kv_load8(vals, v + 8 * c, H), out[h][c]);
-                }
-            }
+                    prefetch_position(s, ctx, table, blk + 1, j, vals, VL * c0, VL * NC, 0, H);
+            /* Each chain's own call: constant indices keep the sums in registers. */
+            if (chains == 2 && (p & 1))
+                add_values(out[1], scores + p, ctx, vals, v, G, NC, load_once, H);
+            else
+                add_values(out[0], scores + p, ctx, vals, v, G, NC, load_once, H);
             if (++slot == bs) slot = 0, blk++;
         }
         for (int h = 0; h < G; h++)
             for (int c = 0; c < NC; c++)
-                _mm256_storeu_ps(o + h * d + 8 * (c0 + c),
-                                 _mm256_mul_ps(out[h][c], _mm256_set1_ps(inv[h])));
+                vstore(o + h * d + VL * (c0 + c),
+                       vmul(chains == 2 ? vadd(out[0][h][c], out[1][h][c]) : out[0][h][c],
+                            vset1(inv[h])));
     }
 }
 
-/* attention_group256_n for the shapes it is built for (1 to 4 heads a group, head_dim 8,
- * 16, 32, 64 or 128); returns 0 for others. */
-static int attention_group256(const LayerShape *s, int G, int ctx, const float *q,
-                              const int64_t *table, const void *keys, const void *vals,
-                              float *scores, float *o, int ahead) {
-#define GROUP_CASE(g, nd)                                                                   \
-    case (g) * 32 + (nd):                                                                  \
-        BY_KV_TYPE(s, attention_group256_n, s, ctx, q, table, keys, vals, scores, o, g, nd, \
-                   ahead);                                                                 \
+/* attention_group_n for the shapes it is built for; returns 0 for others. 512-bit: a
+ * single head of head_dim 16 to 128 (a multiple of 16), 2 to 4 heads of head_dim 16, 32 or
+ * 64. 256-bit: 1 to 4 heads of head_dim 8, 16, 32, 64 or 128. */
+static int attention_group_shape(const LayerShape *s, int G, int ctx, const float *q,
+                                 const int64_t *table, const void *keys, const void *vals,
+                                 float *scores, float *o, int ahead) {
+#define GROUP_CASE(g, nd)                                                                  \
+    case (g) * 32 + (nd):                                                                 \
+        BY_KV_TYPE(s, attention_group_n, s, ctx, q, table, keys, vals, scores, o, g, nd, \
+                   ahead);                                                                \
         return 1;
-#define GROUP_CASES(g) GROUP_CASE(g, 1) GROUP_CASE(g, 2) GROUP_CASE(g, 4) GROUP_CASE(g, 8) GROUP_CASE(g, 16)
-    if (s->head_dim % 8 || G < 1 || G > 4) return 0;
-    switch (G * 32 + s->head_dim / 8) {
-        GROUP_CASES(1) GROUP_CASES(2) GROUP_CASES(3) GROUP_CASES(4)
+#if VL == 16
+#define GROUP_CASES                                                                         \
+    GROUP_CASE(1, 1) GROUP_CASE(1, 2) GROUP_CASE(1, 3) GROUP_CASE(1, 4) GROUP_CASE(1, 5)   \
+    GROUP_CASE(1, 6) GROUP_CASE(1, 7) GROUP_CASE(1, 8)                                     \
+    GROUP_CASE(2, 1) GROUP_CASE(3, 1) GROUP_CASE(4, 1) GROUP_CASE(2, 2) GROUP_CASE(3, 2)   \
+    GROUP_CASE(4, 2) GROUP_CASE(2, 4) GROUP_CASE(3, 4) GROUP_CASE(4, 4)
+#else
+#define GROUP_ND(g) \
+    GROUP_CASE(g, 1) GROUP_CASE(g, 2) GROUP_CASE(g, 4) GROUP_CASE(g, 8) GROUP_CASE(g, 16)
+#define GROUP_CASES GROUP_ND(1) GROUP_ND(2) GROUP_ND(3) GROUP_ND(4)
+#endif
+    if (s->head_dim % VL || G < 1 || G > 4) return 0;
+    switch (G * 32 + s->head_dim / VL) {
+        GROUP_CASES
     }
 #undef GROUP_CASES
+#undef GROUP_ND
 #undef GROUP_CASE
     return 0;
 }
-#endif
 
 /* Each thread's scores for n positions, grown to the most it has seen; NULL (and the task
  * marked failed) where memory runs out. */
@@ -469,14 +380,7 @@ static void attention_single(AttnTask *t, int r, int head) {
     const void *keys = kv_head(s, t->pool, 0, g), *vals = kv_head(s, t->pool, 1, g);
     const int half = s->kv_half;
     float *o = t->attn + ((size_t)r * hq + head) * d;
-#if defined(__AVX512F__)
-    if (d % 16 == 0 && d <= 128) {
-        attention_single512(s, ctx, q, table, keys, vals, scores, o, t->ahead);
-        return;
-    }
-#else
-    if (attention_group256(s, 1, ctx, q, table, keys, vals, scores, o, t->ahead)) return;
-#endif
+    if (attention_group_shape(s, 1, ctx, q, table, keys, vals, scores, o, t->ahead)) return;
     /* Positions go by block (a slot's `p / bs` and `p % bs` are integer divisions here). */
     float mx = -INFINITY, row[d];
     for (int p0 = 0; p0 < ctx; p0 += bs) {
@@ -525,9 +429,8 @@ static void attention_single(AttnTask *t, int r, int head) {
     }
 }
 
-/* Row r's query heads of KV head g in one pass (attention_group512, or attention_group256
- * without AVX512), where built for their shape; 0 where not (or memory ran out: the task
- * is then marked failed). */
+/* Row r's query heads of KV head g in one pass (attention_group_n), where built for their
+ * shape; 0 where not (or memory ran out: the task is then marked failed). */
 static int attention_group(AttnTask *t, int r, int g, int group) {
     const LayerShape *s = t->s;
     const int d = s->head_dim, hq = s->heads, hkv = s->kv_heads;
@@ -535,11 +438,7 @@ static int attention_group(AttnTask *t, int r, int g, int group) {
     float *scores = scores_for(t, group * ctx);
     if (!scores) return 1;
     const float *q = t->qkv + (size_t)r * (hq + 2 * hkv) * d + (size_t)g * group * d;
-#if defined(__AVX512F__)
-    return attention_group512(
-#else
-    return attention_group256(
-#endif
+    return attention_group_shape(
         s, group, ctx, q, t->block_tables + (size_t)r * t->table_width,
         kv_head(s, t->pool, 0, g), kv_head(s, t->pool, 1, g), scores,
         t->attn + ((size_t)r * hq + (size_t)g * group) * d, t->ahead);

@@ -45,27 +45,38 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
-/* exp(x), eight at a time (Cephes' polynomial, relative error ~1e-7), for x up to 88;
+/* exp(x), a vector at a time (Cephes' polynomial, relative error ~1e-7), for x up to 88;
  * exactly 0 below -87 (where float32's exp underflows anyway), so masked logits stay
- * masked. */
-static inline __m256 exp256(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.0f);
-    __m256 zero = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.0f));
-    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f),
-                                                _mm256_set1_ps(0.5f)));
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(zero, _mm256_mul_ps(y, _mm256_castsi256_ps(n)));
+ * masked. Written once over the width: DEFINE_EXP(256) is exp256, DEFINE_EXP(512) exp512;
+ * each width gives its floor and its zeroing below -87. */
+#define DEFINE_EXP(W)                                                                          \
+    static inline __m##W exp##W(__m##W x) {                                                    \
+        const __m##W lo = _mm##W##_set1_ps(-87.0f), x0 = x;                                    \
+        x = _mm##W##_min_ps(_mm##W##_max_ps(x, lo), _mm##W##_set1_ps(88.0f));                  \
+        const __m##W fx = floor##W(                                                            \
+            _mm##W##_fmadd_ps(x, _mm##W##_set1_ps(1.44269504088896341f),                    \
+                              _mm##W##_set1_ps(0.5f)));                                        \
+        x = _mm##W##_fnmadd_ps(fx, _mm##W##_set1_ps(0.693359375f), x);                         \
+        x = _mm##W##_fnmadd_ps(fx, _mm##W##_set1_ps(-2.12194440e-4f), x);                      \
+        __m##W y = _mm##W##_set1_ps(1.9875691500e-4f);                                         \
+        y = _mm##W##_fmadd_ps(y, x, _mm##W##_set1_ps(1.3981999507e-3f));                       \
+        y = _mm##W##_fmadd_ps(y, x, _mm##W##_set1_ps(8.3334519073e-3f));                       \
+        y = _mm##W##_fmadd_ps(y, x, _mm##W##_set1_ps(4.1665795894e-2f));                       \
+        y = _mm##W##_fmadd_ps(y, x, _mm##W##_set1_ps(1.6666665459e-1f));                       \
+        y = _mm##W##_fmadd_ps(y, x, _mm##W##_set1_ps(5.0000001201e-1f));                       \
+        y = _mm##W##_fmadd_ps(y, _mm##W##_mul_ps(x, x),                                      \
+                              _mm##W##_add_ps(x, _mm##W##_set1_ps(1.0f)));                     \
+        const __m##W##i n = _mm##W##_slli_epi32(                                              \
+            _mm##W##_add_epi32(_mm##W##_cvtps_epi32(fx), _mm##W##_set1_epi32(127)), 23);       \
+        return zero_below##W(_mm##W##_mul_ps(y, _mm##W##_castsi##W##_ps(n)), x0, lo);          \
+    }
+
+static inline __m256 floor256(__m256 x) { return _mm256_floor_ps(x); }
+/* r, with 0 in the lanes where x < lo. */
+static inline __m256 zero_below256(__m256 r, __m256 x, __m256 lo) {
+    return _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), r);
 }
+DEFINE_EXP(256)
 
 /* The KV pool's elements: float32, or float16 where the pool is half (its shape's kv_half):
  * half the bytes for attention to read, which waits on memory over chats' scattered
@@ -115,26 +126,13 @@ static inline __m512 kv_load16(const void *base, size_t i, const int half) {
     return _mm512_loadu_ps((const float *)base + i);
 }
 
-/* exp512: exp256's polynomial, sixteen at a time. */
-static inline __m512 exp512(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-87.0f);
-    __mmask16 zero = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-    x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.0f));
-    __m512 fx = _mm512_roundscale_ps(
-        _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-    __m512i n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
-    return _mm512_maskz_mov_ps((__mmask16)~zero, _mm512_mul_ps(y, _mm512_castsi512_ps(n)));
+static inline __m512 floor512(__m512 x) {
+    return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
 }
+static inline __m512 zero_below512(__m512 r, __m512 x, __m512 lo) {
+    return _mm512_maskz_mov_ps((__mmask16)~_mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), r);
+}
+DEFINE_EXP(512)
 #endif
 
 #endif

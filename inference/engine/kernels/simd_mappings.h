@@ -1,11 +1,12 @@
 /* One vector of floats at the build's width, for kernels written once over it (in the
  * manner of ggml-cpu's simd-mappings.h): 512-bit (VL 16) where the build has AVX512F, else
  * 256-bit (VL 8). chunk_attention.c and decode_attention.c's passes use these; exp is
- * simd.h's one approximation at either width. */
+ * simd.h's one approximation (DEFINE_EXP) at either width. */
 #ifndef CHATAPP_KERNELS_SIMD_MAPPINGS_H
 #define CHATAPP_KERNELS_SIMD_MAPPINGS_H
 #include <immintrin.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common.h"
@@ -39,6 +40,32 @@ static inline void vstore_first(float *p, vmask m, vec v) { _mm512_mask_storeu_p
 static inline vec vadd_first(vec acc, vmask m, vec v) { return _mm512_mask_add_ps(acc, m, acc, v); }
 static inline float vreduce_add(vec v) { return _mm512_reduce_add_ps(v); }
 static inline float vreduce_max(vec v) { return _mm512_reduce_max_ps(v); }
+static inline vec vload_aligned(const float *p) { return _mm512_load_ps(p); }
+static inline void vstore_aligned(float *p, vec v) { _mm512_store_ps(p, v); }
+/* acc's lanes, the largest of them and v's in the first lanes m. */
+static inline vec vmax_first(vec acc, vmask m, vec v) { return _mm512_mask_max_ps(acc, m, acc, v); }
+/* VL elements of the KV pool from element i as floats (simd.h's kv_load8 at this width). */
+static inline vec vkv_load(const void *base, size_t i, const int half) {
+    return kv_load16(base, i, half);
+}
+/* VL vectors' sums in one vector (r[j] = the sum of a[j]'s elements): pairs, then quads
+ * within 128-bit lanes, then across lanes, ~3 instructions a vector where a horizontal sum
+ * each took ~8. */
+static inline vec vsum_each(vec a[VL]) {
+    __m512 b[8], c[4];
+    for (int k = 0; k < 8; k++)
+        b[k] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * k], a[2 * k + 1]),
+                             _mm512_unpackhi_ps(a[2 * k], a[2 * k + 1]));
+    for (int m = 0; m < 4; m++)
+        c[m] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * m], b[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(b[2 * m], b[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
 #else
 #define VL 8
 typedef __m256 vec;
@@ -69,6 +96,24 @@ static inline vec vadd_first(vec acc, vmask m, vec v) {
 }
 static inline float vreduce_add(vec v) { return hsum256(v); }
 static inline float vreduce_max(vec v) { return hmax256(v); }
+static inline vec vload_aligned(const float *p) { return _mm256_load_ps(p); }
+static inline void vstore_aligned(float *p, vec v) { _mm256_store_ps(p, v); }
+static inline vec vmax_first(vec acc, vmask m, vec v) {
+    const __m256 seen = _mm256_castsi256_ps(m);
+    return _mm256_max_ps(acc, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), v, seen));
+}
+static inline vec vkv_load(const void *base, size_t i, const int half) {
+    return kv_load8(base, i, half);
+}
+/* Pairs and quads by horizontal adds, then the two 128-bit halves, where a horizontal sum
+ * a vector took ~5. */
+static inline vec vsum_each(vec a[VL]) {
+    const __m256 b0 = _mm256_hadd_ps(a[0], a[1]), b1 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 b2 = _mm256_hadd_ps(a[4], a[5]), b3 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 c0 = _mm256_hadd_ps(b0, b1), c1 = _mm256_hadd_ps(b2, b3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(c0, c1, 0x20),
+                         _mm256_permute2f128_ps(c0, c1, 0x31));
+}
 #endif
 
 #endif

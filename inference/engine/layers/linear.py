@@ -73,8 +73,9 @@ def blocks_take_every_row(blocks: Q4_1 | Q8_0 | None, rows: int, kind: str) -> b
 class Linear:
     """y = x @ W.T: in the model dtype (exact), fp16- or int8-stored (fbgemm), and/or from
     blocks (`blocks`, used for steps of at most `block_rows` rows; Q4_1's with 8-bit
-    activations, and up to `bf16_rows` rows with 16-bit ones: `bf16_kind`, "bf16", "amx" or
-    "i16", see kernels.q4_1_gemm; Q8_0's with 16-bit ones by `q8_kind`, Q8_0.matmul_t).
+    activations, and up to `prompt_rows` rows with 16-bit ones by `prompt_product`: "bf16",
+    "amx" or "i16", see kernels.q4_1_gemm; Q8_0's with 16-bit ones by `q8_kind`,
+    Q8_0.matmul_t).
     With no weight, the blocks serve every step."""
 
     def __init__(
@@ -83,16 +84,16 @@ class Linear:
         quantization: str = "none",
         blocks: Q4_1 | Q8_0 | None = None,
         block_rows: int = 0,
-        bf16_rows: int = 0,
-        bf16_kind: str = "bf16",
+        prompt_rows: int = 0,
+        prompt_product: str = "bf16",
         q8_kind: str = "q8_0",
     ) -> None:
         self.blocks = blocks.for_kernel() if blocks is not None else None
         # Q8_0 blocks' product (Q8_0.matmul_t's kind): the head's "q8_0", a layer's "i16".
         self.q8_kind = q8_kind
         self.block_rows = block_rows if blocks is not None else 0
-        self.bf16_rows = blocks_rows(blocks, bf16_rows, bf16_kind)
-        self.bf16_kind = bf16_kind
+        self.prompt_rows = blocks_rows(blocks, prompt_rows, prompt_product)
+        self.prompt_product = prompt_product
         # Its key for the compiled step's opaque product (compiled_step.py); -1: none yet.
         self.compile_key = -1
         self.weight: torch.Tensor | None = None
@@ -105,7 +106,7 @@ class Linear:
             # int4's Q4_1: the 8-bit activations' product throughout. Q8_0: its one product
             # at every size, which picks its tiles by the rows itself (gemm_dispatch.c).
             if isinstance(blocks, Q8_0) or not blocks_take_every_row(
-                blocks, self.bf16_rows, bf16_kind
+                blocks, self.prompt_rows, prompt_product
             ):
                 self.block_rows = 1 << 62
             self.out_features = blocks.shape[0]
@@ -134,9 +135,9 @@ class Linear:
             if isinstance(self.blocks, Q8_0):
                 return self.blocks.matmul_t(x, kind=self.q8_kind).to(x.dtype)
             return self.blocks.matmul_t(x).to(x.dtype)  # type: ignore[union-attr]
-        if x.shape[0] <= self.bf16_rows:
-            assert isinstance(self.blocks, Q4_1)  # bf16_rows is set for Q4_1 blocks only
-            return self.blocks.matmul_t(x, kind=self.bf16_kind).to(x.dtype)
+        if x.shape[0] <= self.prompt_rows:
+            assert isinstance(self.blocks, Q4_1)  # prompt_rows is set for Q4_1 blocks only
+            return self.blocks.matmul_t(x, kind=self.prompt_product).to(x.dtype)
         if self.kind == "fp16":
             if x.dtype == torch.float32:
                 # The overload itself: calling the op packet costs ~10 us of Python each.
@@ -175,10 +176,10 @@ class WeightFormats:
     large: str | None
     blocks: dict[str, Q4_1 | Q8_0] | None = None
     block_rows: int = 0
-    # Past block_rows and up to this many, the blocks with bf16 activations (prompts), by
-    # this product (prompt_blocks).
-    bf16_rows: int = 0
-    bf16_kind: str = "bf16"
+    # Past block_rows and up to this many (prompts), the blocks with 16-bit activations, by
+    # this product (cpu_backend's prompt_product: "bf16", "amx" or "i16").
+    prompt_rows: int = 0
+    prompt_product: str = "bf16"
 
 
 def call_linear(linear: Linear, x: torch.Tensor) -> torch.Tensor:

@@ -131,11 +131,11 @@ class DecoderLayer:
                 blocks = parts[0] if len(parts) == 1 else type(parts[0]).cat(parts)
             weight = None
             if formats.large is not None and not blocks_take_every_row(
-                blocks, formats.bf16_rows, formats.bf16_kind
+                blocks, formats.prompt_rows, formats.prompt_product
             ):
                 weight = torch.cat([put(shard(w[k], dim)) for k in keys])
             args = (weight, formats.large or "none", blocks, formats.block_rows,
-                    formats.bf16_rows, formats.bf16_kind, "i16")  # fmt: skip
+                    formats.prompt_rows, formats.prompt_product, "i16")  # fmt: skip
             bias = _bias(names, dim)
             return Linear(*args) if bias is None else BiasedLinear(bias, *args)
 
@@ -310,7 +310,7 @@ class DecoderModel:
             formats.block_rows = min(native_rows, HYBRID_MAX_ROWS)
             kind = prompt_blocks(formats.large)
             if kind is not None:
-                formats.bf16_rows, formats.bf16_kind = prompt_block_rows(kind), kind
+                formats.prompt_rows, formats.prompt_product = prompt_block_rows(kind), kind
         self.native_rows = native_rows
         self.has_blocks = formats.blocks is not None
         # A GGUF's embedding stays in its 8-bit blocks, shared with a tied head: a float

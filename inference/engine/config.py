@@ -37,8 +37,9 @@ class EngineConfig:
     block_size: int = 16
     """Tokens per paged KV block."""
     kv_cache_memory_mb: int = 0
-    """Memory of the paged KV pool in MB, held (zeroed) from start; 0: 2048, or an eighth of
-    the machine's memory (on CUDA the GPU's) where that is less."""
+    """Memory of the paged KV pool in MB, held (zeroed) from start; 0: room for every
+    sequence (`max_num_seqs`) at its full context, within 40% of the memory available once
+    the model is loaded (a container's memory limit counts; on CUDA the GPU's free memory)."""
     kv_dtype: str = "auto"
     """The KV pool's element type: `auto` is float16 for a float32 model with quantized
     weights on a CPU where the native kernels load (half the bytes for attention to read,

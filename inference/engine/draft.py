@@ -31,7 +31,9 @@ from inference.engine.sequence import Sequence
 
 
 class DraftProposer:
-    def __init__(self, config: EngineConfig, num_tokens: int, vocab_size: int) -> None:
+    def __init__(
+        self, config: EngineConfig, num_tokens: int, vocab_size: int, kv_tokens: int | None = None
+    ) -> None:
         if not config.speculative_draft_model:
             raise ValueError("speculative_mode='draft' needs speculative_draft_model (a folder)")
         draft_config = dataclasses.replace(
@@ -41,7 +43,9 @@ class DraftProposer:
             speculative_mode="",
             enable_prefix_caching=False,
         )
-        self.runner = ModelRunner(draft_config, max_model_len=config.max_model_len or None)
+        self.runner = ModelRunner(
+            draft_config, max_model_len=config.max_model_len or None, kv_tokens=kv_tokens
+        )
         if self.runner.model.vocab_size != vocab_size:
             raise ValueError(
                 f"the draft model's vocabulary ({self.runner.model.vocab_size}) differs from "

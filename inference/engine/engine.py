@@ -175,7 +175,10 @@ class LLMEngine:
         # Guess rows are nearly free only while reading the weights dominates a step: the
         # first few rows of the native path (HYBRID_MAX_ROWS), however many rows it takes.
         budget = min(native.max_rows, HYBRID_MAX_ROWS) if native is not None else None
-        return Speculator(config, self.max_model_len, self.runner.model.vocab_size, budget)
+        pool_tokens = self.runner.num_blocks * config.block_size
+        return Speculator(
+            config, self.max_model_len, self.runner.model.vocab_size, budget, pool_tokens
+        )
 
     def reconfigure(self, config: EngineConfig) -> None:
         """Take another config's batching limits and speculation, starting cold (a fresh

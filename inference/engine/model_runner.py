@@ -1,13 +1,12 @@
 """Turns a scheduled batch into tensors, runs the model over the paged KV cache, returns logits.
 
 Owns the KV cache tensors: per layer a key and a value pool of shape
-[num_blocks, block_size, kv_heads, head_dim], sized from the memory budget.
+[num_blocks, block_size, kv_heads, head_dim], sized by kv_pool_bytes (kv_budget.py).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
@@ -22,6 +21,7 @@ from inference.engine.config import EngineConfig
 from inference.engine.cpu_backend import ALL_CORES_POOLED as ALL_CORES_POOLED
 from inference.engine.cpu_backend import SPLIT_MIN_ROWS
 from inference.engine.cuda_graphs import CudaGraphStep
+from inference.engine.kv_budget import auto_pool_bytes, available_memory
 from inference.engine.kv_tier.redaction import redacted
 from inference.engine.layers.attention import (
     PAGED_MAX_CHUNK,
@@ -166,31 +166,24 @@ def describe_engine(
     )
 
 
-# The KV pool's budget when kv_cache_memory_mb is 0: this, or an eighth of the machine's
-# (or the GPU's) memory where that is less. 64 chat users of three turns each outgrow 512 MB
-# (~11,400 tokens of the bundled model in float32), 2048 MB does not: python -m
-# inference.bench.vs_llama --concurrency 64 --env ENGINE_KV_CACHE_MEMORY_MB=512 against the
-# default measures it. The pool is written
-# whole at start (zeros), so its memory is held from then on: a pool taken page by page as
-# it filled cost a prompt's step up to 40 ms of page faults per 256 tokens.
-KV_POOL_AUTO_MB = 2048
-
-
-def kv_pool_mb(requested: int, device: torch.device) -> int:
-    """The KV pool's budget in MB: `requested`, or with 0 the machine's default."""
-    if requested < 0:
-        raise ValueError(f"kv_cache_memory_mb must be 0 (by the machine) or more; got {requested}")
-    if requested:
-        return requested
-    if device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-    else:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return max(64, min(KV_POOL_AUTO_MB, total // 8 // 2**20))
+def kv_pool_bytes(
+    config: EngineConfig, token_bytes: int, tokens_wanted: int, device: torch.device
+) -> int:
+    """The KV pool's size: ENGINE_KV_CACHE_MEMORY_MB, or with 0 by the model and the machine."""
+    mb = config.kv_cache_memory_mb
+    if mb < 0:
+        raise ValueError(f"kv_cache_memory_mb must be 0 (by the machine) or more; got {mb}")
+    if mb:
+        return mb * 2**20
+    return auto_pool_bytes(token_bytes, tokens_wanted, available_memory(device))
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, max_model_len: int | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, max_model_len: int | None = None, kv_tokens: int | None = None
+    ) -> None:
+        """`kv_tokens`: what an unsized pool holds (a draft model's, as many tokens as its
+        target's pool), else every sequence at its full context (kv_budget.py)."""
         self.config = config
         self.device = resolve_device(config.device)
         model_config = load_config(config.model)
@@ -226,8 +219,13 @@ class ModelRunner:
             * m.head_dim
             * self.kv_dtype.itemsize
         )
-        self.kv_cache_mb = kv_pool_mb(config.kv_cache_memory_mb, self.device)
-        self.num_blocks = max(2, self.kv_cache_mb * 2**20 // block_bytes)
+        model_len = max_model_len or m.config.max_position_embeddings
+        pool_bytes = kv_pool_bytes(
+            config, block_bytes // self.block_size, kv_tokens or config.max_num_seqs * model_len,
+            self.device,
+        )  # fmt: skip
+        self.kv_cache_mb = pool_bytes // 2**20
+        self.num_blocks = max(2, pool_bytes // block_bytes)
         native = getattr(m, "native", None)
         self.split_mixed = split_mixed(config.split_mixed_steps)
         log.info(

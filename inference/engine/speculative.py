@@ -201,6 +201,7 @@ class Speculator:
         max_model_len: int,
         vocab_size: int,
         row_budget: int | None = None,
+        kv_tokens: int | None = None,
     ) -> None:
         if config.speculative_mode not in ("ngram", "draft", "auto"):
             raise ValueError(
@@ -226,7 +227,7 @@ class Speculator:
         else:
             from inference.engine.draft import DraftProposer
 
-            self.draft = DraftProposer(config, self.k, vocab_size)
+            self.draft = DraftProposer(config, self.k, vocab_size, kv_tokens)
         # "auto" judges a sequence by what its guesses buy against what they cost: the
         # mean duration of steps with and without guesses (exponential averages).
         self.step_seconds = {False: 0.0, True: 0.0}

@@ -234,7 +234,7 @@ def test_the_real_model_compiled_gives_the_eager_greedy_tokens(real_model_path, 
         engine = LLMEngine(
             EngineConfig(
                 model=str(real_model_path), kv_tier_url="", compile=mode, native_max_rows=8,
-                quantization=quantization,
+                quantization=quantization, kv_cache_memory_mb=512,
             )
         )  # fmt: skip
         tok = engine.tokenizer

@@ -30,7 +30,11 @@ def tokenizer(real_model_path):
 
 @pytest.fixture(scope="module")
 def engine(real_model_path):
-    return LLMEngine(EngineConfig(model=str(real_model_path), dtype="float32", quantization="none"))
+    return LLMEngine(
+        EngineConfig(
+            model=str(real_model_path), dtype="float32", quantization="none", kv_cache_memory_mb=512
+        )
+    )
 
 
 def _chat(tokenizer, question: str) -> list[int]:
@@ -79,7 +83,7 @@ def test_greedy_equals_transformers_up_to_the_first_near_tie(engine, tokenizer, 
 
 def test_default_settings_also_answer_paris(real_model_path, tokenizer):
     """The default config: on this CPU 4-bit weights for small steps, fp16 for the rest."""
-    fast = LLMEngine(EngineConfig(model=str(real_model_path)))
+    fast = LLMEngine(EngineConfig(model=str(real_model_path), kv_cache_memory_mb=512))
     fast.add_request(
         _chat(tokenizer, QUESTIONS[0]), SamplingParams(max_tokens=30, temperature=0), "q"
     )

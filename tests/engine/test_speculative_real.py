@@ -24,7 +24,13 @@ def _run(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> list[l
 def engines(real_model_path):
     def make(**kw: object) -> LLMEngine:
         return LLMEngine(
-            EngineConfig(model=str(real_model_path), dtype="float32", quantization="none", **kw)  # type: ignore[arg-type]
+            EngineConfig(
+                model=str(real_model_path),
+                dtype="float32",
+                quantization="none",
+                kv_cache_memory_mb=512,
+                **kw,
+            )  # type: ignore[arg-type]
         )
 
     return make

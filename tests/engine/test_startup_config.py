@@ -14,12 +14,16 @@ import torch
 
 from inference.client import engine_config_from_settings
 from inference.engine import kernels
+from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
-from inference.engine.model_runner import (
-    KV_POOL_AUTO_MB,
-    kv_pool_mb,
-    resolve_quantization,
+from inference.engine.kv_budget import (
+    KV_MEMORY_SHARE,
+    MIN_POOL_BYTES,
+    _cgroup_room,
+    auto_pool_bytes,
+    available_memory,
 )
+from inference.engine.model_runner import kv_pool_bytes, resolve_quantization
 
 CPU = torch.device("cpu")
 
@@ -96,12 +100,38 @@ def test_the_default_dtype_keeps_the_fastest_weights_and_says_auto(
         engine.close(flush_timeout=0)
 
 
-def test_the_kv_pool_is_sized_by_the_machine_unless_set(monkeypatch):
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    assert kv_pool_mb(0, CPU) == max(64, min(KV_POOL_AUTO_MB, memory // 8 // 2**20))
-    assert kv_pool_mb(300, CPU) == 300
+def test_an_unsized_kv_pool_holds_every_sequence_at_full_context_within_a_share_of_memory():
+    gib = 2**30
+    # A small model: every sequence's whole context fits, and the pool is just that.
+    assert auto_pool_bytes(23_040, 64 * 2048, 20 * gib) == 23_040 * 64 * 2048
+    # A large one: the share of what is available, whatever the contexts would want.
+    assert auto_pool_bytes(131_072, 64 * 131_072, 20 * gib) == int(KV_MEMORY_SHARE * 20 * gib)
+    assert auto_pool_bytes(10, 1, 0) == MIN_POOL_BYTES
+    # 64 chats' third turns (~3,000 tokens each) of the bundled model (float16 KV, 23 KB a
+    # token) fit on a 24 GiB machine with ~20 GiB available: no preemption at 64 chats.
+    assert auto_pool_bytes(23_040, 64 * 8192, 20 * gib) >= 23_040 * 64 * 3000
+    # What is available: never more than the machine's memory.
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert 0 < available_memory(CPU) <= total
+
+
+def test_a_containers_memory_limit_bounds_the_pool(tmp_path: Path):
+    (tmp_path / "memory.max").write_text("4294967296\n")
+    (tmp_path / "memory.current").write_text(str(3 * 2**30))
+    assert _cgroup_room(tmp_path) == 2**30
+    (tmp_path / "memory.max").write_text("max\n")
+    assert _cgroup_room(tmp_path) is None
+    v1 = tmp_path / "v1" / "memory"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(str(2**31))
+    (v1 / "memory.usage_in_bytes").write_text(str(2**30))
+    assert _cgroup_room(tmp_path / "v1") == 2**30
+    assert _cgroup_room(tmp_path / "none") is None
+
+
+def test_a_set_kv_pool_size_is_taken_as_it_is():
+    assert kv_pool_bytes(EngineConfig(kv_cache_memory_mb=300), 1000, 10**9, CPU) == 300 * 2**20
     with pytest.raises(ValueError, match=r"must be 0 \(by the machine\) or more; got -1"):
-        kv_pool_mb(-1, CPU)
-    # a small machine: an eighth of its memory
-    monkeypatch.setattr(os, "sysconf", lambda name: 4096 if name == "SC_PAGE_SIZE" else 2**18)
-    assert kv_pool_mb(0, CPU) == 128
+        kv_pool_bytes(EngineConfig(kv_cache_memory_mb=-1), 1000, 1, CPU)
+    unsized = kv_pool_bytes(EngineConfig(), 1000, 10**4, CPU)
+    assert unsized == max(MIN_POOL_BYTES, min(10**7, int(KV_MEMORY_SHARE * available_memory(CPU))))

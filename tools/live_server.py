@@ -1,9 +1,13 @@
-"""A real server for tests that need one: daphne in a subprocess on a free port, with
-its own SQLite file, serving the whole app (HTTP, WebSocket, /v1) from a chosen model."""
+"""The one launcher of this project's processes outside a test's own: daphne in a
+subprocess on a free port, with its own SQLite file, serving the whole app (HTTP, WebSocket,
+/v1), and its `manage.py` commands. The tests that need a real server use it, and so do the
+benchmarks that start ours (inference/bench/servers.py) and llama.cpp's (free_port,
+wait_until_up, stop_process)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -32,21 +36,70 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_until_up(
+    url: str,
+    proc: subprocess.Popen[bytes],
+    log: Path,
+    timeout: float = 120,
+    answered: bool = False,
+) -> None:
+    """Until `url` answers 200 (with `answered`, anything at all: an HTTP error too); the
+    process's log in the error if it exits first or the time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited:\n{log.read_text()[-3000:]}")
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except urllib.error.HTTPError:
+            if answered:
+                return
+        except Exception:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} did not answer in {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def stop_process(
+    proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM, timeout: float = 15
+) -> None:
+    """`sig` (SIGTERM: a server drains and exits), then a kill once `timeout` has passed."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class DjangoProcess:
     """A process of this project (server or worker) with its own settings and SQLite file,
-    and `manage.py` commands against the same settings."""
+    and `manage.py` commands against the same settings.
 
-    def __init__(self, workdir: Path, model_dir: Path | str, **env: str) -> None:
+    `model_dir`: the model it serves, in float32 unless ENGINE_DTYPE says otherwise (the
+    tests' tiny models); None: the served default, as `make run` serves it. `root`: the
+    checkout whose code runs (another one, e.g. a `git worktree` of a commit to compare
+    with, runs with this environment's packages)."""
+
+    def __init__(
+        self, workdir: Path, model_dir: Path | str | None = None, root: Path = ROOT, **env: str
+    ) -> None:
         self.workdir = workdir
+        self.root = root
         self.db = workdir / "db.sqlite3"
+        model = {} if model_dir is None else {
+            "CHATAPP_MODEL": str(model_dir), "ENGINE_DTYPE": env.pop("ENGINE_DTYPE", "float32")
+        }  # fmt: skip
         self.env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "chatapp.settings.dev",
             "DJANGO_DEBUG": "false",
             "CHATAPP_VAR_DIR": str(workdir),
             "DATABASE_URL": f"sqlite:///{self.db}",
-            "CHATAPP_MODEL": str(model_dir),
-            "ENGINE_DTYPE": env.pop("ENGINE_DTYPE", "float32"),
+            **model,
             "ENGINE_PRELOAD": "true",
             "PYTHONUNBUFFERED": "1",
             **env,
@@ -54,14 +107,14 @@ class DjangoProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = workdir / "server.log"
 
-    def manage(self, *args: str) -> str:
+    def manage(self, *args: str, timeout: float = 180) -> str:
         out = subprocess.run(
             [sys.executable, "manage.py", *args],
-            cwd=ROOT,
+            cwd=self.root,
             env=self.env,
             capture_output=True,
             text=True,
-            timeout=180,
+            timeout=timeout,
         )
         if out.returncode != 0:
             raise RuntimeError(out.stdout + out.stderr)
@@ -82,7 +135,7 @@ class DjangoProcess:
                 [sys.executable, "-m", "celery", "-A", "chatapp", "worker", "--pool=solo",
                  "--loglevel=INFO", "--without-gossip", "--without-mingle", *queues,
                  "--hostname", f"{hostname}@%h"],
-                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -94,23 +147,23 @@ class DjangoProcess:
         proc.kill()
         raise RuntimeError(f"worker did not come up:\n{log_path.read_text()}")
 
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+    def stop(self, timeout: float = 15) -> None:
+        stop_process(self.proc, timeout=timeout)
 
 
 class LiveServer(DjangoProcess):
-    def __init__(self, workdir: Path, model_dir: Path | str, **env: str) -> None:
-        super().__init__(workdir, model_dir, **env)
+    def __init__(
+        self, workdir: Path, model_dir: Path | str | None = None, root: Path = ROOT, **env: str
+    ) -> None:
+        super().__init__(workdir, model_dir, root, **env)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> LiveServer:
+    def start(self, timeout: float = 120) -> LiveServer:
+        """Migrated, started, and up: /healthz?engine=1 answers 200 once the embedded
+        engine is ready. In distributed mode the server is up once it answers at all:
+        /healthz says 503 until an engine worker registers, and tests start the workers
+        (or none) after it."""
         self.manage("migrate", "--noinput", "-v", "0")
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
@@ -125,29 +178,14 @@ class LiveServer(DjangoProcess):
                     *WEBSOCKET_LIMITS,
                     "chatapp.asgi:application",
                 ],
-                cwd=ROOT,
+                cwd=self.root,
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        # An embedded engine is up once it is ready; in distributed mode the server is up
-        # once it answers at all: /healthz says 503 until an engine worker registers, and
-        # tests start the workers (or none) after it.
         distributed = self.env.get("ENGINE_MODE") == "distributed"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited:\n{self.log.read_text()}")
-            try:
-                urllib.request.urlopen(self.url + "/healthz?engine=1", timeout=2).read()
-                return self
-            except urllib.error.HTTPError:
-                if distributed:
-                    return self
-                time.sleep(0.3)
-            except Exception:
-                time.sleep(0.3)
-        raise RuntimeError(f"server did not come up:\n{self.log.read_text()}")
+        wait_until_up(f"{self.url}/healthz?engine=1", self.proc, self.log, timeout, distributed)
+        return self
 
     def login(self, username: str, password: str) -> httpx.Client:
         """An HTTP session logged in through the real login form (CSRF included)."""

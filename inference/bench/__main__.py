@@ -1,16 +1,24 @@
 """python -m inference.bench: our engine against transformers on the issue's workloads.
 
 Prints a table, writes a JSON file and a PNG plot. --quick runs small sizes (~3 minutes).
+
+The other benchmark programs run through here too: `python -m inference.bench list` names
+them by family, `python -m inference.bench NAME ARGS...` runs one (the same as
+`python -m inference.bench.NAME ARGS...`). docs/benchmarks.md says what each measures.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import platform
+import runpy
+import sys
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -21,6 +29,41 @@ from inference.bench.driver import rss_mb
 from inference.bench.report import plot, print_table, targets
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
+
+# The programs by family, each a module of this package with a main of its own. The engine
+# in this process; our server (and llama.cpp's) through the OpenAI API, started by
+# servers.py on the project's one launcher (tools/live_server.py); a step's parts alone.
+PROGRAMS = {
+    "engine": ("kv_tier", "followup", "chat_engine", "speculative", "model_switch", "quality",
+               "workers", "tp"),
+    "servers": ("vs_llama", "burst", "api_clients"),
+    "steps and kernels": ("step_profile", "step_ab", "mixed_step", "structured",
+                          "linear_formats", "kernels", "attention"),
+}  # fmt: skip
+
+
+def summary(name: str) -> str:
+    """A program's summary: its docstring's first sentence, read without importing it (the
+    imports of some load torch's extensions or a model)."""
+    source = (Path(__file__).parent / f"{name}.py").read_text()
+    first = " ".join((ast.get_docstring(ast.parse(source)) or "").split("\n\n")[0].split())
+    first = first.removeprefix(f"python -m inference.bench.{name}: ").split(". ")[0]
+    return first[:1].upper() + first[1:].rstrip(".")
+
+
+def list_programs() -> None:
+    print("python -m inference.bench [--quick ...]: the engine suite (--help for its options)")
+    for family, names in PROGRAMS.items():
+        print(f"\n{family}:")
+        for name in names:
+            print(f"  {name:<15}{summary(name)}")
+    print("\npython -m inference.bench NAME --help: a program's options")
+
+
+def run_program(name: str, args: list[str]) -> None:
+    """`python -m inference.bench.NAME ARGS` from here."""
+    sys.argv = [f"inference.bench.{name}", *args]
+    runpy.run_module(f"inference.bench.{name}", run_name="__main__", alter_sys=True)
 
 
 def parse_args() -> argparse.Namespace:
@@ -66,6 +109,17 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> None:
+    command = sys.argv[1] if len(sys.argv) > 1 else ""
+    if command == "list":
+        list_programs()
+        return
+    if any(command in names for names in PROGRAMS.values()):
+        run_program(command, sys.argv[2:])
+        return
+    suite()
+
+
+def suite() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     q = args.quick

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+from inference.bench.spread import pct
+
 QUESTIONS = [
     "What is the capital of France?",
     "Write a short poem about the sea.",
@@ -124,11 +126,6 @@ async def one_client(
             row["server_tpot"] = server_tpot
         out.append(row)
     return out
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))]
 
 
 async def run_level(

@@ -5,7 +5,7 @@ the API key check, the engine's prefill of the burst), server against server.
     python -m inference.bench.burst --requests 64 --rounds 10 \
         --variant ours --variant base TREE=/tmp/base
 
-Each variant is one of our servers as `make run` serves it (vs_llama.OurServer: daphne,
+Each variant is one of our servers as `make run` serves it (servers.OurServer: daphne,
 the embedded engine, its own SQLite file; `TREE=path` runs another checkout's code). All
 start first; then each round sends one burst to each server, in turn (the order swapped
 every round), a second apart: `--requests` streamed chat requests at once, each asking for
@@ -28,9 +28,8 @@ from typing import Any
 
 import httpx
 
-from inference.bench.api_clients import pct
-from inference.bench.spread import cell, spread
-from inference.bench.vs_llama import OurServer, cpu_model, settings
+from inference.bench.servers import OurServer, cpu_model, settings
+from inference.bench.spread import cell, pct, spread
 from inference.model_files import default_model_path
 
 FIGURES = ("ttft_p50_ms", "ttft_p90_ms", "ttft_max_ms", "wall_ms")

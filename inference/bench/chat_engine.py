@@ -32,8 +32,8 @@ import statistics
 import time
 from typing import Any
 
-from inference.bench.api_clients import FOLLOW_UPS, QUESTIONS, pct
-from inference.bench.spread import cell, spread
+from inference.bench.api_clients import FOLLOW_UPS, QUESTIONS
+from inference.bench.spread import cell, pct, spread
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
 from inference.engine.heap import freeze_loaded

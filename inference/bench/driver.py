@@ -92,11 +92,3 @@ def drive(
     result.wall = time.perf_counter() - start
     result.steps = step
     return result
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    k = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
-    return s[k]

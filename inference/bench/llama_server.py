@@ -2,7 +2,8 @@
 and the same build's GGUF converter and quantizer (gguf_tools).
 
 Shared by the benchmark against it (vs_llama.py, quality.py) and by the tests that put
-this app in front of it (tests/backends/test_upstream_llama.py). The binary comes from
+this app in front of it (tests/backends/test_upstream_llama.py); started and stopped with
+the project's launcher's helpers (tools/live_server.py). The binary comes from
 scripts/build-llama-server.sh, which builds it into the cache folder the first time and
 afterwards only prints its path.
 """
@@ -10,46 +11,15 @@ afterwards only prints its path.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
+
+from tools.live_server import free_port, stop_process, wait_until_up
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT / "scripts" / "build-llama-server.sh"
 # What the build script runs; without one of them there is no llama-server on this machine.
 BUILD_TOOLS = (("cmake",), ("ninja",), ("cc", "gcc", "clang"), ("c++", "g++", "clang++"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:
-    """Until `url` answers 200; the server's log in the error if it exits or never does."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: the server exited:\n{log.read_text()[-3000:]}")
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
-            return
-        except Exception:
-            time.sleep(0.5)
-    raise RuntimeError(f"{url} did not answer in {timeout:.0f} s:\n{log.read_text()[-3000:]}")
-
-
-def stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def missing_build_tools() -> list[str]:
@@ -117,11 +87,11 @@ class LlamaServer:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
         try:
-            wait_for(f"{self.url}/health", self.proc, self.log)
+            wait_until_up(f"{self.url}/health", self.proc, self.log, timeout=300)
         except BaseException:
             self.stop()
             raise
         return self
 
     def stop(self) -> None:
-        stop(self.proc)
+        stop_process(self.proc, timeout=20)

@@ -20,12 +20,13 @@ Every reply is `--max-tokens` long (`ignore_eos`, which both servers honour): to
 compares the same work, where natural lengths (`--natural-lengths`) let one server's
 shorter replies, sampled differently, count as slowness, since each reply pays its TTFT.
 
-Our server is started as `make run` serves it (daphne, the embedded engine, the defaults),
-on its own SQLite file and KV-tier namespace; `--variant NAME KEY=VALUE ...` starts one
-such server per variant (each its own settings), side by side; `TREE=path` among a
-variant's settings runs another checkout's code (`git worktree add /tmp/base HEAD`: the
-last commit against the working tree, in one interleaved run). llama-server gets `-np`
-slots equal to the clients, 2048 tokens of context each.
+Our server is started as `make run` serves it (servers.OurServer, on tools/live_server.py:
+daphne, the embedded engine, the defaults), on its own SQLite file and KV-tier namespace;
+`--variant NAME KEY=VALUE ...` starts one such server per variant (each its own
+settings), side by side; `TREE=path` among a variant's settings runs another checkout's
+code (`git worktree add /tmp/base HEAD`: the last commit against the working tree, in one
+interleaved run). llama-server gets `-np` slots equal to the clients, 2048 tokens of
+context each.
 """
 
 from __future__ import annotations
@@ -34,100 +35,16 @@ import argparse
 import asyncio
 import json
 import os
-import platform
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from inference.bench.api_clients import WORKLOADS, run_level
-from inference.bench.kv_tier import drop_namespace
-from inference.bench.llama_server import (
-    LlamaServer,
-    free_port,
-    llama_server_binary,
-    stop,
-    wait_for,
-)
+from inference.bench.llama_server import LlamaServer, llama_server_binary
+from inference.bench.servers import OurServer, cpu_model, settings
 from inference.bench.spread import cell, spread
 from inference.model_files import bundled_gguf, default_model_path
-
-ROOT = Path(__file__).resolve().parents[2]
-# The web app's KV tier when ENGINE_KV_TIER_URL is unset (chatapp/settings/engine.py).
-DEFAULT_TIER_URL = "redis://127.0.0.1:6379/4"
-
-
-THREAD_SETTINGS = ("ENGINE_NUM_THREADS", "ENGINE_SMALL_STEP_THREADS")
-
-
-class OurServer:
-    def __init__(
-        self, workdir: Path, threads: int, env: dict[str, str], name: str = "ours"
-    ) -> None:
-        # threads: both of the engine's thread settings (0: their defaults), the budget
-        # llama-server gets.
-        workdir = workdir / name
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.name = name
-        # TREE=path: that checkout's code (a commit to compare with, `git worktree add`),
-        # run with this environment's packages and model.
-        env = dict(env)
-        self.root = Path(env.pop("TREE")).resolve() if "TREE" in env else ROOT
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = workdir / "ours.log"
-        base = {k: v for k, v in os.environ.items() if k not in THREAD_SETTINGS}
-        self.env = {
-            **base,
-            "DJANGO_SETTINGS_MODULE": "chatapp.settings.dev",
-            "DJANGO_DEBUG": "false",
-            "CHATAPP_VAR_DIR": str(workdir),
-            "DATABASE_URL": f"sqlite:///{workdir / 'db.sqlite3'}",
-            "ENGINE_PRELOAD": "true",
-            "ENGINE_KV_TIER_NAMESPACE": f"bench-{os.getpid()}-{name}",
-            "PYTHONUNBUFFERED": "1",
-            **({k: str(threads) for k in THREAD_SETTINGS} if threads else {}),
-            **env,
-        }
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.key = ""
-
-    def manage(self, *args: str) -> str:
-        out = subprocess.run(
-            [sys.executable, "manage.py", *args], cwd=self.root, env=self.env,
-            capture_output=True, text=True, timeout=300, check=True,
-        )  # fmt: skip
-        return out.stdout.strip()
-
-    def start(self) -> OurServer:
-        self.manage("migrate", "--noinput", "-v", "0")
-        self.key = self.manage(
-            "shell", "--no-imports", "-c",
-            "from django.contrib.auth import get_user_model as g; "
-            "from chatapp.openai_api.keys import create_key; "
-            "u = g().objects.create_user('bench', password='bench-password-1'); "
-            "k, raw = create_key(u, 'bench'); "
-            "type(k).objects.filter(pk=k.pk).update(max_concurrent=1024, "
-            "rate_limit_per_minute=1000000); print(raw)",
-        )  # fmt: skip
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-                 "chatapp.asgi:application"],
-                cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        wait_for(f"{self.url}/healthz?engine=1", self.proc, self.log)
-        return self
-
-    def stop(self) -> None:
-        stop(self.proc)
-        # The KV blocks its requests wrote back to the tier go with it.
-        url = self.env.get("ENGINE_KV_TIER_URL", DEFAULT_TIER_URL)
-        if url:
-            drop_namespace(url, self.env["ENGINE_KV_TIER_NAMESPACE"])
-
 
 FIGURES = ("tok_s", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "server_tpot_p50_ms")
 RATIOS = FIGURES[:4]
@@ -166,23 +83,6 @@ def print_table(results: dict[str, Any]) -> None:
         for name, r in level["ratios"].items():
             cells = " | ".join(f"{r[f]:.2f}x" if f in r else "-" for f in RATIOS)
             print(f"| {c} | {name} / {base} | {cells} | |")
-
-
-def cpu_model() -> str:
-    """The CPU as lscpu names it, with the vector extensions the kernels care about."""
-    name, flags = platform.processor() or platform.machine(), set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and name in ("", platform.machine()):
-                    name = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
-    return f"{name}, {os.cpu_count()} CPUs, {' '.join(f for f in wanted if f in flags)}"
 
 
 def run(
@@ -288,14 +188,6 @@ def _level(
         if level.get(LLAMA) or s is not ours[0]
     }
     return level
-
-
-def settings(ap: argparse.ArgumentParser, pairs: list[str]) -> dict[str, str]:
-    """A variant's or --env's KEY=VALUE pairs as a dict; anything else is a usage error."""
-    bad = [kv for kv in pairs if "=" not in kv]
-    if bad:
-        ap.error(f"settings are KEY=VALUE, not {' '.join(bad)}")
-    return dict(kv.split("=", 1) for kv in pairs)
 
 
 def main() -> None:

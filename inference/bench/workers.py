@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,11 +26,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from inference.bench.driver import percentile
 from inference.bench.kv_tier import drop_namespace
+from inference.bench.spread import pct
 from inference.engine import SamplingParams
-
-ROOT = Path(__file__).resolve().parent.parent.parent
+from tools.live_server import DjangoProcess
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,36 +55,28 @@ def run(model: str, threads: int = 1) -> dict[str, Any]:
     return results
 
 
-class WorkerProcess:
-    def __init__(self, args: argparse.Namespace, namespace: str, worker_id: str, tmp: Path):
-        self.id = worker_id
-        env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "chatapp.settings.dev",
-            "CHATAPP_VAR_DIR": str(tmp),
-            "CHATAPP_MODEL": args.model,
-            "ENGINE_WORKERS_REDIS_URL": args.redis,
-            "ENGINE_WORKERS_NAMESPACE": namespace,
-            "ENGINE_WORKER_ID": worker_id,
-            "ENGINE_NUM_THREADS": str(args.threads),
-            "ENGINE_KV_TIER_URL": "",  # the workers alone, no write-back traffic
-            "LOG_LEVEL": "WARNING",
-        }
-        self.log = open(tmp / f"{worker_id}.log", "wb")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", "run_engine"],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+class WorkerProcess(DjangoProcess):
+    """One `manage.py run_engine` process on the workers' Redis, started at once (the
+    project's launcher, tools/live_server.py, gives it its settings and stops it)."""
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+    def __init__(self, args: argparse.Namespace, namespace: str, worker_id: str, tmp: Path):
+        super().__init__(
+            tmp, None, CHATAPP_MODEL=args.model, ENGINE_WORKERS_REDIS_URL=args.redis,
+            ENGINE_WORKERS_NAMESPACE=namespace, ENGINE_WORKER_ID=worker_id,
+            ENGINE_NUM_THREADS=str(args.threads),
+            ENGINE_KV_TIER_URL="",  # the workers alone, no write-back traffic
+            LOG_LEVEL="WARNING",
+        )  # fmt: skip
+        self.id = worker_id
+        self.log = tmp / f"{worker_id}.log"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "manage.py", "run_engine"],
+                cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    def stop(self, timeout: float = 30) -> None:
+        super().stop(timeout)
 
 
 def wait_registered(redis: Any, namespace: str, ids: list[str], procs: list[WorkerProcess]) -> None:
@@ -139,8 +129,8 @@ async def run_load(engine: Any, tokenizer: Any, args: argparse.Namespace, tag: s
             per_worker[x["worker"]] = per_worker.get(x["worker"], 0) + 1
     return {
         "output_tok_s": sum(rates) / len(rates),
-        "ttft_p50_ms": percentile(ttfts, 50) * 1000,
-        "ttft_p99_ms": percentile(ttfts, 99) * 1000,
+        "ttft_p50_ms": pct(ttfts, 0.5) * 1000,
+        "ttft_p99_ms": pct(ttfts, 0.99) * 1000,
         "requests_per_worker": per_worker,
     }
 

@@ -6,7 +6,8 @@ import itertools
 import random
 import statistics
 
-from inference.bench.driver import Arrival, Finished, drive, percentile, rss_mb
+from inference.bench.driver import Arrival, Finished, drive, rss_mb
+from inference.bench.spread import pct
 from inference.engine.engine import LLMEngine
 from inference.engine.sampling_params import SamplingParams
 
@@ -51,8 +52,8 @@ def concurrent(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> 
     return {
         "seconds": span,
         "tok_s": produced / span,
-        "ttft_p50": percentile([m.ttft for m in ms], 50),
-        "tpot_p50": percentile([m.tpot for m in ms if m.tpot], 50),
+        "ttft_p50": pct([m.ttft for m in ms], 0.5),
+        "tpot_p50": pct([m.tpot for m in ms if m.tpot], 0.5),
     }
 
 
@@ -139,14 +140,14 @@ def busy_streams(
     itl_median = statistics.median(before) if before else float("nan")
     return {
         "ttft_alone": ttft_alone,
-        "ttft_busy_p50": percentile(probe_ttft, 50),
-        "ttft_busy_p99": percentile(probe_ttft, 99),
-        "ttft_ratio_p99": percentile(probe_ttft, 99) / ttft_alone,
+        "ttft_busy_p50": pct(probe_ttft, 0.5),
+        "ttft_busy_p99": pct(probe_ttft, 0.99),
+        "ttft_ratio_p99": pct(probe_ttft, 0.99) / ttft_alone,
         "long_prompt_tokens": len(long_prompt),
         "long_prompt_ttft": long_m.ttft,
         "itl_median_before": itl_median,
-        "itl_p99_during_long_prefill": percentile(during, 99),
-        "itl_ratio": percentile(during, 99) / itl_median,
+        "itl_p99_during_long_prefill": pct(during, 0.99),
+        "itl_ratio": pct(during, 0.99) / itl_median,
     }
 
 

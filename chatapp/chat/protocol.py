@@ -269,8 +269,8 @@ AnyFrame = (
 FRAME: TypeAdapter[AnyFrame] = TypeAdapter(Annotated[AnyFrame, Field(discriminator="type")])
 
 # pydantic's error types → what the error frame says of the field named.
-_TYPE_WORDS = {"int_type": "an integer", "string_type": "a string"}
-_FIELD_WORDS = {int: "an integer", str: "a string"}
+_TYPE_WORDS = {"int_type": "an integer", "string_type": "a string", "bool_type": "true or false"}
+_FIELD_WORDS = {int: "an integer", str: "a string", bool: "true or false"}
 
 
 class Refusal(NamedTuple):

@@ -37,6 +37,8 @@ from chatapp.chat.protocol import EditFrame, SendFrame, frame_error, parse_frame
          "The system prompt contains invalid Unicode.", True),
         ({"type": "regenerate", "message_id": 1, "model": ""}, "invalid",
          "The model must be a model's name of at most 200 characters.", True),
+        ({"type": "send", "text": "hi", "temporary": "yes"}, "bad_frame",
+         "'temporary' must be true or false", True),
     ],
 )  # fmt: skip
 def test_a_malformed_frame_is_refused_in_words(

@@ -21,6 +21,12 @@ pytestmark = pytest.mark.slow  # a real browser and the real default model
 PHONE = {"width": 390, "height": 844}
 
 
+def to_phone(page: Page) -> None:
+    """A phone's viewport, once the sidebar has slid away (a drawer there)."""
+    page.set_viewport_size(PHONE)
+    expect(page.get_by_test_id("sidebar")).to_be_hidden()
+
+
 def username(page: Page) -> str:
     return page.get_by_test_id("username").inner_text()
 
@@ -52,7 +58,7 @@ def test_a_temporary_chat_is_not_kept(page: Page) -> None:
     assert api(page, "GET", "/api/conversations/")["data"]["conversations"] == []
     assert not axe_problems(page)
     shot(page, "temporary-chat-desktop")
-    page.set_viewport_size(PHONE)
+    to_phone(page)
     expect(banner).to_be_visible()
     shot(page, "temporary-chat-phone")
 
@@ -84,7 +90,7 @@ def test_feedback_on_a_reply_reaches_the_dashboard(page: Page, server: LiveServe
     reply.get_by_test_id("feedback-comment").fill("The Sun matters too.")
     reply.get_by_test_id("feedback-send").click()
     expect(reply.get_by_test_id("feedback-thanks")).to_be_visible()
-    page.set_viewport_size(PHONE)
+    to_phone(page)
     shot(page, "feedback-phone")
     page.set_viewport_size({"width": 1280, "height": 800})
 
@@ -189,7 +195,7 @@ def test_saved_prompts_the_palette_and_shortcuts(page: Page, server: LiveServer)
     page.keyboard.press("Enter")
     expect(box).to_have_value("Summarize the text below in one line:")
     box.fill("")
-    page.set_viewport_size(PHONE)
+    to_phone(page)
     page.keyboard.press("Control+k")
     page.keyboard.type("temporary")
     shot(page, "palette-phone")

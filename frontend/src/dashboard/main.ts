@@ -431,7 +431,7 @@ class Dashboard {
     }
     const counts = el('table', { class: 'ld-table', 'data-testid': 'feedback-counts' });
     const head = el('tr');
-    head.append(el('th', {}, 'model'), el('th', {}, '👍 up'), el('th', {}, '👎 down'), el('th', {}, 'share up'));
+    head.append(el('th', {}, 'model'), el('th', {}, 'up'), el('th', {}, 'down'), el('th', {}, 'share up'));
     counts.append(head);
     for (const m of f.models) {
       const tr = el('tr');
@@ -446,7 +446,7 @@ class Dashboard {
     recent.append(rhead);
     for (const r of f.recent) {
       const tr = el('tr', { 'data-message-id': String(r.message_id), 'data-rating': r.rating });
-      tr.append(el('td', {}, r.at ? new Date(r.at).toLocaleString() : ''), el('td', {}, r.rating === 'up' ? '👍 up' : '👎 down'),
+      tr.append(el('td', {}, r.at ? new Date(r.at).toLocaleString() : ''), el('td', {}, r.rating),
         el('td', {}, r.comment), el('td', { class: 'ld-muted' }, r.reply), el('td', {}, r.model || ''), el('td', {}, String(r.conversation_id)));
       recent.append(tr);
     }

@@ -7,6 +7,7 @@ import { canSpeak, speakableText, speaking, toggleSpeech } from '../speech';
 import type { Message, Rating } from '../types';
 import { MessageAttachments, MessageSources } from './Attachments';
 import { copyText } from './clipboard';
+import { ThumbDownIcon, ThumbUpIcon } from './icons';
 
 export interface MessageActions {
   /** Thumbs up or down on a reply (null takes it back), with an optional comment. */
@@ -67,10 +68,10 @@ function FeedbackButtons({ m, actions }: { m: Message; actions: MessageActions }
   return (
     <>
       <button type="button" class={'icon-btn thumb' + (given === 'up' ? ' on' : '')} data-testid="feedback-up" aria-label="Good reply" aria-pressed={given === 'up'} title="Good reply" onClick={() => void rate('up')}>
-        👍
+        <ThumbUpIcon on={given === 'up'} />
       </button>
       <button type="button" class={'icon-btn thumb' + (given === 'down' ? ' on' : '')} data-testid="feedback-down" aria-label="Bad reply" aria-pressed={given === 'down'} title="Bad reply" onClick={() => void rate('down')}>
-        👎
+        <ThumbDownIcon on={given === 'down'} />
       </button>
       {asking ? (
         <span class="feedback-box" role="group" aria-label="Tell us more" data-testid="feedback-form">

@@ -302,7 +302,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if not await database_sync_to_async(conversations.can_continue)(reply):
             raise FrameError("invalid", "Only a reply cut off at the length limit can go on.")
         conv = reply.conversation
-        reservation = self._reserve_stream(conv.pk)
+        reservation = await self._reserve_stream(conv.pk)
         try:
             gen = await self._prepare_continuation(conv, reply, reservation)
         finally:
@@ -380,13 +380,15 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     # --- generation -----------------------------------------------------------------
 
-    def _reserve_stream(self, conversation_id: int | None) -> Reservation:
+    async def _reserve_stream(self, conversation_id: int | None) -> Reservation:
         """Claim this user's stream slot (and the conversation's) before anything is
-        awaited, so frames arriving together cannot all pass the check."""
+        awaited, so frames arriving together cannot all pass the check; then the same
+        across every web replica (chatapp/slots.py)."""
+        limit = settings.CHAT_MAX_CONCURRENT_STREAMS
         try:
-            return registry.reserve(
-                self.user.pk, conversation_id, settings.CHAT_MAX_CONCURRENT_STREAMS
-            )
+            reservation = registry.reserve(self.user.pk, conversation_id, limit)
+            await registry.claim(reservation, limit)
+            return reservation
         except AlreadyStreaming as exc:
             raise FrameError("already_streaming", "A reply is already being written here.") from exc
         except Draining as exc:
@@ -428,7 +430,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         `parent` (`branch_from`: regenerate and edit), with `user_text` (after its
         `documents`) first if given."""
         new_conversation = conv.pk is None
-        reservation = self._reserve_stream(conv.pk)
+        reservation = await self._reserve_stream(conv.pk)
         try:
             gen, user_msg, reply = await self._prepare_reply(
                 conv,

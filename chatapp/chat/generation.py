@@ -26,6 +26,7 @@ from chatapp.chat import checkpoints, titles
 from chatapp.chat.conversations import message_json
 from chatapp.chat.models import Message
 from chatapp.events import send_request_ended
+from chatapp.slots import Lease, LimitReached, Locked, leases
 from inference.client import Prompt, get_engine_client, prefix_cache_salt
 from inference.engine import (
     EngineBusyError,
@@ -162,6 +163,8 @@ class Generation:
         self.subscribers: set[Subscription] = set()
         self._grace: asyncio.TimerHandle | None = None
         self.task: asyncio.Task[None] | None = None
+        # Its slot in the limits shared by the web replicas (its reservation's).
+        self.lease: Lease | None = None
 
     # --- viewers --------------------------------------------------------------------
 
@@ -210,6 +213,11 @@ class Generation:
             if shared is not None:
                 # Other web replicas find it there, to resume or stop it.
                 await shared.publish(self.message_id)
+            if self.lease is not None and len(self.lease.keys) == 1:
+                # A new conversation's first reply: its id exists from now on.
+                self.lease = await leases.with_lock(
+                    self.lease, f"chat-conversation:{self.conversation_id}"
+                )
             client = await asyncio.to_thread(get_engine_client, self.model or None)
             # The owner's scope: nobody else's prefix or response cache sees this prompt.
             salt = prefix_cache_salt(self.owner_id) if self.owner_id is not None else None
@@ -300,6 +308,7 @@ class Generation:
         if shared is not None:
             await asyncio.shield(shared.withdraw(self.message_id))
         self.registry.forget(self)
+        await asyncio.shield(leases.release(self.lease))
         await send_request_ended(
             "chat",
             self.request_id,
@@ -370,6 +379,8 @@ class Reservation:
 
     owner_id: int
     conversation_id: int | None
+    # The same slot across the web replicas (claim), while it has one.
+    lease: Lease | None = None
 
 
 class GenerationRegistry:
@@ -443,9 +454,31 @@ class GenerationRegistry:
         self.reserved.add(reservation)
         return reservation
 
+    async def claim(self, reservation: Reservation, limit: int) -> None:
+        """The reservation's slot across every web replica too (chatapp/slots.py; nothing
+        in one process): raises as `reserve` does, with the reservation given back."""
+        conv = reservation.conversation_id
+        try:
+            reservation.lease = await leases.acquire(
+                f"chat-streams:{reservation.owner_id}",
+                limit,
+                lock=f"chat-conversation:{conv}" if conv is not None else None,
+            )
+        except LimitReached as exc:
+            self.release(reservation)
+            raise TooManyStreams(exc.held) from exc
+        except Locked as exc:
+            self.release(reservation)
+            raise AlreadyStreaming from exc
+        except BaseException:
+            self.release(reservation)
+            raise
+
     def release(self, reservation: Reservation) -> None:
         """Give back a slot whose reply never started (idempotent)."""
         self.reserved.discard(reservation)
+        lease, reservation.lease = reservation.lease, None
+        leases.release_soon(lease)
 
     def start(
         self,
@@ -458,6 +491,7 @@ class GenerationRegistry:
         if reservation is not None:
             # The slot passes from the reservation to the generation in one step.
             self.reserved.discard(reservation)
+            gen.lease, reservation.lease = reservation.lease, None
         self.by_message[gen.message_id] = gen
         self.by_conversation[gen.conversation_id] = gen.message_id
         return gen

@@ -1,6 +1,6 @@
 """Per-API-key limits: requests per minute (django-ratelimit's counters in the Django
 cache, shared by every process when the cache is Redis) and concurrent streams (counted
-in this process)."""
+in this process, and across every web replica with the Redis channel layer: slots.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from django.conf import settings
 from django.http import HttpRequest
 
 from chatapp.ratelimit import counted_usage
+from chatapp.slots import Lease, LimitReached, leases
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class KeyLimiter:
             )
         self.active[key.pk] += 1
         released = False
+        lease: Lease | None = None
 
         def release() -> None:
             nonlocal released
@@ -54,7 +56,18 @@ class KeyLimiter:
                 self.active[key.pk] -= 1
                 if self.active[key.pk] <= 0:
                     del self.active[key.pk]
+                leases.release_soon(lease)
 
+        try:
+            lease = await leases.acquire(f"api-key:{key.pk}", concurrent)
+        except LimitReached as exc:
+            release()
+            raise RateLimited(
+                f"Too many concurrent requests: at most {concurrent} for this key.", 1
+            ) from exc
+        except BaseException:
+            release()
+            raise
         try:
             usage = await counted_usage(
                 request,

@@ -34,6 +34,7 @@ def replicas(
         "CHANNEL_LAYER_PREFIX": f"test-replicas-{uuid.uuid4().hex[:8]}",
         "CHAT_DISCONNECT_GRACE_S": "30",
         "CHAT_RATE_LIMIT_PER_MINUTE": str(RATE_LIMIT),
+        "CHAT_MAX_CONCURRENT_STREAMS": "1",
     }
     servers: list[LiveServer] = []
     try:
@@ -122,6 +123,34 @@ def test_the_message_rate_limit_counts_across_replicas(
         if refused_at and refused_at[-1] == RATE_LIMIT:
             return
     pytest.fail(f"refused at message {refused_at} (0-based), not at {RATE_LIMIT}")
+
+
+def test_the_concurrent_stream_limits_hold_across_replicas(
+    replicas: tuple[LiveServer, LiveServer],
+) -> None:
+    """One reply at a time for the user (CHAT_MAX_CONCURRENT_STREAMS=1) and per
+    conversation, whichever replica the second asks through; the slot is free again once
+    the reply ends."""
+    a, b = replicas
+    a.make_user("concurrent", PASSWORD)
+    with (
+        a.chat_socket("concurrent", PASSWORD) as on_a,
+        b.chat_socket("concurrent", PASSWORD) as on_b,
+    ):
+        send(on_a, "Long story", 1500)
+        started = frames_until(on_a, "delta", "error")
+        assert started[-1]["type"] == "delta", started
+        conv_id = next(f for f in started if f["type"] == "start")["conversation_id"]
+        message_id = started[-1]["message_id"]
+        on_b.send(json.dumps({"type": "send", "conversation_id": conv_id, "text": "And?"}))
+        assert frames_until(on_b, "error")[-1]["code"] == "already_streaming"
+        send(on_b, "Another", 4)
+        refused = frames_until(on_b, "error")[-1]
+        assert refused["code"] == "rate_limited" and "1 replies" in refused["message"], refused
+        on_b.send(json.dumps({"type": "stop", "message_id": message_id}))
+        assert frames_until(on_a, "done")[-1]["status"] == "stopped"
+        send(on_b, "Another", 4)
+        assert frames_until(on_b, "done", "error")[-1]["type"] == "done"
 
 
 def test_each_replica_labels_its_metrics(replicas: tuple[LiveServer, LiveServer]) -> None:

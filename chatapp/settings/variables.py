@@ -117,10 +117,7 @@ MEANINGS: dict[str, str] = {
     "OPENAI_MAX_CONCURRENT": "an API key's default requests at once",
     "OPENAI_MAX_KEYS_PER_USER": "live API keys one account may make for itself",
     "METRICS_BEARER_TOKEN": "the bearer token Prometheus sends for `/metrics` (staff need none)",
-    "METRICS_REPLICA": (
-        "the `replica` label of every `/metrics` series; default: the host's name with the "
-        "Redis channel layer, none otherwise"
-    ),
+    "METRICS_REPLICA": "the `replica` label of every `/metrics` series (several web replicas)",
     "OBS_BACKGROUND": "run the web process's scheduler and in-process jobs in background threads",
     "OBS_SAMPLE_INTERVAL_S": "how often the engine's live stats are sampled for the dashboard",
     "OBS_RAW_RETENTION_HOURS": "how long raw request figures (and KV tier upkeep passes) are kept",

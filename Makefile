@@ -1,7 +1,7 @@
 # The two commands: `make run` sets everything up and serves the app on :8000;
 # `make test` runs the static checks and the whole test suite. Both are safe to repeat.
 # `make check` runs the static checks alone (ruff, mypy, tsc: scripts/check.sh).
-.PHONY: run test test-fast check lint bench bench-baseline
+.PHONY: run test test-fast test-compose check lint bench bench-baseline
 
 run:
 	scripts/run.sh
@@ -11,6 +11,15 @@ test:
 
 test-fast:
 	scripts/test.sh -m "not slow"
+
+# The docker compose stack run for real (README, "Docker compose"): the base images (built
+# from Debian packages where the image hub is out of reach), the wheelhouse and npm cache,
+# the build, `up`, a chat, an API call, an export job and an engine worker restart through
+# the proxy, then `down -v`. Minutes, and docker: not part of `make test`.
+test-compose:
+	scripts/offline-images.sh
+	scripts/wheelhouse.sh
+	CHATAPP_COMPOSE_TEST=1 .venv/bin/python -m pytest tests/deploy/test_compose_stack.py -v -s -o timeout=3600 $(ARGS)
 
 check:
 	scripts/check.sh

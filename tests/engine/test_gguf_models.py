@@ -169,10 +169,10 @@ def _gguf_name(hf: str) -> str:
 # Peak RSS of loading a GGUF with 4-bit blocks for every step (int4; hybrid is the same
 # where the kernels' products serve steps of any size, else it adds the float copy of the
 # layers its large steps multiply), over what the process held before, as a multiple of
-# the file's size. A llama of hidden 1024, 8 layers, MLP 4096: Q4_K_M 119 MB, peak +186 MB
-# (1.57x; 143 MB held after); Q8_0 189 MB, +238 MB (1.26x, its layers held as Q8_0; 1.13x
-# when they were requantized to Q4_1).
-PEAK_RSS_PER_FILE_BYTE = 1.75
+# the file's size. A llama of hidden 1024, 8 layers, MLP 4096: Q4_K_M 119 MB, peak +160 MB
+# (1.35x; 140 MB held after: Q4_K's scales as Q4_1's float16 ones, the Q6_K embedding at
+# 8 bits); Q8_0 189 MB, +225 MB (1.19x).
+PEAK_RSS_PER_FILE_BYTE = 1.45
 
 # The peak is the kernel's high-water mark, reset once the process holds the metadata:
 # getrusage's ru_maxrss is no measure here, as a child started from a large process (this

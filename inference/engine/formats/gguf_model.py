@@ -23,7 +23,7 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase
 
 from inference.engine.errors import UnsupportedModelError
 from inference.engine.formats.ggml_types import k_low_nibbles, k_scales
-from inference.engine.formats.gguf_file import GGUFFile, GGUFTensor
+from inference.engine.formats.gguf_file import GGUFFile, GGUFTensor, return_freed_memory
 from inference.engine.quantized import GROUP, K_QUANT_DIVISORS, Q4_1, Q8_0, QK, BlockWeight
 
 
@@ -395,6 +395,7 @@ def load_gguf_blocks(path: str | Path) -> dict[str, BlockWeight]:
         for part, lo, hi in _fused_parts(key, t.shape[0], config):
             out[part] = w if (lo, hi) == (0, t.shape[0]) else w.rows(lo, hi)
         file.release(t)
+        return_freed_memory()
     if "lm_head.weight" not in out and "embed_tokens.weight" in out:
         out["lm_head.weight"] = out["embed_tokens.weight"]
     return out
@@ -435,7 +436,7 @@ def gguf_matrix_names(path: str | Path) -> set[str]:
 
 # Rows converted at once: ~4 MB of float32, so that a conversion's temporaries stay small
 # beside the model (an embedding of 50M weights made ~1 GB of them in one go).
-CHUNK_ELEMS = 1 << 20
+CHUNK_ELEMS = 1 << 18
 
 
 def _by_rows(t: GGUFTensor, convert: Callable[[GGUFTensor], Any]) -> list[Any]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from chatapp import db_worker
 from chatapp.jobs.scheduler import Scheduler
 from chatapp.observability import recording
 from chatapp.observability.models import MinuteRollup
@@ -84,9 +85,11 @@ async def test_recording_a_request_starts_no_thread(settings) -> None:  # type: 
     from asgiref.sync import sync_to_async
 
     settings.OBS_BACKGROUND = True
-    # asgiref's thread for database calls exists in every served process; a test run
-    # alone has not made it yet.
+    # asgiref's thread for database calls and the serving path's database thread
+    # (chatapp/db_worker.py) exist in every served process; a test run alone has not made
+    # them yet. A second request must start none of its own.
     await sync_to_async(lambda: None)()
+    await db_worker.run(lambda: None)
     before = {t.name for t in threading.enumerate()}
     await recording.record_request("chat", "r1", None, "stop")
     assert {t.name for t in threading.enumerate()} - before <= {"asyncio_0"}

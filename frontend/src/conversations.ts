@@ -259,19 +259,24 @@ export class Conversations {
     this.api.remove(id).catch(() => undefined);
   }
 
+  /** A conversation's messages and thread, gone from what the page holds. */
+  private dropThread(id: number): void {
+    const gone = this.thread(id);
+    this.editMessages((all) => gone.forEach((mid) => all.delete(mid)));
+    const threads = new Map(this._threads.value);
+    threads.delete(id);
+    this._threads.value = threads;
+    const loaded = new Set(this._loaded.value);
+    loaded.delete(id);
+    this._loaded.value = loaded;
+  }
+
   private forgetTemporary(id: number): void {
     batch(() => {
       const temps = new Map(this._temps.value);
       temps.delete(id);
       this._temps.value = temps;
-      const gone = this.thread(id);
-      this.editMessages((all) => gone.forEach((mid) => all.delete(mid)));
-      const threads = new Map(this._threads.value);
-      threads.delete(id);
-      this._threads.value = threads;
-      const loaded = new Set(this._loaded.value);
-      loaded.delete(id);
-      this._loaded.value = loaded;
+      this.dropThread(id);
       this.ui.clearThread(id);
     });
   }
@@ -472,14 +477,7 @@ export class Conversations {
       if (this._archived.value) this._archived.value = this._archived.value.filter((c) => c.id !== id);
       const found = this._searchResults.value;
       if (found) this._searchResults.value = found.filter((c) => c.id !== id);
-      const gone = this.thread(id);
-      this.editMessages((all) => gone.forEach((mid) => all.delete(mid)));
-      const threads = new Map(this._threads.value);
-      threads.delete(id);
-      this._threads.value = threads;
-      const loaded = new Set(this._loaded.value);
-      loaded.delete(id);
-      this._loaded.value = loaded;
+      this.dropThread(id);
       if (this._currentId.value === id) this.newChat();
     });
     return { ok: true };

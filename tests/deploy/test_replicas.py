@@ -5,11 +5,13 @@ the other, the rate limits count across both, and each labels its /metrics."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.deploy.test_compose_configuration import REDIS_URL, postgres_url  # noqa: F401
@@ -40,8 +42,9 @@ def replicas(
     try:
         for name in ("web-a", "web-b"):  # one after the other: both migrate the database
             workdir = tmp_path_factory.mktemp(name)
-            servers.append(LiveServer(workdir, tiny_model_dir, METRICS_REPLICA=name, **shared))
-            servers[-1].start()
+            server = LiveServer(workdir, tiny_model_dir, METRICS_REPLICA=name)
+            server.env.update(shared)
+            servers.append(server.start())
         servers[0].make_user("apiuser", PASSWORD)
         yield servers[0], servers[1]
     finally:
@@ -151,6 +154,39 @@ def test_the_concurrent_stream_limits_hold_across_replicas(
         assert frames_until(on_a, "done")[-1]["status"] == "stopped"
         send(on_b, "Another", 4)
         assert frames_until(on_b, "done", "error")[-1]["type"] == "done"
+
+
+def test_an_api_keys_concurrency_cap_holds_across_replicas(
+    replicas: tuple[LiveServer, LiveServer], tiny_model_dir: Path
+) -> None:
+    a, b = replicas
+    key = a.make_key("apiuser", max_concurrent=1)
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"model": tiny_model_dir.name, "prompt": "go", "max_tokens": 1500, "stream": True,
+            "temperature": 0}  # fmt: skip
+    with httpx.stream(
+        "POST", a.url + "/v1/completions", json=body, headers=headers, timeout=60
+    ) as first:
+        assert first.status_code == 200
+        lines = first.iter_lines()  # kept: a dropped iterator closes the connection
+        next(lines)
+        second = httpx.post(
+            b.url + "/v1/completions", json={**body, "stream": False}, headers=headers
+        )
+        assert second.status_code == 429, second.text
+    # The first one's slot is given back when it ends (its client went away).
+    deadline = time.monotonic() + 10
+    while True:
+        third = httpx.post(
+            b.url + "/v1/completions",
+            json={**body, "stream": False, "max_tokens": 2},
+            headers=headers,
+            timeout=60,
+        )
+        if third.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert third.status_code == 200, third.text
 
 
 def test_each_replica_labels_its_metrics(replicas: tuple[LiveServer, LiveServer]) -> None:

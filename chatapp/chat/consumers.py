@@ -31,9 +31,7 @@ from chatapp.chat.generation import (
     AlreadyStreaming,
     Draining,
     Generation,
-    Reply,
     Reservation,
-    Subscription,
     TooManyStreams,
     done_event,
     message_snapshot,
@@ -53,6 +51,7 @@ from chatapp.chat.protocol import (
     frame_error,
     parse_frame,
 )
+from chatapp.chat.reply import Reply, Subscription
 from chatapp.chat.user_sockets import join, leave, remember_loop, session_user_id
 from chatapp.ratelimit import counted_usage
 from chatapp.text import InvalidText

@@ -15,16 +15,17 @@ import contextlib
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
-from chatapp.chat import checkpoints, titles
+from chatapp.chat import checkpoints, replicas, titles
 from chatapp.chat.conversations import message_json
 from chatapp.chat.models import Message
+from chatapp.chat.reply import Reply, Subscription
 from chatapp.events import send_request_ended
 from chatapp.slots import Lease, LimitReached, Locked, leases
 from inference.client import Prompt, get_engine_client, prefix_cache_salt
@@ -36,9 +37,6 @@ from inference.engine import (
     SamplingParams,
 )
 from inference.workers.protocol import is_worker_lost
-
-if TYPE_CHECKING:
-    from chatapp.chat.replicas import Replicas
 
 log = logging.getLogger(__name__)
 
@@ -68,27 +66,6 @@ ERROR_TEXT = {
 def model_missing_text(model: str) -> str:
     """What the chat says when a turn names a model no engine serves."""
     return f"The model “{model[:100]}” is not served here. Pick another model and send again."
-
-
-@dataclass(eq=False)
-class Subscription:
-    queue: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
-
-
-class Reply(Protocol):
-    """A reply as a socket watches it: a Generation here, or one another web replica
-    generates (replicas.RemoteReply)."""
-
-    message_id: int
-    text: str
-    deltas_sent: int
-    finished: bool
-
-    def subscribe(self) -> Subscription: ...
-
-    def unsubscribe(self, sub: Subscription) -> None: ...
-
-    def stop(self, reason: str = "abort") -> None: ...
 
 
 def message_figures(m: RequestFigures | None) -> dict[str, Any]:
@@ -392,13 +369,11 @@ class GenerationRegistry:
         self.by_conversation: dict[int, int] = {}
         self.reserved: set[Reservation] = set()
         self.draining = False
-        self._replicas: Replicas | None = None
+        self._replicas: replicas.Replicas | None = None
 
-    def replicas(self) -> Replicas | None:
+    def replicas(self) -> replicas.Replicas | None:
         """The replies of the other web replicas (the Redis channel layer); None in a
         single process (the in-memory layer)."""
-        from chatapp.chat import replicas
-
         if not replicas.enabled():
             return None
         if self._replicas is None:

@@ -34,7 +34,7 @@ from inference.redis_options import REDIS_OPTIONS
 if TYPE_CHECKING:
     from chatapp.chat.generation import Generation, GenerationRegistry
 
-from chatapp.chat.generation import Subscription
+from chatapp.chat.reply import Subscription
 
 log = logging.getLogger(__name__)
 

@@ -10,6 +10,7 @@ minutes of building."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import secrets
@@ -17,6 +18,7 @@ import shutil
 import subprocess
 import time
 import urllib.request
+import zipfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -236,7 +238,9 @@ def test_an_export_runs_on_the_celery_worker_and_downloads_through_web(stack: St
     assert job["status"] == "done", f"the export stayed {job['status']}"
     download = session.get(job["download"])
     assert download.status_code == 200, download.status_code
-    assert "Name three colours." in download.text
+    with zipfile.ZipFile(io.BytesIO(download.content)) as archive:
+        exported = archive.read("conversations.json").decode()
+    assert "Name three colours." in exported
     session.close()
 
 

@@ -151,6 +151,14 @@ refused_requests = _counter(
     "chatapp:requests_refused", "Requests refused as busy by the engine.", ENGINE_L
 )
 engine_steps = _counter("chatapp:engine_steps", "Engine steps run.", ENGINE_L)
+# The engine's step time by the step's kind (inference/engine/engine.py STEP_KINDS, its
+# stats' step_seconds_<kind>): decode-only steps, mixed steps (decodes beside prompt
+# chunks) and prompt-only chunks.
+engine_step_seconds = _counter(
+    "chatapp:engine_step_seconds",
+    "Seconds the engine spent in steps, by kind (decode, mixed, prompt).",
+    [*ENGINE_L, "kind"],
+)
 # Tokens per engine step: the engine counts them per bucket; the sampler adds what changed.
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 iteration_tokens = _hist(

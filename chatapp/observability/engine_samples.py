@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()
 # The engine totals last fed to the Prometheus counters (counters only go up), by
 # (worker, total's name).
-_last_totals: dict[tuple[str, str], int] = {}
+_last_totals: dict[tuple[str, str], float] = {}
 # The engines (`worker` label values) the gauges were last set for, by model.
 _engines_seen: dict[str, set[str]] = {}
 
@@ -133,12 +133,15 @@ def _update_engine(model: str, worker: str, s: dict[str, Any]) -> None:
     for bucket, key in zip(hist._buckets, [*keys, "step_tokens_le_inf"], strict=True):
         bucket.inc(_growth(worker, key, s))
     hist._sum.inc(_growth(worker, "step_tokens_sum", s))
+    for key in [k for k in s if k.startswith("step_seconds_")]:
+        kind = key.removeprefix("step_seconds_")
+        metrics.engine_step_seconds.labels(model, worker, kind).inc(_growth(worker, key, s))
 
 
-def _growth(worker: str, key: str, s: dict[str, Any]) -> int:
+def _growth(worker: str, key: str, s: dict[str, Any]) -> float:
     """How much an engine total grew since the last sample (a restarted engine starts
-    its totals again from 0)."""
-    now = int(s.get(key) or 0)
+    its totals again from 0); counts and seconds."""
+    now = float(s.get(key) or 0)
     before = _last_totals.get((worker, key), 0)
     _last_totals[(worker, key)] = now
     return now - before if now >= before else now

@@ -75,6 +75,16 @@ WRITE_BACK_CHUNK = 64
 # Upper bounds of the tokens-per-step histogram (vLLM's iteration_tokens_total); the last
 # bucket takes everything above the one before it.
 STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 1 << 62)
+# A step's kind: decodes only (with their guesses, if any), decodes beside prompt chunks,
+# prompt chunks only.
+STEP_KINDS = ("decode", "mixed", "prompt")
+
+
+def step_kind(batch: ScheduledBatch) -> str:
+    """Which of STEP_KINDS a scheduled batch is."""
+    if batch.num_decodes == len(batch.seqs):
+        return "decode"
+    return "mixed" if batch.num_decodes else "prompt"
 
 
 def eos_ids_of(folder: str, tokenizer: object) -> list[int]:
@@ -148,6 +158,8 @@ class LLMEngine:
         self._structured_lock = threading.Lock()
         self.step_tokens_counts = [0] * len(STEP_TOKEN_BUCKETS)
         self.step_tokens_sum = 0
+        # Step time by kind (step_kind): where a chat workload's time goes.
+        self.step_seconds = dict.fromkeys(STEP_KINDS, 0.0)
         self.speculator = self._speculator(config)
         self.seqs: dict[str, Sequence] = {}  # live requests, by id
         self._lock = threading.Lock()
@@ -300,6 +312,7 @@ class LLMEngine:
                 "tokens": batch.total_tokens,
                 "seconds": time.perf_counter() - start,
             }
+            self.step_seconds[step_kind(batch)] += self.last_step["seconds"]
             self.totals["steps"] += 1
             # Tokens per step, as vLLM's iteration_tokens histogram counts them.
             i = bisect.bisect_left(STEP_TOKEN_BUCKETS, batch.total_tokens)
@@ -658,6 +671,7 @@ class LLMEngine:
             },
             "step_tokens_le_inf": self.step_tokens_counts[-1],
             "step_tokens_sum": self.step_tokens_sum,
+            **{f"step_seconds_{kind}": v for kind, v in self.step_seconds.items()},
             "speculative_mode": self.config.speculative_mode,
             **(self.speculator.stats() if self.speculator is not None else SPEC_DISABLED_STATS),
             "tensor_parallel_size": self.config.tensor_parallel_size,

@@ -10,9 +10,12 @@ output token after the first (TPOT: from first to last chunk over tokens - 1), a
 tokens the server reports; where the server reports its own per-token time in the stream
 (llama-server's `timings`), that too. Prints a table and, with --json, a file.
 
-Workloads (`--workload`): `chat` (short questions, then follow-ups: the default), `rewrite`
-(the first turn asks to repeat or edit a passage given in the prompt: output that prompt
-lookup can guess) and `story` (open-ended stories: output it cannot).
+Workloads (`--workload`): `chat-mix` (chat_workload.py: short and long questions and a few
+pasted documents, different conversations for each `--seed`; the default), `chat` (eight
+short questions, then follow-ups), `rewrite` (the first turn asks to repeat or edit a
+passage given in the prompt: output that prompt lookup can guess) and `story` (open-ended
+stories: output it cannot). Tokens are those each server reports it generated (its
+`usage`; the content chunks where it reports none).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+from inference.bench.chat_workload import Conversation, conversations, messages
 from inference.bench.spread import pct
 
 QUESTIONS = [
@@ -70,32 +74,42 @@ WORKLOADS = {
     "rewrite": (REWRITES, REWRITE_FOLLOW_UPS),
     "story": (STORIES, STORY_FOLLOW_UPS),
 }
+# The workloads whose conversations come from chat_workload.py.
+CHAT_MIX = "chat-mix"
+WORKLOAD_NAMES = (CHAT_MIX, *WORKLOADS)
+
+
+def workload_conversations(workload: str, n: int, turns: int, seed: int = 0) -> list[Conversation]:
+    """The user turns of n clients' conversations."""
+    if workload == CHAT_MIX:
+        return conversations(n, turns, seed)
+    firsts, follow_ups = WORKLOADS[workload]
+    return [
+        Conversation(workload, tuple(
+            firsts[i % len(firsts)] if t == 0 else follow_ups[(i + t) % len(follow_ups)]
+            for t in range(turns)
+        ))
+        for i in range(n)
+    ]  # fmt: skip
 
 
 async def one_client(
     client: Any,
     model: str,
-    turns: int,
+    conv: Conversation,
     max_tokens: int,
-    i: int,
     sampling: dict[str, Any],
-    workload: str = "chat",
-) -> list[dict[str, float]]:
+) -> list[dict[str, Any]]:
     # Fields beyond OpenAI's own (ignore_eos) travel in the body as they are.
     extra = {k: sampling[k] for k in ("ignore_eos",) if k in sampling}
     sampling = {k: v for k, v in sampling.items() if k not in extra}
-    firsts, follow_ups = WORKLOADS[workload]
-    out = []
-    history: list[dict[str, str]] = []
-    for turn in range(turns):
-        if turn == 0:
-            question = firsts[i % len(firsts)]
-        else:
-            question = follow_ups[(i + turn) % len(follow_ups)]
-        history.append({"role": "user", "content": question})
+    out: list[dict[str, Any]] = []
+    replies: list[str] = []
+    for turn in range(len(conv.turns)):
         start = time.perf_counter()
         first = last = None
-        tokens = 0
+        tokens = chunks = prompt_tokens = 0
+        finish = ""
         server_tpot = None
         text: list[str] = []
         stream = await client.chat.completions.create(
@@ -103,7 +117,7 @@ async def one_client(
             stream=True,
             stream_options={"include_usage": True},
             max_tokens=max_tokens,
-            messages=history,
+            messages=messages(conv, turn, replies),
             extra_body=extra or None,
             **sampling,
         )
@@ -111,17 +125,24 @@ async def one_client(
             if chunk.choices and chunk.choices[0].delta.content:
                 last = time.perf_counter()
                 first = first or last
+                chunks += 1
                 text.append(chunk.choices[0].delta.content)
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
             if chunk.usage:
                 tokens = chunk.usage.completion_tokens
+                prompt_tokens = chunk.usage.prompt_tokens
             timings = (chunk.model_extra or {}).get("timings")
             if isinstance(timings, dict) and timings.get("predicted_per_token_ms"):
                 server_tpot = timings["predicted_per_token_ms"] / 1000
-        history.append({"role": "assistant", "content": "".join(text)})
+        replies.append("".join(text))
         if first is None or last is None:
             continue
+        # A server that reports no usage: its content chunks, about a token each.
+        tokens = tokens or chunks
         tpot = (last - first) / (tokens - 1) if tokens > 1 and last > first else float("nan")
-        row = {"ttft": first - start, "tokens": tokens, "tpot": tpot, "e2e": last - start}
+        row = {"ttft": first - start, "tokens": tokens, "tpot": tpot, "e2e": last - start,
+               "prompt_tokens": prompt_tokens, "capped": finish == "length"}  # fmt: skip
         if server_tpot is not None:
             row["server_tpot"] = server_tpot
         out.append(row)
@@ -136,8 +157,11 @@ async def run_level(
     turns: int,
     max_tokens: int,
     sampling: dict[str, Any] | None = None,
-    workload: str = "chat",
+    workload: str = CHAT_MIX,
+    seed: int = 0,
 ) -> dict[str, Any]:
+    """c clients, each holding one conversation of `turns` turns (the workload's, drawn
+    from `seed`), all at once; the figures of the level."""
     import httpx
     from openai import AsyncOpenAI
 
@@ -149,11 +173,9 @@ async def run_level(
         base_url=url, api_key=key, max_retries=0, timeout=600, http_client=cast(Any, http)
     )
     started = time.perf_counter()
+    convs = workload_conversations(workload, concurrency, turns, seed)
     results = await asyncio.gather(
-        *(
-            one_client(client, model, turns, max_tokens, i, sampling or {}, workload)
-            for i in range(concurrency)
-        )
+        *(one_client(client, model, conv, max_tokens, sampling or {}) for conv in convs)
     )
     wall = time.perf_counter() - started
     await client.close()
@@ -161,10 +183,15 @@ async def run_level(
     ttft = [r["ttft"] for r in rows]
     tpot = [r["tpot"] for r in rows if r["tpot"] == r["tpot"]]
     server_tpot = [r["server_tpot"] for r in rows if "server_tpot" in r]
+    tokens = sum(r["tokens"] for r in rows)
     out = {
         "concurrency": concurrency,
         "requests": len(rows),
-        "tok_s": round(sum(r["tokens"] for r in rows) / wall, 1),
+        "tok_s": round(tokens / wall, 1),
+        "tokens": tokens,
+        "seconds": round(wall, 3),
+        "prompt_tokens": sum(r["prompt_tokens"] for r in rows),
+        "capped": sum(r["capped"] for r in rows),
         "ttft_p50_ms": round(statistics.median(ttft) * 1000, 1),
         "ttft_p90_ms": round(pct(ttft, 0.9) * 1000, 1),
         "tpot_p50_ms": round(statistics.median(tpot) * 1000, 2) if tpot else None,
@@ -186,7 +213,8 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=4, help="turns per conversation (client)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.7)
-    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="chat")
+    ap.add_argument("--workload", choices=WORKLOAD_NAMES, default=CHAT_MIX)
+    ap.add_argument("--seed", type=int, default=0, help="the chat-mix conversations' seed")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     from openai import OpenAI
@@ -196,8 +224,9 @@ def main() -> None:
     levels = []
     for c in args.concurrency:
         level = run_level(
-            args.url, args.key, model, c, args.turns, args.max_tokens, sampling, args.workload
-        )
+            args.url, args.key, model, c, args.turns, args.max_tokens, sampling, args.workload,
+            args.seed,
+        )  # fmt: skip
         levels.append(asyncio.run(level))
     cols = list(levels[0])
     print(" | ".join(cols))

@@ -2,6 +2,7 @@
 
     make bench-baseline                      # builds llama-server once (a few minutes)
     python -m inference.bench.vs_llama --concurrency 1 16 64 --repeat 3
+    python -m inference.bench.vs_llama --concurrency 64 --workload chat --max-tokens 64
     python -m inference.bench.vs_llama --concurrency 1 --threads 1
     python -m inference.bench.vs_llama --concurrency 1 16 64 --workload rewrite \
         --variant off ENGINE_SPECULATIVE_MODE= --variant auto ENGINE_SPECULATIVE_MODE=auto
@@ -9,24 +10,35 @@
 Both servers run on this machine; `--threads 0` (the default) leaves each at its own
 default thread settings (llama-server: its physical cores; ours: ENGINE_NUM_THREADS and
 ENGINE_SMALL_STEP_THREADS unset), `--threads N` puts both on N (llama-server `-t N -tb N`;
-ours both settings N). Each level of concurrent clients runs the multi-turn chat workload of
-api_clients.py (streaming, growing history, 64 max tokens; `--workload` picks its prompts)
-against each server in turn, rotating which goes first, `--repeat` times. Prints, per level,
-the median of each figure with its min-max spread and each of our variants' ratio to
-llama-server, and writes the raw runs as JSON. llama-server's own time per token (its
-`timings`, without HTTP and the client) is the last column.
+ours both settings N). Each level of concurrent clients runs a multi-turn workload of
+api_clients.py (streaming, each turn the whole history so far) against each server in turn,
+rotating which goes first, `--repeat` times. Prints, per level, the median of each figure
+with its min-max spread and each of our variants' ratio to llama-server, and writes the raw
+runs as JSON. llama-server's own time per token (its `timings`, without HTTP and the
+client) is the last column. A second table gives the share of our engine's step time spent
+in decode-only steps, mixed steps (decodes beside prompt chunks) and prompt-only chunks
+over each run, from our server's /metrics (`chatapp:engine_step_seconds_total`) read
+before and after it.
 
-Every reply is `--max-tokens` long (`ignore_eos`, which both servers honour): tok/s then
-compares the same work, where natural lengths (`--natural-lengths`) let one server's
-shorter replies, sampled differently, count as slowness, since each reply pays its TTFT.
+The default workload, `chat-mix` (chat_workload.py), is chat-shaped: one conversation per
+client with short and long questions and, in one client of eight, a pasted document;
+greedy replies that end where the model ends them, bounded by `--max-tokens` (256). Each
+level and repetition draws its own conversations from `--seed`, the same for every server.
+With natural lengths the two servers need not do the same work (their replies, though
+both greedy, can part where their arithmetic differs, and a longer reply makes the next
+turn's history longer): tok/s counts the tokens each server itself reports it generated,
+over the run's wall time, and the table shows those tokens beside it (their ratio too),
+so read tok/s against the work done. `--lengths fixed` makes every reply `--max-tokens`
+long instead (`ignore_eos`, which both servers honour): the same work on both, as the
+other workloads (`chat`, `rewrite`, `story`: 64 tokens, temperature 0.7) do by default.
 
 Our server is started as `make run` serves it (servers.OurServer, on tools/live_server.py:
 daphne, the embedded engine, the defaults), on its own SQLite file and KV-tier namespace;
 `--variant NAME KEY=VALUE ...` starts one such server per variant (each its own
 settings), side by side; `TREE=path` among a variant's settings runs another checkout's
 code (`git worktree add /tmp/base HEAD`: the last commit against the working tree, in one
-interleaved run). llama-server gets `-np` slots equal to the clients, 2048 tokens of
-context each.
+interleaved run). llama-server gets `-np` slots equal to the clients, each with context
+for the longest conversation (its replies and 1024 tokens of prompts; 2048 at least).
 """
 
 from __future__ import annotations
@@ -35,20 +47,35 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from inference.bench.api_clients import WORKLOADS, run_level
+from inference.bench import step_kinds
+from inference.bench.api_clients import CHAT_MIX, WORKLOAD_NAMES, run_level
 from inference.bench.llama_server import LlamaServer, llama_server_binary
 from inference.bench.servers import OurServer, cpu_model, settings
 from inference.bench.spread import cell, spread
 from inference.model_files import bundled_gguf, default_model_path
 
-FIGURES = ("tok_s", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "server_tpot_p50_ms")
-RATIOS = FIGURES[:4]
+FIGURES = ("tok_s", "tokens", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "server_tpot_p50_ms")
+RATIOS = FIGURES[:5]
 LLAMA = "llama-server"
+# The chat-mix workload's cap on a reply; the other workloads' fixed reply length.
+CHAT_MIX_MAX_TOKENS = 256
+FIXED_MAX_TOKENS = 64
+# Tokens of a conversation beyond its replies: questions and, at most, one pasted document.
+PROMPT_ALLOWANCE = 1024
+# Our server's /metrics, read by the benchmark with this token.
+METRICS_TOKEN = secrets.token_urlsafe(24)
+
+
+def run_seed(seed: int, concurrency: int, rep: int) -> int:
+    """The conversations' seed of one repetition of one level: each its own, so that no
+    run finds the previous one's histories in a server's prefix cache."""
+    return seed * 1_000_000 + concurrency * 1000 + rep
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -57,6 +84,10 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         vals = [r[f] for r in runs if r.get(f) is not None]
         if vals:
             out[f] = spread(vals)
+    for kind in step_kinds.KINDS:
+        vals = [r["step_share"][kind] for r in runs if r.get("step_share")]
+        if vals:
+            out.setdefault("step_share", {})[kind] = spread(vals)
     return out
 
 
@@ -65,15 +96,16 @@ def print_table(results: dict[str, Any]) -> None:
     load = results.get("load_avg", {})
     print(
         f"\n{results['machine']}; threads: {threads}; workload {results['settings']['workload']}; "
-        f"replies {'of max_tokens' if results['settings'].get('ignore_eos') else 'to their end'}; "
+        f"replies {'of' if results['settings'].get('ignore_eos') else 'to their end, at most'} "
+        f"{results['settings']['max_tokens']} tokens; "
         f"load (1 min) {load.get('before', 0):.2f} before, {load.get('after', 0):.2f} after; "
         f"medians (min-max) of {results['settings']['repeat']}"
     )
     head = (
-        "| users | system | tok/s | TTFT p50 ms | TTFT p90 ms | TPOT p50 ms | "
+        "| users | system | tok/s | tokens | TTFT p50 ms | TTFT p90 ms | TPOT p50 ms | "
         "server's own TPOT p50 ms |"
     )
-    print(head + "\n|" + "---|" * 7)
+    print(head + "\n|" + "---|" * 8)
     for level in results["levels"]:
         c = level["concurrency"]
         for name in level["systems"]:
@@ -83,26 +115,57 @@ def print_table(results: dict[str, Any]) -> None:
         for name, r in level["ratios"].items():
             cells = " | ".join(f"{r[f]:.2f}x" if f in r else "-" for f in RATIOS)
             print(f"| {c} | {name} / {base} | {cells} | |")
+    print_step_shares(results)
+
+
+def print_step_shares(results: dict[str, Any]) -> None:
+    """Our servers' step time by kind, per level: percent, median (min-max) over runs."""
+    rows = [
+        (level["concurrency"], name, level[name]["step_share"])
+        for level in results["levels"]
+        for name in level["systems"]
+        if "step_share" in level.get(name, {})
+    ]
+    if not rows:
+        return
+    print("\nour engine's step time by kind, % (median (min-max) over runs)")
+    print("| users | system | decode-only | mixed | prompt-only |\n|" + "---|" * 5)
+    for c, name, share in rows:
+        cells = " | ".join(
+            cell({k: 100 * v for k, v in share[kind].items()}) if kind in share else "-"
+            for kind in step_kinds.KINDS
+        )
+        print(f"| {c} | {name} | {cells} |")
 
 
 def run(
     concurrency: tuple[int, ...] = (1, 16, 64),
     repeat: int = 3,
     turns: int = 3,
-    max_tokens: int = 64,
+    max_tokens: int | None = None,
     threads: int = 0,
     llama_server: str = "",
     env: dict[str, str] | None = None,
     variants: dict[str, dict[str, str]] | None = None,
-    workload: str = "chat",
+    workload: str = CHAT_MIX,
     with_llama: bool = True,
-    fixed_lengths: bool = True,
+    fixed_lengths: bool | None = None,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Both servers at each level of concurrent clients; the figures as a dict. `variants`:
-    one of our servers per name, each with its own settings on top of `env`."""
+    one of our servers per name, each with its own settings on top of `env`.
+    `max_tokens`, `fixed_lengths`: None, the workload's own (chat-mix: natural lengths up
+    to 256 tokens, greedy; the others: 64 tokens each, temperature 0.7)."""
     binary = llama_server_binary(llama_server) if with_llama else ""
     variants = variants or {"ours": {}}
-    sampling: dict[str, Any] = {"temperature": 0.7, "top_p": 0.95}
+    chat_mix = workload == CHAT_MIX
+    if max_tokens is None:
+        max_tokens = CHAT_MIX_MAX_TOKENS if chat_mix else FIXED_MAX_TOKENS
+    if fixed_lengths is None:
+        fixed_lengths = not chat_mix
+    sampling: dict[str, Any] = {"temperature": 0.0} if chat_mix else {
+        "temperature": 0.7, "top_p": 0.95
+    }  # fmt: skip
     if fixed_lengths:
         sampling["ignore_eos"] = True
     results: dict[str, Any] = {
@@ -115,6 +178,7 @@ def run(
             "max_tokens": max_tokens,
             "repeat": repeat,
             "workload": workload,
+            "seed": seed,
             **sampling,
             **(env or {}),
         },
@@ -126,12 +190,15 @@ def run(
         ours: list[OurServer] = []
         try:
             for name, settings in variants.items():
-                ours.append(OurServer(Path(tmp), threads, {**(env or {}), **settings}, name))
+                token = {"METRICS_BEARER_TOKEN": METRICS_TOKEN}
+                ours.append(
+                    OurServer(Path(tmp), threads, {**token, **(env or {}), **settings}, name)
+                )
                 ours[-1].start()
             for c in concurrency:
                 results["levels"].append(
                     _level(c, ours, binary, threads, Path(tmp), model, repeat, turns,
-                           max_tokens, sampling, workload)
+                           max_tokens, sampling, workload, seed)
                 )  # fmt: skip
         finally:
             for server in ours:
@@ -154,22 +221,31 @@ def _level(
     max_tokens: int,
     sampling: dict[str, Any],
     workload: str,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """One level of c clients: every server `repeat` times, rotating which goes first."""
-    llama = LlamaServer(binary, bundled_gguf(), threads, c, tmp).start() if binary else None
+    # Room for the longest conversation: its replies and PROMPT_ALLOWANCE (2048 at least).
+    ctx = max(2048, -(-(PROMPT_ALLOWANCE + turns * max_tokens) // 256) * 256)
+    llama = LlamaServer(binary, bundled_gguf(), threads, c, tmp, ctx).start() if binary else None
     servers: list[tuple[str, str, str]] = [(s.name, s.url, s.key) for s in ours]
     if llama is not None:
         servers.append((LLAMA, llama.url, "none"))
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in servers}
+    ours_urls = {s.name: s.url for s in ours}
     try:
-        for _, url, key in servers:  # warm-up
-            asyncio.run(run_level(f"{url}/v1", key, model, 1, 1, 8, sampling, workload))
+        for _, url, key in servers:  # warm-up, on conversations of its own
+            warm = run_seed(seed, c, -1)
+            asyncio.run(run_level(f"{url}/v1", key, model, 1, 1, 8, sampling, workload, warm))
         for rep in range(repeat):
             shift = rep % len(servers)
             for name, url, key in servers[shift:] + servers[:shift]:
+                before = _step_seconds(ours_urls.get(name))
                 one = asyncio.run(
-                    run_level(f"{url}/v1", key, model, c, turns, max_tokens, sampling, workload)
-                )
+                    run_level(f"{url}/v1", key, model, c, turns, max_tokens, sampling,
+                              workload, run_seed(seed, c, rep))
+                )  # fmt: skip
+                if name in ours_urls:
+                    one["step_share"] = step_kinds.shares(before, _step_seconds(url))
                 runs[name].append(one)
                 print(f"{c} users, {name}: {one}", flush=True)
     finally:
@@ -190,6 +266,11 @@ def _level(
     return level
 
 
+def _step_seconds(url: str | None) -> dict[str, float]:
+    """Our server's step seconds by kind so far; {} for llama-server."""
+    return step_kinds.read(url, METRICS_TOKEN) if url else {}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         prog="python -m inference.bench.vs_llama",
@@ -199,7 +280,11 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--repeat", type=int, default=3, help="runs per level and server")
     ap.add_argument("--turns", type=int, default=3, help="turns per conversation")
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument(
+        "--max-tokens", type=int, default=None,
+        help=f"a reply's cap (chat-mix: {CHAT_MIX_MAX_TOKENS}) or, with fixed lengths, its "
+        f"length (the other workloads: {FIXED_MAX_TOKENS})",
+    )  # fmt: skip
     ap.add_argument(
         "--threads", type=int, default=0,
         help="N: both servers on N threads; 0: each at its own default",
@@ -212,10 +297,16 @@ def main() -> None:
         help="one of our servers with these settings (repeatable; ratios are to llama-server, "
         "or to the first variant with --no-llama)",
     )  # fmt: skip
-    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="chat")
+    ap.add_argument("--workload", choices=WORKLOAD_NAMES, default=CHAT_MIX)
+    ap.add_argument("--seed", type=int, default=0, help="the chat-mix conversations' seed")
     ap.add_argument(
-        "--natural-lengths", action="store_true",
-        help="let replies end at the model's end-of-sequence token (default: max-tokens each)",
+        "--lengths", choices=("natural", "fixed"), default=None,
+        help="natural: replies end at the model's end-of-sequence token (chat-mix's "
+        "default); fixed: every reply max-tokens long (the other workloads' default)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--natural-lengths", action="store_const", const="natural", dest="lengths",
+        help="the same as --lengths natural",
     )  # fmt: skip
     ap.add_argument("--json", default="bench_vs_llama.json")
     args = ap.parse_args()
@@ -223,7 +314,7 @@ def main() -> None:
     results = run(
         tuple(args.concurrency), args.repeat, args.turns, args.max_tokens, args.threads,
         args.llama_server, settings(ap, args.env), variants, args.workload, not args.no_llama,
-        not args.natural_lengths,
+        None if args.lengths is None else args.lengths == "fixed", args.seed,
     )  # fmt: skip
     Path(args.json).write_text(json.dumps(results, indent=2))
     print(f"json: {args.json}")

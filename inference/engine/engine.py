@@ -67,7 +67,8 @@ LOOKUP_GRACE_S = 0.005
 # Up to this many requests in (running or waiting), a finished request's new blocks go to
 # the Redis tier at once; beyond it they wait for a quieter step, their eviction or close.
 # At 64 users, writing each at once cost 7% of the tok/s and put TTFT p90 1.23x up against
-# writing none (docs/kv-tier.md; `python -m inference.bench.vs_llama --concurrency 64`).
+# writing none (docs/kv-tier.md; `python -m inference.bench.vs_llama --concurrency 64
+# --workload chat`).
 WRITE_BACK_BUSY_SEQS = 4
 # Blocks a quiet step hands the writer at most (~47 MB of the bundled model's K/V).
 WRITE_BACK_CHUNK = 64

@@ -26,8 +26,8 @@ class EngineConfig:
     """Token budget of one step (prompts' chunks plus decodes)."""
     # A step with a prompt's chunk pays the torch path's fixed cost whatever the chunk, so
     # fewer, larger chunks serve waiting prompts sooner. Measured (TTFT p50 and p90 against
-    # 256 and 512) with `python -m inference.bench.vs_llama --no-llama --concurrency 16 64
-    # --variant p384 ENGINE_MAX_PREFILL_TOKENS_DURING_DECODE=384 --variant p512 ...=512`.
+    # 256 and 512) with `python -m inference.bench.vs_llama --workload chat --no-llama --concurrency
+    # 16 64 --variant p384 ENGINE_MAX_PREFILL_TOKENS_DURING_DECODE=384 --variant p512 ...=512`.
     max_prefill_tokens_during_decode: int = 384
     """While any stream decodes, prompts' chunks add at most this many tokens to a step (or
     4 per decoding stream, if more), so a prompt arriving stretches the others' inter-token

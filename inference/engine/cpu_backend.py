@@ -135,8 +135,8 @@ SPLIT_MIN_ROWS = 8
 # made served TTFT worse, the web side being busiest while a wave of prompts arrives).
 # Steps whose products run in the pool by ALL_CORES_POOLED's products take
 # small_step_threads whatever their streams; the bf16 and AMX products were not measured
-# so and keep the rule. Measured served: python -m inference.bench.vs_llama --concurrency
-# 1 16 64, before and after a change here.
+# so and keep the rule. Measured served: python -m inference.bench.vs_llama --workload chat
+# --concurrency 1 16 64, before and after a change here.
 FEW_STREAMS = 2
 ALL_CORES_POOLED = frozenset({"i16"})
 

@@ -27,6 +27,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> It
     srv.stop()
 
 
+@pytest.mark.slow  # a real server's start: 20-40 s
 def test_step_time_by_kind_from_metrics(server: LiveServer, tiny_model_dir: Path) -> None:
     key = server.make_key("apiuser")
     before = step_kinds.read(server.url, TOKEN)

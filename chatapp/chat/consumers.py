@@ -259,11 +259,49 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             # A temporary chat (chatapp/chat/temporary.py) lives as long as this socket.
             conv.temporary = frame.temporary
         documents = await self._documents(frame.attachments or [])
+        if frame.compare_model is not None:
+            await self._check_compare(conv, frame)
         try:
-            await self._generate(conv, None, frame.text, frame, documents=documents)
+            user_msg, reply = await self._generate(
+                conv, None, frame.text, frame, documents=documents
+            )
         finally:
             if conv.temporary and conv.pk is not None:
                 self.temporary_chats.add(conv.pk)
+        if frame.compare_model is not None and user_msg is not None:
+            await self._compare(conv, user_msg, reply, frame)
+
+    async def _check_compare(self, conv: Conversation, frame: SendFrame) -> None:
+        """Before anything is saved: the second model is served and is another model."""
+        named = frame.model if frame.model is not None else conv.model
+        first = await asyncio.to_thread(get_engine_client, named or None)
+        second = await asyncio.to_thread(get_engine_client, frame.compare_model)
+        if second.model_name == first.model_name:
+            raise FrameError("invalid", "Pick another model to compare with.")
+
+    async def _compare(
+        self, conv: Conversation, user_msg: Message, first: Message, frame: SendFrame
+    ) -> None:
+        """The second reply of a comparison: the same message answered by
+        `frame.compare_model`, streamed alongside the first. It is saved as the first
+        reply's alternative and does not move the conversation's active branch, so the
+        thread goes on from the first reply unless the user keeps this one
+        (`PATCH /api/conversations/<id>/` with `active_message`). It takes a stream slot
+        of the user's own; the conversation's one is the first reply's."""
+        reservation = await self._reserve_stream(None)
+        try:
+            gen, _, reply = await self._prepare_reply(
+                conv,
+                user_msg,
+                None,
+                True,
+                reservation,
+                frame.compare_model,
+                activate=False,
+            )
+        finally:
+            registry.release(reservation)
+        await self._launch(gen, conv, None, reply, False, frame, compare_to=first.pk)
 
     async def on_regenerate(self, frame: RegenerateFrame) -> None:
         message = await database_sync_to_async(conversations.get_message)(
@@ -424,10 +462,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         frame: SendFrame | RegenerateFrame | EditFrame,
         branch_from: bool = False,
         documents: list[attachments.Attachment] | None = None,
-    ) -> None:
+    ) -> tuple[Message | None, Message]:
         """Continue `conv` with a reply: after the active branch (a plain send), or after
         `parent` (`branch_from`: regenerate and edit), with `user_text` (after its
-        `documents`) first if given."""
+        `documents`) first if given. Returns the user message saved (if any) and the
+        reply."""
         new_conversation = conv.pk is None
         reservation = await self._reserve_stream(conv.pk)
         try:
@@ -443,6 +482,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         finally:
             registry.release(reservation)  # a no-op once the reply has started
         await self._launch(gen, conv, user_msg, reply, new_conversation, frame)
+        return user_msg, reply
 
     async def _launch(
         self,
@@ -452,6 +492,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         reply: Message,
         new_conversation: bool,
         frame: AnyFrame,
+        compare_to: int | None = None,
     ) -> None:
         # Launched before anything else is awaited, so a registered reply always runs
         # (and ends, freeing its slot) even if this socket fails from here on; its events
@@ -459,7 +500,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         sub = gen.subscribe()
         registry.launch(gen)
         try:
-            await self._announce(conv, user_msg, reply, new_conversation, frame)
+            await self._announce(conv, user_msg, reply, new_conversation, frame, compare_to)
         except BaseException:
             gen.unsubscribe(sub)
             raise
@@ -474,6 +515,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         reservation: Reservation,
         named: str | None = None,
         documents: list[attachments.Attachment] | None = None,
+        activate: bool = True,
     ) -> tuple[Generation, Message | None, Message]:
         await self._count_message()
         # The model the frame names (the picker's), else the conversation's own.
@@ -524,6 +566,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 client.tokenizer_id,
                 documents,
                 sources,
+                activate,
             )
         except AttachmentsInvalid as exc:
             raise FrameError("invalid", str(exc).capitalize() + ".") from exc
@@ -575,6 +618,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         reply: Message,
         new_conversation: bool,
         frame: AnyFrame,
+        compare_to: int | None = None,
     ) -> None:
         """Tell this socket the reply started."""
         client_id = frame.client_id
@@ -593,7 +637,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             "user_message": user_json,
             "message": reply_json,
         }
-        if client_id:
+        if compare_to is not None:
+            start["compare_to"] = compare_to
+        elif client_id:
             start["client_id"] = client_id
         await self.send_json(start)
 

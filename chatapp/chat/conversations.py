@@ -476,9 +476,11 @@ def add_exchange(
     tokenizer: str | None = None,
     documents: list[Attachment] | None = None,
     sources: list[dict] | None = None,
+    activate: bool = True,
 ) -> tuple[Message | None, Message]:
     """Save the user message (if any) and an empty streaming assistant reply under it,
-    and make the reply the conversation's active leaf. A new conversation is saved here
+    and make the reply the conversation's active leaf (unless not `activate`: the second
+    reply of a comparison, an alternative until the user keeps it). A new conversation is saved here
     too: all of it lands, or none of it. Both messages name `model`, the model the turn
     goes to, and `tokenizer`, its tokenizer's fingerprint (their ids are in it); the
     conversation remembers `model` for its next turns.
@@ -519,6 +521,8 @@ def add_exchange(
         model=model,
         tokenizer=ids_in,
     )
+    if not activate:
+        return user_msg, reply
     now = timezone.now()
     Conversation.objects.filter(pk=conv.pk).update(active_leaf=reply, model=model, updated_at=now)
     conv.active_leaf, conv.model, conv.updated_at = reply, model, now

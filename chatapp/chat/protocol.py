@@ -220,6 +220,15 @@ class SendFrame(Attachments, ModelChoice):
     settings: ConversationSettings | None = None
     # A new chat only: a temporary one (chatapp/chat/temporary.py).
     temporary: bool = False
+    # Compare: a second reply to the same message from this model, written alongside.
+    compare_model: str | None = None
+
+    @field_validator("compare_model", mode="plain")
+    @classmethod
+    def _compare_model(cls, value: Any) -> str | None:
+        if value is not None and not is_model_name(value):
+            raise refuse("invalid", MODEL_NAME_RULE)
+        return value
 
     @field_validator("text")
     @classmethod

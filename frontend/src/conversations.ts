@@ -538,6 +538,19 @@ export class Conversations {
     }
   }
 
+  /** Make `messageId` (an alternative) the branch the conversation goes on from. */
+  async selectMessage(convId: number, messageId: number): Promise<Result> {
+    try {
+      const r = unwrapConversation(await this.api.patch(convId, { active_message: messageId }));
+      if (r.conversation && Array.isArray(r.messages)) this.apply(r.conversation, r.messages);
+      else await this.load(convId, true);
+      return { ok: true };
+    } catch (e) {
+      this.ui.notify(convId, (e as Error).message);
+      return { ok: false, error: (e as Error).message };
+    }
+  }
+
   private editMessages(edit: (all: Map<number, Message>) => void): void {
     const next = new Map(this._messages.value);
     edit(next);

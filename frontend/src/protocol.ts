@@ -1,4 +1,4 @@
-import { batch } from '@preact/signals';
+import { batch, signal } from '@preact/signals';
 import type { Conversations, Result } from './conversations';
 import { errorWords } from './errors';
 import { announcementOf } from './format';
@@ -86,6 +86,10 @@ export class ChatProtocol {
   /** Resumes already sent on the current connection. */
   private readonly resumed = new Set<number>();
   private localSeq = 0;
+  /** Compare: the model the next send also asks for an answer from (null: none). */
+  readonly compareWith = signal<string | null>(null);
+  /** Per conversation, the two replies of the comparison waiting for the user to keep one. */
+  readonly comparisons = signal<ReadonlyMap<number, { first: number; second: number }>>(new Map());
 
   constructor(
     private readonly socket: SocketPort,
@@ -198,6 +202,13 @@ export class ChatProtocol {
   private onStart(f: Extract<ServerFrame, { type: 'start' }>): void {
     const c = this.conversations;
     const convId = f.conversation_id;
+    if (typeof f.compare_to === 'number') {
+      // The second answer of a comparison: beside the first, not in the thread.
+      c.putMessage({ ...f.message, conversation_id: convId, status: 'streaming', text: f.message.text || '' });
+      c.receive(f.message.id);
+      this.comparisons.value = new Map(this.comparisons.value).set(convId, { first: f.compare_to, second: f.message.id });
+      return;
+    }
     const pending = f.client_id ? this.pendingSends.get(f.client_id) : undefined;
     if (pending && pending.thread === 'new') this.bindNew(convId);
     if (f.client_id) this.pendingSends.delete(f.client_id);
@@ -343,6 +354,23 @@ export class ChatProtocol {
     });
   }
 
+  // ------------------------------------------------------------------ compare
+  /** Keep one answer of a comparison: the first is already the thread's; the second becomes it. */
+  async keepCompared(convId: number, messageId: number): Promise<Result> {
+    const cmp = this.comparisons.value.get(convId);
+    if (!cmp) return { ok: false };
+    const r = messageId === cmp.first ? { ok: true } : await this.conversations.selectMessage(convId, messageId);
+    if (r.ok) this.dropComparison(convId);
+    return r;
+  }
+
+  private dropComparison(convId: number): void {
+    if (!this.comparisons.value.has(convId)) return;
+    const next = new Map(this.comparisons.value);
+    next.delete(convId);
+    this.comparisons.value = next;
+  }
+
   // ------------------------------------------------------------------ actions
   /** Send the person's words, after their documents (`docs`, already uploaded); a message may be its documents alone. */
   sendMessage(text: string, docs: readonly AttachmentInfo[] = []): Result {
@@ -365,6 +393,8 @@ export class ChatProtocol {
     if (docs.length) frame.attachments = docs.map((d) => d.id);
     const model = this.modelFor(currentId);
     if (model) frame.model = model;
+    const other = this.compareWith.value;
+    if (other && other !== model) frame.compare_model = other;
     if (currentId == null) {
       // Never send a value the server would refuse (it then uses its default for it).
       const s = withinLimits(cleanSettings(c.draftSettings.value), this.server.limits.value ?? FALLBACK_LIMITS);
@@ -372,6 +402,9 @@ export class ChatProtocol {
       if (c.temporaryMode.value) frame.temporary = true;
     }
     if (!this.socket.send(frame)) return this.refuse(key, 'offline');
+    // A comparison is for one prompt; sending on keeps the first answer.
+    this.compareWith.value = null;
+    if (currentId != null) this.dropComparison(currentId);
     const localId = -++this.localSeq;
     const thread = c.thread(key);
     const last = thread.length ? thread[thread.length - 1] : null;

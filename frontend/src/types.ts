@@ -141,7 +141,7 @@ export interface EngineInfo {
 
 export type ServerFrame =
   | { type: 'conversation'; conversation: Conversation }
-  | { type: 'start'; conversation_id: number; client_id?: string; user_message?: Message | null; message: Message }
+  | { type: 'start'; conversation_id: number; client_id?: string; user_message?: Message | null; message: Message; compare_to?: number }
   | { type: 'delta'; message_id: number; text: string; seq?: number }
   | { type: 'snapshot'; message: Message }
   | { type: 'done'; message_id: number; status: 'complete' | 'stopped' | 'error'; finish_reason?: string; figures?: Figures; message?: Message }
@@ -150,7 +150,7 @@ export type ServerFrame =
   | { type: 'pong' };
 
 export type ClientFrame =
-  | { type: 'send'; conversation_id: number | null; text: string; client_id?: string; settings?: Settings; model?: string; attachments?: number[]; temporary?: boolean }
+  | { type: 'send'; conversation_id: number | null; text: string; client_id?: string; settings?: Settings; model?: string; attachments?: number[]; temporary?: boolean; compare_model?: string }
   | { type: 'stop'; message_id: number }
   | { type: 'regenerate'; message_id: number; model?: string }
   | { type: 'edit'; message_id: number; text: string; model?: string; attachments?: number[] }

@@ -138,3 +138,52 @@ def test_on_a_phone_the_picker_fits_the_header_and_is_a_44px_target(page: Page) 
         control = page.get_by_test_id(testid).bounding_box()
         assert control is not None and control["x"] + control["width"] <= 390, testid
     shot(page, "model-picker-phone")
+
+
+def test_compare_answers_one_message_with_both_models_and_keeps_the_one_picked(
+    page: Page,
+) -> None:
+    """Issue 45, item 15: the compare picker names a second model; the next message is
+    answered by both, side by side, and the answer kept is the one the thread goes on from
+    (the other stays its alternative)."""
+    new_chat(page, temperature=0, max_tokens=8)
+    first = send(page, "Hi! Name a color.")
+    assert wait_finished(first) == "complete"
+    conversation = current_id(page)
+    compare = page.get_by_test_id("compare-picker")
+    assert compare.locator("option").all_inner_texts() == ["Compare: off", f"Compare with {TINY}"]
+    compare.select_option(TINY)
+    box = page.get_by_test_id("composer-input")
+    box.fill("Another color?")
+    box.press("Enter")
+    block = page.get_by_test_id("compare")
+    columns = block.get_by_test_id("compare-col")
+    expect(columns).to_have_count(2)
+    expect(columns.nth(0)).to_have_attribute("data-model", MODEL_NAME)
+    expect(columns.nth(1)).to_have_attribute("data-model", TINY)
+    for i in range(2):
+        assert wait_finished(columns.nth(i).get_by_test_id("message")) in ("complete", "stopped")
+    expect(compare).to_have_value("")  # a comparison is for one message
+    keep = block.get_by_test_id("compare-keep")
+    expect(keep.nth(1)).to_be_enabled()
+    shot(page, "compare-two-models")
+    assert axe_problems(page) == []
+    page.set_viewport_size({"width": 390, "height": 844})
+    expect(page.get_by_test_id("sidebar")).to_be_hidden()  # the drawer has slid away
+    columns.nth(1).scroll_into_view_if_needed()
+    shot(page, "compare-two-models-phone")
+    page.set_viewport_size(DESKTOP)
+
+    keep.nth(1).click()
+    expect(block).to_have_count(0)
+    expect(replies(page)).to_have_count(2)
+    kept = replies(page).last
+    expect(kept.get_by_test_id("message-model")).to_have_text(TINY)
+    expect(kept.get_by_test_id("alt-counter")).to_have_text("2/2")
+    assert [m["model"] for m in saved_messages(page, conversation)][-1] == TINY
+    # The next turn follows the kept answer.
+    third = send(page, "And then?")
+    assert wait_finished(third) == "complete"
+    branch = saved_messages(page, conversation)
+    assert [m["role"] for m in branch] == ["user", "assistant"] * 3
+    assert branch[3]["model"] == TINY and branch[4]["parent_id"] == branch[3]["id"]

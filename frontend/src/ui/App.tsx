@@ -5,7 +5,7 @@ import { AccountDialog } from './AccountDialog';
 import { attachFiles, carriesFiles, Composer, filesOf } from './Composer';
 import { useChat } from './hooks';
 import { MessageList } from './MessageList';
-import { ModelPicker } from './ModelPicker';
+import { ComparePicker, ModelPicker } from './ModelPicker';
 import { SettingsDialog } from './SettingsDialog';
 import { ShareDialog } from './ShareDialog';
 import { Sidebar } from './Sidebar';
@@ -174,6 +174,7 @@ export function App(props: AppProps) {
               stays whole and a finger's width. */}
           <div class="head-tools">
             <ModelPicker />
+            <ComparePicker />
             {currentId == null ? (
               <button
                 type="button"

@@ -16,6 +16,7 @@ export function MessageList() {
   const loading = currentId != null && conversations.isLoading(currentId) && !conversations.isLoaded(currentId);
   const notices = ui.noticesFor(key);
   const busy = conversations.isBusy(key);
+  const comparing = currentId != null ? protocol.comparisons.value.get(currentId) : undefined;
   const figures = ui.showFigures.value;
   const conn = ui.conn.value;
   const scroller = useRef<HTMLDivElement>(null);
@@ -131,6 +132,26 @@ export function MessageList() {
           ) : null}
           {thread.map((id, i) => {
             const m = messages.get(id);
+            const second = comparing && comparing.first === id ? messages.get(comparing.second) : undefined;
+            if (m && second && currentId != null) {
+              const writing = m.status === 'streaming' || second.status === 'streaming';
+              return (
+                <section key={id} class="compare" data-testid="compare" aria-label="Two answers to compare">
+                  <p class="compare-note muted">{writing ? 'Two models are answering…' : 'Keep the answer to go on with; the other stays as an alternative (‹ ›).'}</p>
+                  <div class="compare-cols">
+                    {[m, second].map((x) => (
+                      <div class="compare-col" data-testid="compare-col" data-model={x.model || ''} key={x.id}>
+                        <div class="compare-model">{x.model}</div>
+                        <MessageView m={x} busy={true} actions={actions} figures={figures} paused={isPaused(x, conn) ? pausedWords(conn) : undefined} />
+                        <button type="button" class="btn small primary" data-testid="compare-keep" disabled={writing} onClick={() => void protocol.keepCompared(currentId, x.id)}>
+                          Keep this answer
+                        </button>
+                      </div>
+                    ))}
+                  </div>
+                </section>
+              );
+            }
             return m ? <MessageView key={id} m={m} busy={busy} actions={actions} figures={figures} last={i === thread.length - 1} paused={isPaused(m, conn) ? pausedWords(conn) : undefined} /> : null;
           })}
           {notices.map((n) => (

@@ -38,3 +38,36 @@ export function ModelPicker() {
     </label>
   );
 }
+
+/**
+ * Compare: the next message is also answered by a second served model, side by side. Shown only
+ * where the server serves more than one model.
+ */
+export function ComparePicker() {
+  const { conversations, server, protocol } = useChat();
+  const id = conversations.currentId.value;
+  const served = (server.models.value?.models ?? []).map((m) => m.id);
+  const current = conversations.modelOf(id, server.defaultModel.value) ?? '';
+  const others = served.filter((m) => m !== current);
+  const chosen = protocol.compareWith.value;
+  // Nothing to compare with: no control, rather than one that cannot work (it would also take
+  // a phone header's room).
+  if (others.length === 0) return null;
+  return (
+    <label class="model-picker compare-picker" title="Answer your next message with a second model too, side by side">
+      <span class="sr-only">Compare with</span>
+      <select
+        data-testid="compare-picker"
+        value={chosen && others.includes(chosen) ? chosen : ''}
+        onChange={(e) => (protocol.compareWith.value = (e.target as HTMLSelectElement).value || null)}
+      >
+        <option value="">Compare: off</option>
+        {others.map((m) => (
+          <option key={m} value={m}>
+            Compare with {m}
+          </option>
+        ))}
+      </select>
+    </label>
+  );
+}

@@ -418,13 +418,21 @@ export class ChatProtocol {
     return { ok: true };
   }
 
-  /** Stop the reply being written in a thread (the current one by default). */
+  /** Stop the reply being written in a thread (the current one by default), and the
+   * second answer of a comparison there, which streams beside the thread. */
   stop(key: ThreadKey = this.conversations.currentKey.value): boolean {
     const m = this.conversations.streamingIn(key);
-    if (!m) return false;
+    const cmp = key === 'new' ? undefined : this.comparisons.value.get(key);
+    const second = cmp ? this.conversations.message(cmp.second) : undefined;
+    const secondStreaming = second?.status === 'streaming' ? second : undefined;
+    if (!m && !secondStreaming) return false;
     // Offline the Stop button is off (paused.ts); Escape is refused the same way rather
     // than queueing a stop that would land after the reply resumed or finished.
     if (!this.socket.isOpen) return false;
+    if (secondStreaming) {
+      this.socket.sendWhenOpen({ type: 'stop', message_id: secondStreaming.id }, 'stop:' + secondStreaming.id);
+    }
+    if (!m) return true;
     if (m.status === 'streaming' && m.id > 0) {
       this.socket.sendWhenOpen({ type: 'stop', message_id: m.id }, 'stop:' + m.id);
       return true;

@@ -92,4 +92,29 @@ describe('compare', () => {
     expect(api.calls).toContainEqual(['patch', 4, { active_message: 44 }]);
     expect($('compare')).toBeNull();
   });
+
+  it('stops both answers with one Stop, and the second alone once the first has ended', async () => {
+    ({ m } = await mount(['main', 'twin']));
+    m.protocol.compareWith.value = 'twin';
+    m.protocol.sendMessage('Colors?');
+    const socket = FakeSocket.last();
+    const sent = socket.sent.at(-1) as Record<string, unknown>;
+    const user = msg({ id: 42, role: 'user', conversation_id: 4, parent_id: 41, text: 'Colors?' });
+    const first = msg({ id: 43, role: 'assistant', conversation_id: 4, parent_id: 42, text: '', status: 'streaming', model: 'main' });
+    const second = msg({ id: 44, role: 'assistant', conversation_id: 4, parent_id: 42, text: '', status: 'streaming', model: 'twin' });
+    await act(async () => {
+      m.protocol.handleFrame({ type: 'start', conversation_id: 4, client_id: sent.client_id as string, user_message: user, message: first });
+      m.protocol.handleFrame({ type: 'start', conversation_id: 4, user_message: null, message: second, compare_to: 43 });
+      await flush();
+    });
+    const stops = () => socket.sent.filter((f) => (f as { type: string }).type === 'stop').map((f) => (f as { message_id: number }).message_id);
+    expect(m.protocol.stop()).toBe(true);
+    expect(stops().sort()).toEqual([43, 44]);
+    await act(async () => {
+      m.protocol.handleFrame({ type: 'done', message_id: 43, status: 'complete', message: { ...first, text: 'Red', status: 'complete' } });
+      await flush();
+    });
+    expect(m.protocol.stop()).toBe(true);
+    expect(stops().filter((id) => id === 44).length).toBe(2);
+  });
 });

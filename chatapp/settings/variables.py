@@ -176,6 +176,11 @@ MEANINGS: dict[str, str] = {
     "PYTHON": "`make run` / `make test`: the Python that creates `.venv`",
     "TEST_POSTGRES_URL": "`make test`: the PostgreSQL of the compose-configuration pass",
     "TEST_REDIS_URL": "`make test`: the Redis of the compose-configuration pass",
+    "OFFLINE_IMAGES": (
+        "`make test-compose`: `force` builds the base images from Debian packages even where "
+        "the image hub answers (scripts/offline-images.sh)"
+    ),
+    "TORCH_CPU_INDEX": "the package index scripts/wheelhouse.sh takes torch's CPU build from",
     "LLAMA_CPP_PYTHON_VERSION": (
         "the llama.cpp sources `make bench-baseline` builds `llama-server` from"
     ),

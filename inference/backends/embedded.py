@@ -330,9 +330,15 @@ class WorkerModels:
         except REDIS_ERRORS as exc:
             log.warning("cannot read the engine workers at %s: %s", self.url, exc)
             return False, "the workers' Redis does not answer"
-        serving = [w for w in workers if not w.model or w.model == model]
+        # A draining worker finishes what it has and takes nothing new (remote.py's
+        # routing skips it): it serves no new chat.
+        serving = [w for w in workers if (not w.model or w.model == model) and not w.draining]
         if not serving:
-            return False, f"no live engine worker serves {model} ({len(workers)} live in all)"
+            draining = sum(w.draining for w in workers)
+            return False, (
+                f"no live engine worker serves {model} ({len(workers)} live in all, "
+                f"{draining} draining)"
+            )
         return True, f"{len(serving)} live engine worker(s) serve {model}"
 
     def listed(self, default: str, default_spec: ModelSpec | None) -> list[ModelInfo]:

@@ -14,10 +14,12 @@ from typing import Any
 
 import pytest
 from redis import Redis
+from redis import asyncio as aioredis
 
+from inference.backends.embedded import WorkerModels
 from inference.engine import SamplingParams
-from inference.workers.registry import WorkerInfo
-from tests.engine_workers import cleanup, distributed_client, workers_running
+from inference.workers.registry import Registry, WorkerInfo
+from tests.engine_workers import REDIS_URL, cleanup, distributed_client, workers_running
 
 pytestmark = pytest.mark.slow
 
@@ -91,3 +93,26 @@ async def test_replies_past_the_drain_deadline_end_with_a_clear_error(
         assert "worker was stopped" in last.error
         assert solo.proc is not None and solo.proc.wait(timeout=30) == 0
         assert not redis.exists(solo.key)
+
+
+async def test_a_draining_worker_does_not_count_as_serving_for_readiness(
+    namespace: str, redis: Redis
+) -> None:
+    """/healthz's engine check (WorkerModels.health): a model whose only worker drains has
+    no worker for new chats, so the deployment is not ready until another one serves it."""
+    client = aioredis.Redis.from_url(REDIS_URL)
+    registry = Registry(client, namespace, dead_after_s=30)
+    models = WorkerModels(REDIS_URL, namespace, dead_after_s=30)
+    try:
+        info = WorkerInfo(id="w1", channel="c1", incarnation="i1", model="tiny")
+        await registry.beat(info)
+        assert models.health("tiny") == (True, "1 live engine worker(s) serve tiny")
+        info.draining = True
+        await registry.beat(info)
+        ok, why = models.health("tiny")
+        assert not ok and "1 draining" in why, why
+        await registry.beat(WorkerInfo(id="w2", channel="c2", incarnation="i2", model="tiny"))
+        assert models.health("tiny")[0]
+    finally:
+        models.close()
+        await client.aclose()

@@ -35,3 +35,9 @@ def clean_text(value: Any, label: str, max_chars: int, *, allow_empty: bool = Tr
     if "\x00" in value:
         raise InvalidText("invalid", f"{label} contains a NUL character.")
     return value
+
+
+def without_surrogates(value: str) -> str:
+    """`value` with each lone surrogate (from a JSON escape; UTF-8 cannot encode one) as
+    U+FFFD, for text that is shown or stored as given rather than refused."""
+    return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")

@@ -26,6 +26,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from chatapp.chat.models import Attachment, Message
+from chatapp.text import without_surrogates
 
 if TYPE_CHECKING:
     from inference.client import EngineClient
@@ -90,8 +91,7 @@ def clean_name(raw: Any) -> str:
     name = str(raw or "").replace("\\", "/").rsplit("/", 1)[-1]
     name = re.sub(r"[\x00-\x1f\x7f\"<>]", "", name)
     name = name.encode("utf-8", "replace").decode("utf-8").strip()
-    # Lone surrogates (from JSON escapes) cannot be stored: swap them for U+FFFD.
-    name = name.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    name = without_surrogates(name)
     return name[:255] or "document"
 
 

@@ -26,7 +26,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from chatapp.chat.attachments import AttachmentsInvalid, clean_ids
-from chatapp.text import InvalidText, clean_text
+from chatapp.text import InvalidText, clean_text, without_surrogates
 
 # Ranges the settings take; settings_limits() (chatapp/chat/conversations.py) reports the
 # same values to the browser (GET /api/chat/limits/), so the settings dialog can never
@@ -64,6 +64,9 @@ def is_model_name(value: Any) -> bool:
 def refuse(code: str, message: str, text_code: str = "") -> PydanticCustomError:
     """A complaint in our own words: `code` is the error frame's; `text_code`, for text that
     cannot be stored, the chatapp.text.InvalidText code an HTTP caller gets."""
+    # A message may quote what the frame held: a lone surrogate there would fail pydantic's
+    # rendering of the error (and the frame's UTF-8), so it becomes U+FFFD.
+    message = without_surrogates(message)
     return PydanticCustomError(
         "chat", "{message}", {"code": code, "message": message, "text_code": text_code}
     )
@@ -107,7 +110,10 @@ class ConversationSettings(BaseModel):
         unknown = set(raw) - set(SETTING_LABELS)
         if unknown:
             plural = "s" if len(unknown) > 1 else ""
-            raise refuse("invalid", f"Unknown setting{plural}: {', '.join(sorted(unknown))}.")
+            # Named as given, but a hostile frame's names are cut short.
+            names = ", ".join(name[:40] for name in sorted(unknown)[:5])
+            more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+            raise refuse("invalid", f"Unknown setting{plural}: {names}{more}.")
         return raw
 
     @field_validator("system_prompt", mode="plain")

@@ -39,6 +39,12 @@ from chatapp.chat.protocol import EditFrame, SendFrame, frame_error, parse_frame
          "The model must be a model's name of at most 200 characters.", True),
         ({"type": "send", "text": "hi", "temporary": "yes"}, "bad_frame",
          "'temporary' must be true or false", True),
+        # Names quoted from the frame: a lone surrogate in one failed pydantic's own
+        # rendering of the error (the socket closed with no answer); long ones are cut.
+        ({"type": "send", "text": "hi", "settings": {"\udbff\x1b0": None}}, "invalid",
+         "Unknown setting: \ufffd\x1b0.", True),
+        ({"type": "send", "text": "hi", "settings": {"k" * 99: 1, **dict.fromkeys("abcdef")}},
+         "invalid", "Unknown settings: a, b, c, d, e and 2 more.", True),
     ],
 )  # fmt: skip
 def test_a_malformed_frame_is_refused_in_words(

@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,12 @@ class LiveServer(DjangoProcess):
     def __init__(
         self, workdir: Path, model_dir: Path | str | None = None, root: Path = ROOT, **env: str
     ) -> None:
+        # Its own part of the KV tier unless told: prefix scopes are per user id, and each
+        # server's database numbers its users from 1, so two servers sharing a namespace
+        # would find each other's users' blocks as their own. Under the run's namespace,
+        # so that the test session's cleanup (tests/conftest.py) drops it.
+        run_namespace = os.environ.get("ENGINE_KV_TIER_NAMESPACE", "chatapp")
+        env.setdefault("ENGINE_KV_TIER_NAMESPACE", f"{run_namespace}:{uuid.uuid4().hex[:8]}")
         super().__init__(workdir, model_dir, root, **env)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -222,7 +222,11 @@ def test_a_worker_lost_mid_reply_is_worker_lost_for_the_api_client(
     wid = f"{sig.name.lower()}-{'stream' if stream else 'plain'}"
     body = {"model": tiny_model_dir.name, **LONG, "stream": stream}
     url = web.url + "/v1/completions"
-    with workers_running(tmp_path, tiny_model_dir, namespace, redis, wid) as (worker,):
+    # With no drain window a SIGTERM ends the worker's replies at once (a drain that lets
+    # them finish is tests/workers/test_drain.py's).
+    with workers_running(
+        tmp_path, tiny_model_dir, namespace, redis, wid, ENGINE_WORKER_DRAIN_S="0"
+    ) as (worker,):
         before = record_id(web)
         if stream:
             with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as answer:

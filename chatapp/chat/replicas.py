@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from channels.exceptions import ChannelFull
-from channels.layers import get_channel_layer
+from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers, get_channel_layer
 from django.conf import settings
 from redis import asyncio as aioredis
 from redis.exceptions import RedisError
@@ -67,6 +67,7 @@ class _Loop:
 
     redis: Any
     channel: str
+    layer: Any  # the channel layer `channel` is received on
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     # The replies this process owns and publishes, by message id.
     owned: set[int] = field(default_factory=set)
@@ -86,15 +87,16 @@ class Replicas:
         state = self._loops.get(loop)
         if state is not None:
             return state
-        layer = get_channel_layer()
-        assert layer is not None
-        # channels_redis reads every process-local channel of one prefix in one loop, and
-        # only those: a prefix of our own would wait behind the sockets' reads forever.
+        # A layer of this loop's own for the process channel it listens on: channels_redis
+        # receives in one event loop per layer, and a listener left on the shared layer
+        # by one loop (tests run one per test) held it against every later loop's.
+        layer = channel_layers.make_backend(DEFAULT_CHANNEL_LAYER)
         channel = await layer.new_channel()
         state = self._loops.get(loop)  # another task set it up meanwhile
         if state is not None:
             return state
-        state = _Loop(aioredis.Redis.from_url(settings.REDIS_URL, **REDIS_OPTIONS), channel)
+        redis = aioredis.Redis.from_url(settings.REDIS_URL, **REDIS_OPTIONS)
+        state = _Loop(redis, channel, layer)
         self._loops[loop] = state
         for coro in (self._listen(state), self._renew(state)):
             self._spawn(state, coro)
@@ -143,11 +145,9 @@ class Replicas:
                 log.warning("could not renew the replies' entries: %r", exc)
 
     async def _listen(self, state: _Loop) -> None:
-        layer = get_channel_layer()
-        assert layer is not None
         while True:
             try:
-                message = await layer.receive(state.channel)
+                message = await state.layer.receive(state.channel)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -120,6 +121,16 @@ def distributed_client(model_dir: Path, namespace: str, url: str = REDIS_URL) ->
             yield get_engine_client()
         finally:
             set_engine_client(None)
+
+
+@contextmanager
+def fresh_namespace(redis: Redis) -> Iterator[str]:
+    """A namespace of its own for the workers of one test, cleaned up after it."""
+    namespace = f"test-{uuid.uuid4().hex[:10]}"
+    try:
+        yield namespace
+    finally:
+        cleanup(redis, namespace)
 
 
 def cleanup(redis: Redis, namespace: str) -> None:

@@ -4,6 +4,8 @@ tests/chat and tests/reliability (tests/chat/conftest.py builds its fixtures on 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -55,3 +57,17 @@ async def open_socket(
     communicator = WebsocketCommunicator(application, "/ws/chat/", headers=headers)
     connected, code = await communicator.connect()
     return ChatSocket(communicator), connected, code
+
+
+@contextlib.asynccontextmanager
+async def user_socket(make_user: Any, name: str = "alice") -> AsyncIterator[ChatSocket]:
+    """A socket logged in as a new user `name` (made by the make_user fixture), its user on
+    `.user`; closed on leaving."""
+    user = await database_sync_to_async(make_user)(name)
+    sock, connected, _ = await open_socket(user)
+    assert connected
+    sock.user = user  # type: ignore[attr-defined]
+    try:
+        yield sock
+    finally:
+        await sock.close()

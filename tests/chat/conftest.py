@@ -7,17 +7,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from channels.db import database_sync_to_async
 
 from inference.backends.embedded import EmbeddedClient
-from tests.sockets import ChatSocket, open_socket
+from tests.sockets import ChatSocket, user_socket
 
 
 @pytest.fixture
 async def alice_socket(make_user: Any, tiny_engine: EmbeddedClient) -> AsyncIterator[ChatSocket]:
-    user = await database_sync_to_async(make_user)("alice")
-    sock, connected, _ = await open_socket(user)
-    assert connected
-    sock.user = user  # type: ignore[attr-defined]
-    yield sock
-    await sock.close()
+    async with user_socket(make_user) as sock:
+        yield sock

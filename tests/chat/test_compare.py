@@ -19,7 +19,7 @@ from chatapp.chat.models import Conversation, Message
 from inference.backends.embedded import EmbeddedClient
 from inference.client import install_engine_clients, set_engine_client
 from tests.engines import make_engine_client
-from tests.sockets import ChatSocket, open_socket
+from tests.sockets import ChatSocket, user_socket
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,12 +42,8 @@ def engines(tiny_model_dir: Path) -> Iterator[dict[str, EmbeddedClient]]:
 
 @pytest.fixture
 async def sock(make_user: Any, engines: dict[str, EmbeddedClient]) -> Any:
-    user = await database_sync_to_async(make_user)("alice")
-    socket, connected, _ = await open_socket(user)
-    assert connected
-    socket.user = user  # type: ignore[attr-defined]
-    yield socket
-    await socket.close()
+    async with user_socket(make_user) as sock:
+        yield sock
 
 
 async def until_both_done(sock: ChatSocket) -> list[dict[str, Any]]:

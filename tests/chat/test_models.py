@@ -20,7 +20,7 @@ from chatapp.chat.models import Conversation, Message
 from inference.backends.embedded import EmbeddedClient
 from inference.client import install_engine_clients, set_engine_client
 from tests.engines import make_engine_client
-from tests.sockets import ChatSocket, open_socket
+from tests.sockets import ChatSocket, user_socket
 from tests.tiny_model import build_tiny_llama, build_tiny_llama_own_tokenizer
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -48,12 +48,8 @@ def engines(
 
 @pytest.fixture
 async def sock(make_user: Any, engines: dict[str, EmbeddedClient]) -> Any:
-    user = await database_sync_to_async(make_user)("alice")
-    socket, connected, _ = await open_socket(user)
-    assert connected
-    socket.user = user  # type: ignore[attr-defined]
-    yield socket
-    await socket.close()
+    async with user_socket(make_user) as sock:
+        yield sock
 
 
 async def turn(sock: ChatSocket, conversation_id: int | None, text: str, **frame: Any) -> list:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,12 @@ from redis import asyncio as aioredis
 from inference.backends.embedded import WorkerModels
 from inference.engine import SamplingParams
 from inference.workers.registry import Registry, WorkerInfo
-from tests.engine_workers import REDIS_URL, cleanup, distributed_client, workers_running
+from tests.engine_workers import (
+    REDIS_URL,
+    distributed_client,
+    fresh_namespace,
+    workers_running,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -30,9 +34,9 @@ LONG = SamplingParams(max_tokens=1500, temperature=0, ignore_eos=True)
 
 @pytest.fixture
 def namespace(redis: Redis) -> Iterator[str]:
-    ns = f"test-{uuid.uuid4().hex[:10]}"
-    yield ns
-    cleanup(redis, ns)
+    """One per test (conftest's is the module's): a stopped worker's keys go with it."""
+    with fresh_namespace(redis) as ns:
+        yield ns
 
 
 async def last_delta(stream: Any) -> Any:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,8 @@ from inference.workers.protocol import EngineUnavailableError
 from inference.workers.registry import Keys
 from tests.engine_workers import (
     Worker,
-    cleanup,
     distributed_client,
+    fresh_namespace,
     worker_env,
     workers_running,
 )
@@ -36,9 +35,9 @@ LONG = SamplingParams(max_tokens=1500, temperature=0, ignore_eos=True)
 
 @pytest.fixture
 def namespace(redis: Redis) -> Iterator[str]:
-    ns = f"test-{uuid.uuid4().hex[:10]}"
-    yield ns
-    cleanup(redis, ns)
+    """One per test (conftest's is the module's): a stopped worker's keys go with it."""
+    with fresh_namespace(redis) as ns:
+        yield ns
 
 
 def recv(sock: Any, timeout: float = 30) -> dict[str, Any]:

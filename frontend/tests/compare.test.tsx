@@ -36,6 +36,20 @@ async function mount(ids: string[]): Promise<{ m: Mounted; api: ModelsApi }> {
   return { m, api };
 }
 
+/** The server's answer to a compared send (`sent`): the first reply's start frame, then the
+ * second's, both streaming. */
+async function startBoth(m: Mounted, sent: Record<string, unknown>) {
+    const user = msg({ id: 42, role: 'user', conversation_id: 4, parent_id: 41, text: 'Colors?' });
+    const first = msg({ id: 43, role: 'assistant', conversation_id: 4, parent_id: 42, text: '', status: 'streaming', model: 'main' });
+    const second = msg({ id: 44, role: 'assistant', conversation_id: 4, parent_id: 42, text: '', status: 'streaming', model: 'twin' });
+  await act(async () => {
+    m.protocol.handleFrame({ type: 'start', conversation_id: 4, client_id: sent.client_id as string, user_message: user, message: first });
+    m.protocol.handleFrame({ type: 'start', conversation_id: 4, user_message: null, message: second, compare_to: 43 });
+    await flush();
+  });
+  return { first, second };
+}
+
 describe('compare', () => {
   let m: Mounted;
   afterEach(() => m.stop());
@@ -61,12 +75,8 @@ describe('compare', () => {
     const sent = FakeSocket.last().sent.at(-1) as Record<string, unknown>;
     expect(sent).toMatchObject({ type: 'send', conversation_id: 4, model: 'main', compare_model: 'twin' });
     expect(m.protocol.compareWith.value).toBeNull();
-    const user = msg({ id: 42, role: 'user', conversation_id: 4, parent_id: 41, text: 'Colors?' });
-    const first = msg({ id: 43, role: 'assistant', conversation_id: 4, parent_id: 42, text: '', status: 'streaming', model: 'main' });
-    const second = msg({ id: 44, role: 'assistant', conversation_id: 4, parent_id: 42, text: '', status: 'streaming', model: 'twin' });
+    const { first, second } = await startBoth(m, sent);
     await act(async () => {
-      m.protocol.handleFrame({ type: 'start', conversation_id: 4, client_id: sent.client_id as string, user_message: user, message: first });
-      m.protocol.handleFrame({ type: 'start', conversation_id: 4, user_message: null, message: second, compare_to: 43 });
       m.protocol.handleFrame({ type: 'delta', message_id: 43, text: 'Red', seq: 1 });
       m.protocol.handleFrame({ type: 'delta', message_id: 44, text: 'Blue', seq: 1 });
       await flush();
@@ -99,14 +109,7 @@ describe('compare', () => {
     m.protocol.sendMessage('Colors?');
     const socket = FakeSocket.last();
     const sent = socket.sent.at(-1) as Record<string, unknown>;
-    const user = msg({ id: 42, role: 'user', conversation_id: 4, parent_id: 41, text: 'Colors?' });
-    const first = msg({ id: 43, role: 'assistant', conversation_id: 4, parent_id: 42, text: '', status: 'streaming', model: 'main' });
-    const second = msg({ id: 44, role: 'assistant', conversation_id: 4, parent_id: 42, text: '', status: 'streaming', model: 'twin' });
-    await act(async () => {
-      m.protocol.handleFrame({ type: 'start', conversation_id: 4, client_id: sent.client_id as string, user_message: user, message: first });
-      m.protocol.handleFrame({ type: 'start', conversation_id: 4, user_message: null, message: second, compare_to: 43 });
-      await flush();
-    });
+    const { first } = await startBoth(m, sent);
     const stops = () => socket.sent.filter((f) => (f as { type: string }).type === 'stop').map((f) => (f as { message_id: number }).message_id);
     expect(m.protocol.stop()).toBe(true);
     expect(stops().sort()).toEqual([43, 44]);

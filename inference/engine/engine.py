@@ -136,9 +136,8 @@ class LLMEngine:
         # needs its text to know when it ends, so it is always decoded in the step.
         self.defer_text = False
         self.runner = ModelRunner(config, max_model_len=config.max_model_len or None)
-        model_len = config.max_model_len or self.runner.model.config.max_position_embeddings
         # One sequence must always fit the whole pool, or preemption could never make room.
-        self.max_model_len = min(model_len, self.runner.num_blocks * config.block_size)
+        self.max_model_len = min(self.runner.model_len, self.runner.num_blocks * config.block_size)
         self.kv = KVCacheManager(
             self.runner.num_blocks, config.block_size, config.enable_prefix_caching
         )

@@ -219,11 +219,10 @@ class ModelRunner:
             * m.head_dim
             * self.kv_dtype.itemsize
         )
-        model_len = max_model_len or m.config.max_position_embeddings
-        pool_bytes = kv_pool_bytes(
-            config, block_bytes // self.block_size, kv_tokens or config.max_num_seqs * model_len,
-            self.device,
-        )  # fmt: skip
+        # The context asked for, or the model's (the engine caps it by the pool).
+        self.model_len = max_model_len or m.config.max_position_embeddings
+        wanted = kv_tokens or config.max_num_seqs * self.model_len
+        pool_bytes = kv_pool_bytes(config, block_bytes // self.block_size, wanted, self.device)
         self.kv_cache_mb = pool_bytes // 2**20
         self.num_blocks = max(2, pool_bytes // block_bytes)
         native = getattr(m, "native", None)
@@ -249,7 +248,7 @@ class ModelRunner:
         ]
         self.compiled: CompiledStep | CudaGraphStep | None = None
         if graphs:
-            self.compiled = self._cuda_graphs(max_model_len)
+            self.compiled = self._cuda_graphs()
         elif compiled:
             self.compiled = self._compiled_step()
 
@@ -266,10 +265,9 @@ class ModelRunner:
             return False
         return True
 
-    def _cuda_graphs(self, max_model_len: int | None) -> CudaGraphStep | None:
+    def _cuda_graphs(self) -> CudaGraphStep | None:
         """Decode steps as CUDA graphs, the row buckets captured now."""
-        model_len = max_model_len or self.model.config.max_position_embeddings
-        max_blocks = min(self.num_blocks, -(-model_len // self.block_size))
+        max_blocks = min(self.num_blocks, -(-self.model_len // self.block_size))
         try:
             step = CudaGraphStep(
                 self.model, self.kv_caches, self.config.max_num_seqs, max_blocks,

@@ -39,6 +39,13 @@ def _groups(t: torch.Tensor, n: int) -> torch.Tensor:
     return t.reshape(-1, GROUP, *t.shape[1:])
 
 
+def _unpacked(qs: torch.Tensor) -> torch.Tensor:
+    """GGUF-layout Q4_1 bytes [n, K / 2] as their values, uint8 [n, K / 32, 32]: byte j of
+    a block holds value j in its low nibble and value j + 16 in its high one."""
+    b = qs.reshape(qs.shape[0], -1, 16)
+    return torch.cat((b & 0x0F, b >> 4), dim=-1)
+
+
 def _scales_to_kernel(s: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
     """Per-block scales [n, blocks] as the kernel reads them: [group][block][8]."""
     g = _groups(s.to(dtype), n)  # [G, 8, nb]
@@ -97,8 +104,7 @@ class Q4_1:
             v = torch.stack((b & 0x0F, b >> 4), dim=3)  # [G, nb, j, half, c, t]
             v = v.permute(0, 4, 1, 2, 3, 5)  # [G, c, nb, j, half, t]
             return v.reshape(-1, k // QK, QK)[:n]
-        b = self.qs.reshape(n, k // QK, 16)
-        return torch.cat((b & 0x0F, b >> 4), dim=-1)
+        return _unpacked(self.qs)
 
     def _scales(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.kernel:
@@ -122,8 +128,7 @@ class Q4_1:
         step = max(GROUP, KERNEL_CHUNK_WEIGHTS // k // GROUP * GROUP)
         for lo in range(0, n, step):
             rows = min(step, n - lo)
-            part = Q4_1(self.qs[lo : lo + rows], self.d[:0], self.m[:0])
-            q = _groups(part._values(), rows)  # [G, 8, nb, 32]
+            q = _groups(_unpacked(self.qs[lo : lo + rows]), rows)  # [G, 8, nb, 32]
             q = q.reshape(q.shape[0], GROUP, k // QK, 4, 2, 4)  # [G, c, nb, j, half, t]
             q = q.permute(0, 2, 3, 1, 5, 4)  # [G, nb, j, c, t, half]
             packed = (q[..., 0] | (q[..., 1] << 4)).reshape(-1, k // 2)

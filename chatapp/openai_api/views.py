@@ -46,7 +46,7 @@ from chatapp.openai_api.protocol import (
     request_error,
 )
 from chatapp.openai_api.streams import recorded_stream
-from chatapp.openai_api.tool_calls import HermesParser, constraint, template_tools
+from chatapp.openai_api.tool_calls import HermesParser, constraint, parameters, template_tools
 from chatapp.text import InvalidText, clean_text
 from inference.chat_template import Turn
 from inference.client import (
@@ -67,6 +67,7 @@ from inference.engine import (
     SamplingParams,
 )
 from inference.engine.errors import InvalidRequestError
+from inference.engine.json_schema_limits import check_enforceable
 from inference.engine.outputs import TokenLogprob
 from inference.workers.protocol import is_worker_lost
 
@@ -180,7 +181,7 @@ def structured_output(b: CommonBody) -> tuple[str | None, str]:
     if rf is not None and rf.type == "json_schema":
         if rf.json_schema is None:
             raise invalid("a json_schema response_format needs 'json_schema'", "response_format")
-        return "json_schema", dumps_schema(rf.json_schema.schema_)
+        return schema_spec(rf.json_schema.schema_, "response_format")
     if so is not None:
         b = CommonBody.model_construct(
             guided_json=so.json_, guided_regex=so.regex, guided_choice=so.choice,
@@ -189,7 +190,7 @@ def structured_output(b: CommonBody) -> tuple[str | None, str]:
         if so.json_object:
             return "json", ""
     if b.guided_json is not None:
-        return "json_schema", dumps_schema(b.guided_json)
+        return schema_spec(b.guided_json, "structured_outputs" if so else "guided_json")
     if b.guided_regex is not None:
         return "regex", b.guided_regex
     if b.guided_choice is not None:
@@ -198,6 +199,19 @@ def structured_output(b: CommonBody) -> tuple[str | None, str]:
     if grammar is not None:
         return "grammar", grammar
     return None, ""
+
+
+def schema_spec(schema: dict[str, Any] | str | bool, param: str) -> tuple[str, str]:
+    """("json_schema", the schema's text); a 400 naming `param` and the keyword where the
+    schema asks for what the grammar would not enforce (json_schema_limits)."""
+    spec = dumps_schema(schema)
+    try:
+        check_enforceable(json.loads(spec))
+    except ValueError:
+        pass  # not JSON: the engine's compile says so
+    except InvalidRequestError as exc:
+        raise invalid(str(exc), param) from exc
+    return "json_schema", spec
 
 
 def tool_constraint(b: ChatCompletionBody) -> tuple[str | None, str]:
@@ -212,6 +226,8 @@ def tool_constraint(b: ChatCompletionBody) -> tuple[str | None, str]:
             "send it without response_format or a grammar",
             "tool_choice",
         )
+    for tool in b.tools:
+        schema_spec(parameters(tool), "tools")
     return "structural_tag", constraint(b.tools, choice, b.parallel_tool_calls is not False)
 
 

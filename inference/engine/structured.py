@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from inference.engine.errors import InvalidRequestError
+from inference.engine.json_schema_limits import check_enforceable
 
 if TYPE_CHECKING:
     from inference.engine.sequence import Sequence
@@ -99,6 +100,7 @@ class StructuredOutputs:
             # OpenAI's json_object: an object at the top, whatever is inside it.
             return c.compile_json_schema('{"type": "object"}', any_whitespace=False)
         if kind == "json_schema":
+            check_enforceable(json.loads(spec))
             # Compact separators: the reply stays short and the schema still decides it.
             return c.compile_json_schema(spec, any_whitespace=False, strict_mode=True)
         if kind == "regex":

@@ -129,3 +129,9 @@ class EngineConfig:
     speculative_min_acceptance: float = 0.3
     """A sequence whose acceptance over 16 checked guesses falls below this stops guessing
     for its next 32 tokens."""
+    suffix_max_tokens: int = 16384
+    """`ngram` and `auto` also guess from the same owner's (cache salt's) earlier prompts
+    and replies (suffix decoding, docs/speculative.md): the tokens kept per owner (about
+    150 bytes each); 0: off."""
+    suffix_total_tokens: int = 262144
+    """The suffix store's tokens over all owners; the least recently seen owners go first."""

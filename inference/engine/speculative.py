@@ -10,8 +10,8 @@ k+1 next-token distributions, how many guesses stand and which token follows the
   with draft probability q(x) stands with probability min(1, p(x) / q(x)); on rejection the
   token is drawn from max(0, p - q) renormalised. After k accepted guesses a bonus token is
   drawn from p at position k+1. The output distribution is exactly p's. The n-gram proposer
-  is deterministic (q is one-hot on its guess), which reduces to: accept with p(x), else
-  draw from p with x removed.
+  and the suffix store (suffix_index.py) are deterministic (q is one-hot on the guess),
+  which reduces to: accept with p(x), else draw from p with x removed.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 
 from inference.engine import kernels
 from inference.engine.sampler import filter_logits
+from inference.engine.suffix_index import MAX_MATCH, SuffixStore
 
 if TYPE_CHECKING:
     from inference.engine.config import EngineConfig
@@ -62,9 +63,13 @@ class NgramProposer:
         self.window = window
 
     def propose(self, token_ids: list[int], limit: int | None = None) -> list[int]:
+        return self.match(token_ids, limit)[0]
+
+    def match(self, token_ids: list[int], limit: int | None = None) -> tuple[list[int], int]:
+        """(guess, n): the guess and the length of the match it follows; ([], 0) if none."""
         k = self.num_tokens if limit is None else min(self.num_tokens, limit)
         if k <= 0 or len(token_ids) < self.min_n + 1:
-            return []
+            return [], 0
         arr = np.asarray(token_ids[-self.window :], dtype=np.int64)
         length = len(arr)
         for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
@@ -78,8 +83,8 @@ class NgramProposer:
             proposal = arr[start : start + k]
             if proposal.size:
                 tokens: list[int] = proposal.tolist()
-                return tokens
-        return []
+                return tokens, n
+        return [], 0
 
 
 def verify_greedy(target_argmax: list[int], draft: list[int]) -> list[int]:
@@ -183,7 +188,8 @@ def _draw_without(probs: torch.Tensor, guess: int, generator: torch.Generator | 
 class Speculator:
     """The engine's side of speculation: who guesses this step, and what the model keeps.
 
-    Before a step it gives each decoding sequence up to k guesses (seq.draft_tokens); the
+    Before a step it gives each decoding sequence up to k guesses (seq.draft_tokens: prompt
+    lookup's, or with a cache salt its owner's earlier requests' where they match longer); the
     scheduler runs them with the sequence's last token, the model runner returns k + 1 rows
     of logits, and `verify` turns them into the tokens to emit. Speculation is skipped:
       - in a step with more than speculative_max_batch decoding sequences (a big batch is
@@ -218,12 +224,19 @@ class Speculator:
         self.max_model_len = max_model_len
         self.k = config.num_speculative_tokens
         self.ngram: NgramProposer | None = None
+        # Suffix decoding (suffix_index.py): guesses from the same owner's earlier requests.
+        self.store: SuffixStore | None = None
         self.draft: DraftProposer | None = None
         if config.speculative_mode in ("ngram", "auto"):
             ngram_min = config.ngram_min
             if config.speculative_mode == "auto":
                 ngram_min = max(ngram_min, AUTO_NGRAM_MIN)
             self.ngram = NgramProposer(self.k, ngram_min, config.ngram_max)
+            if config.suffix_max_tokens > 0:
+                self.store = SuffixStore(
+                    config.suffix_max_tokens,
+                    max(config.suffix_max_tokens, config.suffix_total_tokens),
+                )
         else:
             from inference.engine.draft import DraftProposer
 
@@ -235,12 +248,16 @@ class Speculator:
         self.accepted = 0  # guesses kept
         self.verifications = 0  # sequence-checks (one per sequence per step with guesses)
         self.steps = 0  # forwards that checked guesses
+        self.store_drafted = 0  # of which guessed from the suffix store
+        self.store_accepted = 0
+        self._from_store: set[str] = set()  # requests whose guesses this step are the store's
 
     def propose(self, running: list[Sequence]) -> None:
         """Set draft_tokens on the decoding sequences that speculate this step."""
         decoding = [s for s in running if s.num_uncomputed_tokens == 1]
         for seq in decoding:
             seq.clear_draft()
+            self._from_store.discard(seq.request_id)
         if not decoding or len(decoding) > self.config.speculative_max_batch:
             return
         spare = None if self.row_budget is None else self.row_budget - len(decoding)
@@ -275,9 +292,22 @@ class Speculator:
                 wanted.append((seq, limit))
         if self.ngram is not None:
             for seq, limit in wanted:
-                seq.draft_tokens = self.ngram.propose(seq.token_ids, limit)
+                seq.draft_tokens = self._lookup(self.ngram, seq, limit)
         elif self.draft is not None and wanted:
             self.draft.propose(wanted)
+
+    def _lookup(self, ngram: NgramProposer, seq: Sequence, limit: int) -> list[int]:
+        """The guess that follows the longer match: in the sequence itself, or in its
+        owner's earlier requests (a tie goes to the sequence, the likelier context)."""
+        guess, n = ngram.match(seq.token_ids, limit)
+        owner = seq.cache_scope.salt
+        if self.store is None or owner is None:  # unsalted: nobody's text but its own
+            return guess
+        theirs, m = self.store.propose(owner, seq.token_ids, limit)
+        if m <= n or not theirs:
+            return guess
+        self._from_store.add(seq.request_id)
+        return theirs
 
     def record_step(self, seconds: float, with_guesses: bool) -> None:
         old = self.step_seconds[with_guesses]
@@ -308,6 +338,10 @@ class Speculator:
         self.drafted += len(draft)
         self.accepted += accepted
         self.verifications += 1
+        if seq.request_id in self._from_store:
+            self._from_store.discard(seq.request_id)
+            self.store_drafted += len(draft)
+            self.store_accepted += accepted
         m = seq.figures
         m.drafted_tokens += len(draft)
         m.accepted_tokens += accepted
@@ -322,8 +356,17 @@ class Speculator:
         return out
 
     def release(self, seq: Sequence) -> None:
-        """The request ended: drop its draft-model state."""
+        """The request ended: drop its draft-model state, and keep its text for its owner's
+        later requests' guesses."""
         seq.clear_draft()
+        self._from_store.discard(seq.request_id)
+        owner = seq.cache_scope.salt
+        if self.store is not None and owner is not None:
+            # A prompt's cached prefix is text the owner sent before (or public text): the
+            # store keeps what is new, with enough of what came before to match into it.
+            cached = seq.figures.cached_tokens + seq.figures.cached_tokens_redis
+            start = max(0, min(cached, seq.num_prompt_tokens) - MAX_MATCH)
+            self.store.add(owner, seq.token_ids[start:])
         if self.draft is not None:
             self.draft.release(seq.request_id)
 
@@ -338,6 +381,10 @@ class Speculator:
             "spec_mean_accepted_length": (
                 self.accepted / self.verifications if self.verifications else 0.0
             ),
+            "spec_suffix_drafted_tokens": self.store_drafted,
+            "spec_suffix_accepted_tokens": self.store_accepted,
+            "spec_suffix_tokens": len(self.store) if self.store is not None else 0,
+            "spec_suffix_owners": len(self.store.owners) if self.store is not None else 0,
         }
 
 
@@ -349,4 +396,8 @@ DISABLED_STATS: dict[str, float | int] = {
     "spec_verifications": 0,
     "spec_acceptance_rate": 0.0,
     "spec_mean_accepted_length": 0.0,
+    "spec_suffix_drafted_tokens": 0,
+    "spec_suffix_accepted_tokens": 0,
+    "spec_suffix_tokens": 0,
+    "spec_suffix_owners": 0,
 }

@@ -39,6 +39,15 @@ def test_greedy_ngram_output_is_token_for_token_the_plain_output(
     assert spec_engine.stats()["spec_drafted_tokens"] > 0
 
 
+def _replace_proposer(engine: LLMEngine, propose: Callable[..., list[int]]) -> None:
+    """Make the prompt-lookup proposer guess with `propose(token_ids, limit)`."""
+
+    def match(token_ids: list[int], limit: int | None = None) -> tuple[list[int], int]:
+        return propose(token_ids, limit), 1
+
+    engine.speculator.ngram.match = match  # type: ignore[union-attr,method-assign]
+
+
 def _oracle(engine: LLMEngine, prompts: list[list[int]], plain: list[list[int]], wrong_every: int):
     """Replace the proposer with one that guesses the plain output, every
     `wrong_every`-th guess wrong: the engine must keep the right ones and roll back."""
@@ -54,7 +63,7 @@ def _oracle(engine: LLMEngine, prompts: list[list[int]], plain: list[list[int]],
                 ]
         return []
 
-    engine.speculator.ngram.propose = propose  # type: ignore[union-attr,method-assign]
+    _replace_proposer(engine, propose)
 
 
 @pytest.mark.parametrize("wrong_every", [3, 7, 1000])
@@ -197,7 +206,7 @@ def test_sampled_output_keeps_the_plain_distribution(
                 cache[key] = propose(token_ids, limit)
             return cache[key]
 
-        engine.speculator.ngram.propose = cached  # type: ignore[union-attr,method-assign]
+        _replace_proposer(engine, cached)
     n = 600
     counts: dict[tuple[int, ...], int] = {}
     for start in range(0, n, 200):
@@ -234,7 +243,7 @@ def test_auto_leaves_seeded_sampled_requests_to_plain_sampling(
     def always(token_ids: list[int], limit: int | None = None) -> list[int]:
         return [token_ids[-1]] * (limit or 4)
 
-    auto.speculator.ngram.propose = always  # type: ignore[union-attr,method-assign]
+    _replace_proposer(auto, always)
     again, _ = _generate(auto, PROMPTS, seeded)
     assert again == plain
     assert auto.stats()["spec_drafted_tokens"] == 0

@@ -80,6 +80,17 @@ class FrameError(Exception):
         self.message = message
 
 
+def reply_sampling(conv: Conversation) -> SamplingParams:
+    """A reply's sampling, from its conversation's settings. JSON mode holds the reply to a
+    JSON object while decoding: the grammar of the API's `response_format: json_object`."""
+    return SamplingParams(
+        max_tokens=conv.max_tokens,
+        temperature=conv.temperature,
+        top_p=conv.top_p if conv.top_p > 0 else 1.0,
+        structured="json" if conv.json_mode else None,
+    )
+
+
 class ChatConsumer(AsyncJsonWebsocketConsumer):
     in_group = False
     signed_out = False
@@ -570,11 +581,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             )
         except AttachmentsInvalid as exc:
             raise FrameError("invalid", str(exc).capitalize() + ".") from exc
-        sampling = SamplingParams(
-            max_tokens=conv.max_tokens,
-            temperature=conv.temperature,
-            top_p=conv.top_p if conv.top_p > 0 else 1.0,
-        )
+        sampling = reply_sampling(conv)
         return registry.start(reply, prompt, sampling, reservation), user_msg, reply
 
     async def _prepare_continuation(
@@ -583,6 +590,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         """The same reply, written on from its last token by the model that wrote it: the
         prompt is the one it answered plus its own token ids, an exact extension of what
         the engine's prefix cache already holds."""
+        if conv.json_mode:
+            # The grammar holds a reply from its first token: one cut short cannot be
+            # picked up in the middle of its object.
+            raise FrameError(
+                "invalid",
+                "A reply in JSON mode cannot go on; regenerate it with a higher Max tokens.",
+            )
         await self._count_message()
         client = await asyncio.to_thread(get_engine_client, reply.model or None)
         default = await asyncio.to_thread(default_model)
@@ -604,11 +618,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         if too_long:
             raise FrameError("too_long", "The reply has filled the model's context window.")
         await database_sync_to_async(conversations.reopen_reply)(reply)
-        sampling = SamplingParams(
-            max_tokens=conv.max_tokens,
-            temperature=conv.temperature,
-            top_p=conv.top_p if conv.top_p > 0 else 1.0,
-        )
+        sampling = reply_sampling(conv)
         return registry.start(reply, prompt, sampling, reservation)
 
     async def _announce(

@@ -26,6 +26,8 @@ class Conversation(models.Model):
     temperature = models.FloatField(default=0.7)
     top_p = models.FloatField(default=0.95)
     max_tokens = models.PositiveIntegerField(default=512)
+    # Replies held to a JSON object while decoding (the API's response_format json_object).
+    json_mode = models.BooleanField(default=False)
     # The model its turns go to (the picker in the chat header): a served model's name;
     # blank for a conversation from before models were named, which gets the default.
     model = models.CharField(max_length=200, blank=True, default="")
@@ -58,6 +60,7 @@ class Conversation(models.Model):
             "temperature": self.temperature,
             "top_p": self.top_p,
             "max_tokens": self.max_tokens,
+            "json_mode": self.json_mode,
         }
 
 

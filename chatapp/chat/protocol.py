@@ -40,6 +40,7 @@ SETTING_LABELS = {
     "temperature": "Temperature",
     "top_p": "Top-p",
     "max_tokens": "Max tokens",
+    "json_mode": "JSON mode",
 }
 MODEL_MAX_CHARS = 200  # Conversation.model's max_length
 CLIENT_ID_CHARS = 64
@@ -101,6 +102,7 @@ class ConversationSettings(BaseModel):
     temperature: float = 0.0
     top_p: float = 1.0
     max_tokens: int = MAX_TOKENS_MIN
+    json_mode: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -150,6 +152,13 @@ class ConversationSettings(BaseModel):
             raise refuse("invalid", f"{label} must be a whole number.")
         if not MAX_TOKENS_MIN <= value <= hi:
             raise refuse("invalid", f"{label} must be between {num(MAX_TOKENS_MIN)} and {num(hi)}.")
+        return value
+
+    @field_validator("json_mode", mode="plain")
+    @classmethod
+    def _json_mode(cls, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise refuse("invalid", f"{SETTING_LABELS['json_mode']} must be true or false.")
         return value
 
     def given(self) -> dict[str, Any]:

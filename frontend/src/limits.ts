@@ -70,6 +70,7 @@ export interface DialogValues {
   temperature: string;
   top_p: string;
   max_tokens: string;
+  json_mode: boolean;
 }
 
 /** Every field's error (only fields with one), and the settings to save when there is none. */
@@ -94,6 +95,7 @@ export function validateSettings(
       temperature: Number(values.temperature),
       top_p: Number(values.top_p),
       max_tokens: Number(values.max_tokens),
+      json_mode: values.json_mode,
     },
   };
 }

@@ -70,6 +70,8 @@ export function cleanSettings(s: Settings): Settings | undefined {
   if (typeof s.temperature === 'number' && Number.isFinite(s.temperature)) out.temperature = s.temperature;
   if (typeof s.top_p === 'number' && Number.isFinite(s.top_p)) out.top_p = s.top_p;
   if (typeof s.max_tokens === 'number' && Number.isFinite(s.max_tokens)) out.max_tokens = Math.round(s.max_tokens);
+  // Off is the server's default: only a chat that turns it on says so.
+  if (s.json_mode === true) out.json_mode = true;
   return Object.keys(out).length ? out : undefined;
 }
 

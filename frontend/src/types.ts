@@ -5,6 +5,8 @@ export interface Settings {
   temperature?: number;
   top_p?: number;
   max_tokens?: number;
+  /** Replies held to a JSON object while decoding (the API's response_format json_object). */
+  json_mode?: boolean;
 }
 
 export interface Conversation {

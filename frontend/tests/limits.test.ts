@@ -14,6 +14,7 @@ export const SERVER: ChatLimits = {
 };
 
 const values = (over: Partial<Record<'system_prompt' | 'temperature' | 'top_p' | 'max_tokens', string>> = {}) => ({
+  json_mode: false,
   system_prompt: '',
   temperature: '0.7',
   top_p: '0.95',
@@ -56,7 +57,7 @@ describe('settings validation against the server limits', () => {
   it('gives settings only when every field is valid', () => {
     const ok = validateSettings(values({ max_tokens: '2048', system_prompt: 'Be brief.' }), SERVER);
     expect(ok.errors).toEqual({});
-    expect(ok.settings).toEqual({ system_prompt: 'Be brief.', temperature: 0.7, top_p: 0.95, max_tokens: 2048 });
+    expect(ok.settings).toEqual({ system_prompt: 'Be brief.', temperature: 0.7, top_p: 0.95, max_tokens: 2048, json_mode: false });
     const bad = validateSettings(values({ max_tokens: '4000', system_prompt: 'x'.repeat(101) }), SERVER);
     expect(bad.settings).toBeUndefined();
     expect(bad.errors).toEqual({

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,3 +46,23 @@ async def test_capital_of_france_streams_back_paris(
     assert "Paris" in "".join(d["text"] for d in deltas)
     assert done["status"] == "complete" and done["finish_reason"] == "stop"
     assert done["figures"]["ttft_ms"] > 0 and done["figures"]["tokens_per_s"] > 0
+
+
+async def test_a_reply_in_json_mode_parses_as_a_json_object(
+    real_engine: EmbeddedClient, make_user: Any
+) -> None:
+    user = await database_sync_to_async(make_user)("jay")
+    sock, connected, _ = await open_socket(user)
+    assert connected
+    settings = {"json_mode": True, "temperature": 0, "max_tokens": 200}
+    await sock.send(
+        {"type": "send", "conversation_id": None, "settings": settings,
+         "text": "Give the name and colour of one fruit, as JSON."}
+    )  # fmt: skip
+    frames = await sock.recv_until("done", timeout=120)
+    await sock.close()
+    done = frames[-1]
+    assert done["finish_reason"] == "stop", done["message"]["text"]
+    streamed = "".join(f["text"] for f in frames if f["type"] == "delta")
+    assert isinstance(json.loads(streamed), dict)
+    assert done["message"]["text"] == streamed

@@ -44,6 +44,7 @@ function SettingsForm({ currentId, initial, onClose }: { currentId: number | nul
     temperature: String(initial.temperature ?? limits.temperature.default),
     top_p: String(initial.top_p ?? limits.top_p.default),
     max_tokens: String(initial.max_tokens ?? limits.max_tokens.default),
+    json_mode: initial.json_mode ?? false,
   }));
   const [figures, setFigures] = useState(() => ui.showFigures.value);
   const [error, setError] = useState('');
@@ -58,7 +59,7 @@ function SettingsForm({ currentId, initial, onClose }: { currentId: number | nul
   }, []);
 
   const { errors, settings } = validateSettings(values, limits);
-  const set = (field: keyof DialogValues) => (e: Event) => {
+  const set = (field: Exclude<keyof DialogValues, 'json_mode'>) => (e: Event) => {
     const v = (e.target as HTMLInputElement | HTMLTextAreaElement).value;
     setValues((old) => ({ ...old, [field]: v }));
     setError('');
@@ -113,6 +114,21 @@ function SettingsForm({ currentId, initial, onClose }: { currentId: number | nul
           </label>
         </div>
         <label class="check">
+          <input
+            type="checkbox"
+            data-testid="settings-json-mode"
+            checked={values.json_mode}
+            onChange={(e) => {
+              const on = (e.target as HTMLInputElement).checked;
+              setValues((old) => ({ ...old, json_mode: on }));
+              setError('');
+            }}
+          />
+          <span>
+            JSON mode <span class="muted">(every reply in this chat is a JSON object; say in your message what it should hold)</span>
+          </span>
+        </label>
+        <label class="check">
           <input type="checkbox" data-testid="settings-show-figures" checked={figures} onChange={(e) => setFigures((e.target as HTMLInputElement).checked)} />
           <span>
             Show figures under each reply <span class="muted">(time to first token, speed, tokens, cached tokens; in every conversation, in this browser)</span>
@@ -137,6 +153,7 @@ function SettingsForm({ currentId, initial, onClose }: { currentId: number | nul
                 temperature: String(limits.temperature.default),
                 top_p: String(limits.top_p.default),
                 max_tokens: String(limits.max_tokens.default),
+                json_mode: false,
               });
               setError('');
             }}

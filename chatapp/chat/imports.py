@@ -32,7 +32,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from chatapp.chat import attachments
+from chatapp.chat import attachments, tool_blocks
 from chatapp.chat.conversations import InvalidSettings, clean_settings
 from chatapp.chat.models import Attachment, Conversation, Message
 from inference.client import EngineClient, default_model, list_models, loaded_clients
@@ -40,8 +40,9 @@ from inference.engine import EngineError
 
 log = logging.getLogger(__name__)
 
-# ChatGPT content types whose parts are what a person reads; the others (tool output,
-# hidden reasoning, browsing displays, custom instructions) are left out.
+# ChatGPT content types whose parts are what a person reads; the others (hidden reasoning,
+# custom instructions, ...) are left out, and tools' calls and output are read as blocks
+# (tool_blocks).
 CHATGPT_TEXT_TYPES = frozenset({"text", "multimodal_text", "code"})
 MAX_MESSAGE_CHARS = 1_000_000
 MAX_DEPTH = 64  # a ChatGPT export nests about 8 deep
@@ -317,8 +318,9 @@ def _datetime(value: Any) -> datetime | None:
 
 def from_chatgpt(data: dict[str, Any]) -> Incoming:
     """A ChatGPT conversation: the tree of its `mapping`, the person's and the assistant's
-    messages with text kept (system, tool and hidden nodes left out, their children
-    joined to the nearest kept ancestor), the branch through `current_node` on screen."""
+    messages with text kept (system and hidden nodes left out, their children joined to
+    the nearest kept ancestor), tool calls and results as blocks in the replies around
+    them (_with_tool_blocks), the branch through `current_node` on screen."""
     mapping = data.get("mapping")
     if not isinstance(mapping, dict):
         raise ValueError("'mapping' must be an object of nodes")
@@ -326,6 +328,7 @@ def from_chatgpt(data: dict[str, Any]) -> Incoming:
         raise ValueError(f"it has more than {settings.CHAT_IMPORT_MAX_MESSAGES:,} messages")
     parents: dict[str, str | None] = {}
     kept: dict[str, Node] = {}
+    tools: dict[str, str] = {}  # calls and results, as tool_blocks writes them
     for key, node in mapping.items():
         if not isinstance(node, dict):
             raise ValueError(f"node {key[:40]!r} is not an object")
@@ -338,9 +341,14 @@ def from_chatgpt(data: dict[str, Any]) -> Incoming:
         message = _chatgpt_message(node.get("message"), key)
         if message is not None:
             kept[key] = message
+        else:
+            tool = _chatgpt_tool(node.get("message"), key)
+            if tool:
+                tools[key] = tool
     _refuse_loops(parents)
     for key, message in kept.items():
         message.parent = _kept_ancestor(parents, kept, parents[key])
+    _with_tool_blocks(parents, kept, tools)
     current = data.get("current_node")
     if current is not None and not isinstance(current, str):
         raise ValueError("'current_node' must be a node id")
@@ -395,6 +403,68 @@ def _chatgpt_message(message: Any, key: str) -> Node | None:
     if not text.strip():
         return None
     return Node(key, role, text, None, _time(message.get("create_time")))
+
+
+def _chatgpt_tool(message: Any, key: str) -> str | None:
+    """A tool call (the assistant writing to a tool) or a tool's result, as a block; None
+    for anything else, hidden ones and those with nothing readable in them."""
+    if not isinstance(message, dict) or not isinstance(message.get("content"), dict):
+        return None
+    author = message.get("author")
+    role = author.get("role") if isinstance(author, dict) else None
+    metadata = message.get("metadata")
+    if isinstance(metadata, dict) and metadata.get("is_visually_hidden_from_conversation"):
+        return None
+    recipient = message.get("recipient", "all")
+    if role == "assistant" and isinstance(recipient, str) and recipient != "all":
+        kind, name = tool_blocks.CALL, recipient
+    elif role == "tool":
+        named = author.get("name") if isinstance(author, dict) else None
+        kind, name = tool_blocks.RESULT, named if isinstance(named, str) else "tool"
+    else:
+        return None
+    body = tool_blocks.content_text(message["content"])
+    if not body.strip():
+        return None
+    return _text(tool_blocks.block(kind, name, body), f"the tool message of node {key[:40]!r}")
+
+
+def _with_tool_blocks(
+    parents: dict[str, str | None], kept: dict[str, Node], tools: dict[str, str]
+) -> None:
+    """Each reply starts with the tool calls and results between it and the message before
+    it; those no reply follows (the person spoke next, or the conversation ends there) go
+    at the end of the reply that made them."""
+    used: set[str] = set()
+    for key, message in kept.items():
+        if message.role != "assistant":
+            continue
+        above = _tools_above(parents, kept, tools, parents[key])
+        if above:
+            message.text = "\n\n".join([*(tools[k] for k in above), message.text])
+            used.update(above)
+    after: dict[str, list[str]] = {}
+    for key in tools:
+        owner = _kept_ancestor(parents, kept, parents[key])
+        if key not in used and owner is not None and kept[owner].role == "assistant":
+            after.setdefault(owner, []).append(key)
+    for owner, keys in after.items():
+        keys.sort(key=lambda k: len(_tools_above(parents, kept, tools, k)))
+        kept[owner].text = "\n\n".join([kept[owner].text, *(tools[k] for k in keys)])
+
+
+def _tools_above(
+    parents: dict[str, str | None], kept: dict[str, Node], tools: dict[str, str], start: str | None
+) -> list[str]:
+    """The tool nodes from `start` up to the nearest kept node, first one first (the
+    parents were checked for loops)."""
+    found: list[str] = []
+    node = start
+    while node is not None and node not in kept:
+        if node in tools:
+            found.append(node)
+        node = parents[node]
+    return found[::-1]
 
 
 def _refuse_loops(parents: dict[str, str | None]) -> None:

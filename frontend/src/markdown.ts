@@ -49,6 +49,26 @@ export function highlight(code: string, lang: string | undefined): string {
   return escapeHtml(code);
 }
 
+/**
+ * A tool call or its result from an imported conversation (chatapp/chat/tool_blocks.py
+ * writes them as ```tool-call NAME fences): a collapsed block that says which tool, its
+ * arguments or output inside, highlighted as JSON when they are JSON.
+ */
+function toolBlock(kind: 'tool-call' | 'tool-result', name: string, body: string): string {
+  let lang = name === 'python' ? 'python' : 'plaintext';
+  try {
+    JSON.parse(body);
+    lang = 'json';
+  } catch {
+    /* not JSON */
+  }
+  const what = kind === 'tool-call' ? 'Called tool' : 'Result from';
+  return (
+    `<details class="tool-block" data-testid="${kind}"><summary>${what} <code>${escapeHtml(name)}</code></summary>` +
+    `<pre><code class="hljs language-${lang}">${highlight(body, lang)}</code></pre></details>\n`
+  );
+}
+
 /** The formulas of the reply being rendered (renderMarkdown is synchronous: one at a time). */
 const mathSlots: { tex: string; display: boolean }[] = [];
 const md = new Marked({ gfm: true, breaks: false });
@@ -57,6 +77,7 @@ md.use({
   renderer: {
     code({ text, lang }: Tokens.Code): string {
       const l = (lang || '').trim().split(/\s+/)[0];
+      if (l === 'tool-call' || l === 'tool-result') return toolBlock(l, (lang || '').trim().split(/\s+/)[1] || 'tool', text);
       const label = l ? escapeHtml(l) : 'code';
       const cls = l ? ` class="hljs language-${escapeHtml(l.toLowerCase())}"` : ' class="hljs"';
       return (

@@ -19,6 +19,7 @@ from chatapp.chat import conversations
 from chatapp.chat.attachments import create_pending
 from chatapp.chat.export import conversation_payload, export_all
 from chatapp.chat.models import Attachment, Conversation, Message
+from chatapp.chat.tool_blocks import block
 from chatapp.jobs.models import Job
 from tests.sockets import open_socket
 
@@ -111,10 +112,15 @@ def test_a_chatgpt_export_comes_in_with_its_branches(make_user: Any) -> None:
     conv = Conversation.objects.get(owner=alice)
     assert conv.title == "Trip to Lisbon"
     assert conv.created_at.timestamp() == 1700000000.5
-    # The branch through current_node; the system and tool nodes and the tool call left out.
+    # The branch through current_node; the system node left out, and the tool call and
+    # its result, which no reply followed, as blocks at the end of the reply that made them.
     assert shown(conv) == [
         ("user", "Where should I eat in Lisbon?"),
-        ("assistant", "Try a tasca in Alfama."),
+        (
+            "assistant",
+            "Try a tasca in Alfama.\n\n```tool-call browser\nsearch('tasca alfama')\n```"
+            "\n\n```tool-result tool\nresults...\n```",
+        ),
         ("user", "And for dessert?"),
         ("assistant", "Pastéis de nata, of course."),
         ("user", "[an image, not imported]\n\nWhat is this?"),
@@ -125,6 +131,42 @@ def test_a_chatgpt_export_comes_in_with_its_branches(make_user: Any) -> None:
     assert len(alternatives) == 2 and alternatives[1] == second.pk
     assert Message.objects.get(pk=alternatives[0]).text == "Try Time Out Market."
     assert all(not m.token_ids for m in Message.objects.filter(conversation=conv))
+
+
+@pytest.mark.django_db
+def test_tool_calls_and_results_come_in_as_readable_blocks_before_the_answer(
+    make_user: Any,
+) -> None:
+    """The shapes ChatGPT writes them in: a GPT action's JSON arguments, code for its
+    python tool and the code's output, then the reply that used them."""
+    alice = make_user("alice")
+    code = {"content_type": "code", "language": "unknown", "text": "print(6 * 7)"}
+    output = {"content_type": "execution_output", "text": "42"}
+    nodes = [
+        node("u", None, "user", ["Weather in Paris, and 6 times 7?"], 1.0),
+        node("c1", "u", "assistant", ['{"city":"Paris","units":"metric"}'], 2.0,
+             recipient="weather.get_forecast"),
+        node("r1", "c1", "tool", ['{"sky":"clear","c":21}'], 3.0,
+             author={"role": "tool", "name": "weather.get_forecast"}),
+        node("c2", "r1", "assistant", [], 4.0, recipient="python", content=code),
+        node("r2", "c2", "tool", [], 5.0, author={"role": "tool", "name": "python"},
+             content=output),
+        node("a", "r2", "assistant", ["Clear, 21 °C; and 42."], 6.0),
+    ]  # fmt: skip
+    data = {"title": "Tools", "mapping": {n["id"]: n for n in nodes}, "current_node": "a"}
+    assert send_file(client_for(alice), json.dumps(data).encode()).status_code == 201
+    reply = shown(Conversation.objects.get(owner=alice))[1]
+    assert reply == (
+        "assistant",
+        '```tool-call weather.get_forecast\n{\n  "city": "Paris",\n  "units": "metric"\n}\n```'
+        '\n\n```tool-result weather.get_forecast\n{\n  "sky": "clear",\n  "c": 21\n}\n```'
+        "\n\n```tool-call python\nprint(6 * 7)\n```\n\n```tool-result python\n42\n```"
+        "\n\nClear, 21 °C; and 42.",
+    )
+
+
+def test_a_tool_block_fence_outlasts_the_backticks_inside_it() -> None:
+    assert block("tool-result", "my tool!", "a ``` b") == "````tool-result my_tool_\na ``` b\n````"
 
 
 @pytest.mark.django_db

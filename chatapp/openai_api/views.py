@@ -48,6 +48,7 @@ from chatapp.openai_api.protocol import (
 from chatapp.openai_api.streams import recorded_stream
 from chatapp.openai_api.tool_calls import HermesParser, constraint, parameters, template_tools
 from chatapp.text import InvalidText, clean_text
+from inference.backends.upstream import UPSTREAM_STRUCTURED
 from inference.chat_template import Turn
 from inference.client import (
     EngineClient,
@@ -602,6 +603,10 @@ async def open_choice(
     return Choice(index, stream, first, bool(getattr(engine_stream, "replayed", False)))
 
 
+def forwarded_structure(req: ApiRequest) -> bool:
+    return req.turns is not None and req.sampling.structured in UPSTREAM_STRUCTURED
+
+
 def upstream_refuses(req: ApiRequest) -> None:
     """An upstream engine is sent what SamplingParams it forwards (backends/upstream.py):
     a field it is not sent is refused by name rather than ignored."""
@@ -613,7 +618,8 @@ def upstream_refuses(req: ApiRequest) -> None:
         ("frequency_penalty", bool(p.frequency_penalty)),
         ("presence_penalty", bool(p.presence_penalty)),
         ("logit_bias", bool(p.logit_bias)),
-        ("response_format", p.structured is not None),
+        # A JSON object or schema on a chat is forwarded as response_format (upstream.py).
+        ("response_format", p.structured is not None and not forwarded_structure(req)),
     ):
         if used:
             raise invalid(f"'{name}' is not supported by the model '{req.model}' here", name)

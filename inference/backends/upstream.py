@@ -38,6 +38,9 @@ from inference.workers.protocol import EngineUnavailableError, ModelNotFoundErro
 
 log = logging.getLogger(__name__)
 
+# The structured outputs (SamplingParams.structured) an upstream is sent, on a chat.
+UPSTREAM_STRUCTURED = ("json", "json_schema")
+
 
 class UpstreamModels:
     """The models the upstream lists (its /models, read again after LIST_TTL_S), the
@@ -237,6 +240,8 @@ class UpstreamClient:
             # All of this app's users reach the upstream as one caller: the salt keeps
             # them apart in its prefix cache (vLLM and this app honour it).
             body["cache_salt"] = cache_salt
+        if sampling.structured is not None:
+            body["response_format"] = self._response_format(prompt, sampling)
         if prompt.messages is not None:
             path, body["messages"] = "/chat/completions", prompt.messages
         else:
@@ -254,6 +259,21 @@ class UpstreamClient:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
             self._streams.pop(rid, None)
+
+    def _response_format(self, prompt: Prompt, sampling: SamplingParams) -> dict[str, Any]:
+        """A JSON object or a JSON schema, as OpenAI's response_format: what llama-server,
+        vLLM and Ollama all enforce on a chat. Other grammars (regex, choice, EBNF, tool
+        tags) are xgrammar's and this engine's only."""
+        kind = sampling.structured
+        if prompt.messages is None or kind not in UPSTREAM_STRUCTURED:
+            raise InvalidRequestError(
+                f"structured output of kind {kind!r} is not supported by the model "
+                f"'{self.model_name}' here"
+            )
+        if kind == "json":
+            return {"type": "json_object"}
+        schema = json.loads(sampling.structured_spec)
+        return {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
 
     async def _pump(
         self,

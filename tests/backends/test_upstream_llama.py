@@ -9,11 +9,13 @@ so; any other failure to build or start it is a failure.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
+from pydantic import BaseModel, Field
 
 from inference.bench.llama_server import (
     LlamaServer,
@@ -157,3 +159,30 @@ def test_the_chat_ui_socket_streams_through_llama_server(front: LiveServer) -> N
     done = chat_through_the_socket(front, max_tokens=8)
     # Measured at the app side; the token count is llama-server's usage figure.
     assert done["figures"]["ttft_ms"] > 0 and 1 <= done["figures"]["output_tokens"] <= 8
+
+
+class Fruit(BaseModel):
+    name: str = Field(max_length=16)
+    ripe: bool
+
+
+def test_a_json_schema_or_object_goes_to_llama_server_and_other_grammars_are_refused(
+    api: openai.OpenAI, llama_model: str
+) -> None:
+    ask = [{"role": "user", "content": "Name one fruit, as JSON."}]
+    parsed = api.beta.chat.completions.parse(
+        model=llama_model, messages=ask, response_format=Fruit, max_tokens=60, temperature=0
+    )
+    assert isinstance(parsed.choices[0].message.parsed, Fruit)
+    reply = api.chat.completions.create(
+        model=llama_model, messages=ask, response_format={"type": "json_object"},
+        max_tokens=60, temperature=0,
+    )  # fmt: skip
+    assert reply.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(reply.choices[0].message.content or ""), dict)
+    # llama-server has no regex field: refused by name here, not ignored there.
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.chat.completions.create(
+            model=llama_model, messages=ask, max_tokens=4, extra_body={"guided_regex": "a+"}
+        )
+    assert caught.value.body["param"] == "response_format", caught.value.body

@@ -130,17 +130,19 @@ def test_cached_prefix_gives_the_same_output_as_a_cold_run(make_engine):
 def test_preemption_and_resume_give_the_same_output(make_engine):
     engine = make_engine(block_size=16, kv_cache_memory_mb=1)
     # Shrink the pool by hand to 12 blocks: four sequences growing to 60 tokens need 16.
+    # Their short prompts are all admitted (each fits beside the others' next tokens), and
+    # growing they run the pool dry.
     engine.kv.__init__(12, 16)
     engine.max_model_len = 12 * 16
-    prompts = {f"p{i}": _prompt(30, seed=40 + i) for i in range(4)}
+    prompts = {f"p{i}": _prompt(10, seed=40 + i) for i in range(4)}
     for rid, p in prompts.items():
-        engine.add_request(p, greedy(30, ignore_eos=True), request_id=rid)
+        engine.add_request(p, greedy(50, ignore_eos=True), request_id=rid)
     out = run_to_completion(engine)
     assert engine.stats()["preemptions"] > 0
     assert sum(d[-1].figures.preemptions for d in out.values()) > 0
     reference = make_engine()
     for rid, p in prompts.items():
-        reference.add_request(p, greedy(30, ignore_eos=True), request_id=rid)
+        reference.add_request(p, greedy(50, ignore_eos=True), request_id=rid)
     expected = run_to_completion(reference)
     for rid in prompts:
         assert token_ids_of(out[rid]) == token_ids_of(expected[rid])
@@ -319,6 +321,38 @@ def test_admission_keeps_a_block_per_running_sequence(make_engine):
     out = run_to_completion(engine)
     assert out["b"][-1].finish_reason == "length"
     assert engine.stats()["preemptions"] == 0
+
+
+def test_a_prompt_is_admitted_only_when_all_of_it_fits(make_engine):
+    """Its first chunk would fit, its whole prompt would not: admitted chunk by chunk, it
+    would run the pool dry halfway and cost a preemption of history computed for nothing."""
+    engine = make_engine(block_size=16, max_num_batched_tokens=32)
+    engine.kv.__init__(12, 16)
+    engine.max_model_len = 12 * 16
+    engine.add_request(_prompt(60, seed=7), greedy(40, ignore_eos=True), request_id="a")
+    while engine.stats()["running"] == 0 or engine.scheduler.running[0].num_uncomputed_tokens > 1:
+        engine.step()
+    # a holds 4 blocks and keeps 2 for its next 32 tokens; 6 stay free, b's 100 tokens need 7.
+    engine.add_request(_prompt(100, seed=8), greedy(3, ignore_eos=True), request_id="b")
+    engine.step()
+    assert engine.stats()["running"] == 1
+    out = run_to_completion(engine)
+    assert out["b"][-1].finish_reason == "length"
+    assert engine.stats()["preemptions"] == 0
+
+
+def test_an_undersized_pool_serves_many_chats_without_recomputing_their_histories():
+    """Chats outgrowing the pool (scheduler_sim: the engine's scheduler and pool, no model):
+    admitting prompts on their first chunk alone preempted 228 times and computed 9x the
+    prompt rows of an unbounded pool; with whole prompts admitted, 1 and 2.4x."""
+    from inference.bench.scheduler_sim import simulate
+
+    unbounded = simulate(0, chats=24, turns=3, seed=0)
+    small = simulate(360, chats=24, turns=3, seed=0)
+    assert unbounded.preemptions == 0
+    assert small.output_tokens == unbounded.output_tokens
+    assert small.preemptions <= 10
+    assert small.prompt_rows <= 3 * unbounded.prompt_rows
 
 
 def _steps_until_idle(engine) -> tuple[list[int], dict[str, list]]:

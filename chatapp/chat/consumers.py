@@ -590,13 +590,6 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         """The same reply, written on from its last token by the model that wrote it: the
         prompt is the one it answered plus its own token ids, an exact extension of what
         the engine's prefix cache already holds."""
-        if conv.json_mode:
-            # The grammar holds a reply from its first token: one cut short cannot be
-            # picked up in the middle of its object.
-            raise FrameError(
-                "invalid",
-                "A reply in JSON mode cannot go on; regenerate it with a higher Max tokens.",
-            )
         await self._count_message()
         client = await asyncio.to_thread(get_engine_client, reply.model or None)
         default = await asyncio.to_thread(default_model)
@@ -617,8 +610,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         too_long = conversations.too_long_words(client, prompt)
         if too_long:
             raise FrameError("too_long", "The reply has filled the model's context window.")
-        await database_sync_to_async(conversations.reopen_reply)(reply)
         sampling = reply_sampling(conv)
+        if sampling.structured is not None and reply.text.lstrip().startswith("{"):
+            # The grammar takes the reply so far first, and goes on from inside its object.
+            sampling.structured_given = len(reply.token_ids)
+        elif sampling.structured is not None:
+            sampling.structured = None  # written before JSON mode was on: it goes on as text
+        await database_sync_to_async(conversations.reopen_reply)(reply)
         return registry.start(reply, prompt, sampling, reservation)
 
     async def _announce(

@@ -244,6 +244,9 @@ class LLMEngine:
         )
         if sampling.structured is not None:
             seq.grammar = self._grammars().start(sampling.structured, sampling.structured_spec)
+            given = sampling.structured_given
+            if given > n or not all(seq.grammar.accept(t) for t in prompt_token_ids[n - given :]):
+                raise InvalidRequestError("the output so far does not follow its grammar")
         with self._lock:
             if request_id in self.seqs:
                 raise InvalidRequestError(f"request id {request_id!r} is already running")

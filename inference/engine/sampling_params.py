@@ -39,6 +39,9 @@ class SamplingParams:
     logprobs: int | None = None
     structured: str | None = None
     structured_spec: str = ""
+    # Writing an output on (a reply cut short, continued): its last `structured_given`
+    # prompt tokens are the output so far, which the grammar takes before the first new one.
+    structured_given: int = 0
 
     @property
     def penalized(self) -> bool:
@@ -73,5 +76,7 @@ class SamplingParams:
             raise InvalidRequestError("logprobs must be between 0 and 20")
         if self.structured not in STRUCTURED_KINDS:
             raise InvalidRequestError(f"structured must be one of {STRUCTURED_KINDS[1:]}")
+        if not isinstance(self.structured_given, int) or self.structured_given < 0:
+            raise InvalidRequestError("structured_given must be a count of tokens")
         if len(self.stop) > 16 or any(not s or len(s) > 256 for s in self.stop):
             raise InvalidRequestError("stop takes at most 16 non-empty strings of <= 256 chars")

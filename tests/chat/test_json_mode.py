@@ -5,11 +5,13 @@ tiny random model here never finishes, is tests/chat/test_real_model.py's."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from chatapp.chat.models import Conversation, Message
+from inference.engine.structured import GrammarState, StructuredOutputs
 from tests.sockets import ChatSocket
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -47,16 +49,30 @@ async def test_without_json_mode_the_same_turn_is_free_text(alice_socket: ChatSo
     assert not frames[-1]["message"]["text"].startswith("{")
 
 
-async def test_a_json_mode_reply_cut_short_cannot_go_on(alice_socket: ChatSocket) -> None:
+async def test_a_json_mode_reply_cut_short_goes_on_inside_its_object(
+    alice_socket: ChatSocket, tiny_model_dir: Path
+) -> None:
     frames = await turn(alice_socket, None, settings={**JSON_MODE, "max_tokens": 3})
     assert frames[-1]["finish_reason"] == "length", frames[-1]
-    reply = await Message.objects.aget(
-        conversation_id=frames[0]["conversation"]["id"], role="assistant"
-    )
-    await alice_socket.send({"type": "continue", "message_id": reply.pk})
-    error = await alice_socket.recv()
-    assert error["type"] == "error" and error["code"] == "invalid", error
-    assert "JSON mode" in error["message"]
+    conv_id = frames[0]["conversation"]["id"]
+    before = await Message.objects.aget(conversation_id=conv_id, role="assistant")
+    await alice_socket.send({"type": "continue", "message_id": before.pk})
+    done = (await alice_socket.recv_until("done"))[-1]
+    assert done["status"] == "complete", done
+    after = await Message.objects.aget(pk=before.pk)
+    assert len(after.token_ids) > len(before.token_ids)
+    # Every token, the first three and the new ones, is one the JSON grammar allows in
+    # that place: the grammar took the reply so far, then went on (a grammar started
+    # afresh would have opened a second object).
+    grammar = json_grammar(tiny_model_dir)
+    assert all(grammar.accept(t) for t in after.token_ids), after.text
+
+
+def json_grammar(model_dir: Path) -> GrammarState:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return StructuredOutputs(tokenizer, len(tokenizer), [2]).start("json", "")
 
 
 async def test_json_mode_must_be_true_or_false(alice_socket: ChatSocket) -> None:

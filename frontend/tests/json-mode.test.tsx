@@ -41,6 +41,7 @@ describe('JSON mode, a conversation setting', () => {
     await tick(box);
     await save();
     expect(conversations.draftSettings.value.json_mode).toBe(true);
+    expect($('json-mode-on').textContent).toBe('JSON mode'); // said in the header
 
     const ta = $('composer-input') as HTMLTextAreaElement;
     await act(() => {
@@ -57,7 +58,7 @@ describe('JSON mode, a conversation setting', () => {
     api.convs.set(5, { conversation: { ...conv(5, 'Data'), settings: { temperature: 0.2, json_mode: true } }, messages: [] });
     await act(() => conversations.refreshList());
     await act(() => conversations.select(5));
-    await act(() => $('settings-button').click());
+    await act(() => $('json-mode-on').click()); // the header's mark opens the settings
     const box = $('settings-json-mode') as HTMLInputElement;
     expect(box.checked).toBe(true);
     await tick(box);
@@ -66,6 +67,7 @@ describe('JSON mode, a conversation setting', () => {
     const patch = api.calls.find((c) => c[0] === 'patch');
     expect(patch?.[2].settings).toMatchObject({ temperature: 0.2, json_mode: false });
     expect(conversations.conversation(5)?.settings?.json_mode).toBe(false);
+    expect($('json-mode-on')).toBeNull();
   });
 
   it('Defaults turns it off', async () => {

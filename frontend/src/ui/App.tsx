@@ -33,6 +33,7 @@ export function App(props: AppProps) {
   const currentId = conversations.currentId.value;
   const temporary = conversations.isTemporary(currentId);
   const title = temporary ? 'Temporary chat' : conversations.conversation(currentId)?.title;
+  const jsonMode = (currentId != null ? conversations.conversation(currentId)?.settings : conversations.draftSettings.value)?.json_mode === true;
   const conn = ui.conn.value;
   const toasts = ui.toasts.value;
   const announcement = ui.announcement.value;
@@ -198,6 +199,11 @@ export function App(props: AppProps) {
               <button type="button" class="icon-btn" data-testid="share-button" aria-haspopup="dialog" title="Share a read-only link" onClick={() => setShareOpen(true)}>Share</button>
             ) : null}
           </div>
+          {jsonMode ? (
+            <button type="button" class="icon-btn json-mode-on" data-testid="json-mode-on" title="Every reply in this chat is a JSON object: press to change it in the settings" onClick={() => setSettingsOpen(true)}>
+              JSON mode
+            </button>
+          ) : null}
           <button type="button" class="icon-btn settings-btn" data-testid="settings-button" aria-label="Conversation settings" title="Settings" onClick={() => setSettingsOpen(true)}>⚙</button>
         </header>
         {temporary ? (

@@ -4,6 +4,7 @@
     python -m inference.bench.vs_llama --concurrency 1 16 64 --repeat 3
     python -m inference.bench.vs_llama --concurrency 64 --workload chat --max-tokens 64
     python -m inference.bench.vs_llama --concurrency 1 --threads 1
+    python -m inference.bench.vs_llama --concurrency 1 16 --workload chat --model x.Q4_K_M.gguf
     python -m inference.bench.vs_llama --concurrency 1 16 64 --workload rewrite \
         --variant off ENGINE_SPECULATIVE_MODE= --variant auto ENGINE_SPECULATIVE_MODE=auto
 
@@ -50,6 +51,7 @@ import os
 import secrets
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -151,11 +153,13 @@ def run(
     with_llama: bool = True,
     fixed_lengths: bool | None = None,
     seed: int = 0,
+    model_file: str = "",
 ) -> dict[str, Any]:
     """Both servers at each level of concurrent clients; the figures as a dict. `variants`:
     one of our servers per name, each with its own settings on top of `env`.
     `max_tokens`, `fixed_lengths`: None, the workload's own (chat-mix: natural lengths up
-    to 256 tokens, greedy; the others: 64 tokens each, temperature 0.7)."""
+    to 256 tokens, greedy; the others: 64 tokens each, temperature 0.7). `model_file`: a GGUF
+    both servers serve (ours as CHATAPP_MODEL), else the bundled one."""
     binary = llama_server_binary(llama_server) if with_llama else ""
     variants = variants or {"ours": {}}
     chat_mix = workload == CHAT_MIX
@@ -181,11 +185,15 @@ def run(
             "seed": seed,
             **sampling,
             **(env or {}),
+            "model_file": model_file or str(bundled_gguf()),
         },
         "variants": variants,
         "levels": [],
     }
     model = str(default_model_path().name)
+    if model_file:
+        env = {**(env or {}), "CHATAPP_MODEL": model_file}
+    gguf = Path(model_file) if model_file else bundled_gguf()
     with tempfile.TemporaryDirectory(prefix="bench-vs-llama-") as tmp:
         ours: list[OurServer] = []
         try:
@@ -195,10 +203,12 @@ def run(
                     OurServer(Path(tmp), threads, {**token, **(env or {}), **settings}, name)
                 )
                 ours[-1].start()
+            if model_file:
+                model = served_model(ours[0])
             for c in concurrency:
                 results["levels"].append(
                     _level(c, ours, binary, threads, Path(tmp), model, repeat, turns,
-                           max_tokens, sampling, workload, seed)
+                           max_tokens, sampling, workload, seed, gguf)
                 )  # fmt: skip
         finally:
             for server in ours:
@@ -207,6 +217,15 @@ def run(
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     print_table(results)
     return results
+
+
+def served_model(server: OurServer) -> str:
+    """The id our server lists first in /v1/models: the one it serves."""
+    request = urllib.request.Request(
+        f"{server.url}/v1/models", headers={"Authorization": f"Bearer {server.key}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return str(json.load(response)["data"][0]["id"])
 
 
 def _level(
@@ -222,11 +241,13 @@ def _level(
     sampling: dict[str, Any],
     workload: str,
     seed: int = 0,
+    gguf: Path | None = None,
 ) -> dict[str, Any]:
     """One level of c clients: every server `repeat` times, rotating which goes first."""
     # Room for the longest conversation: its replies and PROMPT_ALLOWANCE (2048 at least).
     ctx = max(2048, -(-(PROMPT_ALLOWANCE + turns * max_tokens) // 256) * 256)
-    llama = LlamaServer(binary, bundled_gguf(), threads, c, tmp, ctx).start() if binary else None
+    gguf = gguf or bundled_gguf()
+    llama = LlamaServer(binary, gguf, threads, c, tmp, ctx).start() if binary else None
     servers: list[tuple[str, str, str]] = [(s.name, s.url, s.key) for s in ours]
     if llama is not None:
         servers.append((LLAMA, llama.url, "none"))
@@ -308,13 +329,17 @@ def main() -> None:
         "--natural-lengths", action="store_const", const="natural", dest="lengths",
         help="the same as --lengths natural",
     )  # fmt: skip
+    ap.add_argument(
+        "--model", default="",
+        help="a GGUF file both servers serve (ours as CHATAPP_MODEL); default: the bundled one",
+    )  # fmt: skip
     ap.add_argument("--json", default="bench_vs_llama.json")
     args = ap.parse_args()
     variants = {v[0]: settings(ap, v[1:]) for v in args.variant} or None
     results = run(
         tuple(args.concurrency), args.repeat, args.turns, args.max_tokens, args.threads,
         args.llama_server, settings(ap, args.env), variants, args.workload, not args.no_llama,
-        None if args.lengths is None else args.lengths == "fixed", args.seed,
+        None if args.lengths is None else args.lengths == "fixed", args.seed, args.model,
     )  # fmt: skip
     Path(args.json).write_text(json.dumps(results, indent=2))
     print(f"json: {args.json}")

@@ -14,8 +14,11 @@ Workloads (`--workload`): `chat-mix` (chat_workload.py: short and long questions
 pasted documents, different conversations for each `--seed`; the default), `chat` (eight
 short questions, then follow-ups), `rewrite` (the first turn asks to repeat or edit a
 passage given in the prompt: output that prompt lookup can guess) and `story` (open-ended
-stories: output it cannot). Tokens are those each server reports it generated (its
-`usage`; the content chunks where it reports none).
+stories: output it cannot) and `json-schema` (each turn asks for a record as a JSON
+object: every reply is parsed and validated against SCHEMA, and counted; the request
+carries the schema as `response_format` where `sampling` holds RESPONSE_FORMAT). Tokens
+are those each server reports it generated (its `usage`; the content chunks where it
+reports none).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import statistics
 import time
 from pathlib import Path
 from typing import Any, cast
+
+import jsonschema
 
 from inference.bench.chat_workload import Conversation, conversations, messages
 from inference.bench.spread import pct
@@ -69,10 +74,62 @@ STORIES = [
     "Tell me a bedtime story about a little cloud.",
 ]
 STORY_FOLLOW_UPS = ["Continue the story.", "What happens next?", "Tell me another one."]
+JSON_SCHEMA = "json-schema"
+# The json-schema workload's record: a nested object, an array of strings, an enum and
+# integers with bounds, all of which both servers' grammars enforce.
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "minLength": 1, "maxLength": 60},
+        "kind": {"enum": ["book", "film", "album", "game"]},
+        "year": {"type": "integer", "minimum": 1900, "maximum": 2030},
+        "rating": {"type": "integer", "minimum": 1, "maximum": 10},
+        "tags": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1, "maxLength": 24},
+            "minItems": 1,
+            "maxItems": 5,
+        },
+        "creator": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "minLength": 1, "maxLength": 40},
+                "country": {"type": "string", "minLength": 1, "maxLength": 40},
+            },
+            "required": ["name", "country"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["title", "kind", "year", "rating", "tags", "creator"],
+    "additionalProperties": False,
+}
+RESPONSE_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "record", "schema": SCHEMA, "strict": True},
+}
+_RECORD = (
+    "Reply with only a JSON object with the keys title, kind (book, film, album or game), "
+    "year (1900 to 2030), rating (1 to 10), tags (one to five short words) and creator "
+    "(an object with name and country)."
+)
+RECORDS = [
+    f"Invent {thing}. {_RECORD}"
+    for thing in (
+        "a science fiction novel", "a jazz album", "a video game about farming",
+        "a documentary film about the sea", "a fantasy book for children",
+        "a rock album from the seventies", "a puzzle game", "a romantic comedy film",
+    )
+]  # fmt: skip
+RECORD_FOLLOW_UPS = [
+    f"Now another one, different from the last. {_RECORD}",
+    f"One more, by someone from another country. {_RECORD}",
+    f"Another one, from a different decade. {_RECORD}",
+]
 WORKLOADS = {
     "chat": (QUESTIONS, FOLLOW_UPS),
     "rewrite": (REWRITES, REWRITE_FOLLOW_UPS),
     "story": (STORIES, STORY_FOLLOW_UPS),
+    JSON_SCHEMA: (RECORDS, RECORD_FOLLOW_UPS),
 }
 # The workloads whose conversations come from chat_workload.py.
 CHAT_MIX = "chat-mix"
@@ -91,6 +148,15 @@ def workload_conversations(workload: str, n: int, turns: int, seed: int = 0) -> 
         ))
         for i in range(n)
     ]  # fmt: skip
+
+
+def schema_check(reply: str) -> tuple[bool, bool]:
+    """(parses, validates): whether a reply is JSON, and whether it is a SCHEMA record."""
+    try:
+        value = json.loads(reply)
+    except ValueError:
+        return False, False
+    return True, jsonschema.Draft202012Validator(SCHEMA).is_valid(value)
 
 
 async def one_client(
@@ -145,6 +211,8 @@ async def one_client(
                "prompt_tokens": prompt_tokens, "capped": finish == "length"}  # fmt: skip
         if server_tpot is not None:
             row["server_tpot"] = server_tpot
+        if conv.kind == JSON_SCHEMA:
+            row["parsed"], row["valid"] = schema_check(replies[-1])
         out.append(row)
     return out
 
@@ -199,6 +267,12 @@ async def run_level(
     if server_tpot:
         # The server's own time per token (llama-server's timings), without the client's.
         out["server_tpot_p50_ms"] = round(statistics.median(server_tpot) * 1000, 2)
+    if workload == JSON_SCHEMA:
+        # Of the replies asked for (a reply with no content is in none of `requests`), those
+        # that parse as JSON and those that validate against the schema.
+        out["asked"] = len(convs) * turns
+        out["parsed"] = sum(r["parsed"] for r in rows)
+        out["valid"] = sum(r["valid"] for r in rows)
     return out
 
 
@@ -215,12 +289,15 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--workload", choices=WORKLOAD_NAMES, default=CHAT_MIX)
     ap.add_argument("--seed", type=int, default=0, help="the chat-mix conversations' seed")
+    ap.add_argument("--schema", action="store_true", help="send SCHEMA as response_format")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     from openai import OpenAI
 
     model = args.model or OpenAI(base_url=args.url, api_key=args.key).models.list().data[0].id
-    sampling = {"temperature": args.temperature, "top_p": 0.95}
+    sampling: dict[str, Any] = {"temperature": args.temperature, "top_p": 0.95}
+    if args.schema:
+        sampling["response_format"] = RESPONSE_FORMAT
     levels = []
     for c in args.concurrency:
         level = run_level(

@@ -7,6 +7,7 @@
     python -m inference.bench.vs_llama --concurrency 1 16 --workload chat --model x.Q4_K_M.gguf
     python -m inference.bench.vs_llama --concurrency 1 16 64 --workload rewrite \
         --variant off ENGINE_SPECULATIVE_MODE= --variant auto ENGINE_SPECULATIVE_MODE=auto
+    python -m inference.bench.vs_llama --concurrency 1 16 --repeat 2 --workload json-schema
 
 Both servers run on this machine; `--threads 0` (the default) leaves each at its own
 default thread settings (llama-server: its physical cores; ours: ENGINE_NUM_THREADS and
@@ -33,6 +34,16 @@ so read tok/s against the work done. `--lengths fixed` makes every reply `--max-
 long instead (`ignore_eos`, which both servers honour): the same work on both, as the
 other workloads (`chat`, `rewrite`, `story`: 64 tokens, temperature 0.7) do by default.
 
+`--workload json-schema` asks each turn for a record as a JSON object (api_clients.SCHEMA:
+a nested object, an array of strings, an enum, bounded integers), greedy, replies to their
+end (where the object closes, under a grammar), at most `--max-tokens`. Every server runs
+it twice, as NAME without a schema (the same prompts) and NAME+schema with it as OpenAI's
+`response_format` json_schema (strict): ours enforces it with its grammar engine,
+llama-server turns it into its own GBNF grammar. The table adds, per system, the replies
+that validate against the schema (and that parse as JSON) of those asked for, and the
+ratios NAME+schema / NAME: the grammar's cost on each server (per token, TPOT: replies
+without a schema run longer).
+
 Our server is started as `make run` serves it (servers.OurServer, on tools/live_server.py:
 daphne, the embedded engine, the defaults), on its own SQLite file and KV-tier namespace;
 `--variant NAME KEY=VALUE ...` starts one such server per variant (each its own
@@ -56,7 +67,13 @@ from pathlib import Path
 from typing import Any
 
 from inference.bench import step_kinds
-from inference.bench.api_clients import CHAT_MIX, WORKLOAD_NAMES, run_level
+from inference.bench.api_clients import (
+    CHAT_MIX,
+    JSON_SCHEMA,
+    RESPONSE_FORMAT,
+    WORKLOAD_NAMES,
+    run_level,
+)
 from inference.bench.llama_server import LlamaServer, llama_server_binary
 from inference.bench.servers import OurServer, cpu_model, settings
 from inference.bench.spread import cell, spread
@@ -65,7 +82,11 @@ from inference.model_files import bundled_gguf, default_model_path
 FIGURES = ("tok_s", "tokens", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "server_tpot_p50_ms")
 RATIOS = FIGURES[:5]
 LLAMA = "llama-server"
-# The chat-mix workload's cap on a reply; the other workloads' fixed reply length.
+# Workloads of greedy replies that end where the model ends them.
+NATURAL = (CHAT_MIX, JSON_SCHEMA)
+# The json-schema workload's second run of every server: the same requests with the schema.
+WITH_SCHEMA = "+schema"
+# The natural workloads' cap on a reply; the other workloads' fixed reply length.
 CHAT_MIX_MAX_TOKENS = 256
 FIXED_MAX_TOKENS = 64
 # Tokens of a conversation beyond its replies: questions and, at most, one pasted document.
@@ -80,8 +101,18 @@ def run_seed(seed: int, concurrency: int, rep: int) -> int:
     return seed * 1_000_000 + concurrency * 1000 + rep
 
 
+def request_modes(workload: str) -> dict[str, dict[str, Any]]:
+    """The suffix of each run of every server on this workload, with what its requests add."""
+    if workload == JSON_SCHEMA:
+        return {"": {}, WITH_SCHEMA: {"response_format": RESPONSE_FORMAT}}
+    return {"": {}}
+
+
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    if runs and "valid" in runs[0]:
+        for f in ("asked", "parsed", "valid"):
+            out[f] = sum(r[f] for r in runs)
     for f in FIGURES:
         vals = [r[f] for r in runs if r.get(f) is not None]
         if vals:
@@ -103,20 +134,23 @@ def print_table(results: dict[str, Any]) -> None:
         f"load (1 min) {load.get('before', 0):.2f} before, {load.get('after', 0):.2f} after; "
         f"medians (min-max) of {results['settings']['repeat']}"
     )
+    valid = results["settings"]["workload"] == JSON_SCHEMA
     head = (
         "| users | system | tok/s | tokens | TTFT p50 ms | TTFT p90 ms | TPOT p50 ms | "
-        "server's own TPOT p50 ms |"
+        "server's own TPOT p50 ms |" + (" valid (parse) / asked |" if valid else "")
     )
-    print(head + "\n|" + "---|" * 8)
+    print(head + "\n|" + "---|" * (8 + valid))
     for level in results["levels"]:
         c = level["concurrency"]
         for name in level["systems"]:
             cells = " | ".join(cell(level[name].get(f)) for f in FIGURES)
+            if valid:
+                s = level[name]
+                cells += f" | {s['valid']} ({s['parsed']}) / {s['asked']}"
             print(f"| {c} | {name} | {cells} |")
-        base = "llama" if LLAMA in level["systems"] else level["systems"][0]
-        for name, r in level["ratios"].items():
+        for label, r in level["ratios"].items():
             cells = " | ".join(f"{r[f]:.2f}x" if f in r else "-" for f in RATIOS)
-            print(f"| {c} | {name} / {base} | {cells} | |")
+            print(f"| {c} | {label} | {cells} | |" + (" |" if valid else ""))
     print_step_shares(results)
 
 
@@ -157,17 +191,19 @@ def run(
 ) -> dict[str, Any]:
     """Both servers at each level of concurrent clients; the figures as a dict. `variants`:
     one of our servers per name, each with its own settings on top of `env`.
-    `max_tokens`, `fixed_lengths`: None, the workload's own (chat-mix: natural lengths up
-    to 256 tokens, greedy; the others: 64 tokens each, temperature 0.7). `model_file`: a GGUF
-    both servers serve (ours as CHATAPP_MODEL), else the bundled one."""
+    `max_tokens`, `fixed_lengths`: None, the workload's own (chat-mix, json-schema: natural
+    lengths up to 256 tokens, greedy; the others: 64 tokens each, temperature 0.7).
+    `model_file`: a GGUF both servers serve (ours as CHATAPP_MODEL), else the bundled one."""
+    natural = workload in NATURAL
+    if workload == JSON_SCHEMA and fixed_lengths:
+        raise ValueError("json-schema replies end where their object closes: natural lengths")
     binary = llama_server_binary(llama_server) if with_llama else ""
     variants = variants or {"ours": {}}
-    chat_mix = workload == CHAT_MIX
     if max_tokens is None:
-        max_tokens = CHAT_MIX_MAX_TOKENS if chat_mix else FIXED_MAX_TOKENS
+        max_tokens = CHAT_MIX_MAX_TOKENS if natural else FIXED_MAX_TOKENS
     if fixed_lengths is None:
-        fixed_lengths = not chat_mix
-    sampling: dict[str, Any] = {"temperature": 0.0} if chat_mix else {
+        fixed_lengths = not natural
+    sampling: dict[str, Any] = {"temperature": 0.0} if natural else {
         "temperature": 0.7, "top_p": 0.95
     }  # fmt: skip
     if fixed_lengths:
@@ -243,7 +279,8 @@ def _level(
     seed: int = 0,
     gguf: Path | None = None,
 ) -> dict[str, Any]:
-    """One level of c clients: every server `repeat` times, rotating which goes first."""
+    """One level of c clients: every server `repeat` times, rotating which goes first (on
+    the json-schema workload each server twice, without and with the schema)."""
     # Room for the longest conversation: its replies and PROMPT_ALLOWANCE (2048 at least).
     ctx = max(2048, -(-(PROMPT_ALLOWANCE + turns * max_tokens) // 256) * 256)
     gguf = gguf or bundled_gguf()
@@ -251,18 +288,25 @@ def _level(
     servers: list[tuple[str, str, str]] = [(s.name, s.url, s.key) for s in ours]
     if llama is not None:
         servers.append((LLAMA, llama.url, "none"))
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in servers}
-    ours_urls = {s.name: s.url for s in ours}
+    modes = request_modes(workload)
+    # (system, url, key, sampling): each server once per request mode.
+    systems = [
+        (name + suffix, url, key, {**sampling, **extra})
+        for name, url, key in servers
+        for suffix, extra in modes.items()
+    ]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in systems}
+    ours_urls = {s.name + suffix: s.url for s in ours for suffix in modes}
     try:
-        for _, url, key in servers:  # warm-up, on conversations of its own
+        for _, url, key, params in systems:  # warm-up, on conversations of its own
             warm = run_seed(seed, c, -1)
-            asyncio.run(run_level(f"{url}/v1", key, model, 1, 1, 8, sampling, workload, warm))
+            asyncio.run(run_level(f"{url}/v1", key, model, 1, 1, 8, params, workload, warm))
         for rep in range(repeat):
-            shift = rep % len(servers)
-            for name, url, key in servers[shift:] + servers[:shift]:
+            shift = rep % len(systems)
+            for name, url, key, params in systems[shift:] + systems[:shift]:
                 before = _step_seconds(ours_urls.get(name))
                 one = asyncio.run(
-                    run_level(f"{url}/v1", key, model, c, turns, max_tokens, sampling,
+                    run_level(f"{url}/v1", key, model, c, turns, max_tokens, params,
                               workload, run_seed(seed, c, rep))
                 )  # fmt: skip
                 if name in ours_urls:
@@ -274,17 +318,25 @@ def _level(
             llama.stop()
     level: dict[str, Any] = {"concurrency": c, "systems": list(runs), "runs": runs}
     level.update({name: summarise(r) for name, r in runs.items()})
-    base = level.get(LLAMA) or level[servers[0][0]]
-    level["ratios"] = {
-        s.name: {
-            f: level[s.name][f]["median"] / base[f]["median"]
-            for f in RATIOS
-            if f in level[s.name] and f in base and base[f]["median"]
-        }
+    # Each of ours to llama-server (else to the first of ours) in the same request mode;
+    # with a schema, each server to itself without.
+    pairs = [
+        (s.name + suffix, (LLAMA if llama is not None else ours[0].name) + suffix)
+        for suffix in modes
         for s in ours
-        if level.get(LLAMA) or s is not ours[0]
-    }
+        if llama is not None or s is not ours[0]
+    ]
+    if WITH_SCHEMA in modes:
+        pairs += [(name + WITH_SCHEMA, name) for name, _, _ in servers]
+    level["ratios"] = {f"{a} / {b}": ratios(level[a], level[b]) for a, b in pairs}
     return level
+
+
+def ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
+    """a's medians over b's, of the figures both have."""
+    return {
+        f: a[f]["median"] / b[f]["median"] for f in RATIOS if f in a and f in b and b[f]["median"]
+    }
 
 
 def _step_seconds(url: str | None) -> dict[str, float]:
@@ -303,8 +355,8 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=3, help="turns per conversation")
     ap.add_argument(
         "--max-tokens", type=int, default=None,
-        help=f"a reply's cap (chat-mix: {CHAT_MIX_MAX_TOKENS}) or, with fixed lengths, its "
-        f"length (the other workloads: {FIXED_MAX_TOKENS})",
+        help=f"a reply's cap (chat-mix, json-schema: {CHAT_MIX_MAX_TOKENS}) or, with fixed "
+        f"lengths, its length (the other workloads: {FIXED_MAX_TOKENS})",
     )  # fmt: skip
     ap.add_argument(
         "--threads", type=int, default=0,
@@ -322,8 +374,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="the chat-mix conversations' seed")
     ap.add_argument(
         "--lengths", choices=("natural", "fixed"), default=None,
-        help="natural: replies end at the model's end-of-sequence token (chat-mix's "
-        "default); fixed: every reply max-tokens long (the other workloads' default)",
+        help="natural: replies end at the model's end-of-sequence token (chat-mix's and "
+        "json-schema's default); fixed: every reply max-tokens long (the other workloads' "
+        "default)",
     )  # fmt: skip
     ap.add_argument(
         "--natural-lengths", action="store_const", const="natural", dest="lengths",

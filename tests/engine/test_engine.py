@@ -314,9 +314,15 @@ def test_admission_keeps_a_block_per_running_sequence(make_engine):
     engine.max_model_len = 8 * 16
     engine.add_request(_prompt(60, seed=5), greedy(3, ignore_eos=True), request_id="a")
     engine.step()  # a holds 4 blocks; 4 free
-    engine.add_request(_prompt(60, seed=6), greedy(3, ignore_eos=True), request_id="b")
-    engine.step()
     # b would need all 4 free blocks, leaving none for a to grow into: it waits.
+    _waits_then_runs(engine, _prompt(60, seed=6))
+
+
+def _waits_then_runs(engine, prompt: list[int]) -> None:
+    """`prompt`, added beside the one running sequence, waits for it, then runs, and no
+    sequence is preempted."""
+    engine.add_request(prompt, greedy(3, ignore_eos=True), request_id="b")
+    engine.step()
     assert engine.stats()["running"] == 1
     out = run_to_completion(engine)
     assert out["b"][-1].finish_reason == "length"
@@ -333,12 +339,7 @@ def test_a_prompt_is_admitted_only_when_all_of_it_fits(make_engine):
     while engine.stats()["running"] == 0 or engine.scheduler.running[0].num_uncomputed_tokens > 1:
         engine.step()
     # a holds 4 blocks and keeps 2 for its next 32 tokens; 6 stay free, b's 100 tokens need 7.
-    engine.add_request(_prompt(100, seed=8), greedy(3, ignore_eos=True), request_id="b")
-    engine.step()
-    assert engine.stats()["running"] == 1
-    out = run_to_completion(engine)
-    assert out["b"][-1].finish_reason == "length"
-    assert engine.stats()["preemptions"] == 0
+    _waits_then_runs(engine, _prompt(100, seed=8))
 
 
 def test_an_undersized_pool_serves_many_chats_without_recomputing_their_histories():

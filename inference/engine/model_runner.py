@@ -442,9 +442,15 @@ class ModelRunner:
         (bf16 activations, AMX's tiles or 16-bit activations: model.prompt_blocks), or None
         where its products are torch's."""
         layers = getattr(self.model, "layers", None)
-        if not layers or rows > int(layers[0].qkv.prompt_rows):
+        if not layers:
             return None
-        return str(layers[0].qkv.prompt_product)
+        # A GGUF's Q8_0 products have no prompt_rows (a Q4_K_M file's q/k/v where its v is
+        # Q6_K): the layer's 4-bit ones say.
+        first = layers[0]
+        lin = max((first.qkv, first.o, first.gate_up, first.down), key=lambda x: x.prompt_rows)
+        if rows > int(lin.prompt_rows):
+            return None
+        return str(lin.prompt_product)
 
     def _set_threads(self, native: bool, streams: int, pooled: str | None = None) -> None:
         """`pooled`: the product of a torch-path step whose products run in the kernels'

@@ -1,12 +1,13 @@
-"""Steps of a few rows through one native call per layer (kernels/quant_gemm.c).
+"""Steps of a few rows through one native call per layer (kernels/decode_layer.c).
 
-At one to four rows a step's work is reading the 4-bit weights; run as ~30 torch ops a
+At one to four rows a step's work is reading the weights' blocks; run as ~30 torch ops a
 layer, the dispatch around those reads cost as much again. This path does the same maths
 as DecoderModel.forward for such steps in C, for a Llama-shaped float32 model on a CPU with
-the 4-bit kernels, on one rank. Each row carries its own position and block table, and every row's
-K/V is written to the pool before any row attends, so decodes, speculative guesses and
-short prefill chunks (a row sees the positions up to its own) all fit. Steps of more rows
-than `max_rows` take the torch path.
+the block kernels, on one rank; each product in its matrix's own blocks (Q4_1, or a GGUF's
+Q8_0 where the file's matrix has more than 4 bits). Each row carries its own position and
+block table, and every row's K/V is written to the pool before any row attends, so
+decodes, speculative guesses and short prefill chunks (a row sees the positions up to its
+own) all fit. Steps of more rows than `max_rows` take the torch path.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine import kernels
-from inference.engine.quantized import Q4_1
+from inference.engine.quantized import Q4_1, Q8_0
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -27,10 +28,22 @@ if TYPE_CHECKING:
     from inference.engine.models.base import DecoderModel
 
 
-def _matrix(blocks: object) -> kernels.Q4Matrix:
-    assert isinstance(blocks, Q4_1) and blocks.kernel
+def _matrix(blocks: object) -> kernels.LayerMatrix:
+    """A product's blocks as decode_layer.c takes them: Q4_1, or Q8_0 (a GGUF's matrices
+    of more than 4 bits), each multiplied in its own format."""
+    assert _native_blocks(blocks)
+    if isinstance(blocks, Q8_0):
+        n, k = blocks.shape
+        q8 = kernels.Q8Matrix(blocks.qs.data_ptr(), blocks.d.data_ptr(), n, k)
+        return kernels.LayerMatrix(kernels.LAYER_Q8_0, q8=q8)
+    assert isinstance(blocks, Q4_1)
     n, k = blocks.shape
-    return kernels.Q4Matrix(blocks.qs.data_ptr(), blocks.d.data_ptr(), blocks.m.data_ptr(), n, k)
+    q4 = kernels.Q4Matrix(blocks.qs.data_ptr(), blocks.d.data_ptr(), blocks.m.data_ptr(), n, k)
+    return kernels.LayerMatrix(kernels.LAYER_Q4_1, q4=q4)
+
+
+def _native_blocks(blocks: object) -> bool:
+    return isinstance(blocks, (Q4_1, Q8_0)) and blocks.kernel
 
 
 class NativeDecoder:
@@ -73,7 +86,7 @@ class NativeDecoder:
             and model.dtype == torch.float32
             and model.tp_size == 1
             and all(
-                isinstance(lin.blocks, Q4_1) and lin.blocks.kernel
+                _native_blocks(lin.blocks)
                 for layer in model.layers
                 for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
             )

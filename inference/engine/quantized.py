@@ -191,8 +191,8 @@ class Q4_1:
 @dataclass
 class Q8_0:
     """W[n, k] = d[n, k // 32] * q; q in [-127, 127]. The GGUF's embedding / lm_head, and
-    the layers of a GGUF whose matrices have more than 4 bits (Q8_0 kept, Q5_K / Q6_K held
-    at 8 bits: gguf_model.load_gguf_blocks); its product takes the activations at 16 bits
+    a GGUF's layer matrices of more than 4 bits (Q8_0 kept, Q5_K / Q6_K held at 8 bits:
+    gguf_model.layer_formats); its product takes the activations at 16 bits
     (kernels: q8_0_gemm), since 8-bit ones lost the head's answer to the final hidden
     state's outliers (see model.py).
 

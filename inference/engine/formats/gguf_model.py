@@ -5,8 +5,9 @@ transformers config of that model type; `load_gguf_weights` renames the tensors 
 a Hugging Face checkpoint of that type uses and undoes what llama.cpp's converter changed
 (the q/k row order of llama-family models, Gemma's norm weights stored plus one).
 `load_gguf_blocks` gives every matrix in the blocks the engine multiplies natively (Q4_1,
-and Q8_0 for the embedding and head), one tensor at a time, for the quantized modes. An
-architecture or tensor this file does not know is refused by name.
+or Q8_0 where the file's has more than 4 bits, and for the embedding and head), one tensor
+at a time, for the quantized modes. An architecture or tensor this file does not know is
+refused by name.
 """
 
 from __future__ import annotations
@@ -369,17 +370,18 @@ _HEAD_NAMES = ("embed_tokens.weight", "lm_head.weight")
 def load_gguf_blocks(path: str | Path) -> dict[str, BlockWeight]:
     """Every matrix in the engine's block objects, named as load_blocks names them (no
     `model.` prefix; a tied head shares the embedding's blocks), read one tensor at a time
-    with no float copy of the whole model: the embedding and head as Q8_0, the layers as
-    Q4_1 or Q8_0 (layer_blocks: the products the kernels have).
+    with no float copy of the whole model: the embedding and head as Q8_0, each layer
+    matrix as Q4_1 or Q8_0 (layer_formats: by its own type in the file).
 
     Q4_1 and Q8_0 blocks are kept as they are; Q4_0 and Q4_K are Q4_1 exactly (4-bit
     values with a scale and an offset per 32: Q4_0's offset is -8 scales, Q4_K's scales
-    and minimums per 32 come from its 6-bit ones); Q5_K and Q6_K layers are held at 8 bits
-    (Q8_0's rounding error is a quarter of a 6-bit step or less); any other (the float
-    types) is dequantized per tensor and quantized to the engine's format."""
+    and minimums per 32 come from its 6-bit ones); Q5_K and Q6_K matrices are held at 8
+    bits (Q8_0's rounding error is a quarter of a 6-bit step or less), and so is a 4-bit
+    one fused with them; any other (the float types) is dequantized per tensor and
+    quantized to the engine's format."""
     file = open_gguf(path)
     config, arch = gguf_config(file), architecture(file)
-    layers = _as_q8_0 if layer_blocks(file) is Q8_0 else _as_q4_1
+    formats = layer_formats(file)
     out: dict[str, BlockWeight] = {}
     for gguf_name, t in weights(file).items():
         name = hf_name(gguf_name, arch, file.path.name)
@@ -388,7 +390,10 @@ def load_gguf_blocks(path: str | Path) -> dict[str, BlockWeight]:
             continue
         # The embedding and head go to the kernels' layout now, which an embedding lookup
         # reads too: their GGUF layout would be a second copy of the largest matrix.
-        w: BlockWeight = _as_kernel_q8_0(t) if key in _HEAD_NAMES else layers(t)
+        if key in _HEAD_NAMES:
+            w: BlockWeight = _as_kernel_q8_0(t)
+        else:
+            w = _as_q8_0(t) if formats[gguf_name] is Q8_0 else _as_q4_1(t)
         order = _row_order(name, t.shape[0], arch, config)
         if order is not None:
             w = w.take_rows(order)
@@ -401,26 +406,46 @@ def load_gguf_blocks(path: str | Path) -> dict[str, BlockWeight]:
     return out
 
 
-# Layer types that 8-bit blocks hold with far less error than 4-bit ones: on a tiny llama,
-# the next token agreed with llama-server's on the same file 9/24 (Q8_0) and 5/24 (Q5_K_M,
-# Q6_K) with these layers at 4 bits, 19-22/24 at 8, as in exact mode
-# (tests/engine/test_gguf_models.py). The float types stay at 4 bits, as a float folder's
-# layers are quantized at load.
+# Types that 8-bit blocks hold with far less error than 4-bit ones: on a tiny llama, the
+# next token agreed with llama-server's on the same file 9/24 (Q8_0) and 5/24 (Q5_K_M,
+# Q6_K) with these layers at 4 bits, 19-22/24 at 8, as in exact mode; a Q4_K_M file's 15/24
+# with its Q6_K matrices at 4 bits, 20/24 with them at 8 (tests/engine/test_gguf_models.py).
+# The float types go to 4 bits, as a float folder's layers are quantized at load.
 _HELD_AT_8_BITS = frozenset({"Q5_K", "Q6_K", "Q8_0"})
 
+# The matrices of a layer that the engine multiplies as one (models/base.py's DecoderLayer:
+# q, k and v; gate and up), by their GGUF names: one product, one format.
+_FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
 
-def layer_blocks(file: GGUFFile) -> type[Q4_1] | type[Q8_0]:
-    """The blocks a file's layers are held in: Q8_0 where every layer matrix has more than 4
-    bits (Q8_0, Q6_K, Q5_K_M files), else Q4_1. One format for all: a layer's fused
-    products (q, k and v as one) join blocks of one format, and the native small steps
-    (native_decode.py) take Q4_1 layers only, so a Q4_K_M file, whose attn_v / ffn_down are
-    partly Q6_K, keeps them at 4 bits and its native path."""
-    types = {
-        t.type.name
+
+def held_as(type_name: str) -> type[Q4_1] | type[Q8_0]:
+    """The blocks a layer matrix of this GGUF type is held in, where no fused product
+    widens it (layer_formats)."""
+    return Q8_0 if type_name in _HELD_AT_8_BITS else Q4_1
+
+
+def layer_formats(file: GGUFFile) -> dict[str, type[Q4_1] | type[Q8_0]]:
+    """The blocks each layer matrix is held in, by GGUF name: Q8_0 where the file's type
+    has more than 4 bits (_HELD_AT_8_BITS), else Q4_1; the matrices of one fused product
+    in the wider of theirs. So a Q4_K_M file's Q6_K attn_v / ffn_down are held at 8 bits,
+    and that attn_v's layer's q and k with it (Q4_K to 8 bits is a rounding of ~1/16 of a
+    4-bit step); the rest stays 4-bit."""
+    formats: dict[str, type[Q4_1] | type[Q8_0]] = {
+        name: held_as(t.type.name)
         for name, t in file.tensors().items()
         if len(t.shape) == 2 and name.startswith("blk.")
     }
-    return Q8_0 if types and types <= _HELD_AT_8_BITS else Q4_1
+    for name, kind in list(formats.items()):
+        if kind is not Q8_0:
+            continue
+        blk, layer, module, suffix = name.split(".", 3)
+        for group in _FUSED:
+            if module in group:
+                for other in group:
+                    fused = f"{blk}.{layer}.{other}.{suffix}"
+                    if fused in formats:
+                        formats[fused] = Q8_0
+    return formats
 
 
 def gguf_matrix_names(path: str | Path) -> set[str]:
@@ -439,16 +464,32 @@ def gguf_matrix_names(path: str | Path) -> set[str]:
 CHUNK_ELEMS = 1 << 18
 
 
-def _by_rows(t: GGUFTensor, convert: Callable[[GGUFTensor], Any]) -> list[Any]:
-    step = max(1, CHUNK_ELEMS // t.shape[-1])
-    return [
-        convert(GGUFTensor(t.name, t.type, (len(part), *t.shape[1:]), part))
-        for part in torch.split(t.raw, step)
-    ]
+def _by_rows(
+    t: GGUFTensor,
+    convert: Callable[[GGUFTensor], Any],
+    arrays: Callable[[Any], tuple[torch.Tensor, ...]],
+    out: tuple[torch.Tensor, ...],
+    chunk: int = CHUNK_ELEMS,
+) -> None:
+    """`out` (arrays of t's rows) filled with convert's `arrays` about `chunk` weights at a
+    time: no list of converted parts beside the whole, which joined held it twice."""
+    step = max(1, chunk // t.shape[-1])
+    for lo in range(0, t.shape[0], step):
+        part = t.raw[lo : lo + step]
+        done = convert(GGUFTensor(t.name, t.type, (len(part), *t.shape[1:]), part))
+        for dst, src in zip(out, arrays(done), strict=True):
+            dst[lo : lo + len(part)] = src
 
 
 def _as_q4_1(t: GGUFTensor) -> Q4_1:
-    return Q4_1.cat(_by_rows(t, _rows_as_q4_1))
+    rows, k = t.shape
+    qs = torch.empty(rows, k // 2, dtype=torch.uint8)
+    d, m = (
+        torch.empty(rows, k // QK, dtype=torch.float16),
+        torch.empty(rows, k // QK, dtype=torch.float16),
+    )
+    _by_rows(t, _rows_as_q4_1, lambda q: (q.qs, q.d, q.m), (qs, d, m))
+    return Q4_1(qs, d, m)
 
 
 def _rows_as_q4_1(t: GGUFTensor) -> Q4_1:
@@ -476,7 +517,13 @@ def _rows_as_q4_1(t: GGUFTensor) -> Q4_1:
 
 
 def _as_q8_0(t: GGUFTensor) -> Q8_0:
-    return Q8_0.cat(_by_rows(t, _rows_as_q8_0))
+    rows, k = t.shape
+    qs, d = torch.empty(rows, k, dtype=torch.int8), torch.empty(rows, k // QK)
+    # The search of each block's scale (_SEARCHED) holds ~6 float copies of its rows at
+    # once: a quarter of the rows at a time keeps that beside a GGUF load's peak small.
+    chunk = CHUNK_ELEMS // 4 if t.type.name in _SEARCHED else CHUNK_ELEMS
+    _by_rows(t, _rows_as_q8_0, lambda q: (q.qs, q.d), (qs, d), chunk)
+    return Q8_0(qs, d)
 
 
 def _as_kernel_q8_0(t: GGUFTensor) -> Q8_0:
@@ -499,12 +546,16 @@ def _rows_as_q8_0(t: GGUFTensor) -> Q8_0:
     if t.type.name == "Q8_0":
         b = t.raw.reshape(t.shape[0], -1, t.type.block_bytes)
         return Q8_0(_qs(b[..., 2:]).view(torch.int8), _f16(b[..., 0:2]))
-    if t.type.name in ("Q5_K", "Q6_K"):
+    if t.type.name in _SEARCHED:
         # Each block's scale searched (K_QUANT_DIVISORS): with 127 alone, the Q6_K file's
         # next token agreed with llama-server's on 17/24 prompts in exact mode, 20 with
         # the search, as with the file's own values.
         return Q8_0.quantize(t.dequantize(), K_QUANT_DIVISORS)
     return Q8_0.quantize(t.dequantize())
+
+
+# The types whose Q8_0 scales are searched (_rows_as_q8_0).
+_SEARCHED = frozenset({"Q5_K", "Q6_K"})
 
 
 def _qs(b: torch.Tensor) -> torch.Tensor:

@@ -180,14 +180,35 @@ class Q4Matrix(ctypes.Structure):
     ]
 
 
+class Q8Matrix(ctypes.Structure):
+    _fields_ = [
+        ("qs", ctypes.c_void_p),
+        ("d", ctypes.c_void_p),
+        ("n", ctypes.c_int),
+        ("k", ctypes.c_int),
+    ]
+
+
+# LayerMatrix.format (decode.h): which of its matrices holds the product's weights.
+LAYER_Q4_1, LAYER_Q8_0 = 0, 1
+
+
+class LayerMatrix(ctypes.Structure):
+    _fields_ = [
+        ("format", ctypes.c_int),
+        ("q4", Q4Matrix),
+        ("q8", Q8Matrix),
+    ]
+
+
 class LayerWeights(ctypes.Structure):
     _fields_ = [
         ("input_norm", ctypes.c_void_p),
         ("post_norm", ctypes.c_void_p),
-        ("qkv", Q4Matrix),
-        ("o", Q4Matrix),
-        ("gate_up", Q4Matrix),
-        ("down", Q4Matrix),
+        ("qkv", LayerMatrix),
+        ("o", LayerMatrix),
+        ("gate_up", LayerMatrix),
+        ("down", LayerMatrix),
     ]
 
 

@@ -6,9 +6,18 @@
 
 #include "common.h"
 
+/* One of a layer's products in its own blocks: Q4_1, or Q8_0 (a GGUF's matrices of more
+ * than 4 bits: formats/gguf_model.py's layer_formats), each by the product its format has. */
+enum { LAYER_Q4_1 = 0, LAYER_Q8_0 = 1 };
+typedef struct {
+    int format; /* LAYER_Q4_1: q4 holds the matrix; LAYER_Q8_0: q8 */
+    Q4Matrix q4;
+    Q8Matrix q8;
+} LayerMatrix;
+
 typedef struct {
     const float *input_norm, *post_norm;
-    Q4Matrix qkv, o, gate_up, down;
+    LayerMatrix qkv, o, gate_up, down;
 } LayerWeights;
 
 typedef struct {

@@ -4,6 +4,7 @@
  * norm, the fused q/k/v product, rope, the new K/V into the paged pool, attention over each
  * row's blocks, o, residual, norm, gate/up, SiLU, down, residual. In torch this is ~30
  * small ops a layer whose dispatch cost more than the 4-bit matrix products themselves.
+ * Each product's matrix is Q4_1 or Q8_0 (decode.h's LayerMatrix).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -11,6 +12,14 @@
 #include "common.h"
 #include "decode.h"
 #include "gemm.h"
+
+/* y = x @ W.T by W's format: Q4_1 by 8-bit activations (gemm_dispatch.c's q4_matmul), Q8_0
+ * by 16-bit ones (q8_layers_matmul), as the torch path's products take them. */
+static inline int layer_matmul(const LayerMatrix *w, const float *x, int rows, float *y,
+                               int nthreads) {
+    if (w->format == LAYER_Q8_0) return q8_layers_matmul(&w->q8, x, rows, y, nthreads);
+    return q4_matmul(&w->q4, x, rows, y, nthreads);
+}
 
 int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
                  const int64_t *positions, const float *cos, const float *sin,
@@ -29,7 +38,7 @@ int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
 
     /* The work between the products runs over the pool too (row_ops.c), as they do. */
     add_rms_norm(x, NULL, w->input_norm, rows, H, s->eps, h, nthreads);
-    if (q4_matmul(&w->qkv, h, rows, qkv, nthreads)) goto out;
+    if (layer_matmul(&w->qkv, h, rows, qkv, nthreads)) goto out;
     for (int r = 0; r < rows; r++) {
         int64_t pos = positions[r];
         const int64_t *table = block_tables + (size_t)r * table_width;
@@ -40,11 +49,11 @@ int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
     if (decode_attention(s, qkv, rows, positions, block_tables, table_width, pool, attn,
                          nthreads))
         goto out;
-    if (q4_matmul(&w->o, attn, rows, h, nthreads)) goto out;
+    if (layer_matmul(&w->o, attn, rows, h, nthreads)) goto out;
     add_rms_norm(x, h, w->post_norm, rows, H, s->eps, h, nthreads);
-    if (q4_matmul(&w->gate_up, h, rows, gu, nthreads)) goto out;
+    if (layer_matmul(&w->gate_up, h, rows, gu, nthreads)) goto out;
     silu_mul(gu, rows, s->inter, act, nthreads);
-    if (q4_matmul(&w->down, act, rows, h, nthreads)) goto out;
+    if (layer_matmul(&w->down, act, rows, h, nthreads)) goto out;
     for (int i = 0; i < rows * H; i++) x[i] += h[i];
     rc = 0;
 out:

@@ -109,4 +109,9 @@ HIDDEN int q4_matmul(const Q4Matrix *w, const float *x, int rows, float *y, int 
 int q8_0_gemm_i16(const int8_t *qs, const float *d, int N, int K, const float *x, int rows,
                   float *y, int nthreads, int panel_min_rows);
 
+/* The same for a Q8_0 layer matrix (gemm_dispatch.c): the panels from the head's panel rows,
+ * as the torch path's Q8_0 layers take them. 0, or -1 out of memory. */
+HIDDEN int q8_layers_matmul(const Q8Matrix *w, const float *x, int rows, float *y,
+                            int nthreads);
+
 #endif

@@ -44,6 +44,10 @@ int q4_matmul(const Q4Matrix *w, const float *x, int rows, float *y, int nthread
     return rc;
 }
 
+int q8_layers_matmul(const Q8Matrix *w, const float *x, int rows, float *y, int nthreads) {
+    return q8_0_gemm_i16(w->qs, w->d, w->n, w->k, x, rows, y, nthreads, panel_head_min_rows);
+}
+
 /* y [rows, N] = x [rows, K] @ W.T for Q4_1 W in the kernel layout. */
 int q4_1_gemm(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N, int K,
               const float *x, int rows, float *y, int nthreads) {

@@ -129,6 +129,7 @@ class DecoderLayer:
                 # Popped: the GGUF-layout blocks go once the Linear has its kernel layout.
                 parts = [shard(formats.blocks.pop(k), dim) for k in keys]
                 blocks = parts[0] if len(parts) == 1 else type(parts[0]).cat(parts)
+                del parts
             weight = None
             if formats.large is not None and not blocks_take_every_row(
                 blocks, formats.prompt_rows, formats.prompt_product
@@ -137,7 +138,12 @@ class DecoderLayer:
             args = (weight, formats.large or "none", blocks, formats.block_rows,
                     formats.prompt_rows, formats.prompt_product, "i16")  # fmt: skip
             bias = _bias(names, dim)
-            return Linear(*args) if bias is None else BiasedLinear(bias, *args)
+            made = Linear(*args) if bias is None else BiasedLinear(bias, *args)
+            # The GGUF-layout blocks go back to the system now, not at the layer's end: a
+            # layer's matrices in both layouts at once were a GGUF load's peak.
+            del args, blocks
+            return_freed_memory()
+            return made
 
         def _bias(names: tuple[str, ...], dim: int) -> torch.Tensor | None:
             keys = [f"{prefix}.{n}.bias" for n in names]
@@ -561,8 +567,8 @@ def _head_blocks(stored: dict[str, BlockWeight], head: torch.Tensor, tied: bool)
 
 def _block_weights(stored: dict[str, BlockWeight], w: Weights) -> dict[str, BlockWeight]:
     """Each linear's blocks: the GGUF's own where the model came from one (`stored`, taken
-    over: Q4_1, or Q8_0 where its layers have more than 4 bits), else 4-bit ones quantized
-    from the float weights now."""
+    over: Q4_1, or Q8_0 where the file's matrix has more than 4 bits), else 4-bit ones
+    quantized from the float weights now."""
     blocks: dict[str, BlockWeight] = {}
     for name in dict.fromkeys([*stored, *w]):
         if name.endswith("_proj.weight"):

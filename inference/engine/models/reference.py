@@ -1,6 +1,7 @@
 """docs/models.md's tables, written from the registries: the architectures (models/registry's
 FAMILIES, formats/gguf_model's ARCHITECTURES), the GGUF weight types (formats/ggml_types'
-TYPES) and the rope types (layers/rotary's ROPE_TYPES). The prose around them is the page's.
+TYPES, each with the blocks gguf_model.held_as holds it in) and the rope types
+(layers/rotary's ROPE_TYPES). The prose around them is the page's.
 
     python -m inference.engine.models.reference            # rewrite the tables in place
     python -m inference.engine.models.reference --check    # exit 1 if the page differs
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from inference.engine.formats.ggml_types import TYPES
-from inference.engine.formats.gguf_model import ARCHITECTURES
+from inference.engine.formats.gguf_model import ARCHITECTURES, held_as
 from inference.engine.layers.rotary import ROPE_TYPES
 from inference.engine.models.registry import FAMILIES
 
@@ -45,12 +46,14 @@ def _covers(family: type) -> str:
 
 def weight_types_table() -> str:
     rows = [
-        "| GGUF type | Weights per block | Bytes per block | Bits per weight |",
-        "|---|---|---|---|",
+        "| GGUF type | Weights per block | Bytes per block | Bits per weight "
+        "| A layer's matrix held as |",
+        "|---|---|---|---|---|",
     ]
     for t in TYPES:
         bits = t.block_bytes * 8 / t.block_elems
-        rows.append(f"| {t.name} | {t.block_elems} | {t.block_bytes} | {bits:g} |")
+        held = held_as(t.name).__name__
+        rows.append(f"| {t.name} | {t.block_elems} | {t.block_bytes} | {bits:g} | {held} |")
     return "\n".join(rows)
 
 

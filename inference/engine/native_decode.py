@@ -28,6 +28,14 @@ if TYPE_CHECKING:
     from inference.engine.models.base import DecoderModel
 
 
+def _pointer(t: torch.Tensor | None) -> int | None:
+    """A float32 vector's address for the C layer; None (NULL) where the layer has none."""
+    if t is None:
+        return None
+    assert t.dtype == torch.float32 and t.is_contiguous()
+    return int(t.data_ptr())
+
+
 def _matrix(blocks: object) -> kernels.LayerMatrix:
     """A product's blocks as decode_layer.c takes them: Q4_1, or Q8_0 (a GGUF's matrices
     of more than 4 bits), each multiplied in its own format."""
@@ -67,6 +75,8 @@ class NativeDecoder:
             kernels.LayerWeights(
                 layer.input_norm.data_ptr(),
                 layer.post_norm.data_ptr(),
+                _pointer(layer.q_norm),
+                _pointer(layer.k_norm),
                 _matrix(layer.qkv.blocks),
                 _matrix(layer.o.blocks),
                 _matrix(layer.gate_up.blocks),

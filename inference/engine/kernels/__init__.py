@@ -205,6 +205,8 @@ class LayerWeights(ctypes.Structure):
     _fields_ = [
         ("input_norm", ctypes.c_void_p),
         ("post_norm", ctypes.c_void_p),
+        ("q_norm", ctypes.c_void_p),
+        ("k_norm", ctypes.c_void_p),
         ("qkv", LayerMatrix),
         ("o", LayerMatrix),
         ("gate_up", LayerMatrix),

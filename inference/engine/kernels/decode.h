@@ -17,6 +17,9 @@ typedef struct {
 
 typedef struct {
     const float *input_norm, *post_norm;
+    /* Per-head RMS norms of q and of k after their product, before rope (Qwen3's); NULL:
+     * none (Llama's). */
+    const float *q_norm, *k_norm;
     LayerMatrix qkv, o, gate_up, down;
 } LayerWeights;
 

@@ -1,7 +1,8 @@
 /* A whole decoder layer for a decode step of a few rows.
  *
  * The same maths as LlamaModel.forward (model.py) for rows that each decode one token: RMS
- * norm, the fused q/k/v product, rope, the new K/V into the paged pool, attention over each
+ * norm, the fused q/k/v product, each head of q and k RMS-normed where the layer has those
+ * norms (Qwen3), rope, the new K/V into the paged pool, attention over each
  * row's blocks, o, residual, norm, gate/up, SiLU, down, residual. In torch this is ~30
  * small ops a layer whose dispatch cost more than the 4-bit matrix products themselves.
  * Each product's matrix is Q4_1 or Q8_0 (decode.h's LayerMatrix).
@@ -39,6 +40,13 @@ int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
     /* The work between the products runs over the pool too (row_ops.c), as they do. */
     add_rms_norm(x, NULL, w->input_norm, rows, H, s->eps, h, nthreads);
     if (layer_matmul(&w->qkv, h, rows, qkv, nthreads)) goto out;
+    if (w->q_norm)
+        for (int r = 0; r < rows; r++) {
+            /* Each head a row of d: q's heads, then k's, in place (one thread: a few rows). */
+            float *q = qkv + (size_t)r * nqkv, *k = q + (size_t)hq * d;
+            add_rms_norm(q, NULL, w->q_norm, hq, d, s->eps, q, 1);
+            add_rms_norm(k, NULL, w->k_norm, hkv, d, s->eps, k, 1);
+        }
     for (int r = 0; r < rows; r++) {
         int64_t pos = positions[r];
         const int64_t *table = block_tables + (size_t)r * table_width;

@@ -182,7 +182,8 @@ class DecoderLayer:
         """Whether this layer's maths is Llama's exactly (the native path's)."""
         return (
             self.attn_out_norm is None
-            and self.q_norm is None
+            # q/k norms both or neither: the C layer norms each head of q and k (Qwen3).
+            and (self.q_norm is None) == (self.k_norm is None)
             and self.rope is not None
             and self.attention.plain
             and not any(

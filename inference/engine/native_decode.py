@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine import kernels
+from inference.engine.layers.linear import BiasedLinear
 from inference.engine.quantized import Q4_1, Q8_0
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ class NativeDecoder:
                 layer.post_norm.data_ptr(),
                 _pointer(layer.q_norm),
                 _pointer(layer.k_norm),
+                _pointer(layer.qkv.bias if isinstance(layer.qkv, BiasedLinear) else None),
                 _matrix(layer.qkv.blocks),
                 _matrix(layer.o.blocks),
                 _matrix(layer.gate_up.blocks),

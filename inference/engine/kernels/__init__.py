@@ -207,6 +207,7 @@ class LayerWeights(ctypes.Structure):
         ("post_norm", ctypes.c_void_p),
         ("q_norm", ctypes.c_void_p),
         ("k_norm", ctypes.c_void_p),
+        ("qkv_bias", ctypes.c_void_p),
         ("qkv", LayerMatrix),
         ("o", LayerMatrix),
         ("gate_up", LayerMatrix),

@@ -20,6 +20,8 @@ typedef struct {
     /* Per-head RMS norms of q and of k after their product, before rope (Qwen3's); NULL:
      * none (Llama's). */
     const float *q_norm, *k_norm;
+    /* The q/k/v product's bias, q's then k's then v's (Qwen2's); NULL: none. */
+    const float *qkv_bias;
     LayerMatrix qkv, o, gate_up, down;
 } LayerWeights;
 

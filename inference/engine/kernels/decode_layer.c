@@ -1,8 +1,8 @@
 /* A whole decoder layer for a decode step of a few rows.
  *
  * The same maths as LlamaModel.forward (model.py) for rows that each decode one token: RMS
- * norm, the fused q/k/v product, each head of q and k RMS-normed where the layer has those
- * norms (Qwen3), rope, the new K/V into the paged pool, attention over each
+ * norm, the fused q/k/v product (plus its bias where the layer has one: Qwen2), each head
+ * of q and k RMS-normed where the layer has those norms (Qwen3), rope, the new K/V into the paged pool, attention over each
  * row's blocks, o, residual, norm, gate/up, SiLU, down, residual. In torch this is ~30
  * small ops a layer whose dispatch cost more than the 4-bit matrix products themselves.
  * Each product's matrix is Q4_1 or Q8_0 (decode.h's LayerMatrix).
@@ -40,6 +40,9 @@ int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
     /* The work between the products runs over the pool too (row_ops.c), as they do. */
     add_rms_norm(x, NULL, w->input_norm, rows, H, s->eps, h, nthreads);
     if (layer_matmul(&w->qkv, h, rows, qkv, nthreads)) goto out;
+    if (w->qkv_bias)
+        for (int r = 0; r < rows; r++)
+            for (int i = 0; i < nqkv; i++) qkv[(size_t)r * nqkv + i] += w->qkv_bias[i];
     if (w->q_norm)
         for (int r = 0; r < rows; r++) {
             /* Each head a row of d: q's heads, then k's, in place (one thread: a few rows). */

@@ -186,9 +186,8 @@ class DecoderLayer:
             and (self.q_norm is None) == (self.k_norm is None)
             and self.rope is not None
             and self.attention.plain
-            and not any(
-                isinstance(x, BiasedLinear) for x in (self.qkv, self.o, self.gate_up, self.down)
-            )
+            # A bias on q/k/v only (Qwen2's): the C layer adds it after the product.
+            and not any(isinstance(x, BiasedLinear) for x in (self.o, self.gate_up, self.down))
         )
 
 

@@ -1,5 +1,5 @@
-"""Qwen2 and Qwen2.5: Llama's layers with biases on q, k and v (which BiasedLinear adds;
-the native C layers have none, so these models take the torch path)."""
+"""Qwen2 and Qwen2.5: Llama's layers with biases on q, k and v (BiasedLinear adds them on
+the torch path, the native C layer after its q/k/v product)."""
 
 from __future__ import annotations
 

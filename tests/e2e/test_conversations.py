@@ -148,6 +148,7 @@ def test_settings_dialog_changes_this_conversations_settings(page: Page) -> None
         "temperature": 0.3,
         "top_p": 0.9,
         "max_tokens": 3,
+        "json_mode": False,
     }
     # The next reply obeys them: at most 3 tokens, then the length note.
     reply = send(page, "Tell me a long story about the sea.")

@@ -198,6 +198,7 @@ def run(
     if workload == JSON_SCHEMA and fixed_lengths:
         raise ValueError("json-schema replies end where their object closes: natural lengths")
     binary = llama_server_binary(llama_server) if with_llama else ""
+    gguf = Path(model_file) if model_file else bundled_gguf()
     variants = variants or {"ours": {}}
     if max_tokens is None:
         max_tokens = CHAT_MIX_MAX_TOKENS if natural else FIXED_MAX_TOKENS
@@ -221,7 +222,7 @@ def run(
             "seed": seed,
             **sampling,
             **(env or {}),
-            "model_file": model_file or str(bundled_gguf()),
+            "model_file": str(gguf),
         },
         "variants": variants,
         "levels": [],
@@ -229,7 +230,6 @@ def run(
     model = str(default_model_path().name)
     if model_file:
         env = {**(env or {}), "CHATAPP_MODEL": model_file}
-    gguf = Path(model_file) if model_file else bundled_gguf()
     with tempfile.TemporaryDirectory(prefix="bench-vs-llama-") as tmp:
         ours: list[OurServer] = []
         try:
@@ -276,14 +276,13 @@ def _level(
     max_tokens: int,
     sampling: dict[str, Any],
     workload: str,
-    seed: int = 0,
-    gguf: Path | None = None,
+    seed: int,
+    gguf: Path,
 ) -> dict[str, Any]:
     """One level of c clients: every server `repeat` times, rotating which goes first (on
     the json-schema workload each server twice, without and with the schema)."""
     # Room for the longest conversation: its replies and PROMPT_ALLOWANCE (2048 at least).
     ctx = max(2048, -(-(PROMPT_ALLOWANCE + turns * max_tokens) // 256) * 256)
-    gguf = gguf or bundled_gguf()
     llama = LlamaServer(binary, gguf, threads, c, tmp, ctx).start() if binary else None
     servers: list[tuple[str, str, str]] = [(s.name, s.url, s.key) for s in ours]
     if llama is not None:

@@ -237,9 +237,9 @@ class Scheduler:
         # Admitted only if its whole prompt fits beside the running sequences' next
         # GROWTH_TOKENS each: admitting on its first chunk alone, a long prompt ran the pool
         # dry chunks later, and every preemption threw away a history that then had to be
-        # computed again (64 chats on a pool of 1456 blocks: 61 preemptions and 3.6x an
-        # unbounded pool's prompt rows, none and 1.7x now: python -m
-        # inference.bench.scheduler_sim).
+        # computed again (64 chats on a pool of 1456 blocks: on the first chunk, 61
+        # preemptions and 3.6x an unbounded pool's prompt rows; on the whole prompt, none
+        # and 1.7x: python -m inference.bench.scheduler_sim).
         reserve = sum(
             max(1, self.kv.blocks_needed(s, len(s) + GROWTH_TOKENS)) for s in self.running
         )

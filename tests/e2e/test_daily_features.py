@@ -188,8 +188,8 @@ def test_saved_prompts_the_palette_and_shortcuts(page: Page, server: LiveServer)
     page.keyboard.press("Enter")
     expect(palette).to_have_count(0)
     expect(page.get_by_test_id("conversation-title")).to_have_text("Trip to Lisbon")
-    # Its messages loaded before the next command: a prompt inserted while they loaded was
-    # once missing from the box (a clean-clone run on a busy machine).
+    # Its messages loaded before the next command: the insert below is not to race the
+    # conversation's load.
     expect(page.get_by_text("Day one: Alfama.")).to_be_visible()
 
     # ... a saved prompt, and a new temporary chat.

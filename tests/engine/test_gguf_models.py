@@ -238,8 +238,8 @@ def _gguf_name(hf: str) -> str:
 # the file has 4.5; its Q6_K ones, the embedding among them, as Q8_0, 8.5 bits against
 # 6.6, which keeps its next tokens as close to llama.cpp's as the Q8_0 file's); Q8_0 189.0
 # MB, +213.5 MB (1.13x). A float32 copy of the weights would be +740 MB: the bound leaves
-# room for how far the allocator's high-water mark moves between runs (a clean-clone run
-# beside other tests measured +175.7 MB, 1.48x), not for a float copy of the embedding.
+# room for how far the allocator's high-water mark moves with other processes busy beside
+# the load (up to +175.7 MB, 1.48x), not for a float copy of the embedding.
 PEAK_RSS_PER_FILE_BYTE = 1.55
 
 # The peak is the kernel's high-water mark, reset once the process holds the metadata:

@@ -2,9 +2,10 @@
  *
  * The same maths as LlamaModel.forward (model.py) for rows that each decode one token: RMS
  * norm, the fused q/k/v product (plus its bias where the layer has one: Qwen2), each head
- * of q and k RMS-normed where the layer has those norms (Qwen3), rope, the new K/V into the paged pool, attention over each
- * row's blocks, o, residual, norm, gate/up, SiLU, down, residual. In torch this is ~30
- * small ops a layer whose dispatch cost more than the 4-bit matrix products themselves.
+ * of q and k RMS-normed where the layer has those norms (Qwen3), rope, the new K/V into the
+ * paged pool, attention over each row's blocks, o, residual, norm, gate/up, SiLU, down,
+ * residual. In torch this is ~30 small ops a layer whose dispatch cost more than the
+ * 4-bit matrix products themselves.
  * Each product's matrix is Q4_1 or Q8_0 (decode.h's LayerMatrix).
  */
 #include <stdint.h>

@@ -73,7 +73,8 @@ export function Composer({ dragging }: ComposerProps) {
 
   useEffect(() => {
     setText(ui.getDraft(key));
-    ta.current?.focus();
+    // Not from a dialog opened meanwhile (the palette right after a conversation opened).
+    if (!document.activeElement?.closest('[role="dialog"]')) ta.current?.focus();
   }, [key, draftRestored]);
 
   useLayoutEffect(() => {

@@ -1,4 +1,4 @@
-import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
+import { useEffect, useLayoutEffect, useMemo, useRef, useState } from 'preact/hooks';
 import { api } from '../api';
 import type { Conversation } from '../types';
 import { useChat } from './hooks';
@@ -50,8 +50,10 @@ export function Palette({ onClose, actions, onInsert, search = (q) => api.list(q
   const input = useRef<HTMLInputElement>(null);
   const currentId = conversations.currentId.value;
 
+  // Focused in the render's own task (useModal's note): "Ctrl+K, type, Enter" at typing
+  // speed must not leave the words, and the Enter, to the composer.
+  useLayoutEffect(() => input.current?.focus(), []);
   useEffect(() => {
-    input.current?.focus();
     prompts.load().catch(() => undefined);
   }, []);
 

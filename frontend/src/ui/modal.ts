@@ -1,4 +1,4 @@
-import { useEffect, useRef } from 'preact/hooks';
+import { useLayoutEffect, useRef } from 'preact/hooks';
 
 const FOCUSABLE = 'a[href], button:not([disabled]), input:not([disabled]), textarea:not([disabled]), select:not([disabled]), [tabindex="0"]';
 
@@ -7,12 +7,15 @@ const FOCUSABLE = 'a[href], button:not([disabled]), input:not([disabled]), texta
  * title is read) and gives it back to where it was when it closes; Tab and Shift+Tab stay
  * inside it; Escape closes it and goes no further (the page's own Escape stops a reply).
  * Spread the result on the dialog element, which needs `tabIndex={-1}`.
+ *
+ * The focus moves in a layout effect, in the same task as the render: keys typed right
+ * after the key that opened the dialog go to the dialog, not to what was focused before.
  */
 export function useModal<T extends HTMLElement = HTMLDivElement>(onClose: () => void) {
   const ref = useRef<T>(null);
   const close = useRef(onClose);
   close.current = onClose;
-  useEffect(() => {
+  useLayoutEffect(() => {
     const opener = document.activeElement as HTMLElement | null;
     ref.current?.focus();
     return () => {

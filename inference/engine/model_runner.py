@@ -411,13 +411,21 @@ class ModelRunner:
         their sampling rows; `streams`: the whole step's, which set its threads."""
         native = self._native_step(seqs, counts)
         input_ids, meta, sample_rows = self._prepare(seqs, counts, native)
+        # Speculative guesses ride after a sequence's last token.
+        guesses = sum(
+            max(0, s.num_computed_tokens + n - len(s)) for s, n in zip(seqs, counts, strict=True)
+        )
+        if guesses:
+            meta.as_rows = sum(counts) - guesses
         self._set_threads(native, streams, pooled=self._pooled(sum(counts)))
         hidden = self._forward(input_ids, meta, native)
         if all_logits:
             return seqs, self.model.compute_logits(hidden)
         sampling = [s for s, r in zip(seqs, sample_rows, strict=True) if r is not None]
         rows = [r for r in sample_rows if r is not None]
+        as_rows = None
         if any(s.draft_tokens for s in sampling):
+            as_rows = len(rows)
             # A sequence checking k guesses needs the logits of its last k + 1 rows.
             rows = [
                 i
@@ -428,7 +436,7 @@ class ModelRunner:
             return [], torch.empty(0)
         if len(rows) < hidden.shape[0]:
             hidden = hidden[torch.tensor(rows, device=self.device)]
-        return sampling, self.model.compute_logits(hidden)
+        return sampling, self.model.compute_logits(hidden, as_rows)
 
     def _native_step(self, seqs: list[Sequence], counts: list[int]) -> bool:
         """Whether this step takes the native path (native_decode.py)."""

@@ -122,8 +122,9 @@ class NativeDecoder:
         sin = m.sin[positions].contiguous()
         tables = self._block_tables(meta)
         shape = self._layer_shape(kv_caches[0])
+        as_rows = rows if meta.as_rows is None else meta.as_rows
         rc = self.lib.decode_layers(
-            ctypes.byref(shape), self.layers, len(self.layers), x.data_ptr(), rows,
+            ctypes.byref(shape), self.layers, len(self.layers), x.data_ptr(), rows, as_rows,
             positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
             tables.data_ptr(), tables.shape[1], self._pool_pointers(kv_caches),
             kernels.threads(),

@@ -258,17 +258,20 @@ class Q8_0:
         q = self.qs.reshape(-1, k // QK, 16, GROUP, 2).permute(0, 3, 1, 2, 4)
         return q.reshape(-1, k)[:n]
 
-    def matmul_t(self, x: torch.Tensor, kind: str = "q8_0") -> torch.Tensor:
+    def matmul_t(
+        self, x: torch.Tensor, kind: str = "q8_0", as_rows: int | None = None
+    ) -> torch.Tensor:
         """x [rows, K] @ W.T in float32: x at 16 bits a block, by kernels.q8_0_gemm (kind
-        "q8_0": on AMX's tiles, both in bf16, from the head's AMX rows where they run), or
-        "i16", never on the tiles (a GGUF's Q8_0 layers: q8_0_layers_gemm.c says why)."""
+        "q8_0": on AMX's tiles, both in bf16, from the head's AMX rows where they run, picked
+        for a step of `as_rows` rows), or "i16", never on the tiles (a GGUF's Q8_0 layers:
+        q8_0_layers_gemm.c says why)."""
         lib = kernels.load()
         if lib is None or not self.kernel:
             return x.float() @ self.dequantize().T
         x = x.float().contiguous()
         if kind == "i16":
             return _q8_0_gemm_i16(lib, self.qs, self.d, x, self.n)
-        return kernels.q8_0_gemm(lib, self.qs, self.d, x, self.n)
+        return kernels.q8_0_gemm(lib, self.qs, self.d, x, self.n, as_rows)
 
     def dequantize(self) -> torch.Tensor:
         n, k = self.shape

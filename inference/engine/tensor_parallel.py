@@ -193,8 +193,8 @@ class TensorParallelModel:
         self._stats["steps"] += 1
         return hidden
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.shard.compute_logits(hidden)
+    def compute_logits(self, hidden: torch.Tensor, as_rows: int | None = None) -> torch.Tensor:
+        return self.shard.compute_logits(hidden, as_rows)
 
     def tp_stats(self) -> dict[str, float | int]:
         """Rank 0's view: steps, forward time (broadcast included), and the part of it spent

@@ -3,7 +3,7 @@ for every shape its kernels branch on: query heads per KV head (the decode row's
 one KV head in one pass for 2 to 4, head after head otherwise), head_dim (512-bit vectors
 for multiples of 16 up to 128; 256-bit for 8 to 128 by powers of two in one pass, for other
 multiples of 8 head after head; scalar otherwise), contexts
-ending on and beside block edges over scattered blocks, a chunk's rows in tiles, and the
+ending on and beside block edges over scattered blocks, a sequence's several rows, and the
 pool's two formats (float32, float16)."""
 
 from __future__ import annotations
@@ -38,8 +38,12 @@ def _reference(qkv, positions, tables, pool, heads, kv_heads, scale):
     return out
 
 
+# A sequence's rows, as many as the native path takes of a chunk.
+CHUNK = 8
+
+
 def _case(heads, kv_heads, d, seed=0):
-    """Rows alone over scattered blocks, then one sequence's chunk of three rows."""
+    """Rows alone over scattered blocks, then one sequence's chunk of CHUNK rows."""
     gen = torch.Generator().manual_seed(seed)
     width = -(-max(CONTEXTS) // BLOCK)
     num_blocks = width * (len(CONTEXTS) + 1) + 3
@@ -48,8 +52,8 @@ def _case(heads, kv_heads, d, seed=0):
     order = torch.randperm(num_blocks, generator=gen)
     tables = [order[i * width : (i + 1) * width] for i in range(len(CONTEXTS) + 1)]
     chunk_table = tables.pop()
-    positions = [c - 1 for c in CONTEXTS] + [40, 41, 42]
-    table = torch.stack(tables + [chunk_table] * 3).contiguous()
+    positions = [c - 1 for c in CONTEXTS] + list(range(40, 40 + CHUNK))
+    table = torch.stack(tables + [chunk_table] * CHUNK).contiguous()
     qkv = torch.randn(len(positions), heads + 2 * kv_heads, d, generator=gen)
     return qkv, torch.tensor(positions, dtype=torch.int64), table, pool
 
@@ -93,6 +97,32 @@ def _check(heads: int, kv_heads: int, head_dim: int, threads: int, kv_dtype: tor
     # A float16 pool's values, exactly as the kernels read them.
     want = _reference(qkv, positions, tables, pool.float(), heads, kv_heads, scale)
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("run", [2, 5, 8])
+def test_a_sequences_few_rows_come_out_as_each_row_alone(run, kv_dtype):
+    """A decode's speculative guesses (a run of up to 8 rows of one sequence) give each row
+    the bits it gets in a step of its own: greedy speculation then keeps plain decoding's
+    text. Beside rows of other sequences too."""
+    lib = kernels.load()
+    heads, kv_heads, d = 9, 3, 64
+    qkv, positions, tables, pool = _case(heads, kv_heads, d)
+    pool = pool.to(kv_dtype)
+    # Two rows of other sequences, then the run: one sequence's consecutive positions.
+    rows = [0, 4] + [len(CONTEXTS) + i for i in range(run)]
+    qkv, positions, tables = qkv[rows].contiguous(), positions[rows], tables[rows].contiguous()
+    shape = kernels.LayerShape(
+        heads * d, heads, kv_heads, d, 4 * heads * d, 1e-5, d**-0.5,
+        BLOCK, pool.shape[1], int(kv_dtype == torch.float16),
+    )  # fmt: skip
+    together = kernels.decode_attention(lib, shape, qkv, positions, tables, pool, 2)
+    for r in range(len(rows)):
+        alone = kernels.decode_attention(
+            lib, shape, qkv[r : r + 1].contiguous(), positions[r : r + 1],
+            tables[r : r + 1].contiguous(), pool, 2,
+        )  # fmt: skip
+        assert torch.equal(together[r], alone[0]), r
 
 
 def test_the_avx2_builds_attention_where_the_cpu_has_avx512_too():

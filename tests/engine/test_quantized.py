@@ -343,10 +343,10 @@ def test_native_path_prefills_short_prompts_causally(make_engine):
 
 
 @needs_kernels
-def test_chunks_on_the_native_path_attend_in_tiles_like_the_torch_path(make_engine):
+def test_chunks_on_the_native_path_attend_like_the_torch_path(make_engine):
     """A follow-up turn's chunk of 8 rows over a 300-token context (a step the native path
-    takes whole: more lanes than one tile, many tiles of keys, 19 blocks) attends in tiles
-    of (row, head) lanes that read each key once: greedy tokens equal the torch path's."""
+    takes whole, 19 blocks) attends row by row as the torch path's chunk attention does in
+    tiles: greedy tokens equal the torch path's."""
     first = [(7 * i) % 500 + 3 for i in range(292)]
     # It parts from `first` right after its 18 full blocks (first's partial tail, kept for
     # a follow-up, would otherwise serve 4 more tokens).

@@ -144,14 +144,14 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.set_amx_min_rows.restype = None
     lib.set_panel_min_rows.argtypes = [i, i]
     lib.set_panel_min_rows.restype = None
-    lib.q8_0_gemm.argtypes = [p, p, i, i, p, i, p, i]
+    lib.q8_0_gemm.argtypes = [p, p, i, i, p, i, i, p, i]
     lib.q8_0_gemm.restype = i
     lib.decode_layer.argtypes = [
-        ctypes.POINTER(LayerShape), ctypes.POINTER(LayerWeights), p, i, p, p, p, p, i, p, i
+        ctypes.POINTER(LayerShape), ctypes.POINTER(LayerWeights), p, i, i, p, p, p, p, i, p, i
     ]  # fmt: skip
     lib.decode_layer.restype = i
     lib.decode_layers.argtypes = [
-        ctypes.POINTER(LayerShape), ctypes.POINTER(LayerWeights), i, p, i, p, p, p, p, i, p, i
+        ctypes.POINTER(LayerShape), ctypes.POINTER(LayerWeights), i, p, i, i, p, p, p, p, i, p, i
     ]  # fmt: skip
     lib.decode_layers.restype = i
     declare_decode_attention(lib)
@@ -384,16 +384,23 @@ def bf16_gemm_available() -> bool:
 
 
 def q8_0_gemm(
-    lib: ctypes.CDLL, qs: torch.Tensor, d: torch.Tensor, x: torch.Tensor, n: int
+    lib: ctypes.CDLL,
+    qs: torch.Tensor,
+    d: torch.Tensor,
+    x: torch.Tensor,
+    n: int,
+    as_rows: int | None = None,
 ) -> torch.Tensor:
     """x [rows, K] float32 contiguous @ the n columns of Q8_0 weights in the kernel layout
     (quantized.Q8_0.for_kernel: qs int8 [N', K], d float32 [N', K/32]).T, x at 16 bits a
-    block (on AMX's tiles from amx_min_rows()[1] rows where they run: both in bf16)"""
+    block (on AMX's tiles from amx_min_rows()[1] rows where they run: both in bf16), by the
+    product a step of `as_rows` rows takes (default: x's rows; fewer where the rows must
+    come out as a smaller step's would, gemm_dispatch.c)"""
     rows, k = x.shape
     y = torch.empty(rows, n, dtype=torch.float32)
     rc = lib.q8_0_gemm(
-        qs.data_ptr(), d.data_ptr(), n, k, x.data_ptr(), rows, y.data_ptr(),
-        threads(),
+        qs.data_ptr(), d.data_ptr(), n, k, x.data_ptr(), rows,
+        rows if as_rows is None else as_rows, y.data_ptr(), threads(),
     )  # fmt: skip
     if rc:
         raise RuntimeError(f"q8_0_gemm failed ({rc})")

@@ -40,23 +40,19 @@ static inline float exp_scores(float *scores, int ctx, vec mx) {
     return 1.0f / vreduce_add(sum);
 }
 
-/* The attention's work items. A row alone (a decode) is one item per KV head, its query
- * heads one after the other (each vectorized over head_dim), so the keys and values come
- * from memory once for them: an item per query head had both cores read them, and at 64
- * decode rows over ~145 positions of distinct contexts attention was ~half a native step
- * (python -m inference.bench.attention). Rows of one sequence's chunk (consecutive rows with the same
- * block table) go in tiles: up to TILE_LANES (row, query head) pairs of one KV head, the
- * lanes of one vector, so each key and value is read once for the whole tile, where one
- * item per (row, head) read the chunk's whole context once per row and head. */
-#define TILE_LANES 8
-#define TILE_KEYS 16
-
+/* The attention's work items: a row's query heads of one KV head, one after the other
+ * (each vectorized over head_dim), so the keys and values come from memory once for them:
+ * an item per query head had both cores read them, and at 64 decode rows over ~145
+ * positions of distinct contexts attention was ~half a native step (python -m
+ * inference.bench.attention). Rows go one by one, also a sequence's several rows (its
+ * speculative guesses, a prompt's last few tokens): a row's output is then the same bits
+ * whatever rows come with it, so greedy speculation keeps plain decoding's text. (Tiles of
+ * a chunk's rows, reading each key once for them, summed in another order; chunks of more
+ * than a few rows take chunk_attention.c.) */
 typedef struct {
-    int row0;  /* a tile: the chunk's first row; a single item: its row */
-    int first; /* a tile: its first lane, (row - row0) * group + head within the group;
-                * a single item: its query head */
-    int lanes; /* a tile: 1..TILE_LANES; 0: a single item; -1: a row's heads of KV head g */
-    int g;     /* a tile's or a row's KV head */
+    int row;
+    int head; /* a query head; -1: the row's query heads of KV head g */
+    int g;
 } AttnItem;
 
 typedef struct {
@@ -444,150 +440,43 @@ static int attention_group(AttnTask *t, int r, int g, int group) {
         t->attn + ((size_t)r * hq + (size_t)g * group) * d, t->ahead);
 }
 
-/* A tile's lanes over their sequence's keys, TILE_KEYS at a time, with the running
- * (online) softmax of flash attention: per lane a maximum, a sum and an output, rescaled
- * as the maximum grows. Each lane sees the positions up to its own row's. */
-static void attention_tile(AttnTask *t, const AttnItem *it) {
-    const LayerShape *s = t->s;
-    int d = s->head_dim, hq = s->heads, hkv = s->kv_heads, bs = s->block_size;
-    int group = hq / hkv, nqkv = (hq + 2 * hkv) * d;
-    const void *keys = kv_head(s, t->pool, 0, it->g), *vals = kv_head(s, t->pool, 1, it->g);
-    const int64_t *table = t->block_tables + (size_t)it->row0 * t->table_width;
-    float qt[d][TILE_LANES], acc[d][TILE_LANES], sc[TILE_KEYS][TILE_LANES];
-    /* A half pool's keys and values, converted once for the tile's lanes. */
-    float kbuf[TILE_KEYS][d], vbuf[TILE_KEYS][d];
-    int32_t pos[TILE_LANES];
-    int ctx = 0;
-    for (int l = 0; l < TILE_LANES; l++) {
-        /* Spare lanes repeat lane 0's position with a zero query: finite, then ignored. */
-        int lane = it->first + (l < it->lanes ? l : 0);
-        int r = it->row0 + lane / group, head = it->g * group + lane % group;
-        const float *q = t->qkv + (size_t)r * nqkv + head * d;
-        for (int i = 0; i < d; i++) qt[i][l] = l < it->lanes ? q[i] * s->scale : 0.0f;
-        pos[l] = (int32_t)t->positions[r];
-        if (pos[l] + 1 > ctx) ctx = pos[l] + 1;
-    }
-    memset(acc, 0, sizeof(acc));
-    const __m256i vpos = _mm256_loadu_si256((const __m256i *)pos);
-    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
-    __m256 mx = neg_inf, sum = _mm256_setzero_ps();
-    const float *kp[TILE_KEYS], *vp[TILE_KEYS];
-    for (int p0 = 0; p0 < ctx; p0 += TILE_KEYS) {
-        int np = ctx - p0 < TILE_KEYS ? ctx - p0 : TILE_KEYS;
-        __m256 cmax = mx;
-        for (int j = 0; j < np; j++) {
-            int p = p0 + j;
-            size_t slot = (size_t)table[p / bs] * bs + p % bs;
-            kp[j] = kv_floats(keys, slot * d, d, s->kv_half, kbuf[j]);
-            vp[j] = kv_floats(vals, slot * d, d, s->kv_half, vbuf[j]);
-            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-            for (int i = 0; i + 1 < d; i += 2) {
-                a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(kp[j] + i), _mm256_loadu_ps(qt[i]), a0);
-                a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(kp[j] + i + 1),
-                                     _mm256_loadu_ps(qt[i + 1]), a1);
-            }
-            if (d & 1)
-                a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(kp[j] + d - 1),
-                                     _mm256_loadu_ps(qt[d - 1]), a0);
-            /* Lanes whose position is before p do not see it. */
-            __m256 seen = _mm256_castsi256_ps(
-                _mm256_cmpgt_epi32(vpos, _mm256_set1_epi32(p - 1)));
-            __m256 v = _mm256_blendv_ps(neg_inf, _mm256_add_ps(a0, a1), seen);
-            _mm256_storeu_ps(sc[j], v);
-            cmax = _mm256_max_ps(cmax, v);
-        }
-        /* Position p0 <= every lane's own in the first pass, so cmax is finite from there. */
-        __m256 scale = exp256(_mm256_sub_ps(mx, cmax));
-        sum = _mm256_mul_ps(sum, scale);
-        for (int i = 0; i < d; i++)
-            _mm256_storeu_ps(acc[i], _mm256_mul_ps(_mm256_loadu_ps(acc[i]), scale));
-        for (int j = 0; j < np; j++) {
-            __m256 pj = exp256(_mm256_sub_ps(_mm256_loadu_ps(sc[j]), cmax));
-            _mm256_storeu_ps(sc[j], pj);
-            sum = _mm256_add_ps(sum, pj);
-        }
-        int i0 = 0;
-        for (; i0 + 4 <= d; i0 += 4) {
-            __m256 o0 = _mm256_loadu_ps(acc[i0]), o1 = _mm256_loadu_ps(acc[i0 + 1]);
-            __m256 o2 = _mm256_loadu_ps(acc[i0 + 2]), o3 = _mm256_loadu_ps(acc[i0 + 3]);
-            for (int j = 0; j < np; j++) {
-                __m256 pj = _mm256_loadu_ps(sc[j]);
-                const float *v = vp[j] + i0;
-                o0 = _mm256_fmadd_ps(pj, _mm256_broadcast_ss(v), o0);
-                o1 = _mm256_fmadd_ps(pj, _mm256_broadcast_ss(v + 1), o1);
-                o2 = _mm256_fmadd_ps(pj, _mm256_broadcast_ss(v + 2), o2);
-                o3 = _mm256_fmadd_ps(pj, _mm256_broadcast_ss(v + 3), o3);
-            }
-            _mm256_storeu_ps(acc[i0], o0);
-            _mm256_storeu_ps(acc[i0 + 1], o1);
-            _mm256_storeu_ps(acc[i0 + 2], o2);
-            _mm256_storeu_ps(acc[i0 + 3], o3);
-        }
-        for (; i0 < d; i0++) {
-            __m256 o = _mm256_loadu_ps(acc[i0]);
-            for (int j = 0; j < np; j++)
-                o = _mm256_fmadd_ps(_mm256_loadu_ps(sc[j]), _mm256_broadcast_ss(vp[j] + i0), o);
-            _mm256_storeu_ps(acc[i0], o);
-        }
-        mx = cmax;
-    }
-    float total[TILE_LANES];
-    _mm256_storeu_ps(total, sum);
-    for (int l = 0; l < it->lanes; l++) {
-        int lane = it->first + l;
-        int r = it->row0 + lane / group, head = it->g * group + lane % group;
-        float *o = t->attn + ((size_t)r * hq + head) * d, inv = 1.0f / total[l];
-        for (int i = 0; i < d; i++) o[i] = acc[i][l] * inv;
-    }
-}
-
 static void attention_item(void *arg, int index) {
     AttnTask *t = (AttnTask *)arg;
     const AttnItem *it = t->items + index;
-    if (it->lanes > 0) {
-        attention_tile(t, it);
-    } else if (it->lanes < 0) {
-        /* The KV head's query heads on this core: in one pass where attention_group is
-         * built for their shape, else one after the other, the keys and values then coming
-         * from memory for the first and from this core's caches for the others (an item a
-         * query head had the cores read them from memory up to once each). */
-        int group = t->s->heads / t->s->kv_heads;
-        if (attention_group(t, it->row0, it->g, group)) return;
-        for (int h = 0; h < group; h++) attention_single(t, it->row0, it->g * group + h);
-    } else {
-        attention_single(t, it->row0, it->first);
+    if (it->head >= 0) {
+        attention_single(t, it->row, it->head);
+        return;
     }
+    /* The KV head's query heads on this core: in one pass where attention_group is built
+     * for their shape, else one after the other, the keys and values then coming from
+     * memory for the first and from this core's caches for the others (an item a query
+     * head had the cores read them from memory up to once each). */
+    int group = t->s->heads / t->s->kv_heads;
+    if (attention_group(t, it->row, it->g, group)) return;
+    for (int h = 0; h < group; h++) attention_single(t, it->row, it->g * group + h);
 }
 
-/* The step's attention items: tiles for each run of consecutive rows sharing a block table
- * (a chunk, or a sequence's guesses), an item per KV head for rows alone (an item per query
- * head where heads are not whole groups). Returns their count;
- * items holds room for rows * heads. Tiles first: they are the longest items. */
+/* The step's attention items: per row an item per KV head (an item per query head where
+ * heads are not whole groups), the rows of one sequence (consecutive rows with the same
+ * block table) KV head by KV head, so its keys and values stay in the caches from one row
+ * to the next. Returns their count; items holds room for rows * heads. */
 static int attention_items(const LayerShape *s, int rows, const int64_t *block_tables,
                            int table_width, AttnItem *items) {
-    int hq = s->heads, hkv = s->kv_heads, group = hq / hkv, n = 0;
+    int hq = s->heads, hkv = s->kv_heads, n = 0;
     size_t row_bytes = sizeof(int64_t) * (size_t)table_width;
-    for (int pass = 0; pass < 2; pass++) {
-        for (int r0 = 0; r0 < rows;) {
-            int r1 = r0 + 1;
-            while (r1 < rows && !memcmp(block_tables + (size_t)r0 * table_width,
-                                        block_tables + (size_t)r1 * table_width, row_bytes))
-                r1++;
-            int run = r1 - r0;
-            if (pass == 0 && run > 1 && hq % hkv == 0) {
-                for (int g = 0; g < hkv; g++)
-                    for (int first = 0; first < run * group; first += TILE_LANES) {
-                        int lanes = run * group - first;
-                        items[n++] = (AttnItem){r0, first, lanes < TILE_LANES ? lanes : TILE_LANES, g};
-                    }
-            } else if (pass == 1 && run == 1 && hq % hkv == 0) {
-                for (int g = 0; g < hkv; g++) items[n++] = (AttnItem){r0, 0, -1, g};
-            } else if (pass == 1 && (run == 1 || hq % hkv)) {
-                for (int r = r0; r < r1; r++)
-                    for (int head = 0; head < hq; head++) items[n++] = (AttnItem){r, head, 0, 0};
-            }
-            r0 = r1;
+    for (int r0 = 0; r0 < rows;) {
+        int r1 = r0 + 1;
+        while (r1 < rows && !memcmp(block_tables + (size_t)r0 * table_width,
+                                    block_tables + (size_t)r1 * table_width, row_bytes))
+            r1++;
+        if (hq % hkv == 0) {
+            for (int g = 0; g < hkv; g++)
+                for (int r = r0; r < r1; r++) items[n++] = (AttnItem){r, -1, g};
+        } else {
+            for (int r = r0; r < r1; r++)
+                for (int head = 0; head < hq; head++) items[n++] = (AttnItem){r, head, 0};
         }
+        r0 = r1;
     }
     return n;
 }
@@ -598,8 +487,6 @@ static int attention_items(const LayerShape *s, int rows, const int64_t *block_t
 int decode_attention(const LayerShape *s, const float *qkv, int rows, const int64_t *positions,
                      const int64_t *block_tables, int table_width, const void *pool,
                      float *out, int nthreads) {
-    /* Tiles never outnumber single items: a run of n rows makes at most ceil(n * group / 8)
-     * tiles per KV head, fewer than n * heads. */
     AttnItem *items = malloc(sizeof(AttnItem) * (size_t)rows * s->heads);
     if (!items) return -1;
     int n_items = attention_items(s, rows, block_tables, table_width, items);
@@ -630,7 +517,7 @@ int paged_attention(const LayerShape *s, const float *qkv, int rows, const int64
             if (table[b] < 0 || table[b] >= s->num_blocks) return -1;
     }
     /* Each row's own copy of its table: the passes take one a row, and rows of one
-     * sequence (equal tables, next to each other) go in tiles. */
+     * sequence (equal tables, next to each other) go KV head by KV head. */
     int64_t *row_tables = malloc(sizeof(int64_t) * (size_t)rows * table_width);
     if (!row_tables) return -2;
     const int nqkv = (hq + 2 * hkv) * d;

@@ -17,13 +17,14 @@
 
 /* y = x @ W.T by W's format: Q4_1 by 8-bit activations (gemm_dispatch.c's q4_matmul), Q8_0
  * by 16-bit ones (q8_layers_matmul), as the torch path's products take them. */
-static inline int layer_matmul(const LayerMatrix *w, const float *x, int rows, float *y,
-                               int nthreads) {
-    if (w->format == LAYER_Q8_0) return q8_layers_matmul(&w->q8, x, rows, y, nthreads);
-    return q4_matmul(&w->q4, x, rows, y, nthreads);
+static inline int layer_matmul(const LayerMatrix *w, const float *x, int rows, int as_rows,
+                               float *y, int nthreads) {
+    if (w->format == LAYER_Q8_0) return q8_layers_matmul(&w->q8, x, rows, as_rows, y, nthreads);
+    return q4_matmul(&w->q4, x, rows, as_rows, y, nthreads);
 }
 
-int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
+/* as_rows: the step the products are picked for (q4_matmul's), rows or fewer. */
+int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows, int as_rows,
                  const int64_t *positions, const float *cos, const float *sin,
                  const int64_t *block_tables, int table_width, void *pool, int nthreads) {
     int H = s->hidden, d = s->head_dim, hq = s->heads, hkv = s->kv_heads;
@@ -40,7 +41,7 @@ int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
 
     /* The work between the products runs over the pool too (row_ops.c), as they do. */
     add_rms_norm(x, NULL, w->input_norm, rows, H, s->eps, h, nthreads);
-    if (layer_matmul(&w->qkv, h, rows, qkv, nthreads)) goto out;
+    if (layer_matmul(&w->qkv, h, rows, as_rows, qkv, nthreads)) goto out;
     if (w->qkv_bias)
         for (int r = 0; r < rows; r++)
             for (int i = 0; i < nqkv; i++) qkv[(size_t)r * nqkv + i] += w->qkv_bias[i];
@@ -61,11 +62,11 @@ int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
     if (decode_attention(s, qkv, rows, positions, block_tables, table_width, pool, attn,
                          nthreads))
         goto out;
-    if (layer_matmul(&w->o, attn, rows, h, nthreads)) goto out;
+    if (layer_matmul(&w->o, attn, rows, as_rows, h, nthreads)) goto out;
     add_rms_norm(x, h, w->post_norm, rows, H, s->eps, h, nthreads);
-    if (layer_matmul(&w->gate_up, h, rows, gu, nthreads)) goto out;
+    if (layer_matmul(&w->gate_up, h, rows, as_rows, gu, nthreads)) goto out;
     silu_mul(gu, rows, s->inter, act, nthreads);
-    if (layer_matmul(&w->down, act, rows, h, nthreads)) goto out;
+    if (layer_matmul(&w->down, act, rows, as_rows, h, nthreads)) goto out;
     for (int i = 0; i < rows * H; i++) x[i] += h[i];
     rc = 0;
 out:
@@ -83,11 +84,11 @@ out:
  * it at that layer's return). pools[i]: layer i's KV pool. Returns the failing layer's
  * decode_layer code, 0 when all went through. */
 int decode_layers(const LayerShape *s, const LayerWeights *w, int layers, float *x, int rows,
-                  const int64_t *positions, const float *cos, const float *sin,
+                  int as_rows, const int64_t *positions, const float *cos, const float *sin,
                   const int64_t *block_tables, int table_width, void *const *pools,
                   int nthreads) {
     for (int i = 0; i < layers; i++) {
-        int rc = decode_layer(s, w + i, x, rows, positions, cos, sin, block_tables, table_width,
+        int rc = decode_layer(s, w + i, x, rows, as_rows, positions, cos, sin, block_tables, table_width,
                               pools[i], nthreads);
         if (rc) return rc;
     }

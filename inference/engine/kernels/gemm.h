@@ -100,9 +100,12 @@ HIDDEN void q4_bf16_matmul(const Q4Matrix *w, const Bf16Rows *q, int rows, float
                            int nthreads);
 #endif
 
-/* y [rows, N] = x @ W.T for Q4_1 W, by the product the rows take (gemm_dispatch.c): AMX's
- * tiles, the panels' or the grouped int8 tiles. 0, or -1 out of memory. */
-HIDDEN int q4_matmul(const Q4Matrix *w, const float *x, int rows, float *y, int nthreads);
+/* y [rows, N] = x @ W.T for Q4_1 W, by the product a step of `as_rows` rows takes
+ * (gemm_dispatch.c): AMX's tiles, the panels' or the grouped int8 tiles. as_rows is rows,
+ * or fewer where rows must come out as a smaller step's would (a sequence's speculative
+ * guesses: each product gives a row the same bits at any rows). 0, or -1 out of memory. */
+HIDDEN int q4_matmul(const Q4Matrix *w, const float *x, int rows, int as_rows, float *y,
+                     int nthreads);
 
 /* y [rows, N] = x @ W.T for Q8_0 W by its 16-bit products, the panels from panel_min_rows
  * rows (q8_0_layers_gemm.c; exported): the head past AMX's rows, and Q8_0 layers. */
@@ -111,7 +114,7 @@ int q8_0_gemm_i16(const int8_t *qs, const float *d, int N, int K, const float *x
 
 /* The same for a Q8_0 layer matrix (gemm_dispatch.c): the panels from the head's panel rows,
  * as the torch path's Q8_0 layers take them. 0, or -1 out of memory. */
-HIDDEN int q8_layers_matmul(const Q8Matrix *w, const float *x, int rows, float *y,
+HIDDEN int q8_layers_matmul(const Q8Matrix *w, const float *x, int rows, int as_rows, float *y,
                             int nthreads);
 
 #endif

@@ -26,8 +26,10 @@ void set_panel_min_rows(int layers, int head) {
     panel_head_min_rows = head;
 }
 
-int q4_matmul(const Q4Matrix *w, const float *x, int rows, float *y, int nthreads) {
-    if (amx_min_rows > 0 && rows >= amx_min_rows && q4_amx_matmul(w, x, rows, y, nthreads) == 0)
+int q4_matmul(const Q4Matrix *w, const float *x, int rows, int as_rows, float *y,
+              int nthreads) {
+    if (amx_min_rows > 0 && as_rows >= amx_min_rows &&
+        q4_amx_matmul(w, x, rows, y, nthreads) == 0)
         return 0;
     QuantizedRows q;
     if (quantize_rows(x, rows, w->k, &q, nthreads)) {
@@ -35,7 +37,7 @@ int q4_matmul(const Q4Matrix *w, const float *x, int rows, float *y, int nthread
         return -1;
     }
     int rc = 0;
-    if (panel_min_rows > 0 && rows >= panel_min_rows) {
+    if (panel_min_rows > 0 && as_rows >= panel_min_rows) {
         rc = q4_panel8_matmul(w, q.qx, q.dx, q.sx, rows, y, nthreads);
     } else {
         q4_int8_matmul(w, &q, rows, y, nthreads);
@@ -44,8 +46,15 @@ int q4_matmul(const Q4Matrix *w, const float *x, int rows, float *y, int nthread
     return rc;
 }
 
-int q8_layers_matmul(const Q8Matrix *w, const float *x, int rows, float *y, int nthreads) {
-    return q8_0_gemm_i16(w->qs, w->d, w->n, w->k, x, rows, y, nthreads, panel_head_min_rows);
+/* The panels from the rows a step of as_rows takes them (q8_0_gemm_i16's limit: 1, every
+ * step; 0, never). */
+static inline int panels_from(int as_rows) {
+    return panel_head_min_rows > 0 && as_rows >= panel_head_min_rows;
+}
+
+int q8_layers_matmul(const Q8Matrix *w, const float *x, int rows, int as_rows, float *y,
+                     int nthreads) {
+    return q8_0_gemm_i16(w->qs, w->d, w->n, w->k, x, rows, y, nthreads, panels_from(as_rows));
 }
 
 /* y [rows, N] = x [rows, K] @ W.T for Q4_1 W in the kernel layout. */
@@ -53,18 +62,19 @@ int q4_1_gemm(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N, in
               const float *x, int rows, float *y, int nthreads) {
     if (K % QK) return -2;
     Q4Matrix w = {qs, d, m, N, K};
-    return q4_matmul(&w, x, rows, y, nthreads);
+    return q4_matmul(&w, x, rows, rows, y, nthreads);
 }
 
-/* y [rows, N] = x [rows, K] @ W.T for Q8_0 W in the kernel layout. */
+/* y [rows, N] = x [rows, K] @ W.T for Q8_0 W in the kernel layout, by the product a step of
+ * as_rows rows takes (q4_matmul's as_rows). */
 int q8_0_gemm(const int8_t *qs, const float *d, int N, int K, const float *x, int rows,
-              float *y, int nthreads) {
+              int as_rows, float *y, int nthreads) {
     if (K % QK) return -2;
     Q8Matrix w = {qs, d, N, K};
-    if (amx_head_min_rows > 0 && rows >= amx_head_min_rows &&
+    if (amx_head_min_rows > 0 && as_rows >= amx_head_min_rows &&
         q8_amx_matmul(&w, x, rows, y, nthreads) == 0)
         return 0;
-    return q8_0_gemm_i16(qs, d, N, K, x, rows, y, nthreads, panel_head_min_rows);
+    return q8_0_gemm_i16(qs, d, N, K, x, rows, y, nthreads, panels_from(as_rows));
 }
 
 /* 1 where q4_1_gemm_bf16 runs (built with AVX512-BF16), else 0. */

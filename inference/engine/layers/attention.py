@@ -62,6 +62,10 @@ class AttentionMetadata:
     # The first paged_rows rows take the native paged attention; the rest are `prefills`,
     # chunks longer than PAGED_MAX_CHUNK rows, where tiles of rows win (_prefill_attention).
     paged_rows: int = 0
+    # The step whose products the rows take (the native path's; None: all the rows). A
+    # step's speculative guesses do not count: its rows come out as they would in the step
+    # without them, so greedy speculation keeps plain decoding's text.
+    as_rows: int | None = None
 
 
 # The native paged attention takes a sequence's rows one by one; the chunk attention

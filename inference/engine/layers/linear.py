@@ -130,10 +130,13 @@ class Linear:
         else:
             self.weight = weight.contiguous()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] <= self.block_rows:
+    def __call__(self, x: torch.Tensor, as_rows: int | None = None) -> torch.Tensor:
+        """`as_rows`: the step whose product the rows take (default: x's rows); fewer where
+        the rows must come out as they would in that smaller step (a sequence's speculative
+        guesses, checked as its plain decoding would compute them). The head's."""
+        if (x.shape[0] if as_rows is None else as_rows) <= self.block_rows:
             if isinstance(self.blocks, Q8_0):
-                return self.blocks.matmul_t(x, kind=self.q8_kind).to(x.dtype)
+                return self.blocks.matmul_t(x, kind=self.q8_kind, as_rows=as_rows).to(x.dtype)
             return self.blocks.matmul_t(x).to(x.dtype)  # type: ignore[union-attr]
         if x.shape[0] <= self.prompt_rows:
             assert isinstance(self.blocks, Q4_1)  # prompt_rows is set for Q4_1 blocks only
@@ -163,8 +166,8 @@ class BiasedLinear(Linear):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.bias = bias
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return super().__call__(x) + self.bias
+    def __call__(self, x: torch.Tensor, as_rows: int | None = None) -> torch.Tensor:
+        return super().__call__(x, as_rows) + self.bias
 
 
 @dataclass

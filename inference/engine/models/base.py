@@ -543,10 +543,11 @@ class DecoderModel:
     def close(self) -> None:
         """Nothing to release here; TensorParallelModel.close() stops the other ranks."""
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, as_rows: int | None = None) -> torch.Tensor:
+        """The rows' logits; `as_rows`: the step whose head product they take (Linear's)."""
         if self.lm_head is None:
             raise RuntimeError("logits are computed on tensor-parallel rank 0 only")
-        logits = self.lm_head(hidden).float()
+        logits = self.lm_head(hidden, as_rows).float()
         if self.final_softcap is not None:
             logits = softcap(logits, self.final_softcap)
         return logits

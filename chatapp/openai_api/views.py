@@ -48,7 +48,7 @@ from chatapp.openai_api.protocol import (
 from chatapp.openai_api.streams import recorded_stream
 from chatapp.openai_api.tool_calls import HermesParser, constraint, parameters, template_tools
 from chatapp.text import InvalidText, clean_text
-from inference.backends.upstream import UPSTREAM_STRUCTURED
+from inference.backends.upstream import UPSTREAM_STRUCTURED, UpstreamLogprob, UpstreamRefusal
 from inference.chat_template import Turn
 from inference.client import (
     EngineClient,
@@ -331,6 +331,9 @@ def engine_failure(exc: EngineError, param: str = "messages") -> ApiError:
         return server_error(503, "The engine is busy; retry shortly.", "busy", RETRY_BUSY_S)
     if isinstance(exc, PromptTooLongError):
         return invalid(str(exc), param, "context_length_exceeded")
+    if isinstance(exc, UpstreamRefusal):
+        # The field the upstream named, if it named one: its words are not ours to guess.
+        return invalid(str(exc), exc.param)
     if isinstance(exc, InvalidRequestError):
         return invalid(str(exc), param)
     if isinstance(exc, EngineUnavailableError):
@@ -609,20 +612,22 @@ def forwarded_structure(req: ApiRequest) -> bool:
 
 def upstream_refuses(req: ApiRequest) -> None:
     """An upstream engine is sent what SamplingParams it forwards (backends/upstream.py):
-    a field it is not sent is refused by name rather than ignored."""
+    a field it is not sent is refused by name rather than ignored. Tools are not sent:
+    llama-server drops them silently for a template without a tool format (the bundled
+    model's), so a forwarded tool would be a reply that never calls."""
     p = req.sampling
-    for name, used in (
-        ("tools", req.uses_tools),
-        ("echo", req.echo),
-        ("logprobs", p.logprobs is not None),
-        ("frequency_penalty", bool(p.frequency_penalty)),
-        ("presence_penalty", bool(p.presence_penalty)),
-        ("logit_bias", bool(p.logit_bias)),
-        # A JSON object or schema on a chat is forwarded as response_format (upstream.py).
-        ("response_format", p.structured is not None and not forwarded_structure(req)),
-    ):
-        if used:
-            raise invalid(f"'{name}' is not supported by the model '{req.model}' here", name)
+    if req.uses_tools:
+        raise invalid(
+            f"the model '{req.model}' does not support tools here: tool calling is not "
+            "forwarded to an upstream engine",
+            "tools" if req.tools else "messages",
+        )
+    # A JSON object or schema on a chat is forwarded as response_format (upstream.py).
+    if p.structured is not None and not forwarded_structure(req):
+        raise invalid(
+            f"'response_format' is not supported by the model '{req.model}' here",
+            "response_format",
+        )
 
 
 async def start_stream(
@@ -727,34 +732,46 @@ def token_text(tokenizer: Any, token: int) -> str:
     return str(tokenizer.decode([token]))
 
 
+# A token as the API names it: its text, its bytes (None: the text's UTF-8), its logprob.
+Named = tuple[str, list[int] | None, float]
+
+
+def named(tokenizer: Any, t: TokenLogprob) -> tuple[Named, list[Named]]:
+    """A sampled token and its alternatives, named: decoded here, or as an upstream
+    engine named them (it has the tokenizer, this app does not)."""
+    if isinstance(t, UpstreamLogprob):
+        return (t.token, t.bytes, t.logprob), t.top_tokens
+    alternatives: list[Named] = [(token_text(tokenizer, a), None, b) for a, b in t.top]
+    return (token_text(tokenizer, t.token_id), None, t.logprob), alternatives
+
+
 def chat_logprobs(tokenizer: Any, logprobs: list[TokenLogprob]) -> dict[str, Any]:
     """chat.completion's `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}]}."""
 
-    def entry(token: int, lp: float) -> dict[str, Any]:
-        text = token_text(tokenizer, token)
-        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+    def entry(token: Named) -> dict[str, Any]:
+        text, raw, lp = token
+        return {"token": text, "logprob": lp, "bytes": list(text.encode()) if raw is None else raw}
 
-    return {
-        "content": [
-            {**entry(t.token_id, t.logprob), "top_logprobs": [entry(a, b) for a, b in t.top]}
-            for t in logprobs
-        ]
-    }
+    content = []
+    for t in logprobs:
+        sampled, alternatives = named(tokenizer, t)
+        content.append({**entry(sampled), "top_logprobs": [entry(a) for a in alternatives]})
+    return {"content": content}
 
 
 def completion_logprobs(
     tokenizer: Any, logprobs: list[TokenLogprob], offset: int = 0
 ) -> dict[str, Any]:
     """text_completion's `logprobs`: parallel lists of tokens, logprobs, tops and offsets."""
-    tokens = [token_text(tokenizer, t.token_id) for t in logprobs]
+    tokens = [named(tokenizer, t) for t in logprobs]
     offsets = []
-    for text in tokens:
+    for (text, _, _), _ in tokens:
         offsets.append(offset)
         offset += len(text)
     return {
-        "tokens": tokens,
-        "token_logprobs": [t.logprob for t in logprobs],
-        "top_logprobs": [{token_text(tokenizer, a): b for a, b in t.top} for t in logprobs],
+        "tokens": [text for (text, _, _), _ in tokens],
+        "token_logprobs": [lp for (_, _, lp), _ in tokens],
+        "top_logprobs": [{text: lp for text, _, lp in alts} for _, alts in tokens],
         "text_offset": offsets,
     }
 

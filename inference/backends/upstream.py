@@ -14,9 +14,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -33,6 +35,7 @@ from inference.engine import (
     SamplingParams,
 )
 from inference.engine.errors import InvalidRequestError
+from inference.engine.outputs import TokenLogprob
 from inference.engine.streaming import until_finished
 from inference.workers.protocol import EngineUnavailableError, ModelNotFoundError
 
@@ -40,6 +43,30 @@ log = logging.getLogger(__name__)
 
 # The structured outputs (SamplingParams.structured) an upstream is sent, on a chat.
 UPSTREAM_STRUCTURED = ("json", "json_schema")
+# llama.cpp's server lists its models with this owner; it names some fields its own way.
+LLAMA_CPP = "llamacpp"
+# The field named in a llama.cpp refusal ("Field 'n': Value must be ...").
+_FIELD_IN_MESSAGE = re.compile(r"^Field '([A-Za-z_]+)'")
+
+
+@dataclass
+class UpstreamLogprob(TokenLogprob):
+    """A token's logprob as an upstream names it: by its text and bytes (its ids mean
+    nothing here), with its alternatives as (text, bytes, logprob), most likely first."""
+
+    token: str = ""
+    bytes: list[int] | None = None
+    top_tokens: list[tuple[str, list[int] | None, float]] = field(default_factory=list)
+
+
+class UpstreamRefusal(InvalidRequestError):
+    """The upstream refused the request as a client mistake (its 400 or 422, or an error
+    it types invalid_request_error): the API's 400, naming the field where the upstream
+    named one."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class UpstreamModels:
@@ -130,8 +157,19 @@ class UpstreamModels:
             if name not in listed:
                 raise ModelNotFoundError(name, listed)
         return UpstreamClient(
-            self.base_url, self.api_key, name, send_cache_salt=self.send_cache_salt
+            self.base_url,
+            self.api_key,
+            name,
+            send_cache_salt=self.send_cache_salt,
+            owner=self._owner(name),
         )
+
+    def _owner(self, name: str) -> str:
+        """Who the upstream says owns `name` ("" when it cannot be asked now)."""
+        try:
+            return next((m.owned_by for m in self.listed() if m.id == name), "")
+        except EngineUnavailableError:
+            return ""
 
 
 class UpstreamClient:
@@ -146,8 +184,12 @@ class UpstreamClient:
         model: str = "",
         timeout: float = 600,
         send_cache_salt: bool = True,
+        owner: str = "",
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        # llama.cpp's server takes repeat_penalty where vLLM and this app take
+        # repetition_penalty (and ignores a field it does not know).
+        self.llama_cpp = owner == LLAMA_CPP
         self.send_cache_salt = send_cache_salt
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout = timeout
@@ -242,13 +284,16 @@ class UpstreamClient:
             body["cache_salt"] = cache_salt
         if sampling.structured is not None:
             body["response_format"] = self._response_format(prompt, sampling)
+        body.update(self._sampling_fields(sampling, chat=prompt.messages is not None))
         if prompt.messages is not None:
             path, body["messages"] = "/chat/completions", prompt.messages
         else:
             path, body["prompt"] = "/completions", prompt.text
         figures = RequestFigures(arrival_time=time.time())
         queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
-        task = asyncio.get_running_loop().create_task(self._pump(path, body, rid, figures, queue))
+        task = asyncio.get_running_loop().create_task(
+            self._pump(path, body, rid, figures, queue, sampling.logprobs)
+        )
         self._streams[rid] = task
         self.requests_total += 1
         try:
@@ -259,6 +304,33 @@ class UpstreamClient:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
             self._streams.pop(rid, None)
+
+    def _sampling_fields(self, s: SamplingParams, chat: bool) -> dict[str, Any]:
+        """The sampling settings beyond the basic ones, under the names OpenAI, vLLM and
+        llama-server share; a setting at its default is not sent."""
+        out: dict[str, Any] = {}
+        if s.frequency_penalty:
+            out["frequency_penalty"] = s.frequency_penalty
+        if s.presence_penalty:
+            out["presence_penalty"] = s.presence_penalty
+        if s.logit_bias:
+            out["logit_bias"] = {str(token): bias for token, bias in s.logit_bias}
+        if s.top_k > 0:
+            out["top_k"] = s.top_k
+        if s.min_p > 0:
+            out["min_p"] = s.min_p
+        if s.repetition_penalty != 1.0:
+            name = "repeat_penalty" if self.llama_cpp else "repetition_penalty"
+            out[name] = s.repetition_penalty
+        if s.logprobs is not None:
+            # llama-server sends no logprobs at all for 0 alternatives: one is asked for
+            # and dropped here.
+            top = max(s.logprobs, 1)
+            if chat:
+                out["logprobs"], out["top_logprobs"] = True, top
+            else:
+                out["logprobs"] = top
+        return out
 
     def _response_format(self, prompt: Prompt, sampling: SamplingParams) -> dict[str, Any]:
         """A JSON object or a JSON schema, as OpenAI's response_format: what llama-server,
@@ -282,6 +354,7 @@ class UpstreamClient:
         rid: str,
         m: RequestFigures,
         queue: asyncio.Queue[Delta | BaseException],
+        top: int | None = None,
     ) -> None:
         finish, output_tokens = "stop", 0
         try:
@@ -304,7 +377,12 @@ class UpstreamClient:
                         break
                     chunk = json.loads(data)
                     if "error" in chunk:
-                        raise EngineError(str(chunk["error"].get("message", "upstream error")))
+                        error = chunk["error"] if isinstance(chunk["error"], dict) else {}
+                        if m.first_token_time is None and _is_refusal(error):
+                            # Nothing went out yet: the client's mistake is its 400.
+                            await queue.put(_refusal(str(error.get("message")), error))
+                            return
+                        raise EngineError(str(error.get("message", "upstream error")))
                     usage = chunk.get("usage")
                     if usage:
                         m.prompt_tokens = int(usage.get("prompt_tokens") or 0)
@@ -315,12 +393,13 @@ class UpstreamClient:
                         text = (
                             (choice.get("delta") or {}).get("content") or choice.get("text") or ""
                         )
-                        if text:
+                        lps = _logprobs(choice.get("logprobs"), top) if top is not None else None
+                        if text or lps:
                             now = time.time()
                             if m.first_token_time is None:
                                 m.first_token_time = now
                             m.token_times.append(now)
-                            await queue.put(Delta(rid, text=text))
+                            await queue.put(Delta(rid, text=text, logprobs=lps))
                         if choice.get("finish_reason"):
                             finish = "length" if choice["finish_reason"] == "length" else "stop"
         except asyncio.CancelledError:
@@ -347,8 +426,10 @@ class UpstreamClient:
 def _error_for(status: int, text: str) -> EngineError:
     try:
         error = json.loads(text).get("error") or {}
-    except ValueError:
+    except (ValueError, AttributeError):
         error = {}
+    if not isinstance(error, dict):  # TGI's {"error": "...", "error_type": ...}
+        error = {"message": str(error)}
     message = str(error.get("message") or text[:200] or f"upstream answered {status}")
     if status in (429, 503):
         return EngineBusyError(message)
@@ -359,8 +440,64 @@ def _error_for(status: int, text: str) -> EngineError:
     )
     if status == 400 and too_long:
         return PromptTooLongError(message)
-    if status == 400:
-        return InvalidRequestError(message)
+    if status in (400, 422) or (status == 500 and _is_refusal(error)):
+        # A field it does not take, a value out of its range: the client's mistake.
+        return _refusal(message, error)
     if status == 500:  # the upstream engine failed; other statuses: it cannot be reached
         return EngineError(f"upstream answered {status}: {message}")
     return EngineUnavailableError(f"upstream answered {status}: {message}")
+
+
+def _is_refusal(error: dict[str, Any]) -> bool:
+    return error.get("type") == "invalid_request_error" and error.get("code") not in (
+        "context_length_exceeded",
+    )
+
+
+def _refusal(message: str, error: dict[str, Any]) -> UpstreamRefusal:
+    param = error.get("param")
+    if not isinstance(param, str) or not param:
+        named = _FIELD_IN_MESSAGE.match(message)
+        param = named.group(1) if named else None
+    return UpstreamRefusal(message, param)
+
+
+def _logprobs(raw: Any, top: int) -> list[TokenLogprob] | None:
+    """A chunk's logprobs as the API gives them back: chat's `content` list (which
+    llama-server also sends on /completions) or a completion's parallel lists, each
+    token with at most `top` alternatives."""
+    if not isinstance(raw, dict):
+        return None
+    out: list[TokenLogprob] = []
+    if isinstance(raw.get("content"), list):
+        for t in raw["content"]:
+            alternatives = [
+                (str(a.get("token", "")), a.get("bytes"), _float(a.get("logprob")))
+                for a in t.get("top_logprobs") or []
+            ]
+            out.append(_entry(t, alternatives, top))
+    elif isinstance(raw.get("tokens"), list):
+        lps = raw.get("token_logprobs") or []
+        tops = raw.get("top_logprobs") or [None] * len(raw["tokens"])
+        for token, lp, alt in zip(raw["tokens"], lps, tops, strict=False):
+            pairs = sorted((alt or {}).items(), key=lambda kv: -_float(kv[1]))
+            alternatives = [(str(a), None, _float(b)) for a, b in pairs]
+            out.append(_entry({"token": token, "logprob": lp}, alternatives, top))
+    return out or None
+
+
+def _entry(
+    t: dict[str, Any], alternatives: list[tuple[str, list[int] | None, float]], top: int
+) -> UpstreamLogprob:
+    return UpstreamLogprob(
+        token_id=t["id"] if isinstance(t.get("id"), int) else -1,
+        logprob=_float(t.get("logprob")),
+        token=str(t.get("token", "")),
+        bytes=t.get("bytes"),
+        top_tokens=alternatives[:top],
+    )
+
+
+def _float(value: Any) -> float:
+    """A logprob as sent; one the upstream left out (null) is -inf."""
+    return float(value) if isinstance(value, int | float) else float("-inf")

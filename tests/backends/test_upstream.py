@@ -3,6 +3,7 @@ here a second instance of this app, started by the test on another port."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import httpx
 import openai
 import pytest
 
+from inference.backends.upstream import UpstreamRefusal, _error_for
+from inference.engine import EngineError
 from tests.servers import PASSWORD, chat_through_the_socket
 from tools.live_server import LiveServer
 
@@ -95,3 +98,47 @@ def test_the_front_keeps_its_users_apart_in_the_upstream_s_prefix_cache(
     assert cached("front-alice") == 0
     assert cached("front-bob") == 0
     assert cached("front-alice") >= 48
+
+
+def test_logprobs_and_sampling_extras_pass_through_the_front(
+    front: LiveServer, model_id: str
+) -> None:
+    # This app as the upstream: OpenAI's completion logprobs shape (parallel lists) and
+    # vLLM's name for the repetition penalty.
+    api = openai.OpenAI(
+        base_url=front.url + "/v1", api_key=front.make_key("apiuser"), max_retries=0
+    )
+    chat = api.chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": "Hello"}], max_tokens=3,
+        temperature=0, logprobs=True, top_logprobs=2,
+        extra_body={"repetition_penalty": 1.3, "top_k": 5, "min_p": 0.01},
+        frequency_penalty=0.5, presence_penalty=0.5, logit_bias={"0": -100},
+    )  # fmt: skip
+    content = chat.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == chat.choices[0].message.content
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+    text = api.completions.create(
+        model=model_id, prompt="The capital of France is", max_tokens=3, temperature=0,
+        logprobs=2,
+    )  # fmt: skip
+    lp = text.choices[0].logprobs
+    assert "".join(lp.tokens) == text.choices[0].text and len(lp.token_logprobs) == 3
+    assert all(len(alternatives) == 2 for alternatives in lp.top_logprobs)
+
+
+def test_an_upstream_s_refusals_of_a_field_are_the_client_s_400s() -> None:
+    # As llama-server, vLLM, TGI and FastAPI word them: never a 500 or a 503 here.
+    llama = _error_for(400, json.dumps({"error": {
+        "code": 400, "type": "invalid_request_error",
+        "message": "Field 'n': Value must be between 1 <= value <= 1, but got 2"}}))  # fmt: skip
+    assert isinstance(llama, UpstreamRefusal) and llama.param == "n"
+    vllm = _error_for(400, json.dumps({"error": {
+        "message": "top_k must be -1", "type": "BadRequestError", "param": "top_k"}}))  # fmt: skip
+    assert isinstance(vllm, UpstreamRefusal) and vllm.param == "top_k"
+    tgi = _error_for(422, json.dumps({"error": "`top_k` must be strictly positive"}))
+    assert isinstance(tgi, UpstreamRefusal) and "top_k" in str(tgi) and tgi.param is None
+    typed = _error_for(500, json.dumps({"error": {
+        "message": "bad logit_bias", "type": "invalid_request_error"}}))  # fmt: skip
+    assert isinstance(typed, UpstreamRefusal)
+    assert type(_error_for(500, json.dumps({"error": {"message": "boom"}}))) is EngineError
+    assert isinstance(_error_for(400, "<html>bad request</html>"), UpstreamRefusal)

@@ -186,3 +186,155 @@ def test_a_json_schema_or_object_goes_to_llama_server_and_other_grammars_are_ref
             model=llama_model, messages=ask, max_tokens=4, extra_body={"guided_regex": "a+"}
         )
     assert caught.value.body["param"] == "response_format", caught.value.body
+
+
+def test_logprobs_come_back_from_llama_server_in_openai_shape(
+    api: openai.OpenAI, llama_model: str
+) -> None:
+    ask = dict(
+        model=llama_model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+        temperature=0, logprobs=True, top_logprobs=3,
+    )  # fmt: skip
+    reply = api.chat.completions.create(**ask)  # type: ignore[call-overload]
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens == 4
+    assert "".join(t.token for t in content) == reply.choices[0].message.content
+    for t in content:
+        assert t.logprob <= 0 and bytes(t.bytes) == t.token.encode()
+        tops = [a.logprob for a in t.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True) and all(v <= 0 for v in tops)
+        # Greedy: the sampled token is the likeliest alternative.
+        assert t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == t.logprob
+    # Streamed: each token's entry rides on its own delta, the same tokens.
+    chunks = list(api.chat.completions.create(**ask, stream=True))  # type: ignore[call-overload]
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs
+                for t in c.choices[0].logprobs.content]  # fmt: skip
+    assert [t.token for t in streamed] == [t.token for t in content]
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=1e-3)
+    assert all(len(t.top_logprobs) == 3 for t in streamed)
+    # No top_logprobs asked for: none given (llama-server needs one asked to send any).
+    bare = api.chat.completions.create(**{**ask, "top_logprobs": None})  # type: ignore[call-overload]
+    assert bare.choices[0].logprobs.content and all(
+        t.top_logprobs == [] for t in bare.choices[0].logprobs.content
+    )
+
+
+def test_completion_logprobs_and_echo_through_the_front(
+    api: openai.OpenAI, llama_model: str
+) -> None:
+    prompt = "The capital of France is"
+    reply = api.completions.create(
+        model=llama_model, prompt=prompt, max_tokens=3, temperature=0, logprobs=2
+    )
+    lp = reply.choices[0].logprobs
+    assert "".join(lp.tokens) == reply.choices[0].text and len(lp.tokens) == 3
+    assert all(v <= 0 for v in lp.token_logprobs)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(3)]
+    for token, alternatives in zip(lp.tokens, lp.top_logprobs, strict=True):
+        assert len(alternatives) == 2 and token in alternatives
+    streamed = api.completions.create(
+        model=llama_model, prompt=prompt, max_tokens=3, temperature=0, logprobs=2, stream=True
+    )
+    tokens = [t for c in streamed if c.choices and c.choices[0].logprobs
+              for t in c.choices[0].logprobs.tokens]  # fmt: skip
+    assert tokens == lp.tokens
+    # echo is the front's own doing: the prompt's text before the reply's.
+    echoed = api.completions.create(
+        model=llama_model, prompt=prompt, max_tokens=3, temperature=0, echo=True
+    )
+    assert echoed.choices[0].text == prompt + reply.choices[0].text
+
+
+def _reply(api: openai.OpenAI, model: str, content: str, **extra: object) -> str:
+    """A greedy 16-token reply unless `extra` says otherwise."""
+    kwargs: dict[str, object] = {"max_tokens": 16, "temperature": 0, **extra}
+    reply = api.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": content}],
+        **kwargs,  # type: ignore[call-overload]
+    )
+    return str(reply.choices[0].message.content)
+
+
+def test_penalties_and_vllm_s_sampling_extras_reach_llama_server(
+    api: openai.OpenAI, llama_model: str
+) -> None:
+    ask = "Repeat the word cat many times."
+    plain = _reply(api, llama_model, ask)
+    # Each changes the greedy reply, so each was applied there, not dropped on the way
+    # (repetition_penalty goes to llama-server as its repeat_penalty).
+    for field in ("frequency_penalty", "presence_penalty", "repetition_penalty"):
+        value = 3.0 if field == "repetition_penalty" else 2.0
+        changed = _reply(api, llama_model, ask, extra_body={field: value})
+        assert changed != plain, field
+    # top_k 1 (or a min_p of 1) makes even a hot sampler greedy.
+    for extra in ({"top_k": 1}, {"min_p": 1.0}):
+        hot = _reply(api, llama_model, ask, extra_body=extra, temperature=2.0, seed=7)
+        assert hot == plain, extra
+
+
+def test_logit_bias_bans_and_forces_tokens_in_llama_server(
+    api: openai.OpenAI, llama: LlamaServer, llama_model: str
+) -> None:
+    def token_id(text: str) -> int:
+        ids = httpx.post(llama.url + "/tokenize", json={"content": text}, timeout=10).json()
+        assert len(ids["tokens"]) == 1, ids
+        return int(ids["tokens"][0])
+
+    plain = _reply(api, llama_model, "Hi")
+    first = plain.split()[0].rstrip("!,.")
+    banned = _reply(api, llama_model, "Hi", logit_bias={str(token_id(first)): -100})
+    assert not banned.startswith(first), (plain, banned)
+    forced = _reply(api, llama_model, "Hi", logit_bias={str(token_id(" Paris")): 100}, max_tokens=3)
+    assert forced.split() == ["Paris"] * 3, forced
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streaming"])
+def test_tools_are_a_clear_400_naming_the_model(
+    api: openai.OpenAI, llama: LlamaServer, llama_model: str, stream: bool
+) -> None:
+    # The bundled model's template has no tool format, and llama-server then drops tools
+    # without a word (its /props says so): the front refuses them instead.
+    caps = httpx.get(llama.url + "/props", timeout=10).json()["chat_template_caps"]
+    assert caps["supports_tools"] is False
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]  # fmt: skip
+    history = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]  # fmt: skip
+    for kwargs, param in (
+        ({"messages": history[:1], "tools": tools}, "tools"),
+        ({"messages": history}, "messages"),
+    ):
+        with pytest.raises(openai.BadRequestError) as caught:
+            api.chat.completions.create(
+                model=llama_model,
+                max_tokens=4,
+                stream=stream,
+                **kwargs,  # type: ignore[arg-type]
+            )
+        error = caught.value.body
+        assert isinstance(error, dict) and error["param"] == param, error
+        assert llama_model in error["message"] and "tools" in error["message"], error
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streaming"])
+def test_llama_server_refusing_a_field_is_a_clean_400(
+    front: LiveServer, api: openai.OpenAI, llama_model: str, stream: bool
+) -> None:
+    # A schema the front passes on (its $ref stays inside the document) that llama-server
+    # cannot resolve: its 400 reaches the client as ours, not as a 500 or a 503.
+    bad = {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.chat.completions.create(
+            model=llama_model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+            stream=stream,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": bad}},
+        )  # fmt: skip
+    error = caught.value.body
+    assert isinstance(error, dict) and error["type"] == "invalid_request_error", error
+    assert "nowhere" in error["message"], error
+    assert httpx.get(front.url + "/healthz?engine=1").status_code == 200

@@ -224,3 +224,38 @@ class HermesParser:
         else:
             entry["function"] = {"arguments": arguments}
         return {"tool_calls": [entry]}
+
+
+class ForwardedCalls(HermesParser):
+    """The tool calls an upstream engine parsed itself (its deltas' `tool_calls`, OpenAI's
+    stream shape), passed on as they come under this reply's own indices, beside its
+    text as content; read as HermesParser's are."""
+
+    def __init__(self, parallel: bool = True) -> None:
+        super().__init__(parallel)
+        self._index: dict[int, int] = {}
+
+    def feed(self, text: str, calls: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if text:
+            out.append({"content": text})
+            self.content_sent += text
+        for entry in calls or ():
+            function = entry.get("function") or {}
+            theirs = entry.get("index", 0)
+            index = self._index.get(theirs)
+            if index is None:
+                if not self.parallel and self.calls:
+                    continue  # one call asked for: the rest is dropped
+                index = self._index[theirs] = len(self.calls)
+                call = _Call(entry.get("id") or _call_id(), str(function.get("name") or ""))
+                self.calls.append(call)
+                out.append(self._tool_delta(index, id=call.id, name=call.name))
+            arguments = str(function.get("arguments") or "")
+            if arguments:
+                self.calls[index].arguments += arguments
+                out.append(self._tool_delta(index, arguments=arguments))
+        return out
+
+    def finish(self) -> list[dict[str, Any]]:
+        return []

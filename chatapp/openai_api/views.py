@@ -46,9 +46,20 @@ from chatapp.openai_api.protocol import (
     request_error,
 )
 from chatapp.openai_api.streams import recorded_stream
-from chatapp.openai_api.tool_calls import HermesParser, constraint, parameters, template_tools
+from chatapp.openai_api.tool_calls import (
+    ForwardedCalls,
+    HermesParser,
+    constraint,
+    parameters,
+    template_tools,
+)
 from chatapp.text import InvalidText, clean_text
-from inference.backends.upstream import UPSTREAM_STRUCTURED, UpstreamLogprob, UpstreamRefusal
+from inference.backends.upstream import (
+    UPSTREAM_STRUCTURED,
+    UpstreamClient,
+    UpstreamLogprob,
+    UpstreamRefusal,
+)
 from inference.chat_template import Turn
 from inference.client import (
     EngineClient,
@@ -135,6 +146,8 @@ class ApiRequest:
     parallel_tool_calls: bool = True
     # Completions only: the prompt's text goes before each choice's text.
     echo: bool = False
+    # Tools go to an upstream engine, which renders them and parses the calls itself.
+    forwards_tools: bool = False
 
     @property
     def uses_tools(self) -> bool:
@@ -150,7 +163,10 @@ class ApiRequest:
         return bool(self.tools) and self.tool_choice != "none"
 
     def tool_parser(self) -> HermesParser | None:
-        return HermesParser(self.parallel_tool_calls) if self.parses_tools else None
+        if not self.parses_tools:
+            return None
+        kind = ForwardedCalls if self.forwards_tools else HermesParser
+        return kind(self.parallel_tool_calls)
 
 
 # --- parsing --------------------------------------------------------------------------
@@ -475,18 +491,28 @@ def finish_reason(delta: Delta, called: bool = False) -> str:
     return "tool_calls" if called else "stop"
 
 
-def reply_message(req: ApiRequest, text: str, last: Delta) -> tuple[dict[str, Any], str]:
-    """A whole reply as chat.completion's message, its tool calls parsed out, and its
-    finish_reason."""
+def reply_message(
+    req: ApiRequest, text: str, last: Delta, forwarded: list[dict[str, Any]]
+) -> tuple[dict[str, Any], str]:
+    """A whole reply as chat.completion's message, its tool calls parsed out (or, from an
+    upstream, its `forwarded` call pieces put together), and its finish_reason."""
     parser = req.tool_parser()
     if parser is not None:
-        parser.feed(text)
-        parser.finish()
+        parsed(parser, text, forwarded, final=True)
         if parser.calls:
             message = {"role": "assistant", "content": parser.content,
                        "tool_calls": parser.tool_calls()}  # fmt: skip
             return message, finish_reason(last, called=True)
     return {"role": "assistant", "content": text}, finish_reason(last)
+
+
+def parsed(
+    parser: HermesParser, text: str, calls: list[dict[str, Any]] | None, final: bool
+) -> list[dict[str, Any]]:
+    """The message deltas of a reply's next text (and an upstream's next call pieces)."""
+    if isinstance(parser, ForwardedCalls):
+        return parser.feed(text, calls)
+    return parser.feed(text) + (parser.finish() if final else [])
 
 
 def api_view(handler: Any) -> Any:
@@ -501,10 +527,11 @@ def api_view(handler: Any) -> Any:
     return view
 
 
-def template_messages(req: ApiRequest) -> list[dict[str, Any]]:
+def template_messages(req: ApiRequest, raw_arguments: bool = False) -> list[dict[str, Any]]:
     """The messages as chat templates take them: each turn's checked text, an assistant's
-    calls with their arguments as objects (what templates write with `tojson`), a tool
-    result with the id of the call it answers."""
+    calls with their arguments as objects (what templates write with `tojson`; as the
+    client's JSON text for an upstream, which takes OpenAI's shape), a tool result with
+    the id of the call it answers."""
     assert req.turns is not None and req.messages is not None
     out: list[dict[str, Any]] = []
     for turn, m in zip(req.turns, req.messages, strict=True):
@@ -517,7 +544,9 @@ def template_messages(req: ApiRequest) -> list[dict[str, Any]]:
                     "type": "function",
                     "function": {
                         "name": c.function.name,
-                        "arguments": _arguments(c.function.arguments),
+                        "arguments": c.function.arguments
+                        if raw_arguments
+                        else _arguments(c.function.arguments),
                     },
                 }
                 for c in m.tool_calls
@@ -542,6 +571,14 @@ def build_prompt(client: EngineClient, req: ApiRequest, cache_salt: str) -> Prom
     try:
         if req.uses_tools:
             tools = template_tools(req.tools) if req.tool_choice != "none" else None
+            if isinstance(client, UpstreamClient):
+                choice = req.tool_choice
+                return client.tool_prompt(
+                    template_messages(req, raw_arguments=True),
+                    tools,
+                    choice.model_dump() if isinstance(choice, NamedToolChoice) else choice,
+                    req.parallel_tool_calls,
+                )
             return client.tool_prompt(template_messages(req), tools)
         if req.turns is not None:
             return client.chat_prompt(req.turns, cache_salt=cache_salt)
@@ -610,18 +647,28 @@ def forwarded_structure(req: ApiRequest) -> bool:
     return req.turns is not None and req.sampling.structured in UPSTREAM_STRUCTURED
 
 
-def upstream_refuses(req: ApiRequest) -> None:
-    """An upstream engine is sent what SamplingParams it forwards (backends/upstream.py):
-    a field it is not sent is refused by name rather than ignored. Tools are not sent:
-    llama-server drops them silently for a template without a tool format (the bundled
-    model's), so a forwarded tool would be a reply that never calls."""
-    p = req.sampling
-    if req.uses_tools:
+async def upstream_tools(client: UpstreamClient, req: ApiRequest) -> None:
+    """Tools go to an upstream engine as they are: its template renders them and it parses
+    the calls. Not where it says its template has no tool format (llama-server drops tools
+    without a word there: the reply would never call); a required or named tool_choice is
+    then its own grammar's, not this engine's structural tag."""
+    if not req.uses_tools:
+        return
+    if await client.supports_tools() is False:
         raise invalid(
-            f"the model '{req.model}' does not support tools here: tool calling is not "
-            "forwarded to an upstream engine",
+            f"the model '{req.model}' does not support tools: the upstream engine's chat "
+            "template for it has no tool-call format",
             "tools" if req.tools else "messages",
         )
+    req.forwards_tools = True
+    if req.sampling.structured == "structural_tag":
+        req.sampling = dataclasses.replace(req.sampling, structured=None, structured_spec="")
+
+
+def upstream_refuses(req: ApiRequest) -> None:
+    """An upstream engine is sent what SamplingParams it forwards (backends/upstream.py):
+    a field it is not sent is refused by name rather than ignored."""
+    p = req.sampling
     # A JSON object or schema on a chat is forwarded as response_format (upstream.py).
     if p.structured is not None and not forwarded_structure(req):
         raise invalid(
@@ -640,9 +687,11 @@ async def start_stream(
     blocks are in the prefix cache, and the other choices find them there instead of
     computing the prompt again (prefix sharing, one prefill)."""
     client = await engine_client(req.model)
+    if isinstance(client, UpstreamClient):
+        await upstream_tools(client, req)
     if getattr(client, "tokenizer", None) is None:
         upstream_refuses(req)
-    if req.uses_tools and client.tool_format is None:
+    if req.uses_tools and client.tool_format is None and not req.forwards_tools:
         raise invalid(
             f"the model '{req.model}' does not support tools: its chat template has no "
             "tool-call format this server reads (Hermes-style <tool_call> JSON)",
@@ -685,14 +734,20 @@ async def start_stream(
         raise
 
 
-async def collect(choice: Choice) -> tuple[str, list[int], list[TokenLogprob], Delta]:
+async def collect(
+    choice: Choice,
+) -> tuple[str, list[int], list[TokenLogprob], Delta, list[dict[str, Any]]]:
+    """A choice's whole reply: its text, ids, logprobs, last delta and an upstream's
+    tool-call pieces."""
     text, ids, last = "", [], choice.first
     logprobs: list[TokenLogprob] = []
+    calls: list[dict[str, Any]] = []
     async for last in starting_with(choice.first, choice.stream):
         text += last.text
         ids.extend(last.token_ids)
         logprobs.extend(last.logprobs or ())
-    return text, ids, logprobs, last
+        calls.extend(getattr(last, "tool_calls", None) or ())
+    return text, ids, logprobs, last, calls
 
 
 async def interleaved(choices: list[Choice]) -> AsyncIterator[tuple[int, Delta]]:
@@ -868,12 +923,12 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
             await c.stream.aclose()
         release()
     out = []
-    for c, (text, ids, logprobs, last) in zip(choices, results, strict=True):
+    for c, (text, ids, logprobs, last, calls) in zip(choices, results, strict=True):
         if last.finish_reason == "error":
             raise failed_reply(last)
         lps = logprobs_of(client, req, chat, logprobs, 0)
         if chat:
-            message, finish = reply_message(req, text, last)
+            message, finish = reply_message(req, text, last, calls)
             if c.index == 0 and "tool_calls" not in message:
                 client.remember_reply(text, ids, req.scope)
             out.append(
@@ -935,7 +990,8 @@ async def sse_events(
                 break
             parser = parsers[i]
             if parser is not None:
-                pieces = parser.feed(delta.text) + (parser.finish() if delta.finished else [])
+                calls = getattr(delta, "tool_calls", None)
+                pieces = parsed(parser, delta.text, calls, final=delta.finished)
                 # A delta's logprobs ride on its first piece (or an empty delta while the
                 # parser holds its text back).
                 lps = delta.logprobs and logprobs_of(client, req, chat, delta.logprobs, 0)

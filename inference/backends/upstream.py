@@ -59,6 +59,24 @@ class UpstreamLogprob(TokenLogprob):
     top_tokens: list[tuple[str, list[int] | None, float]] = field(default_factory=list)
 
 
+@dataclass
+class UpstreamDelta(Delta):
+    """A delta with the tool calls the upstream parsed from its reply, as OpenAI streams
+    them (`index`, then `id`, `type`, `function.name` and `arguments` pieces)."""
+
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+@dataclass
+class UpstreamPrompt(Prompt):
+    """A chat prompt with tools: the upstream's own template renders them and its own
+    parser reads the calls back."""
+
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+
+
 class UpstreamRefusal(InvalidRequestError):
     """The upstream refused the request as a client mistake (its 400 or 422, or an error
     it types invalid_request_error): the API's 400, naming the field where the upstream
@@ -196,18 +214,56 @@ class UpstreamClient:
         self.model_name = model
         self._streams: dict[str, asyncio.Task[None]] = {}
         self.requests_total = 0
+        self._tools_known: tuple[float, bool | None] = (float("-inf"), None)
 
     # --- the EngineClient protocol (inference/client.py) ------------------------------
 
     def chat_prompt(self, turns: list[Turn], cache_salt: str | None = None) -> Prompt:
         return Prompt(messages=[{"role": t.role, "content": t.text} for t in turns])
 
-    tool_format: str | None = None  # tools are not forwarded (the API refuses them)
+    tool_format: str | None = None  # the upstream parses its own calls (UpstreamDelta)
 
     def tool_prompt(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        tool_choice: str | dict[str, Any] | None = None,
+        parallel_tool_calls: bool = True,
     ) -> Prompt:
-        raise ValueError("tools are not supported with an upstream engine")
+        """OpenAI-shaped messages (calls with their arguments as JSON text) and tools, sent
+        as they are. llama-server takes a named tool_choice as "auto" without a word: it is
+        sent "required" with the named tool alone, which is the same promise."""
+        if tools and isinstance(tool_choice, dict) and self.llama_cpp:
+            name = (tool_choice.get("function") or {}).get("name")
+            tools = [t for t in tools if (t.get("function") or {}).get("name") == name]
+            tool_choice = "required"
+        return UpstreamPrompt(
+            messages=messages,
+            tools=tools or None,
+            tool_choice=tool_choice if tools else None,
+            parallel_tool_calls=parallel_tool_calls,
+        )
+
+    async def supports_tools(self) -> bool | None:
+        """Whether the upstream's template for this model has a tool format, where it says
+        (llama-server's /props: it renders and parses tools only then, and drops them
+        without a word otherwise); None when it does not say (read again after
+        UpstreamModels.LIST_TTL_S)."""
+        at, known = self._tools_known
+        if not self.llama_cpp or time.monotonic() - at < UpstreamModels.LIST_TTL_S:
+            return known
+        root = self.base_url.removesuffix("/v1")
+        try:
+            async with httpx.AsyncClient(timeout=10) as http:
+                answer = await http.get(root + "/props", headers=self.headers)
+                answer.raise_for_status()
+                caps = answer.json().get("chat_template_caps") or {}
+            known = bool(caps["supports_tools"]) if "supports_tools" in caps else None
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            log.warning("the upstream at %s did not say whether it takes tools: %s", root, exc)
+            known = None
+        self._tools_known = (time.monotonic(), known)
+        return known
 
     def system_prompt(self, text: str) -> Prompt:
         return Prompt(messages=[{"role": "system", "content": text}])
@@ -285,6 +341,10 @@ class UpstreamClient:
         if sampling.structured is not None:
             body["response_format"] = self._response_format(prompt, sampling)
         body.update(self._sampling_fields(sampling, chat=prompt.messages is not None))
+        if isinstance(prompt, UpstreamPrompt) and prompt.tools:
+            body["tools"], body["parallel_tool_calls"] = prompt.tools, prompt.parallel_tool_calls
+            if prompt.tool_choice is not None:
+                body["tool_choice"] = prompt.tool_choice
         if prompt.messages is not None:
             path, body["messages"] = "/chat/completions", prompt.messages
         else:
@@ -390,16 +450,18 @@ class UpstreamClient:
                         m.cached_tokens = int(details.get("cached_tokens") or 0)
                         output_tokens = int(usage.get("completion_tokens") or output_tokens)
                     for choice in chunk.get("choices") or []:
-                        text = (
-                            (choice.get("delta") or {}).get("content") or choice.get("text") or ""
-                        )
+                        delta = choice.get("delta") or {}
+                        text = delta.get("content") or choice.get("text") or ""
                         lps = _logprobs(choice.get("logprobs"), top) if top is not None else None
-                        if text or lps:
+                        calls = delta.get("tool_calls") or None
+                        if text or lps or calls:
                             now = time.time()
                             if m.first_token_time is None:
                                 m.first_token_time = now
                             m.token_times.append(now)
-                            await queue.put(Delta(rid, text=text, logprobs=lps))
+                            await queue.put(
+                                UpstreamDelta(rid, text=text, logprobs=lps, tool_calls=calls)
+                            )
                         if choice.get("finish_reason"):
                             finish = "length" if choice["finish_reason"] == "length" else "stop"
         except asyncio.CancelledError:

@@ -126,6 +126,26 @@ def test_logprobs_and_sampling_extras_pass_through_the_front(
     assert all(len(alternatives) == 2 for alternatives in lp.top_logprobs)
 
 
+def test_tools_go_upstream_and_its_refusal_comes_back_as_a_400(
+    front: LiveServer, model_id: str
+) -> None:
+    # This app says nothing of its templates: the tools go to it, and its 400 (the model's
+    # template has no tool format) is the front's, with its words and param.
+    api = openai.OpenAI(
+        base_url=front.url + "/v1", api_key=front.make_key("apiuser"), max_retries=0
+    )
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as caught:
+            api.chat.completions.create(
+                model=model_id, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                tools=tools, tool_choice="required", stream=stream,  # type: ignore[arg-type]
+            )  # fmt: skip
+        error = caught.value.body
+        assert isinstance(error, dict) and error["param"] == "tools", error
+        assert model_id in error["message"] and "tools" in error["message"], error
+
+
 def test_an_upstream_s_refusals_of_a_field_are_the_client_s_400s() -> None:
     # As llama-server, vLLM, TGI and FastAPI word them: never a 500 or a 503 here.
     llama = _error_for(400, json.dumps({"error": {

@@ -2,7 +2,8 @@
 `llama-server` on the bundled GGUF, built once into the cache folder by
 scripts/build-llama-server.sh (scripts/test.sh builds it before the tests run).
 
-One llama-server and one front for the session; replies are a few tokens long. Without
+One llama-server and one front for the session, and a second pair (module) whose
+llama-server has a template with a tool format; replies are a few tokens long. Without
 the tools to build llama-server (cmake, ninja, a C/C++ compiler) these tests skip and say
 so; any other failure to build or start it is a failure.
 """
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -338,3 +341,122 @@ def test_llama_server_refusing_a_field_is_a_clean_400(
     assert isinstance(error, dict) and error["type"] == "invalid_request_error", error
     assert "nowhere" in error["message"], error
     assert httpx.get(front.url + "/healthz?engine=1").status_code == 200
+
+
+# --- tools: llama-server with a template that has a tool format ------------------------
+
+# From llama.cpp's own collection of templates (in the source the build keeps): ChatML,
+# the bundled model's own markers, with Hermes' <tool_call> format.
+HERMES_TEMPLATE = "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja"
+
+
+def _tool(name: str, field: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": f"The {field}",
+            "parameters": {"type": "object", "properties": {field: {"type": "string"}},
+                           "required": [field]}}}  # fmt: skip
+
+
+WEATHER = [_tool("get_weather", "city")]
+
+
+def _examples() -> list[dict[str, Any]]:
+    """Three earlier turns that each called the tool: the 135M model follows the pattern."""
+    out: list[dict[str, Any]] = []
+    for i, city in enumerate(("Paris", "Rome", "Berlin")):
+        call = {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+        }
+        out += [
+            {"role": "user", "content": f"What is the weather in {city}?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": "sunny"},
+            {"role": "assistant", "content": f"It is sunny in {city}."},
+        ]  # fmt: skip
+    return [*out, {"role": "user", "content": "What is the weather in Madrid?"}]
+
+
+@pytest.fixture(scope="module")
+def tool_api(
+    tmp_path_factory: pytest.TempPathFactory, llama: LlamaServer
+) -> Iterator[tuple[openai.OpenAI, str]]:
+    binary = Path(llama.args[0])
+    server = LlamaServer(
+        str(binary), bundled_gguf(), threads=1, slots=1,
+        workdir=tmp_path_factory.mktemp("llama-tools"), ctx_per_slot=2048,
+    )  # fmt: skip
+    template = binary.parents[2] / "src" / "models" / "templates" / HERMES_TEMPLATE
+    assert template.is_file(), f"llama.cpp's source next to {binary} has no {HERMES_TEMPLATE}"
+    server.args += ["--chat-template-file", str(template)]
+    server.start()
+    front = LiveServer(
+        tmp_path_factory.mktemp("front-llama-tools"),
+        "/nonexistent-model-folder",
+        ENGINE_MODE="upstream",
+        ENGINE_UPSTREAM_URL=server.url + "/v1",
+    )
+    try:
+        front.start()
+        front.make_user("apiuser", PASSWORD)
+        api = openai.OpenAI(base_url=front.url + "/v1", api_key=front.make_key("apiuser"),
+                            max_retries=0)  # fmt: skip
+        yield api, api.models.list().data[0].id
+    finally:
+        front.stop()
+        server.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streaming"])
+def test_a_tool_call_round_trip_through_the_front(
+    tool_api: tuple[openai.OpenAI, str], stream: bool
+) -> None:
+    api, model = tool_api
+    ask = _examples()
+    if stream:
+        chunks = list(api.chat.completions.create(
+            model=model, messages=ask, tools=WEATHER, max_tokens=40, temperature=0, stream=True,
+        ))  # type: ignore[call-overload]  # fmt: skip
+        entries = [e for c in chunks if c.choices for e in c.choices[0].delta.tool_calls or ()]
+        # As OpenAI streams them: the id and name first, then the arguments piece by piece.
+        assert entries[0].id and entries[0].function.name == "get_weather", entries
+        assert len(entries) > 2 and all(e.index == 0 and e.id is None for e in entries[1:])
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+        assert finishes[-1] == "tool_calls" and not any(finishes[:-1])
+        call_id = entries[0].id
+        arguments = "".join(e.function.arguments or "" for e in entries)
+    else:
+        reply = api.chat.completions.create(
+            model=model, messages=ask, tools=WEATHER, max_tokens=40, temperature=0,  # type: ignore[arg-type]
+        )  # fmt: skip
+        assert reply.choices[0].finish_reason == "tool_calls"
+        call = reply.choices[0].message.tool_calls[0]
+        assert call.type == "function" and call.function.name == "get_weather"
+        call_id, arguments = call.id, call.function.arguments
+    assert json.loads(arguments) == {"city": "Madrid"}
+    # The tool's result goes back: the model answers from it.
+    ask += [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": call_id, "type": "function",
+         "function": {"name": "get_weather", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": call_id, "content": "rainy"},
+    ]  # fmt: skip
+    final = api.chat.completions.create(
+        model=model, messages=ask, tools=WEATHER, max_tokens=20, temperature=0,  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert final.choices[0].finish_reason == "stop" and not final.choices[0].message.tool_calls
+    assert "rainy" in (final.choices[0].message.content or ""), final
+
+
+def test_a_named_tool_choice_calls_that_tool(tool_api: tuple[openai.OpenAI, str]) -> None:
+    # llama-server reads a named tool_choice as "auto": the front sends it "required"
+    # with the named tool alone, so the call is the named one, not the one the turns show.
+    api, model = tool_api
+    reply = api.chat.completions.create(
+        model=model, messages=_examples(), tools=[*WEATHER, _tool("get_time", "zone")],  # type: ignore[arg-type]
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        parallel_tool_calls=False, max_tokens=40, temperature=0,
+    )  # fmt: skip
+    calls = reply.choices[0].message.tool_calls
+    assert reply.choices[0].finish_reason == "tool_calls" and calls and len(calls) == 1
+    assert calls[0].function.name == "get_time", calls
+    assert set(json.loads(calls[0].function.arguments)) == {"zone"}

@@ -276,6 +276,23 @@ def test_penalties_and_vllm_s_sampling_extras_reach_llama_server(
         assert hot == plain, extra
 
 
+def test_n_choices_with_a_seed_are_repeatable_through_the_front(
+    api: openai.OpenAI, llama_model: str
+) -> None:
+    # llama-server takes n=1 only: each choice is a request of its own there, with seed
+    # seed + i, so the same seed gives the same choices again.
+    def choices() -> list[str]:
+        reply = api.chat.completions.create(
+            model=llama_model, messages=[{"role": "user", "content": "Tell me a story."}],
+            max_tokens=8, temperature=1.0, seed=11, n=2,
+        )  # fmt: skip
+        assert [c.index for c in reply.choices] == [0, 1]
+        return [str(c.message.content) for c in reply.choices]
+
+    first = choices()
+    assert all(first) and choices() == first
+
+
 def test_logit_bias_bans_and_forces_tokens_in_llama_server(
     api: openai.OpenAI, llama: LlamaServer, llama_model: str
 ) -> None:

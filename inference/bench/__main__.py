@@ -35,7 +35,7 @@ from inference.engine.engine import LLMEngine
 # servers.py on the project's one launcher (tools/live_server.py); a step's parts alone.
 PROGRAMS = {
     "engine": ("kv_tier", "followup", "chat_engine", "speculative", "model_switch", "quality",
-               "workers", "tp", "scheduler_sim"),
+               "workers", "tp", "scheduler_sim", "invariant"),
     "servers": ("vs_llama", "burst", "api_clients"),
     "steps and kernels": ("step_profile", "step_ab", "mixed_step", "structured",
                           "linear_formats", "kernels", "attention"),

@@ -1,7 +1,9 @@
 """Whose prefix chain a block joins, and the chains themselves: the per-process hash the
 prefix index uses and the stable blake2b digest the Redis tier keys blocks by. A
 request's `CacheScope` (vLLM's `cache_salt`) salts the link into its first salted block,
-so every later hash and digest differs from another owner's (kv_cache.py has the rest)."""
+so every later hash and digest differs from another owner's (kv_cache.py has the rest).
+A batch-invariant request's chain (model_runner.py's invariant rows) is salted from its
+first block: its K/V are other bits than the same tokens' computed in a batch."""
 
 from __future__ import annotations
 
@@ -33,6 +35,14 @@ def salted_digest(parent: bytes, salt: str) -> bytes:
     return hashlib.blake2b(b"cache_salt\0" + data, digest_size=16).digest()
 
 
+def invariant_hash(parent: int | None) -> int:
+    return hash(("batch_invariant", parent))
+
+
+def invariant_digest(parent: bytes) -> bytes:
+    return hashlib.blake2b(b"batch_invariant\0" + parent, digest_size=16).digest()
+
+
 @dataclass(frozen=True)
 class CacheScope:
     """Whose prefix chain a request's full blocks join.
@@ -44,10 +54,14 @@ class CacheScope:
 
     salt: str | None = None
     shared_blocks: int = 0
+    # The request's rows are computed batch-invariant: its blocks never meet the others'.
+    invariant: bool = False
 
     def link_hash(self, index: int, previous: int | None) -> int | None:
         """The parent hash of block `index`, given the hash of the block before (None for
         the first)."""
+        if self.invariant and index == 0:
+            previous = invariant_hash(previous)
         if self.salt is not None and index == self.shared_blocks:
             return salted_hash(previous, self.salt)
         return previous
@@ -55,6 +69,8 @@ class CacheScope:
     def link_digest(self, index: int, previous: bytes) -> bytes:
         """The parent digest of block `index`, given the digest of the block before
         (ROOT_DIGEST for the first): what the Redis tier stores as the block's parent."""
+        if self.invariant and index == 0:
+            previous = invariant_digest(previous)
         if self.salt is not None and index == self.shared_blocks:
             return salted_digest(previous, self.salt)
         return previous

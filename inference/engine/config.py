@@ -115,6 +115,12 @@ class EngineConfig:
     lookup every step; `auto`: prompt lookup only while a step stays small, paused for a
     sequence whose guesses do not pay, never for a seeded sampled request; `draft`: a
     smaller model with the same tokenizer."""
+    batch_invariant: str = "seeded"
+    """`seeded`: a request with a `seed` gives the same text whatever the cache holds and
+    whatever else is in the batch, where the native 4-bit path runs (its rows on the
+    one-row products, prompts too, and its KV blocks apart: about 2x a seeded prompt's
+    prefill, and up to ~1.4x the steps it shares; docs/api.md); `off`: not (the same seed
+    repeats only in the same cache state and batch)."""
     num_speculative_tokens: int = 4
     """Tokens guessed per sequence and step; one forward checks them all."""
     ngram_min: int = 1

@@ -127,6 +127,11 @@ PANEL_MIN_ROWS = {"avx512": (16, 24), "avx2": (24, 24)}
 # the split is not off (EngineConfig.split_mixed_steps; auto: not on AMX, whose tiles
 # take the chunk's rows with the decodes): python -m inference.bench.mixed_step.
 SPLIT_MIN_ROWS = 8
+# A step with batch-invariant rows (a seeded request's: model_runner's invariant) runs all
+# its rows on the one-row products up to this many rows, where those cost the others' rows
+# less than a forward of the invariant rows' own; past it the invariant rows take their
+# own forward: python -m inference.bench.invariant --streams 8 16 24 32.
+INVARIANT_FOLD_ROWS = 16
 
 # --- On how many threads ------------------------------------------------------------------
 #
@@ -151,6 +156,11 @@ def _row_limits(setting: str, layers: int, head: int) -> tuple[int, int]:
         return int(raw), int(raw)
     except ValueError:
         raise ValueError(f"{setting} must be an integer, got {raw!r}") from None
+
+
+def invariant_fold_rows() -> int:
+    """Up to how many rows a step with batch-invariant rows runs as one (INVARIANT_FOLD_ROWS)."""
+    return INVARIANT_FOLD_ROWS
 
 
 def amx_min_rows() -> tuple[int, int]:

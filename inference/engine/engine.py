@@ -233,7 +233,12 @@ class LLMEngine:
             raise PromptTooLongError(
                 f"the prompt has {n} tokens; this engine takes fewer than {self.max_model_len}"
             )
-        scope = CacheScope(cache_salt, max(0, shared_prefix_tokens) // self.config.block_size)
+        # A seeded request's rows are batch-invariant where the runner computes such rows:
+        # the same text cold, from the prefix cache, alone or in a busy batch.
+        invariant = sampling.seed is not None and self.runner.invariant_rows
+        scope = CacheScope(
+            cache_salt, max(0, shared_prefix_tokens) // self.config.block_size, invariant
+        )
         seq = Sequence(request_id, prompt_token_ids, sampling, session_id, cache_scope=scope)
         seq.max_tokens = min(sampling.max_tokens, self.max_model_len - n)
         seq.stop_token_ids = set(sampling.stop_token_ids)

@@ -19,7 +19,7 @@ from inference.engine.compiled_step import (
 )
 from inference.engine.config import EngineConfig
 from inference.engine.cpu_backend import ALL_CORES_POOLED as ALL_CORES_POOLED
-from inference.engine.cpu_backend import SPLIT_MIN_ROWS
+from inference.engine.cpu_backend import SPLIT_MIN_ROWS, invariant_fold_rows
 from inference.engine.cuda_graphs import CudaGraphStep
 from inference.engine.kv_budget import auto_pool_bytes, available_memory
 from inference.engine.kv_tier.redaction import redacted
@@ -110,6 +110,9 @@ def resolve_quantization(
     if kernels.load() is not None and model_fits_blocks:
         return "hybrid"
     return "fp16" if dtype == torch.float32 else "none"
+
+
+INVARIANT_MODES = ("seeded", "off")
 
 
 def split_mixed(mode: str) -> bool:
@@ -227,6 +230,12 @@ class ModelRunner:
         self.num_blocks = max(2, pool_bytes // block_bytes)
         native = getattr(m, "native", None)
         self.split_mixed = split_mixed(config.split_mixed_steps)
+        if config.batch_invariant not in INVARIANT_MODES:
+            raise ValueError(
+                f"batch_invariant must be one of {', '.join(INVARIANT_MODES)}; "
+                f"got {config.batch_invariant!r}"
+            )
+        self.batch_invariant = config.batch_invariant
         log.info(
             "%s",
             describe_engine(
@@ -371,11 +380,27 @@ class ModelRunner:
         )
         seqs = [batch.seqs[i] for i in order]
         counts = [batch.num_tokens[i] for i in order]
-        parts = self._split(seqs, counts)
+        invariant = [i for i, s in enumerate(seqs) if s.cache_scope.invariant]
+        parts: list[tuple[list[Sequence], list[int]]] | None
+        if invariant and self._folds_invariant(seqs, counts):
+            # Every row on the one-row products (_run_part's invariant), in one forward.
+            parts = [(seqs, counts)]
+        elif invariant:
+            # Batch-invariant rows first, in a forward of their own.
+            rest = [i for i in range(len(seqs)) if not seqs[i].cache_scope.invariant]
+            parts = [([seqs[i] for i in invariant], [counts[i] for i in invariant])]
+            if rest:
+                parts.append(([seqs[i] for i in rest], [counts[i] for i in rest]))
+        else:
+            parts = self._split(seqs, counts)
         if parts is None:
             return self._run_part(seqs, counts, len(seqs), all_logits)
-        # The decodes' forward, then the chunks': each part's sampling rows in its order.
-        done = [self._run_part(s, c, len(seqs), all_logits) for s, c in parts]
+        # Each part's forward in turn (the invariant rows', the decodes', the chunks'): each
+        # part's sampling rows in its order.
+        done = [
+            self._run_part(s, c, len(seqs), all_logits, any(x.cache_scope.invariant for x in s))
+            for s, c in parts
+        ]
         sampled = [seq for part_seqs, _ in done for seq in part_seqs]
         logits = [part_logits for _, part_logits in done if part_logits.numel()]
         return sampled, torch.cat(logits) if logits else torch.empty(0)
@@ -404,27 +429,57 @@ class ModelRunner:
             ([seqs[i] for i in large], [counts[i] for i in large]),
         ]
 
+    @property
+    def invariant_rows(self) -> bool:
+        """Whether this runner computes seeded requests' rows batch-invariant (_run_part's
+        invariant): where the native path runs, unless configured off."""
+        native = getattr(self.model, "native", None)
+        return native is not None and self.batch_invariant == "seeded"
+
+    def _folds_invariant(self, seqs: list[Sequence], counts: list[int]) -> bool:
+        """Whether a step with batch-invariant rows runs all its rows as they do, in one
+        forward: where the native path takes the whole step and a second forward would
+        cost more than the one-row products cost the others' rows (cpu_backend's)."""
+        rows = sum(counts)
+        return self._native_step(seqs, counts) and rows <= invariant_fold_rows()
+
     def _run_part(
-        self, seqs: list[Sequence], counts: list[int], streams: int, all_logits: bool
+        self,
+        seqs: list[Sequence],
+        counts: list[int],
+        streams: int,
+        all_logits: bool,
+        invariant: bool = False,
     ) -> tuple[list[Sequence], torch.Tensor]:
         """One forward over these sequences (ordered as run() orders them) and the logits of
-        their sampling rows; `streams`: the whole step's, which set its threads."""
-        native = self._native_step(seqs, counts)
+        their sampling rows; `streams`: the whole step's, which set its threads.
+
+        invariant: every row, a prompt's as a decode's, goes through the native path as a
+        step of one row would (the products and the head picked for one row, attention row
+        by row; each gives a row the same bits at any number of rows), so a row's bits do
+        not depend on the step's other rows, on how its prompt was chunked or on whether
+        its prefix came from the cache (whose blocks CacheScope.invariant keeps apart)."""
+        native = invariant or self._native_step(seqs, counts)
         input_ids, meta, sample_rows = self._prepare(seqs, counts, native)
         # Speculative guesses ride after a sequence's last token.
         guesses = sum(
             max(0, s.num_computed_tokens + n - len(s)) for s, n in zip(seqs, counts, strict=True)
         )
-        if guesses:
+        if invariant:
+            meta.as_rows = 1
+        elif guesses:
             meta.as_rows = sum(counts) - guesses
         self._set_threads(native, streams, pooled=self._pooled(sum(counts)))
-        hidden = self._forward(input_ids, meta, native)
+        if invariant:
+            hidden = self.model.native.forward(input_ids, meta, self.kv_caches)
+        else:
+            hidden = self._forward(input_ids, meta, native)
         if all_logits:
-            return seqs, self.model.compute_logits(hidden)
+            return seqs, self.model.compute_logits(hidden, meta.as_rows)
         sampling = [s for s, r in zip(seqs, sample_rows, strict=True) if r is not None]
         rows = [r for r in sample_rows if r is not None]
-        as_rows = None
-        if any(s.draft_tokens for s in sampling):
+        as_rows = 1 if invariant else None
+        if any(s.draft_tokens for s in sampling) and not invariant:
             as_rows = len(rows)
             # A sequence checking k guesses needs the logits of its last k + 1 rows.
             rows = [

@@ -25,6 +25,7 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase
 from inference.engine.errors import UnsupportedModelError
 from inference.engine.formats.ggml_types import k_low_nibbles, k_scales
 from inference.engine.formats.gguf_file import GGUFFile, GGUFTensor, return_freed_memory
+from inference.engine.layers.fused import FUSED_PRODUCTS
 from inference.engine.quantized import GROUP, K_QUANT_DIVISORS, Q4_1, Q8_0, QK, BlockWeight
 
 
@@ -413,9 +414,10 @@ def load_gguf_blocks(path: str | Path) -> dict[str, BlockWeight]:
 # The float types go to 4 bits, as a float folder's layers are quantized at load.
 _HELD_AT_8_BITS = frozenset({"Q5_K", "Q6_K", "Q8_0"})
 
-# The matrices of a layer that the engine multiplies as one (models/base.py's DecoderLayer:
-# q, k and v; gate and up), by their GGUF names: one product, one format.
-_FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
+# The matrices of a layer that the engine multiplies as one (layers/fused.py's table, which
+# DecoderLayer fuses by), by their GGUF names: one product, one format.
+_GGUF_LAYER_NAMES = {hf: gguf for gguf, hf in _LAYER_NAMES.items()}
+_FUSED = tuple(tuple(_GGUF_LAYER_NAMES[m] for m in group) for group in FUSED_PRODUCTS)
 
 
 def held_as(type_name: str) -> type[Q4_1] | type[Q8_0]:

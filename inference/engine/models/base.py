@@ -38,6 +38,7 @@ from inference.engine.layers.attention import (
     AttentionMetadata,
     LayerAttention,
 )
+from inference.engine.layers.fused import GATE_UP, QKV
 from inference.engine.layers.linear import (
     HYBRID_MAX_ROWS,
     QUANTIZATIONS,
@@ -169,9 +170,9 @@ class DecoderLayer:
             self.q_norm = norm(w[f"{prefix}.self_attn.q_norm.weight"])
             self.k_norm = norm(w[f"{prefix}.self_attn.k_norm.weight"])
         # Split per projection, then fuse: each rank's qkv is [its q heads; its k; its v].
-        self.qkv = linear(tuple(f"self_attn.{n}_proj" for n in ("q", "k", "v")), 0)
+        self.qkv = linear(QKV, 0)
         self.o = linear(("self_attn.o_proj",), 1)
-        self.gate_up = linear(("mlp.gate_proj", "mlp.up_proj"), 0)
+        self.gate_up = linear(GATE_UP, 0)
         self.down = linear(("mlp.down_proj",), 1)
         self.rope = spec.rope
         window = spec.window if spec.window is not None and spec.window < model.max_len else None

@@ -144,15 +144,15 @@ def gguf_config(file: GGUFFile) -> PretrainedConfig:
     heads = int(get("attention.head_count"))
     hidden = int(get("embedding_length"))
     names = set(file.tensor_names())
-    if "rope_factors_long.weight" in names:
-        raise UnsupportedGGUF(
-            f"{file.path.name}: rope scaling stored as long and short factors (longrope, "
-            "rope_factors_long / rope_factors_short) is not supported; supported: none, "
-            "linear, yarn, per-frequency divisors (rope_freqs: Llama 3's)"
-        )
+    head_dim = int(get("attention.key_length", hidden // heads))
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": _f32(get("rope.freq_base", 1e4))}
+    # Phi-4-mini rotates part of each head only: the converter writes the rotated width.
+    if (rotated := int(get("rope.dimension_count", head_dim))) != head_dim:
+        rope["partial_rotary_factor"] = rotated / head_dim
     scaling = get("rope.scaling.type", "none")
-    if scaling in ("linear", "yarn"):
+    if "rope_factors_long.weight" in names:
+        rope.update(_longrope(file, get))
+    elif scaling in ("linear", "yarn"):
         rope.update(rope_type=scaling, factor=_f32(get("rope.scaling.factor")))
         if scaling == "yarn":
             rope["original_max_position_embeddings"] = int(
@@ -161,7 +161,8 @@ def gguf_config(file: GGUFFile) -> PretrainedConfig:
     elif scaling != "none":
         raise UnsupportedGGUF(
             f"{file.path.name}: rope scaling {scaling!r} is not supported; "
-            "supported: none, linear, yarn, per-frequency divisors (rope_freqs)"
+            "supported: none, linear, yarn, per-frequency divisors (rope_freqs), long and "
+            "short factors (rope_factors_long / _short: Phi-3's longrope)"
         )
     eos = file.get("tokenizer.ggml.eos_token_id")
     fields: dict[str, Any] = {
@@ -170,7 +171,7 @@ def gguf_config(file: GGUFFile) -> PretrainedConfig:
         "num_hidden_layers": int(get("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(get("attention.head_count_kv", heads)),
-        "head_dim": int(get("attention.key_length", hidden // heads)),
+        "head_dim": head_dim,
         "max_position_embeddings": int(get("context_length")),
         "rms_norm_eps": _f32(get("attention.layer_norm_rms_epsilon", 1e-6)),
         "vocab_size": int(get("vocab_size", 0) or len(file.get("tokenizer.ggml.tokens"))),
@@ -182,6 +183,12 @@ def gguf_config(file: GGUFFile) -> PretrainedConfig:
         "attention_bias": "blk.0.attn_q.bias" in names,
         "torch_dtype": "float32",
     }
+    if arch.model_type == "phi3":
+        # Phi3Config keeps it beside its rope parameters, which take it over their own (and
+        # default it to 4096): the pretraining length, where longrope switches factors.
+        fields["original_max_position_embeddings"] = int(
+            get("rope.scaling.original_context_length", fields["max_position_embeddings"])
+        )
     # Phi-3's converter writes a window of 0 for "none" (Phi-4's sets one).
     if window := int(get("attention.sliding_window", 0) or 0):
         fields["sliding_window"] = window
@@ -208,6 +215,42 @@ def gguf_config(file: GGUFFile) -> PretrainedConfig:
         config.rope_parameters["freq_factors"] = divisors
     config.architectures = [_CAUSAL_LM[arch.model_type]]
     return config
+
+
+def _longrope(file: GGUFFile, get: Callable[..., Any]) -> dict[str, Any]:
+    """Phi-3's longrope (the 128k models, Phi-3.5, Phi-4-mini) as transformers' parameters:
+    the converter writes the long and short factors as tensors, the pretraining length and
+    the attention factor (cos and sin scaled by it) as metadata, and no scaling type.
+    layers/rotary.py then takes the short factors below that length and the long ones from
+    it on, as for a Hugging Face folder. (llama.cpp picks one set for a whole context by
+    its size: the long where the context exceeds that length.)"""
+    if file.architecture != "phi3":
+        raise UnsupportedGGUF(
+            f"{file.path.name}: rope scaling stored as long and short factors (longrope) is "
+            f"supported for phi3 only, not {file.architecture!r}"
+        )
+    tensors = file.tensors()
+    factors = {
+        f"{kind}_factor": [
+            _f32(v) for v in tensors[f"rope_factors_{kind}.weight"].dequantize().tolist()
+        ]
+        for kind in ("long", "short")
+    }
+    original = get("rope.scaling.original_context_length")
+    if original is None:
+        raise UnsupportedGGUF(
+            f"{file.path.name}: longrope factors without "
+            f"{file.architecture}.rope.scaling.original_context_length"
+        )
+    params: dict[str, Any] = {
+        "rope_type": "longrope",
+        **factors,
+        "original_max_position_embeddings": int(original),
+    }
+    # The converter computes it as transformers does by default; llama.cpp uses the file's.
+    if (attention := get("rope.scaling.attn_factor")) is not None:
+        params["attention_factor"] = _f32(attention)
+    return params
 
 
 def _gemma3_layers(get: Callable[..., Any], fields: dict[str, Any]) -> dict[str, Any]:
@@ -253,7 +296,9 @@ def load_gguf_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
 
 
 # Tensors that are settings, not weights: read into the config (gguf_config).
-_CONFIG_TENSORS = frozenset({"rope_freqs.weight"})
+_CONFIG_TENSORS = frozenset(
+    {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
+)
 
 
 def weights(file: GGUFFile) -> dict[str, GGUFTensor]:

@@ -479,8 +479,9 @@ class ModelRunner:
         sampling = [s for s, r in zip(seqs, sample_rows, strict=True) if r is not None]
         rows = [r for r in sample_rows if r is not None]
         as_rows = 1 if invariant else None
-        if any(s.draft_tokens for s in sampling) and not invariant:
-            as_rows = len(rows)
+        if any(s.draft_tokens for s in sampling):
+            if not invariant:
+                as_rows = len(rows)
             # A sequence checking k guesses needs the logits of its last k + 1 rows.
             rows = [
                 i

@@ -64,3 +64,29 @@ def test_batch_invariant_off_or_unknown(real_model_path) -> None:
         LLMEngine(
             EngineConfig(model=str(real_model_path), kv_cache_memory_mb=64, batch_invariant="x")
         )
+
+
+def test_seeded_rows_beside_speculation(real_model_path) -> None:
+    """A seeded request beside a greedy one that guesses (`auto`): the steps they share run
+    as one invariant forward, the guesses' rows checked there; each keeps its own text (the
+    greedy one its plain decoding's). With `ngram` the seeded one guesses too, its guesses
+    checked in its invariant forward."""
+    greedy_prompt, seeded_prompt = GROUNDED[0], CHAT[0]
+
+    def run(mode: str, both: bool) -> dict[str, list[int]]:
+        engine = LLMEngine(
+            EngineConfig(model=str(real_model_path), kv_cache_memory_mb=256, speculative_mode=mode)
+        )
+        engine.add_request(
+            chat_prompt(engine, greedy_prompt), SamplingParams(max_tokens=48, temperature=0), "g"
+        )
+        if both:
+            seeded = SamplingParams(max_tokens=32, seed=3)
+            engine.add_request(chat_prompt(engine, seeded_prompt), seeded, "s")
+        return {k: token_ids_of(v) for k, v in run_to_completion(engine).items()}
+
+    alone = run("", False)
+    together = run("auto", True)
+    assert together["g"] == alone["g"]
+    ngram = run("ngram", True)
+    assert len(ngram["s"]) == 32 and ngram["g"] == alone["g"]

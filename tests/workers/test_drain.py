@@ -30,6 +30,10 @@ pytestmark = pytest.mark.slow
 # Long enough to be running when the SIGTERM comes, short enough to end within the drain.
 SHORT = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
 LONG = SamplingParams(max_tokens=1500, temperature=0, ignore_eos=True)
+# A reply that outlasts a 1 s drain: sampled with a seed, so speculation never guesses it
+# (the tiny model's greedy reply repeats a token, and with every guess kept LONG ended in
+# about a second), as long as the tiny model's context allows.
+LONGEST = SamplingParams(max_tokens=2040, temperature=1.0, seed=1, ignore_eos=True)
 
 
 @pytest.fixture
@@ -87,13 +91,13 @@ async def test_replies_past_the_drain_deadline_end_with_a_clear_error(
         ) as (solo,),
         distributed_client(tiny_model_dir, namespace) as client,
     ):
-        stream = client.generate([42, 43, 44], LONG)
+        stream = client.generate([42, 43, 44], LONGEST)
         await stream.__anext__()
         solo.kill(15)
         stopped = time.monotonic()
         last = await last_delta(stream)
         assert 0.9 < time.monotonic() - stopped < 5
-        assert last.finished and last.finish_reason == "error"
+        assert last.finished and last.finish_reason == "error", last
         assert "worker was stopped" in last.error
         assert solo.proc is not None and solo.proc.wait(timeout=30) == 0
         assert not redis.exists(solo.key)

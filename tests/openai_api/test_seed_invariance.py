@@ -55,20 +55,20 @@ def test_a_seeded_request_gives_one_text_cold_warm_and_in_a_busy_batch(client: A
     def other(i: int) -> str:
         reply = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": OTHERS[i % len(OTHERS)]}],
-            max_tokens=64, temperature=0.9,
+            max_tokens=48, temperature=0.9,
         )  # fmt: skip
         return reply.choices[0].message.content
 
-    # Three prompts and seeds: a sampled reply parts from another computation of itself
-    # only where a draw falls near a boundary of the distribution, which some of these
-    # met before seeded rows were batch-invariant.
-    for seed in (1, 2, 3):
+    # Two prompts and seeds: a sampled reply parts from another computation of itself only
+    # where a draw falls near a boundary of the distribution (the engine's own test,
+    # tests/engine/test_batch_invariance.py, has replies that did).
+    for seed in (1, 2):
         cold, cold_cached = _seeded(client, model, seed)  # at most the template's lead
         warm, cached = _seeded(client, model, seed)
         assert cached > cold_cached and warm == cold
-        # Six others and the seeded one: within a key's 8 concurrent requests.
-        with ThreadPoolExecutor(7) as pool:
-            others = [pool.submit(other, i) for i in range(6)]
+        # Five others and the seeded one: within a key's 8 concurrent requests.
+        with ThreadPoolExecutor(6) as pool:
+            others = [pool.submit(other, i) for i in range(5)]
             time.sleep(0.3)  # the others prefilling and decoding
             assert pool.submit(_seeded, client, model, seed).result()[0] == cold
             assert all(isinstance(f.result(), str) for f in others)

@@ -461,13 +461,13 @@ class ModelRunner:
         its prefix came from the cache (whose blocks CacheScope.invariant keeps apart)."""
         native = invariant or self._native_step(seqs, counts)
         input_ids, meta, sample_rows = self._prepare(seqs, counts, native)
-        # Speculative guesses ride after a sequence's last token.
-        guesses = sum(
-            max(0, s.num_computed_tokens + n - len(s)) for s, n in zip(seqs, counts, strict=True)
-        )
         if invariant:
             meta.as_rows = 1
-        elif guesses:
+        elif guesses := sum(
+            # Speculative guesses ride after a sequence's last token.
+            max(0, s.num_computed_tokens + n - len(s))
+            for s, n in zip(seqs, counts, strict=True)
+        ):
             meta.as_rows = sum(counts) - guesses
         self._set_threads(native, streams, pooled=self._pooled(sum(counts)))
         if invariant:

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_seeded_reply_is_the_same_cold_warm_and_in_a_busy_batch(real_model_path) -> None:
-    """Before seeded rows were batch-invariant, the first of these replies parted from its
+    """Where seeded rows are not batch-invariant, the first of these replies parts from its
     cold self at its third token when served warm."""
     engine = LLMEngine(EngineConfig(model=str(real_model_path), kv_cache_memory_mb=512))
     assert engine.runner.invariant_rows

@@ -64,8 +64,8 @@ def test_auto_on_the_default_native_path_keeps_plain_decodings_text(real_model_p
     """The default engine (4-bit blocks, the native path) with speculation `auto` against
     off, one stream at a time, greedy: the same tokens. The steps that check guesses give
     each row the bits a step without them gives (their products picked for the rows without
-    the guesses, their attention row by row); before that, three of these eight replies
-    parted from plain decoding's at a near-tie."""
+    the guesses, their attention row by row); otherwise three of these eight replies part
+    from plain decoding's at a near-tie."""
 
     def make(mode: str) -> LLMEngine:
         return LLMEngine(

@@ -46,9 +46,9 @@ static inline float exp_scores(float *scores, int ctx, vec mx) {
  * positions of distinct contexts attention was ~half a native step (python -m
  * inference.bench.attention). Rows go one by one, also a sequence's several rows (its
  * speculative guesses, a prompt's last few tokens): a row's output is then the same bits
- * whatever rows come with it, so greedy speculation keeps plain decoding's text. (Tiles of
- * a chunk's rows, reading each key once for them, summed in another order; chunks of more
- * than a few rows take chunk_attention.c.) */
+ * whatever rows come with it, so greedy speculation keeps plain decoding's text (a tile of
+ * a sequence's rows would read each key once for them but sum in another order). Chunks of
+ * more than a few rows take chunk_attention.c. */
 typedef struct {
     int row;
     int head; /* a query head; -1: the row's query heads of KV head g */

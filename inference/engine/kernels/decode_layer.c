@@ -88,8 +88,8 @@ int decode_layers(const LayerShape *s, const LayerWeights *w, int layers, float 
                   const int64_t *block_tables, int table_width, void *const *pools,
                   int nthreads) {
     for (int i = 0; i < layers; i++) {
-        int rc = decode_layer(s, w + i, x, rows, as_rows, positions, cos, sin, block_tables, table_width,
-                              pools[i], nthreads);
+        int rc = decode_layer(s, w + i, x, rows, as_rows, positions, cos, sin, block_tables,
+                              table_width, pools[i], nthreads);
         if (rc) return rc;
     }
     return 0;

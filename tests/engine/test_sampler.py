@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference.engine import kernels
+from inference.engine import kernels, sampler
 from inference.engine.sampler import Sampler, apply_repetition_penalty, filter_logits, sample_batch
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.sequence import Sequence
@@ -84,30 +84,141 @@ def test_a_batch_mixes_greedy_seeded_and_unseeded_rows():
     assert tokens[1] == alone[0]
 
 
+def _rows() -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    peaked = torch.randn(49152, generator=gen) * 2
+    peaked[:6] += torch.tensor([12.0, 11.5, 11.0, 10.0, 9.0, 8.0])
+    masked = torch.randn(49152, generator=gen) * 0.02
+    masked[torch.rand(49152, generator=gen) < 0.9] = float("-inf")  # a grammar's mask
+    few = torch.randn(3000, generator=gen)
+    few[5:] = float("-inf")
+    head = torch.randn(49152, generator=gen) * 1.5
+    head[:300] += torch.linspace(18, 6, 300)  # 60-280 tokens within 1e-5 of the best
+    return {
+        "flat": torch.randn(49152, generator=gen) * 0.02,  # a random-weight model's
+        "peaked": peaked,
+        "head": head,
+        "masked": masked,
+        "few_allowed": few,
+        "ties": torch.randint(0, 5, (5000,), generator=gen).float() * 0.1,
+    }
+
+
+ROWS = _rows()
+FILTERS = [
+    SamplingParams(temperature=0.7, top_p=0.95),  # the chat UI's defaults
+    SamplingParams(temperature=1.0, top_p=0.5),
+    SamplingParams(temperature=1.0, top_k=50),
+    SamplingParams(temperature=1.0, top_k=3),
+    SamplingParams(temperature=1.0, top_k=5000, top_p=0.9),
+    SamplingParams(temperature=1.0, top_k=3000, top_p=0.3),
+    SamplingParams(temperature=1.3, min_p=0.2),
+    SamplingParams(temperature=1.0, min_p=1e-7),
+    SamplingParams(temperature=1.0, min_p=0.999),
+    SamplingParams(temperature=0.7, min_p=0.95),
+    SamplingParams(temperature=0.7, top_k=1000, top_p=0.9, min_p=0.95),
+    SamplingParams(temperature=1.0, top_k=100000, top_p=0.8, min_p=0.5),
+    SamplingParams(temperature=0.5, top_k=20, top_p=0.5, min_p=0.98),
+    SamplingParams(temperature=1.0, top_k=100000),  # top_k >= vocab, top_p 1, min_p 0
+]
+
+
+def _name(p: SamplingParams) -> str:
+    return f"t{p.temperature}-k{p.top_k}-p{p.top_p}-m{p.min_p}"
+
+
+@needs_kernels
+@pytest.mark.parametrize("row", ROWS)
+@pytest.mark.parametrize("params", FILTERS, ids=_name)
+def test_native_sampler_keeps_exactly_what_filter_logits_keeps(row, params):
+    """The tokens the native sampler draws among are filter_logits' (in float64, so that
+    neither side's rounding moves a boundary), on flat rows and long-tailed ones (more than
+    MAX_CAND tokens within 1e-5 of the best: decided over the whole vocabulary), a row with
+    a few hundred likely tokens (decided among them), rows a mask leaves mostly -inf, and
+    tied weights (top-k keeps the k-th's ties, top-p takes ties by index). One token off at
+    any boundary fails."""
+    logits = ROWS[row]
+    want = filter_logits(logits.double(), params)
+    want = torch.isfinite(want) & (torch.softmax(want, dim=-1) > 0)
+    got = kernels.sample_kept(
+        kernels.load(), logits.contiguous(), params.temperature, params.top_k, params.top_p,
+        params.min_p,
+    )  # fmt: skip
+    assert torch.equal(got, want), (int(got.sum()), int(want.sum()))
+
+
 @needs_kernels
 @pytest.mark.parametrize(
-    "params",
-    [
-        SamplingParams(temperature=1.0, top_p=0.5),  # top-p's mass not among the likely few
-        SamplingParams(temperature=1.0, top_k=5000, top_p=0.9),  # top-k beyond them
-        SamplingParams(temperature=1.0, min_p=1e-7),  # min-p keeps the unlikely ones too
-    ],
+    "params", [*FILTERS[:3], FILTERS[6], SamplingParams(temperature=0.9)], ids=_name
 )
-def test_rows_the_likely_tokens_do_not_decide_are_drawn_over_the_whole_vocabulary(params):
-    """The native sampler decides among the tokens within 1e-5 of the most likely one; a
-    nearly flat row whose filters reach past them is handed back (-1) and drawn the slow
-    way, so what is kept is still exactly what filter_logits keeps."""
-    gen = torch.Generator().manual_seed(1)
-    logits = torch.randn(6000, generator=gen) * 0.01
-    one = torch.ones(1)
-    handed_back = kernels.sample_rows(
-        kernels.load(), logits[None].contiguous(), one * params.temperature,
-        torch.tensor([params.top_k], dtype=torch.int32), one * params.top_p,
-        one * params.min_p, torch.rand(1),
+def test_native_draws_follow_the_kept_weights(params):
+    """Evenly spaced uniforms draw each kept token within two draws of n * p (an inverse CDF
+    of the filtered distribution), over a nearly flat row: among its listed candidates
+    (top-k, top-p) or over the whole row (min-p alone, no filter)."""
+    gen = torch.Generator().manual_seed(3)
+    vocab, n = 400, 8000
+    logits = torch.randn(vocab, generator=gen) * 0.3
+    probs = torch.softmax(filter_logits(logits.double(), params), dim=-1)
+    one = torch.ones(n)
+    picks = kernels.sample_rows(
+        kernels.load(), logits.expand(n, vocab).contiguous(), one * params.temperature,
+        torch.full((n,), params.top_k, dtype=torch.int32), one * params.top_p,
+        one * params.min_p, (torch.arange(n) + 0.5) / n,
     )  # fmt: skip
-    assert handed_back.tolist() == [-1]
-    kept = set(torch.isfinite(filter_logits(logits, params)).nonzero().flatten().tolist())
-    assert set(sample_batch(logits.repeat(50, 1), [params] * 50)) <= kept
+    counts = torch.bincount(picks, minlength=vocab).double()
+    assert (counts[probs == 0] == 0).all()
+    assert (counts - n * probs).abs().max() <= 2
+
+
+@needs_kernels
+def test_flat_rows_are_decided_natively(monkeypatch):
+    """A nearly flat row (a random-weight model's, or a real one's at a high temperature)
+    is drawn in C too: the whole-vocabulary torch path is not taken."""
+    monkeypatch.setattr(sampler, "_sample_one", None)
+    p = SamplingParams(temperature=0.7, top_p=0.95)
+    kept = torch.isfinite(filter_logits(ROWS["flat"], p))
+    picks = sample_batch(ROWS["flat"].repeat(8, 1), [p] * 8)
+    assert all(kept[t] for t in picks)
+
+
+@needs_kernels
+def test_a_rejected_guess_is_redrawn_from_the_filtered_distribution_without_it():
+    """spec_sample (speculation's rule) on a nearly flat row: the guess stands exactly when
+    u_accept < its filtered probability, and evenly spaced redraws follow p without it."""
+    gen = torch.Generator().manual_seed(4)
+    vocab, n = 6000, 12000
+    logits = torch.randn(vocab, generator=gen) * 0.02
+    p = SamplingParams(temperature=0.7, top_p=0.5)
+    probs = torch.softmax(filter_logits(logits.double(), p), dim=-1)
+    guess = int(probs.argmax())
+    lib = kernels.load()
+
+    def spec(u_accept: float, u_draw: float) -> int:
+        return lib.spec_sample(
+            logits.data_ptr(), vocab, p.temperature, p.top_k, p.top_p, p.min_p, guess,
+            u_accept, u_draw,
+        )  # fmt: skip
+
+    p_guess = float(probs[guess])
+    assert spec(p_guess * 0.99, 0.5) == guess
+    picks = torch.tensor([spec(p_guess * 1.01, (j + 0.5) / n) for j in range(n)])
+    rest = probs.clone()
+    rest[guess] = 0.0
+    counts = torch.bincount(picks, minlength=vocab).double()
+    assert (counts - n * rest / rest.sum()).abs().max() <= 2
+
+
+@needs_kernels
+def test_nan_and_masked_logits_are_never_drawn():
+    logits = torch.randn(1000) * 0.01
+    logits[::3] = float("nan")
+    logits[1::3] = float("-inf")
+    for p in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.95)):
+        picks = sample_batch(logits.repeat(200, 1), [p] * 200)
+        assert all(t % 3 == 2 for t in picks)
+    one = torch.full((1000,), float("-inf"))
+    one[7] = 0.0
+    assert sample_batch(one[None], [SamplingParams(temperature=1.0, top_k=5)]) == [7]
 
 
 @needs_kernels

@@ -168,6 +168,8 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.sample_rows.restype = None
     lib.spec_sample.argtypes = [p, i, f, i, f, f, ctypes.c_int64, f, f]
     lib.spec_sample.restype = ctypes.c_int64
+    lib.sample_kept.argtypes = [p, i, f, i, f, f, p]
+    lib.sample_kept.restype = i
 
 
 class Q4Matrix(ctypes.Structure):
@@ -416,9 +418,9 @@ def sample_rows(
     min_p: torch.Tensor,
     u: torch.Tensor,
 ) -> torch.Tensor:
-    """One token per row of logits [rows, vocab] float32 contiguous (sample.c): temps, top_p,
-    min_p, u float32 [rows], top_k int32 [rows]; -1 where the row must be drawn over the
-    whole vocabulary by the caller."""
+    """One token per row of logits [rows, vocab] float32 contiguous (sample.c), drawn from
+    what sampler.filter_logits + softmax gives: temps, top_p, min_p, u (the draws' uniforms)
+    float32 [rows], top_k int32 [rows]."""
     rows, vocab = logits.shape
     out = torch.empty(rows, dtype=torch.int64)
     lib.sample_rows(
@@ -428,3 +430,17 @@ def sample_rows(
     if (out == -2).any():
         raise MemoryError("sample_rows: out of memory")
     return out
+
+
+def sample_kept(
+    lib: ctypes.CDLL, logits: torch.Tensor, temp: float, top_k: int, top_p: float, min_p: float
+) -> torch.Tensor:
+    """Which tokens sample_rows draws among for one row of logits [vocab] float32
+    contiguous: a bool tensor [vocab] (for tests)."""
+    kept = torch.empty(logits.shape[0], dtype=torch.uint8)
+    n = lib.sample_kept(
+        logits.data_ptr(), logits.shape[0], temp, top_k, top_p, min_p, kept.data_ptr()
+    )
+    if n == -2:
+        raise MemoryError("sample_kept: out of memory")
+    return kept.bool()

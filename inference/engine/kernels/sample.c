@@ -1,18 +1,27 @@
 /* One draw per row of logits, with temperature, top-k, top-p and min-p: the distribution
- * sampler.filter_logits + softmax gives, in one pass over the vocabulary and a sort of the
- * few tokens that matter, instead of ~20 torch ops (~0.5-1 ms a row over 49k tokens).
+ * sampler.filter_logits + softmax gives, without a sort of the vocabulary (torch's ops cost
+ * ~0.5-1 ms a row over 49k tokens, and their sort ~5 ms on a nearly flat row).
  *
- * Per row: e_i = exp(l_i / T - max / T) over the whole vocabulary (Z their sum); the
- * candidates are the tokens with e_i >= CAND_MIN (relative to the most likely one), sorted
- * by e_i. Whatever the filters keep is decided among them when top-k cuts inside them, or
- * top-p's mass is reached among them, or min-p drops everything below CAND_MIN; any other row
- * (a nearly flat distribution, say) gets -1 and the caller draws it over the whole
- * vocabulary the slow way. Rows without filters draw over the whole vocabulary, by inverse
- * CDF in token order. The uniform numbers come from the caller (torch's generator), so the
- * draws consume random numbers as before.
+ * Per row: e_i = exp(l_i / T - max / T), the best token's weight 1; NaN and -inf logits
+ * weigh 0. Each filter keeps a prefix of the tokens ordered by (e desc, index asc), so what
+ * is kept is a cut: the tokens with e > w, and those with e == w at an index below `end`.
+ *   top-k: its k-th weight, every token tied with it kept (filter_logits keeps the ties of
+ *     its k-th logit);
+ *   top-p: over what top-k kept, the first token whose mass before it reaches top_p of
+ *     theirs is dropped, and all after it; tied tokens go by index (filter_logits' sort is
+ *     stable);
+ *   min-p: min_p of the best weight.
+ * The cuts are found by selection over the weights (quickselect, by count for top-k and by
+ * mass for top-p: expected O(V)): first among the candidates within CAND_MIN of the best,
+ * which decide a peaked row; over every weight where those cannot (a nearly flat row).
+ * The draw is by inverse CDF over the kept tokens in token order, with the caller's uniform
+ * (torch's generator), so the draws consume random numbers as before. Sums are in double;
+ * a boundary can differ from filter_logits' float32 cumsum only within its rounding.
  */
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,25 +31,69 @@
 
 #define CAND_MIN 1e-5f
 #define MAX_CAND 4096
+#define BLOCK 256 /* tokens a partial sum of the draw covers */
 
 typedef struct {
-    float e;
-    int i;
-} Cand;
+    float w;
+    int end; /* the tokens with e == w kept are those at indices below end */
+} Cut;
 
-static int by_weight(const void *a, const void *b) {
-    const Cand *x = (const Cand *)a, *y = (const Cand *)b;
-    if (x->e != y->e) return x->e < y->e ? 1 : -1;
-    return x->i - y->i;
+static inline int is_kept(float e, int i, Cut c) { return e > c.w || (e == c.w && i < c.end); }
+
+/* A thread's scratch, grown to the largest vocabulary it has seen. */
+typedef struct {
+    float *e;    /* the row's weights [V + 8] */
+    float *a[3]; /* weights being selected among, and the two sides of a split [V + 8] */
+    int *idx;    /* the candidates' tokens, in token order [MAX_CAND] */
+    double *bs;  /* the kept mass of each BLOCK of tokens */
+    int cap;
+} Scratch;
+
+static __thread Scratch tls;
+
+/* compress(x, m): x's lanes set in the 8-bit mask m moved to the front, in order (AVX2 has
+ * no vcompressps); lane_orders[m]: their permutation, a byte a lane. */
+static uint64_t lane_orders[256];
+static pthread_once_t lane_orders_once = PTHREAD_ONCE_INIT;
+
+static void fill_lane_orders(void) {
+    for (int m = 0; m < 256; m++) {
+        uint64_t v = 0;
+        for (int j = 0, k = 0; j < 8; j++)
+            if (m >> j & 1) v |= (uint64_t)j << (8 * k++);
+        lane_orders[m] = v;
+    }
 }
 
-static __thread float *tls_e;
-static __thread int tls_cap;
-static __thread Cand *tls_cand;
+static inline __m256 compress(__m256 x, int m) {
+    const __m256i order = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)lane_orders[m]));
+    return _mm256_permutevar8x32_ps(x, order);
+}
+
+static void release(void) {
+    free(tls.e), free(tls.a[0]), free(tls.a[1]), free(tls.a[2]), free(tls.idx), free(tls.bs);
+    memset(&tls, 0, sizeof tls);
+}
+
+static int reserve(int V) {
+    pthread_once(&lane_orders_once, fill_lane_orders);
+    if (V <= tls.cap) return 0;
+    release();
+    tls.e = malloc(sizeof(float) * ((size_t)V + 8));
+    for (int j = 0; j < 3; j++) tls.a[j] = malloc(sizeof(float) * ((size_t)V + 8));
+    tls.idx = malloc(sizeof(int) * MAX_CAND);
+    tls.bs = malloc(sizeof(double) * ((size_t)V / BLOCK + 1));
+    if (!tls.e || !tls.a[0] || !tls.a[1] || !tls.a[2] || !tls.idx || !tls.bs) {
+        release();
+        return -2;
+    }
+    tls.cap = V;
+    return 0;
+}
 
 /* The largest of l[0 .. V), NaNs passed over. In four vectors: the scalar loop is a chain of
- * dependent maxss, half of a row's weighing over 49k logits. vmaxps(a, b) gives b where a is NaN or the two are equal, as the scalar
- * `a > b ? a : b` did, so the maximum is the same value. */
+ * dependent maxss. vmaxps(a, b) gives b where a is NaN or the two are equal, as the scalar
+ * `a > b ? a : b` does, so the maximum is the same value. */
 static float max_of(const float *l, int V) {
     __m256 a[4];
     for (int j = 0; j < 4; j++) a[j] = _mm256_set1_ps(-INFINITY);
@@ -53,22 +106,28 @@ static float max_of(const float *l, int V) {
     return mx;
 }
 
-/* The row's weights e (relative to its best token, e = 1) into tls_e and their sum *z. */
-static int weigh(const float *l, int V, float T, double *z) {
-    if (V > tls_cap) {
-        float *grown = realloc(tls_e, sizeof(float) * ((size_t)V + 8));
-        if (!grown) return -2;
-        tls_e = grown;
-        tls_cap = V;
-    }
-    if (!tls_cand && !(tls_cand = malloc(sizeof(Cand) * MAX_CAND))) return -2;
-    float *e = tls_e;
-    const float m = max_of(l, V) / T;
-    const __m256 vt = _mm256_set1_ps(T), vm = _mm256_set1_ps(m);
+/* A row nothing weighs (every logit -inf or NaN, or +inf ones): its first largest logit. */
+static int64_t first_max(const float *l, int V) {
+    const float mx = max_of(l, V);
+    for (int i = 0; i < V; i++)
+        if (l[i] == mx) return i;
+    return 0;
+}
+
+static inline __m256 weight8(__m256 x, __m256 vt, __m256 vm) {
+    const __m256 d = _mm256_sub_ps(_mm256_div_ps(x, vt), vm);
+    /* exp256 takes NaN for its floor: a NaN logit (or inf - inf) must weigh 0 instead */
+    return _mm256_and_ps(exp256(d), _mm256_cmp_ps(d, d, _CMP_ORD_Q));
+}
+
+/* The row's weights into tls.e; their sum. */
+static double weigh(const float *l, int V, float T) {
+    float *e = tls.e;
+    const __m256 vt = _mm256_set1_ps(T), vm = _mm256_set1_ps(max_of(l, V) / T);
     __m256 vz = _mm256_setzero_ps();
     int i = 0;
     for (; i + 8 <= V; i += 8) {
-        __m256 v = exp256(_mm256_sub_ps(_mm256_div_ps(_mm256_loadu_ps(l + i), vt), vm));
+        __m256 v = weight8(_mm256_loadu_ps(l + i), vt, vm);
         _mm256_storeu_ps(e + i, v);
         vz = _mm256_add_ps(vz, v);
     }
@@ -77,17 +136,31 @@ static int weigh(const float *l, int V, float T, double *z) {
     double sum = 0;
     for (int j = 0; j < 8; j++) sum += lanes[j];
     for (; i < V; i++) {
-        e[i] = _mm256_cvtss_f32(exp256(_mm256_set1_ps(l[i] / T - m)));
+        e[i] = _mm256_cvtss_f32(weight8(_mm256_set1_ps(l[i]), vt, vm));
         sum += e[i];
     }
-    *z = sum;
-    return 0;
+    return sum;
 }
 
-/* What the filters keep, as tls_cand[0 .. *kept), most likely first: 0, or -1 where the
- * candidates do not decide it. Only for rows with a filter. */
-static int filter_kept(int V, double z, int top_k, float top_p, float min_p, int *kept_out) {
-    const float *e = tls_e;
+static double sum_of(const float *a, int n) {
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(a + i);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
+    }
+    double d[4];
+    _mm256_storeu_pd(d, _mm256_add_pd(s0, s1));
+    double s = (d[0] + d[1]) + (d[2] + d[3]);
+    for (; i < n; i++) s += a[i];
+    return s;
+}
+
+/* The candidates of a peaked row: the weights >= CAND_MIN into tls.a[0], their tokens into
+ * tls.idx; how many, or -1 past MAX_CAND. */
+static int collect_candidates(int V) {
+    const float *e = tls.e;
     int n = 0, i = 0;
     const __m256 vmin = _mm256_set1_ps(CAND_MIN);
     for (; i + 8 <= V; i += 8) {
@@ -96,112 +169,317 @@ static int filter_kept(int V, double z, int top_k, float top_p, float min_p, int
             int j = i + __builtin_ctz(mask);
             mask &= mask - 1;
             if (n == MAX_CAND) return -1;
-            tls_cand[n++] = (Cand){e[j], j};
+            tls.a[0][n] = e[j];
+            tls.idx[n++] = j;
         }
     }
     for (; i < V; i++)
         if (e[i] >= CAND_MIN) {
             if (n == MAX_CAND) return -1;
-            tls_cand[n++] = (Cand){e[i], i};
+            tls.a[0][n] = e[i];
+            tls.idx[n++] = i;
         }
-    qsort(tls_cand, (size_t)n, sizeof(Cand), by_weight);
-    /* top-k, then top-p of what top-k kept, then min-p against the most likely token (the
-     * first candidate, e = 1). A token outside the candidates has e < CAND_MIN: min-p drops
-     * every such token when min_p >= CAND_MIN. */
-    int k_active = 0 < top_k && top_k < V, k_inside = k_active && top_k <= n;
-    int rest_dropped_by_min_p = min_p >= CAND_MIN;
-    if (k_active && !k_inside && top_p < 1.0f) return -1; /* its mass needs their order */
-    int kept = k_inside ? top_k : n;
+    return n;
+}
+
+/* The weights >= w (w > 0) into tls.a[0], from the listed tokens (idx, n) or, with idx
+ * NULL, the whole row (n = V); how many. */
+static int collect_at_least(const int *idx, int n, float w) {
+    const float *e = tls.e;
+    float *a = tls.a[0];
+    int m = 0, i = 0;
+    if (idx) {
+        for (int j = 0; j < n; j++) {
+            a[m] = e[idx[j]];
+            m += a[m] >= w;
+        }
+        return m;
+    }
+    const __m256 vw = _mm256_set1_ps(w);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(e + i);
+        const int up = _mm256_movemask_ps(_mm256_cmp_ps(x, vw, _CMP_GE_OQ));
+        _mm256_storeu_ps(a + m, compress(x, up));
+        m += __builtin_popcount(up);
+    }
+    for (; i < n; i++) {
+        a[m] = e[i];
+        m += e[i] >= w;
+    }
+    return m;
+}
+
+/* src[0 .. n) split three ways: the values above p into gt, those below into lt (each with
+ * 8 floats of room past n); returns how many are above, *eq how many equal p. */
+static int split(const float *src, int n, float p, float *gt, float *lt, int *eq) {
+    int s = 0, t = 0, ne = 0, i = 0;
+    const __m256 vp = _mm256_set1_ps(p);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(src + i);
+        const int up = _mm256_movemask_ps(_mm256_cmp_ps(x, vp, _CMP_GT_OQ));
+        const int down = _mm256_movemask_ps(_mm256_cmp_ps(x, vp, _CMP_LT_OQ));
+        _mm256_storeu_ps(gt + s, compress(x, up));
+        _mm256_storeu_ps(lt + t, compress(x, down));
+        s += __builtin_popcount(up);
+        t += __builtin_popcount(down);
+        ne += 8 - __builtin_popcount(up | down);
+    }
+    for (; i < n; i++) {
+        const float x = src[i];
+        gt[s] = x;
+        lt[t] = x;
+        s += x > p;
+        t += x < p;
+        ne += x == p;
+    }
+    *eq = ne;
+    return s;
+}
+
+static inline uint32_t next_rand(uint32_t *r) {
+    *r ^= *r << 13, *r ^= *r >> 17, *r ^= *r << 5;
+    return *r;
+}
+
+/* The median of three values at pseudo-random places (seeded per row, so a row's sums do
+ * not depend on which thread drew it). */
+static float pivot(const float *a, int n, uint32_t *rng) {
+    if (n < 3) return a[0];
+    const float x = a[next_rand(rng) % n], y = a[next_rand(rng) % n], z = a[next_rand(rng) % n];
+    return fmaxf(fminf(x, y), fminf(fmaxf(x, y), z));
+}
+
+/* The k-th largest of tls.a[0][0 .. n) (1 <= k <= n); the three buffers' contents are lost.
+ * Each round splits the values around a pivot into the other two buffers and goes on in
+ * the side that holds the k-th. */
+static float kth_largest(int n, int k) {
+    int cur = 0, ne;
+    uint32_t rng = 0x9e3779b9u ^ (uint32_t)n;
+    for (;;) {
+        const int up = (cur + 1) % 3, down = (cur + 2) % 3;
+        const float p = pivot(tls.a[cur], n, &rng);
+        const int s = split(tls.a[cur], n, p, tls.a[up], tls.a[down], &ne);
+        if (s >= k) {
+            cur = up, n = s;
+        } else if (s + ne >= k) {
+            return p;
+        } else {
+            cur = down, n -= s + ne, k -= s + ne;
+        }
+    }
+}
+
+/* Top-p's cut among tls.a[0][0 .. n) (positive weights; the buffers' contents are lost):
+ * the smallest value w whose larger values hold less than bound (> 0), so that the first
+ * token of weight w stays; *above: their mass, *ties: the count of values == w. */
+static float mass_cut(int n, double bound, double *above, int *ties) {
+    int cur = 0, ne;
+    double acc = 0; /* the mass above the values left, under bound */
+    uint32_t rng = 0x85ebca6bu ^ (uint32_t)n;
+    for (;;) {
+        const int up = (cur + 1) % 3, down = (cur + 2) % 3;
+        const float p = pivot(tls.a[cur], n, &rng);
+        const int s = split(tls.a[cur], n, p, tls.a[up], tls.a[down], &ne);
+        const double gt = sum_of(tls.a[up], s), ge = gt + (double)ne * p;
+        if (acc + gt >= bound) { /* p's tokens are dropped: w is above p (so s > 0) */
+            cur = up, n = s;
+        } else if (acc + ge < bound && n > s + ne) { /* the next smaller value stays too */
+            acc += ge;
+            cur = down, n -= s + ne;
+        } else {
+            *above = acc + gt;
+            *ties = ne;
+            return p;
+        }
+    }
+}
+
+/* One past the index of the t-th token (in token order) of weight w, among the listed
+ * tokens (idx, n) or, with idx NULL, the whole row (n = V). */
+static int tie_end(const int *idx, int n, float w, int t) {
+    for (int j = 0; j < n; j++) {
+        const int i = idx ? idx[j] : j;
+        if (tls.e[i] == w && --t == 0) return i + 1;
+    }
+    return idx ? idx[n - 1] + 1 : n;
+}
+
+/* The cut of a row whose top-k or top-p is on, from the candidates in tls.a[0][0 .. n):
+ * the listed tokens' weights (idx: every weight >= c), or, with idx NULL, every positive
+ * weight (c the smallest positive float). 0, or -1 where weights below c decide it. */
+static int find_cut(int V, double z, const int *idx, int n, float c, int top_k, float top_p,
+                    float min_p, Cut *cut) {
+    const int n_listed = idx ? n : V;
     double kept_mass = z;
-    if (k_inside) {
-        kept_mass = 0;
-        for (int j = 0; j < kept; j++) kept_mass += tls_cand[j].e;
+    int whole = !idx; /* the candidates hold every token top-k keeps */
+    *cut = (Cut){0.0f, V};
+    if (0 < top_k && top_k < V) {
+        if (top_k <= n) {
+            cut->w = kth_largest(n, top_k);
+            n = collect_at_least(idx, n_listed, cut->w);
+            kept_mass = sum_of(tls.a[0], n);
+            whole = 1;
+        } else if (idx && (top_p < 1.0f || min_p < c)) {
+            return -1; /* the k-th weight is below the candidates, and it matters */
+        }
     }
-    int cut = k_inside;
     if (top_p < 1.0f) {
-        /* A token stays while the mass before it is under top_p (the first always stays). */
-        double before = 0, bound = (double)top_p * kept_mass;
-        int j = 0;
-        while (j < kept && (j == 0 || before < bound)) before += tls_cand[j++].e;
-        if (j < kept || before >= bound) cut = 1;
-        kept = j;
+        const double bound = fmax((double)top_p * kept_mass, DBL_MIN);
+        if (!whole && sum_of(tls.a[0], n) < bound) {
+            if (min_p < c) return -1; /* top-p's cut is below the candidates */
+            /* else min-p's cut, above the candidates' floor, is the row's */
+        } else {
+            double above;
+            int ties, t = 1;
+            const float w = mass_cut(n, bound, &above, &ties);
+            for (double before = above + w; t < ties && before < bound; before += w) t++;
+            *cut = (Cut){w, t < ties ? tie_end(idx, n_listed, w, t) : V};
+        }
     }
-    if (!cut && !rest_dropped_by_min_p) return -1;
-    if (min_p > 0.0f) {
-        float floor_e = min_p * tls_cand[0].e;
-        while (kept > 1 && tls_cand[kept - 1].e < floor_e) kept--;
-    }
-    *kept_out = kept;
+    if (min_p > cut->w) *cut = (Cut){min_p, V}; /* min_p times the best weight, 1 */
     return 0;
 }
 
-/* A draw by inverse CDF with uniform u: among the kept candidates (kept >= 0) or, for an
- * unfiltered row (kept < 0), over the whole vocabulary in token order; `skip` (>= 0) is
- * left out, as if its weight were 0. */
-static int64_t draw_kept(int V, int kept, double total, double u, int64_t skip) {
-    double target = u * total, acc = 0;
-    int64_t last = -1;
-    if (kept < 0) {
-        for (int j = 0; j < V; j++) {
-            if (j == skip || tls_e[j] <= 0) continue;
-            acc += tls_e[j];
-            last = j;
-            if (acc > target) return j;
-        }
-        return last >= 0 ? last : 0;
+/* The row's weights (tls.e) and cut; *listed: how many of tls.idx hold every kept token, or
+ * -1 for the whole row. 0, 1 where nothing weighs, -2 when out of memory. */
+static int row_cut(const float *l, int V, float T, int top_k, float top_p, float min_p,
+                   Cut *cut, int *listed) {
+    if (reserve(V)) return -2;
+    const double z = weigh(l, V, T);
+    if (!(z > 0)) return 1;
+    *listed = -1;
+    *cut = (Cut){min_p > 0.0f ? min_p : 0.0f, V};
+    if (!((0 < top_k && top_k < V) || top_p < 1.0f)) return 0; /* min-p alone, or nothing */
+    const int n = collect_candidates(V);
+    if (n > 0 && !find_cut(V, z, tls.idx, n, CAND_MIN, top_k, top_p, min_p, cut)) {
+        if (cut->w >= CAND_MIN) *listed = n;
+        return 0;
     }
-    for (int j = 0; j < kept; j++) {
-        if (tls_cand[j].i == skip) continue;
-        acc += tls_cand[j].e;
-        last = tls_cand[j].i;
-        if (acc > target) return last;
-    }
-    return last >= 0 ? last : tls_cand[0].i;
+    find_cut(V, z, NULL, collect_at_least(NULL, V, FLT_TRUE_MIN), FLT_TRUE_MIN, top_k, top_p,
+             min_p, cut);
+    return 0;
 }
 
-static int is_filtered(int V, int top_k, float top_p, float min_p) {
-    return (0 < top_k && top_k < V) || top_p < 1.0f || min_p > 0.0f;
+/* The kept mass, `skip` (a token, or -1) left out as if its weight were 0. Over the whole
+ * row it is summed per BLOCK into tls.bs, which draw_at walks. */
+static double kept_total(int V, Cut cut, int listed, int64_t skip) {
+    const float *e = tls.e;
+    if (listed >= 0) {
+        double s = 0;
+        for (int j = 0; j < listed; j++) {
+            const int i = tls.idx[j];
+            if (i != skip && is_kept(e[i], i, cut)) s += e[i];
+        }
+        return s;
+    }
+    const __m256 w = _mm256_set1_ps(cut.w);
+    const __m256i end = _mm256_set1_epi32(cut.end);
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    double total = 0;
+    for (int b = 0; b * BLOCK < V; b++) {
+        const int i1 = (b + 1) * BLOCK < V ? (b + 1) * BLOCK : V;
+        __m256 acc = _mm256_setzero_ps();
+        int i = b * BLOCK;
+        for (; i + 8 <= i1; i += 8) {
+            const __m256 x = _mm256_loadu_ps(e + i);
+            const __m256i at = _mm256_add_epi32(_mm256_set1_epi32(i), iota);
+            const __m256 early = _mm256_castsi256_ps(_mm256_cmpgt_epi32(end, at));
+            const __m256 tied = _mm256_and_ps(_mm256_cmp_ps(x, w, _CMP_EQ_OQ), early);
+            const __m256 keep = _mm256_or_ps(_mm256_cmp_ps(x, w, _CMP_GT_OQ), tied);
+            acc = _mm256_add_ps(acc, _mm256_and_ps(keep, x));
+        }
+        double s = hsum256(acc);
+        for (; i < i1; i++)
+            if (is_kept(e[i], i, cut)) s += e[i];
+        if (skip >= b * BLOCK && skip < i1 && is_kept(e[skip], (int)skip, cut)) s -= e[skip];
+        tls.bs[b] = s;
+        total += s;
+    }
+    return total;
+}
+
+/* The first kept token (token order, `skip` left out) whose kept mass up to and with it
+ * exceeds target (0 <= target < kept_total's, which must have run for this cut and skip). */
+static int64_t draw_at(int V, Cut cut, int listed, int64_t skip, double target) {
+    const float *e = tls.e;
+    double acc = 0;
+    int64_t last = -1;
+    if (listed >= 0) {
+        for (int j = 0; j < listed; j++) {
+            const int i = tls.idx[j];
+            if (i == skip || !is_kept(e[i], i, cut) || !(e[i] > 0)) continue;
+            acc += e[i];
+            last = i;
+            if (acc > target) return i;
+        }
+        return last;
+    }
+    for (int b = 0; b * BLOCK < V; b++) {
+        if (!(acc + tls.bs[b] > target)) {
+            acc += tls.bs[b];
+            continue;
+        }
+        const int i1 = (b + 1) * BLOCK < V ? (b + 1) * BLOCK : V;
+        for (int i = b * BLOCK; i < i1; i++) {
+            if (i == skip || !is_kept(e[i], i, cut) || !(e[i] > 0)) continue;
+            acc += e[i];
+            last = i;
+            if (acc > target) return i;
+        }
+        if (last >= 0) return last; /* the block's sum and this one differ by rounding */
+    }
+    for (int i = V - 1; i >= 0; i--) /* target rounded up to the total */
+        if (i != skip && e[i] > 0 && is_kept(e[i], i, cut)) return i;
+    return 0;
 }
 
 static int64_t sample_row(const float *l, int V, float T, int top_k, float top_p, float min_p,
                           float u) {
-    double z;
-    if (weigh(l, V, T, &z)) return -2;
-    if (!is_filtered(V, top_k, top_p, min_p)) return draw_kept(V, -1, z, u, -1);
-    int kept;
-    if (filter_kept(V, z, top_k, top_p, min_p, &kept)) return -1;
-    double total = 0;
-    for (int j = 0; j < kept; j++) total += tls_cand[j].e;
-    return draw_kept(V, kept, total, u, -1);
+    Cut cut;
+    int listed;
+    const int rc = row_cut(l, V, T, top_k, top_p, min_p, &cut, &listed);
+    if (rc) return rc == 1 ? first_max(l, V) : -2;
+    return draw_at(V, cut, listed, -1, (double)u * kept_total(V, cut, listed, -1));
+}
+
+/* How many tokens the row keeps (of positive weight), each marked 1 in kept[V], else 0; -2
+ * when out of memory. For tests: what sample_rows draws among. */
+int sample_kept(const float *l, int V, float T, int top_k, float top_p, float min_p,
+                uint8_t *kept) {
+    Cut cut;
+    int listed;
+    const int rc = row_cut(l, V, T, top_k, top_p, min_p, &cut, &listed);
+    if (rc == -2) return -2;
+    if (rc == 1) {
+        memset(kept, 0, (size_t)V);
+        kept[first_max(l, V)] = 1;
+        return 1;
+    }
+    int n = 0;
+    for (int i = 0; i < V; i++) {
+        kept[i] = tls.e[i] > 0 && is_kept(tls.e[i], i, cut);
+        n += kept[i];
+    }
+    return n;
 }
 
 /* One step of rejection sampling for a deterministic guess (prompt lookup): the guess stands
  * with probability p(guess) under the filtered distribution (u_accept < p); else the token
  * is drawn from p without the guess, renormalized (u_draw). Returns the guess when it
- * stands, the drawn token otherwise, -1 where the candidates do not decide the filters,
- * -2 when out of memory. */
+ * stands, the drawn token otherwise, -2 when out of memory. */
 int64_t spec_sample(const float *l, int V, float T, int top_k, float top_p, float min_p,
                     int64_t guess, float u_accept, float u_draw) {
-    double z;
-    if (weigh(l, V, T, &z)) return -2;
-    int kept = -1;
-    double total = z;
-    if (is_filtered(V, top_k, top_p, min_p)) {
-        if (filter_kept(V, z, top_k, top_p, min_p, &kept)) return -1;
-        total = 0;
-        for (int j = 0; j < kept; j++) total += tls_cand[j].e;
-    }
-    double p_guess = 0;
-    if (kept < 0) {
-        p_guess = (guess >= 0 && guess < V) ? tls_e[guess] / total : 0;
-    } else {
-        for (int j = 0; j < kept; j++)
-            if (tls_cand[j].i == guess) p_guess = tls_cand[j].e / total;
-    }
+    Cut cut;
+    int listed;
+    const int rc = row_cut(l, V, T, top_k, top_p, min_p, &cut, &listed);
+    if (rc) return rc == 1 ? first_max(l, V) : -2;
+    const double total = kept_total(V, cut, listed, -1);
+    const int in = guess >= 0 && guess < V && is_kept(tls.e[guess], (int)guess, cut);
+    const double p_guess = in ? tls.e[guess] / total : 0;
     if ((double)u_accept < p_guess) return guess;
-    double rest = total - p_guess * total;
-    if (rest <= 0) return guess; /* p is all on the guess: any draw from p is the guess */
-    return draw_kept(V, kept, rest, u_draw, guess);
+    const double rest = kept_total(V, cut, listed, in ? guess : -1);
+    if (!(rest > 0)) return guess; /* p is all on the guess: any draw from p is the guess */
+    return draw_at(V, cut, listed, in ? guess : -1, (double)u_draw * rest);
 }
 
 typedef struct {
@@ -218,8 +496,8 @@ static void sample_chunk(void *arg, int r) {
                            t->top_p[r], t->min_p[r], t->u[r]);
 }
 
-/* out[r]: row r's token, or -1 where the whole vocabulary must decide (see above), -2 when
- * out of memory. Rows are spread over nthreads (the kernels' pool). */
+/* out[r]: row r's token, or -2 when out of memory. Rows are spread over nthreads (the
+ * kernels' pool). */
 void sample_rows(const float *logits, int rows, int V, const float *temps, const int32_t *top_k,
                  const float *top_p, const float *min_p, const float *u, int64_t *out,
                  int nthreads) {

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from inference.engine import kernels
-from inference.engine.quantized import Q4_1, Q8_0
+from inference.engine.quantized import Q4_1, Q4_K, Q8_0
 
 
 def check(path: Path) -> None:
@@ -29,6 +29,7 @@ def check(path: Path) -> None:
     w = torch.randn(64, 256, generator=g) * 0.05
     q4 = Q4_1.quantize(w).for_kernel()
     q8 = Q8_0.quantize(w).for_kernel()
+    qk = random_q4_k(64, 256, g).for_kernel()
     kinds = ["int8", "i16"]
     kinds += ["bf16"] if lib.q4_1_bf16_available() else []
     kinds += ["amx"] if lib.q4_1_amx_available() else []
@@ -38,8 +39,19 @@ def check(path: Path) -> None:
         for kind in kinds:
             got = kernels.q4_1_gemm(lib, q4.qs, q4.d, q4.m, x, q4.n, kind)
             _agree(f"q4_1 {kind}, tiles from {tiles[0]} rows", got, x @ q4.dequantize().T)
+            got = kernels.q4_1_gemm(lib, qk.qs, qk.d, qk.m, x, qk.n, kind, qk.sc, qk.mn)
+            _agree(f"q4_k {kind}, tiles from {tiles[0]} rows", got, x @ qk.dequantize().T)
         got = kernels.q8_0_gemm(lib, q8.qs, q8.d, x, q8.n)
         _agree(f"q8_0, tiles from {tiles[0]} rows", got, x @ q8.dequantize().T)
+
+
+def random_q4_k(n: int, k: int, g: torch.Generator) -> Q4_K:
+    """Q4_K blocks of random nibbles, 6-bit scales and minimums, in GGUF's layout."""
+    qs = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
+    sc, mn = (torch.randint(0, 64, (n, k // 32), generator=g, dtype=torch.uint8) for _ in "ab")
+    d = (torch.rand(n, k // 256, generator=g) * 0.004).half()
+    m = (torch.rand(n, k // 256, generator=g) * -0.004).half()
+    return Q4_K(qs, d, m, sc=sc, mn=mn)
 
 
 def _agree(what: str, got: torch.Tensor, want: torch.Tensor) -> None:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from inference.engine import kernels
 from inference.engine.layers.linear import BiasedLinear
-from inference.engine.quantized import Q4_1, Q8_0
+from inference.engine.quantized import Q4_1, Q4_K, Q8_0
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -38,8 +38,9 @@ def _pointer(t: torch.Tensor | None) -> int | None:
 
 
 def _matrix(blocks: object) -> kernels.LayerMatrix:
-    """A product's blocks as decode_layer.c takes them: Q4_1, or Q8_0 (a GGUF's matrices
-    of more than 4 bits), each multiplied in its own format."""
+    """A product's blocks as decode_layer.c takes them: Q4_1 (a GGUF's Q4_K with its
+    scales' parts), or Q8_0 (a GGUF's matrices of more than 4 bits), each multiplied in its
+    own format."""
     assert _native_blocks(blocks)
     if isinstance(blocks, Q8_0):
         n, k = blocks.shape
@@ -48,6 +49,8 @@ def _matrix(blocks: object) -> kernels.LayerMatrix:
     assert isinstance(blocks, Q4_1)
     n, k = blocks.shape
     q4 = kernels.Q4Matrix(blocks.qs.data_ptr(), blocks.d.data_ptr(), blocks.m.data_ptr(), n, k)
+    if isinstance(blocks, Q4_K):
+        q4.sc, q4.mn = blocks.sc.data_ptr(), blocks.mn.data_ptr()
     return kernels.LayerMatrix(kernels.LAYER_Q4_1, q4=q4)
 
 

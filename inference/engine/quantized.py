@@ -10,7 +10,7 @@ load (`Q4_1.quantize`). The products run in inference/engine/kernels.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +19,7 @@ import torch
 from inference.engine import kernels
 
 QK = 32  # weights per block
+QK_K = 256  # weights per k-quant super-block
 
 
 def _check_k(k: int) -> None:
@@ -123,6 +124,12 @@ class Q4_1:
         temporaries per weight, the largest part of a GGUF load's peak memory."""
         if self.kernel:
             return self
+        n = self.n
+        d = _scales_to_kernel(self.d, n, torch.float16)
+        m = _scales_to_kernel(self.m, n, torch.float16)
+        return Q4_1(self._kernel_qs(), d, m, kernel=True, n=n)
+
+    def _kernel_qs(self) -> torch.Tensor:
         n, k = self.shape
         qs = torch.empty(-(-n // GROUP) * GROUP, k // 2, dtype=torch.uint8)
         step = max(GROUP, KERNEL_CHUNK_WEIGHTS // k // GROUP * GROUP)
@@ -133,9 +140,7 @@ class Q4_1:
             q = q.permute(0, 2, 3, 1, 5, 4)  # [G, nb, j, c, t, half]
             packed = (q[..., 0] | (q[..., 1] << 4)).reshape(-1, k // 2)
             qs[lo : lo + packed.shape[0]] = packed
-        d = _scales_to_kernel(self.d, n, torch.float16)
-        m = _scales_to_kernel(self.m, n, torch.float16)
-        return Q4_1(qs, d, m, kernel=True, n=n)
+        return qs
 
     def rows(self, start: int, stop: int) -> Q4_1:
         self._gguf_layout("rows")
@@ -186,6 +191,90 @@ class Q4_1:
             return x.float() @ self.dequantize().T
         x = x.float().contiguous()
         return kernels.q4_1_gemm(lib, self.qs, self.d, self.m, x, self.n, kind=kind)
+
+
+def _uint8() -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8)
+
+
+@dataclass
+class Q4_K(Q4_1):
+    """GGUF's Q4_K, held as it is: Q4_1's nibbles (either layout, as Q4_1 lays them out),
+    and each block of 32's scale and offset in two parts, its 6-bit scale `sc` and minimum
+    `mn` (uint8 [N, K / 32]) times its super-block's (256 k) `d` and `m` = -dmin (float16
+    [N, K / 256]): w = (d * sc) * q + (m * mn), the file's values exactly. 4.625 bits a
+    weight, against 5 as Q4_1 with float16 scales. In the kernel layout d, m, sc and mn are
+    [group][block][8] as Q4_1's scales; every product of Q4_1 takes it (common.h's
+    q4_block_scales makes a block's scales)."""
+
+    sc: torch.Tensor = field(default_factory=_uint8)
+    mn: torch.Tensor = field(default_factory=_uint8)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.shape[1] % QK_K:
+            raise ValueError(f"Q4_K rows are whole super-blocks of {QK_K}, not {self.shape[1]}")
+
+    def _scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        d, m, sc, mn = self.d, self.m, self.sc, self.mn
+        if self.kernel:
+            d, m, sc, mn = (_scales_from_kernel(t, self.n) for t in (d, m, sc, mn))
+        per = QK_K // QK
+        return (
+            d.float().repeat_interleave(per, dim=1) * sc.float(),
+            m.float().repeat_interleave(per, dim=1) * mn.float(),
+        )
+
+    def for_kernel(self) -> Q4_K:
+        if self.kernel:
+            return self
+        n = self.n
+        d, m, sc, mn = (
+            _scales_to_kernel(t, n, t.dtype) for t in (self.d, self.m, self.sc, self.mn)
+        )
+        return Q4_K(self._kernel_qs(), d, m, kernel=True, n=n, sc=sc, mn=mn)
+
+    def rows(self, start: int, stop: int) -> Q4_K:
+        return self.take_rows(slice(start, stop))
+
+    def take_rows(self, index: torch.Tensor | slice) -> Q4_K:
+        self._gguf_layout("rows")
+        d, m, sc, mn = (t[index] for t in (self.d, self.m, self.sc, self.mn))
+        return Q4_K(self.qs[index], d, m, sc=sc, mn=mn)
+
+    def cols(self, start: int, stop: int) -> Q4_K:
+        self._gguf_layout("columns")
+        if start % QK_K or stop % QK_K:
+            raise ValueError(f"Q4_K columns split at whole super-blocks of {QK_K}")
+        s0, s1, b0, b1 = start // QK_K, stop // QK_K, start // QK, stop // QK
+        return Q4_K(
+            self.qs[:, b0 * 16 : b1 * 16].contiguous(),
+            self.d[:, s0:s1].contiguous(),
+            self.m[:, s0:s1].contiguous(),
+            sc=self.sc[:, b0:b1].contiguous(),
+            mn=self.mn[:, b0:b1].contiguous(),
+        )
+
+    @staticmethod
+    def cat(parts: list[Q4_1]) -> Q4_K:
+        ks = [p for p in parts if isinstance(p, Q4_K)]
+        if len(ks) != len(parts):
+            raise ValueError("Q4_K joins Q4_K blocks only (gguf_model.layer_formats)")
+        for p in ks:
+            p._gguf_layout("rows")
+        qs, d, m, sc, mn = (
+            torch.cat([getattr(p, f) for p in ks]) for f in ("qs", "d", "m", "sc", "mn")
+        )
+        return Q4_K(qs, d, m, sc=sc, mn=mn)
+
+    def matmul_t(self, x: torch.Tensor, kind: str = "int8") -> torch.Tensor:
+        lib = kernels.load()
+        if lib is None or not self.kernel:
+            return x.float() @ self.dequantize().T
+        x = x.float().contiguous()
+        return kernels.q4_1_gemm(
+            lib, self.qs, self.d, self.m, x, self.n, kind=kind, sc=self.sc, mn=self.mn
+        )
 
 
 @dataclass

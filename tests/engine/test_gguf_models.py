@@ -45,7 +45,7 @@ from inference.engine.formats.gguf_model import (
 )
 from inference.engine.layers.rotary import rope_tables
 from inference.engine.models.describe import ModelFiles, describe_model
-from inference.engine.quantized import Q4_1, Q8_0
+from inference.engine.quantized import Q4_1, Q4_K, Q8_0
 from tests.architectures import build_tiny
 from tests.engine.conftest import greedy, run_to_completion, token_ids_of
 from tests.engine.test_architectures import _next_token_logits
@@ -130,12 +130,11 @@ def test_every_matrix_becomes_the_engines_blocks_and_keeps_its_values(
     ggufs: TinyGGUFs, file_type: str
 ) -> None:
     """The tied embedding / head as Q8_0; each layer matrix as Q8_0 where the file's type
-    has more than 4 bits, else Q4_1 (the mixed files' test below says which). Q4_0, Q4_1
-    and Q4_K tensors are 4-bit values with a scale and an offset per 32, kept as they are:
-    Q4_0 and Q4_1 exactly, Q4_K's per-32 scales rounded to float16 (the kernels' own). Q8_0
-    blocks stay Q8_0 exactly; Q6_K and Q5_K are held at 8 bits, each weight within half an
-    8-bit step (a quarter of a 6-bit one or less), as is a Q4_K matrix that shares a
-    product with one."""
+    has more than 4 bits, else in 4-bit blocks (the mixed files' test below says which).
+    Q4_0, Q4_1 and Q4_K tensors are kept as they are, exactly: Q4_0 and Q4_1 as Q4_1, Q4_K
+    in its own blocks. Q8_0 blocks stay Q8_0 exactly; Q6_K and Q5_K are held at 8 bits, each
+    weight within half an 8-bit step (a quarter of a 6-bit one or less), as is a Q4_K
+    matrix that shares a product with one."""
     path = ggufs.file(file_type)
     blocks, floats = load_gguf_blocks(path), load_gguf_weights(path)
     stored = {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
@@ -147,9 +146,8 @@ def test_every_matrix_becomes_the_engines_blocks_and_keeps_its_values(
         if kind in ("Q4_0", "Q4_1") or (isinstance(blocks[name], Q8_0) and kind == "Q8_0"):
             assert torch.equal(ours, theirs), name
         elif isinstance(blocks[name], Q4_1):
-            assert kind == "Q4_K", name
-            # Each weight is scale * q - min, both rounded by 2^-11 at most (q <= 15).
-            assert (ours - theirs).abs().max() <= 2**-9 * theirs.abs().max(), name
+            assert kind == "Q4_K" and isinstance(blocks[name], Q4_K), name
+            assert torch.equal(ours, theirs), name
         else:
             q8 = blocks[name]
             assert isinstance(q8, Q8_0) and kind in ("Q4_K", "Q5_K", "Q6_K"), name
@@ -170,9 +168,9 @@ def test_a_mixed_files_layers_hold_each_matrix_in_its_own_blocks(
     ggufs: TinyGGUFs, file_type: str
 ) -> None:
     """A K-quant file mixes 4-bit matrices with 5- and 6-bit ones (Q4_K_M: Q6_K for some
-    attn_v and ffn_down): those are held as Q8_0 and the Q4_K ones as Q4_1, but where one
-    product multiplies both (q, k and v; gate and up), which is held as Q8_0 whole. The
-    loaded model's products keep those blocks, and its native steps take them."""
+    attn_v and ffn_down): those are held as Q8_0 and the Q4_K ones in Q4_K's own blocks,
+    but where one product multiplies both (q, k and v; gate and up), which is held as Q8_0
+    whole. The loaded model's products keep those blocks, and its native steps take them."""
     path = ggufs.file(file_type)
     blocks = load_gguf_blocks(path)
     stored = {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
@@ -186,10 +184,10 @@ def test_a_mixed_files_layers_hold_each_matrix_in_its_own_blocks(
                 assert type(b) is Q8_0, (name, kind)
             elif module[0] == "self_attn" and module[1] != "o_proj":
                 v = stored[f"blk.{layer}.attn_v.weight"]
-                assert type(b) is (Q8_0 if v in MORE_THAN_4_BITS else Q4_1), (name, kind, v)
+                assert type(b) is (Q8_0 if v in MORE_THAN_4_BITS else Q4_K), (name, kind, v)
             else:
-                assert kind == "Q4_K" and type(b) is Q4_1, (name, kind)
-    assert {Q4_1, Q8_0} <= set(held.values()), held
+                assert kind == "Q4_K" and type(b) is Q4_K, (name, kind)
+    assert {Q4_K, Q8_0} <= set(held.values()), held
     model = exact_engine(path, "hybrid").runner.model
     assert model.native is not None
     for i, layer in enumerate(model.layers):

@@ -26,7 +26,16 @@ from inference.engine.errors import UnsupportedModelError
 from inference.engine.formats.ggml_types import k_low_nibbles, k_scales
 from inference.engine.formats.gguf_file import GGUFFile, GGUFTensor, return_freed_memory
 from inference.engine.layers.fused import FUSED_PRODUCTS
-from inference.engine.quantized import GROUP, K_QUANT_DIVISORS, Q4_1, Q8_0, QK, BlockWeight
+from inference.engine.quantized import (
+    GROUP,
+    K_QUANT_DIVISORS,
+    Q4_1,
+    Q4_K,
+    Q8_0,
+    QK,
+    QK_K,
+    BlockWeight,
+)
 
 
 class UnsupportedGGUF(UnsupportedModelError):
@@ -417,14 +426,12 @@ def load_gguf_blocks(path: str | Path) -> dict[str, BlockWeight]:
     """Every matrix in the engine's block objects, named as load_blocks names them (no
     `model.` prefix; a tied head shares the embedding's blocks), read one tensor at a time
     with no float copy of the whole model: the embedding and head as Q8_0, each layer
-    matrix as Q4_1 or Q8_0 (layer_formats: by its own type in the file).
+    matrix as Q4_K, Q4_1 or Q8_0 (layer_formats: by its own type in the file).
 
-    Q4_1 and Q8_0 blocks are kept as they are; Q4_0 and Q4_K are Q4_1 exactly (4-bit
-    values with a scale and an offset per 32: Q4_0's offset is -8 scales, Q4_K's scales
-    and minimums per 32 come from its 6-bit ones); Q5_K and Q6_K matrices are held at 8
-    bits (Q8_0's rounding error is a quarter of a 6-bit step or less), and so is a 4-bit
-    one fused with them; any other (the float types) is dequantized per tensor and
-    quantized to the engine's format."""
+    Q4_1, Q4_K and Q8_0 blocks are kept as they are; Q4_0 is Q4_1 exactly (its offset is
+    -8 scales); Q5_K and Q6_K matrices are held at 8 bits (Q8_0's rounding error is a
+    quarter of a 6-bit step or less), and so is a 4-bit one fused with them; any other
+    (the float types) is dequantized per tensor and quantized to the engine's format."""
     file = open_gguf(path)
     config, arch = gguf_config(file), architecture(file)
     formats = layer_formats(file)
@@ -439,7 +446,7 @@ def load_gguf_blocks(path: str | Path) -> dict[str, BlockWeight]:
         if key in _HEAD_NAMES:
             w: BlockWeight = _as_kernel_q8_0(t)
         else:
-            w = _as_q8_0(t) if formats[gguf_name] is Q8_0 else _as_q4_1(t)
+            w = _HOLD[formats[gguf_name]](t)
         order = _row_order(name, t.shape[0], arch, config)
         if order is not None:
             w = w.take_rows(order)
@@ -465,33 +472,40 @@ _GGUF_LAYER_NAMES = {hf: gguf for gguf, hf in _LAYER_NAMES.items()}
 _FUSED = tuple(tuple(_GGUF_LAYER_NAMES[m] for m in group) for group in FUSED_PRODUCTS)
 
 
-def held_as(type_name: str) -> type[Q4_1] | type[Q8_0]:
+LayerFormat = type[Q4_1] | type[Q4_K] | type[Q8_0]
+
+
+def held_as(type_name: str) -> LayerFormat:
     """The blocks a layer matrix of this GGUF type is held in, where no fused product
     widens it (layer_formats)."""
-    return Q8_0 if type_name in _HELD_AT_8_BITS else Q4_1
+    if type_name in _HELD_AT_8_BITS:
+        return Q8_0
+    return Q4_K if type_name == "Q4_K" else Q4_1
 
 
-def layer_formats(file: GGUFFile) -> dict[str, type[Q4_1] | type[Q8_0]]:
+def layer_formats(file: GGUFFile) -> dict[str, LayerFormat]:
     """The blocks each layer matrix is held in, by GGUF name: Q8_0 where the file's type
-    has more than 4 bits (_HELD_AT_8_BITS), else Q4_1; the matrices of one fused product
-    in the wider of theirs. So a Q4_K_M file's Q6_K attn_v / ffn_down are held at 8 bits,
-    and that attn_v's layer's q and k with it (Q4_K to 8 bits is a rounding of ~1/16 of a
-    4-bit step); the rest stays 4-bit."""
-    formats: dict[str, type[Q4_1] | type[Q8_0]] = {
+    has more than 4 bits (_HELD_AT_8_BITS), Q4_K's own where it is Q4_K, else Q4_1; the
+    matrices of one fused product in one format, the widest of theirs (Q8_0, then Q4_1,
+    which holds Q4_K's values with its scales rounded to float16). So a Q4_K_M file's Q6_K
+    attn_v / ffn_down are held at 8 bits, and that attn_v's layer's q and k with it (Q4_K
+    to 8 bits is a rounding of ~1/16 of a 4-bit step); the rest stays Q4_K."""
+    formats: dict[str, LayerFormat] = {
         name: held_as(t.type.name)
         for name, t in file.tensors().items()
         if len(t.shape) == 2 and name.startswith("blk.")
     }
-    for name, kind in list(formats.items()):
-        if kind is not Q8_0:
-            continue
+    for name in list(formats):
         blk, layer, module, suffix = name.split(".", 3)
         for group in _FUSED:
-            if module in group:
-                for other in group:
-                    fused = f"{blk}.{layer}.{other}.{suffix}"
-                    if fused in formats:
-                        formats[fused] = Q8_0
+            if module not in group:
+                continue
+            names = [f"{blk}.{layer}.{other}.{suffix}" for other in group]
+            kinds = {formats[n] for n in names if n in formats}
+            wide = next(k for k in (Q8_0, Q4_1, Q4_K) if k in kinds)
+            for n in names:
+                if n in formats:
+                    formats[n] = wide
     return formats
 
 
@@ -539,6 +553,29 @@ def _as_q4_1(t: GGUFTensor) -> Q4_1:
     return Q4_1(qs, d, m)
 
 
+def _as_q4_k(t: GGUFTensor) -> Q4_K:
+    rows, k = t.shape
+    qs = torch.empty(rows, k // 2, dtype=torch.uint8)
+    d, m = (torch.empty(rows, k // QK_K, dtype=torch.float16) for _ in range(2))
+    sc, mn = (torch.empty(rows, k // QK, dtype=torch.uint8) for _ in range(2))
+    _by_rows(t, _rows_as_q4_k, lambda q: (q.qs, q.d, q.m, q.sc, q.mn), (qs, d, m, sc, mn))
+    return Q4_K(qs, d, m, sc=sc, mn=mn)
+
+
+def _rows_as_q4_k(t: GGUFTensor) -> Q4_K:
+    """Q4_K blocks as they are: the nibbles in Q4_1's order, each 6-bit scale and minimum
+    a byte, d and -dmin as float16."""
+    rows = t.shape[0]
+    b = t.raw.reshape(rows, -1, t.type.block_bytes)
+    sc, mn = k_scales(b[..., 4:16])
+    q = k_low_nibbles(b[..., 16:144]).reshape(rows, -1, 32)
+    qs = (q[..., :16] | (q[..., 16:] << 4)).reshape(rows, -1)
+    return Q4_K(
+        qs, _half(b[..., 0:2]), -_half(b[..., 2:4]),
+        sc=sc.reshape(rows, -1), mn=mn.reshape(rows, -1),
+    )  # fmt: skip
+
+
 def _rows_as_q4_1(t: GGUFTensor) -> Q4_1:
     rows = t.shape[0]
     b = t.raw.reshape(rows, -1, t.type.block_bytes)
@@ -561,6 +598,11 @@ def _rows_as_q4_1(t: GGUFTensor) -> Q4_1:
         return Q4_1.from_values(q, scale.half(), (-offset).half())
     q4 = Q4_1.quantize(t.dequantize())
     return Q4_1(q4.qs, q4.d.half(), q4.m.half())
+
+
+_HOLD: dict[LayerFormat, Callable[[GGUFTensor], BlockWeight]] = {
+    Q4_1: lambda t: _as_q4_1(t), Q4_K: lambda t: _as_q4_k(t), Q8_0: lambda t: _as_q8_0(t)
+}  # fmt: skip
 
 
 def _as_q8_0(t: GGUFTensor) -> Q8_0:

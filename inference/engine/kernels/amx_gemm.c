@@ -128,10 +128,11 @@ static void unpack_q4(const void *w, int n0, uint16_t *out) {
         for (int t = 0; t < 2; t++) {
             size_t ba = (size_t)(n0 / GROUP + 2 * t) * nb + b, bb = ba + nb; /* two groups */
             const uint8_t *qa = W->qs + ba * 128, *qb = W->qs + bb * 128;
-            __m512 d_lo = pair_scales_ph(W->d + ba * GROUP);
-            __m512 d_hi = pair_scales_ph(W->d + bb * GROUP);
-            __m512 m_lo = pair_scales_ph(W->m + ba * GROUP);
-            __m512 m_hi = pair_scales_ph(W->m + bb * GROUP);
+            __m256 da8, ma8, db8, mb8;
+            q4_block_scales(W, (size_t)(n0 / GROUP + 2 * t), b, &da8, &ma8);
+            q4_block_scales(W, (size_t)(n0 / GROUP + 2 * t + 1), b, &db8, &mb8);
+            __m512 d_lo = pair_scales(da8), d_hi = pair_scales(db8);
+            __m512 m_lo = pair_scales(ma8), m_hi = pair_scales(mb8);
             uint16_t *tile = out + ((size_t)b * 2 + t) * 512;
             fetch_ahead(qa + 128 * AHEAD, 128);
             fetch_ahead(qb + 128 * AHEAD, 128);
@@ -310,7 +311,8 @@ int q4_1_amx_available(void) {
 /* y [rows, N] = x [rows, K] @ W.T for Q4_1 W in the kernel layout, on AMX tiles (weights and
  * x rounded to bf16); -2 unless N is a multiple of 32, -3 where AMX cannot run. */
 int q4_1_gemm_amx(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N, int K,
-                  const float *x, int rows, float *y, int nthreads) {
-    Q4Matrix w = {qs, d, m, N, K};
+                  const float *x, int rows, float *y, int nthreads, const uint8_t *sc,
+                  const uint8_t *mn) {
+    Q4Matrix w = {qs, d, m, N, K, sc, mn};
     return q4_amx_matmul(&w, x, rows, y, nthreads);
 }

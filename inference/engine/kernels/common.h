@@ -2,20 +2,49 @@
  * (thread_pool.c), and the products on AMX tiles (amx_gemm.c). */
 #ifndef CHATAPP_KERNELS_COMMON_H
 #define CHATAPP_KERNELS_COMMON_H
+#include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #define QK 32   /* weights a block, along k */
 #define GROUP 8 /* columns side by side in the kernel layout */
 
+#define QK_K 256 /* weights a k-quant super-block, along k: 8 blocks */
+
 /* Q4_1 in the kernel layout (q4_1_gemm.c): per group of 8 columns and block, 128 bytes of
  * nibbles, 4 vectors of 32; vector j holds k 8j..8j+3 in its low nibbles and 8j+4..8j+7 in
- * its high ones, 4 bytes per column (lane c = column c). d and m: fp16 [group][block][8]. */
+ * its high ones, 4 bytes per column (lane c = column c). d and m: fp16 [group][block][8].
+ *
+ * Q4_K (sc set) has the same nibbles, and a block's scale and offset in two parts: its
+ * 6-bit scale sc and minimum mn (uint8 [group][block][8]) times its super-block's d and
+ * -dmin (d and m: fp16 [group][k / 256][8]). 4.625 bits a weight against Q4_1's 5, and the
+ * file's own values (q4_block_scales). */
 typedef struct {
     const uint8_t *qs;
     const uint16_t *d, *m;
     int n, k; /* the true column count; the arrays hold whole groups (zero padded) */
+    const uint8_t *sc, *mn; /* Q4_K's; NULL for Q4_1 */
 } Q4Matrix;
+
+/* Group g's block b: its 8 columns' scales (*d8) and offsets (*m8), w = d * q + m. For
+ * Q4_K, (d * sc) and (-dmin * mn) in float32, as ggml and gguf's dequantization round
+ * them. */
+static inline void q4_block_scales(const Q4Matrix *W, size_t g, int b, __m256 *d8, __m256 *m8) {
+    const int nb = W->k / QK;
+    const size_t gb = g * (size_t)nb + (size_t)b;
+    if (!W->sc) {
+        *d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(W->d + gb * GROUP)));
+        *m8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(W->m + gb * GROUP)));
+        return;
+    }
+    const size_t gs = g * (size_t)(W->k / QK_K) + (size_t)(b / (QK_K / QK));
+    const __m256 sc = _mm256_cvtepi32_ps(
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(W->sc + gb * GROUP))));
+    const __m256 mn = _mm256_cvtepi32_ps(
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(W->mn + gb * GROUP))));
+    *d8 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(W->d + gs * GROUP))), sc);
+    *m8 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(W->m + gs * GROUP))), mn);
+}
 
 /* Q8_0 in the kernel layout: per group of 8 columns and block, 16 pairs of k, each 16
  * bytes (k, k + 1 of each column); d float32 [group][block][8]. */

@@ -40,10 +40,12 @@
 
 /* ---- Panels ------------------------------------------------------------------------------- */
 
-/* Group-block gb's 8 scales d and m in float32. */
-static inline void panel_scales(const Q4Matrix *W, size_t gb, float *d, float *m) {
-    _mm256_store_ps(d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(W->d + gb * GROUP))));
-    _mm256_store_ps(m, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(W->m + gb * GROUP))));
+/* Group g's block b: its 8 scales d and offsets m in float32 (Q4_1's, or Q4_K's made). */
+static inline void panel_scales(const Q4Matrix *W, int g, int b, float *d, float *m) {
+    __m256 d8, m8;
+    q4_block_scales(W, (size_t)g, b, &d8, &m8);
+    _mm256_store_ps(d, d8);
+    _mm256_store_ps(m, m8);
 }
 
 /* int16 pairs [K / 2][16] (lane c: q(k) | q(k + 1) << 16), then float32 d [nb][16] and
@@ -56,7 +58,7 @@ static void panel_q4(const void *w, int g, int h, int32_t *panel) {
     for (int b = 0; b < nb; b++) {
         const size_t gb = (size_t)g * nb + b;
         const uint8_t *q = W->qs + gb * 128;
-        panel_scales(W, gb, ds + b * NR + 8 * h, ms + b * NR + 8 * h);
+        panel_scales(W, g, b, ds + b * NR + 8 * h, ms + b * NR + 8 * h);
         int32_t *out = panel + (size_t)b * (QK / 2) * NR + 8 * h;
         for (int j = 0; j < 4; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
@@ -372,8 +374,9 @@ int q4_1_i16_vnni(void) {
 }
 
 int q4_1_gemm_i16(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N, int K,
-                  const float *x, int rows, float *y, int nthreads) {
-    Q4Matrix w = {qs, d, m, N, K};
+                  const float *x, int rows, float *y, int nthreads, const uint8_t *sc,
+                  const uint8_t *mn) {
+    Q4Matrix w = {qs, d, m, N, K, sc, mn};
     return q4_panel_matmul(&w, x, rows, y, nthreads);
 }
 
@@ -397,7 +400,7 @@ static void panel_q4_u8(const void *w, int g, int h, int32_t *panel) {
     for (int b = 0; b < nb; b++) {
         const size_t gb = (size_t)g * nb + b;
         const uint8_t *q = W->qs + gb * 128;
-        panel_scales(W, gb, ds + b * NR + 8 * h, ms + b * NR + 8 * h);
+        panel_scales(W, g, b, ds + b * NR + 8 * h, ms + b * NR + 8 * h);
         int32_t *out = panel + (size_t)b * (QK / 4) * NR + 8 * h;
         /* vector j: k 8j..8j+3 in the low nibbles, 8j+4..8j+7 in the high (common.h) */
         for (int j = 0; j < 4; j++) {
@@ -531,7 +534,7 @@ static void panel16_q8_chunk(void *arg, int c) {
 }
 
 int q8_panel16_matmul(const Q8Matrix *w, const float *x, int rows, float *y, int nthreads) {
-    const Q4Matrix shape = {NULL, NULL, NULL, w->n, w->k};
+    const Q4Matrix shape = {NULL, NULL, NULL, w->n, w->k, NULL, NULL};
     PanelTask t = {&shape, {NULL, NULL, NULL}, rows, y, 0, w};
     int rc = rows16(x, rows, w->k, &t.q, nthreads);
     if (!rc) {

@@ -30,7 +30,6 @@ static inline __attribute__((always_inline)) void q4bf_tile_n(const Q4Matrix *W,
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
     for (int g = g0; g < g1; g++) {
         const uint8_t *wq = W->qs + (size_t)g * nb * 128;
-        const uint16_t *wd = W->d + (size_t)g * nb * GROUP, *wm = W->m + (size_t)g * nb * GROUP;
         __m512 acc[BF16_ROWS];
         for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++) {
@@ -50,7 +49,9 @@ static inline __attribute__((always_inline)) void q4bf_tile_n(const Q4Matrix *W,
                     s[r] = _mm512_dpbf16_ps(s[r], hi, (__m512bh)_mm512_set1_epi64(x1));
                 }
             }
-            __m512 d16 = pair_scales_ph(wd + b * GROUP), m16 = pair_scales_ph(wm + b * GROUP);
+            __m256 d8, m8;
+            q4_block_scales(W, (size_t)g, b, &d8, &m8);
+            __m512 d16 = pair_scales(d8), m16 = pair_scales(m8);
             for (int r = 0; r < NR; r++) {
                 acc[r] = _mm512_fmadd_ps(s[r], d16, acc[r]);
                 /* m * sum(x) lands on both lanes of a column: half on each */

@@ -62,7 +62,6 @@ static inline __attribute__((always_inline)) void q4_tile_n(const Q4Matrix *W, i
     int K = W->k, N = W->n, nb = K / QK;
     for (int g = g0; g < g1; g++) {
         const uint8_t *wq = W->qs + (size_t)g * nb * 128;
-        const uint16_t *wd = W->d + (size_t)g * nb * GROUP, *wm = W->m + (size_t)g * nb * GROUP;
         __m256 acc[ROW_TILE];
         for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
@@ -86,7 +85,8 @@ static inline __attribute__((always_inline)) void q4_tile_n(const Q4Matrix *W, i
             }
             for (int r = 0; r < NR; r++) s[r] = _mm256_madd_epi16(s[r], _mm256_set1_epi16(1));
 #endif
-            __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b * GROUP)));
+            __m256 d8, m8;
+            q4_block_scales(W, (size_t)g, b, &d8, &m8);
             for (int r = 0; r < NR; r++) {
                 size_t row = (size_t)(r0 + r);
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]),
@@ -99,7 +99,8 @@ static inline __attribute__((always_inline)) void q4_tile_n(const Q4Matrix *W, i
         __m256 accm[ROW_TILE];
         for (int r = 0; r < NR; r++) accm[r] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
-            __m256 m8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + b * GROUP)));
+            __m256 d8, m8;
+            q4_block_scales(W, (size_t)g, b, &d8, &m8);
             for (int r = 0; r < NR; r++)
                 accm[r] = _mm256_fmadd_ps(m8, _mm256_set1_ps(q->sx[(size_t)(r0 + r) * nb + b]),
                                           accm[r]);

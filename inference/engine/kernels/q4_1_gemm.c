@@ -48,45 +48,53 @@ static inline __m256i q4_block_dot(const __m256i w[8], const int8_t *xq) {
 }
 #endif
 
-/* Rows r0 .. r0 + NR of y for groups g0 .. g1: each weight block unpacked once for the rows.
- * NR is a constant at each call (q4_tile), so the accumulators stay in registers. Without
- * VNNI the pairs' products are summed in int16 first (8 x 2 x 15 x 127 < 32767: nothing
- * saturates), and a block is unpacked in halves (16 k: 4 vectors), each half's products
- * added into every row's sums before the next half is unpacked. AVX2's 16 registers then
- * hold the tile: the whole block's 8 vectors and two accumulators a row spilled to the
- * stack, and the layers' products took 1.13-1.3x as long at 4-64 rows (python -m
- * inference.bench.kernels --rows 4 8 16 32 64 --kinds int8, in the AVX2 build). */
+/* Row r0 + r's sums(q * qx) of block b for r < NR, each column in its lane: the block
+ * unpacked once for the rows. Without VNNI the pairs' products are summed in int16 first
+ * (8 x 2 x 15 x 127 < 32767: nothing saturates), and a block is unpacked in halves (16 k:
+ * 4 vectors), each half's products added into every row's sums before the next half is
+ * unpacked. AVX2's 16 registers then hold the tile: the whole block's 8 vectors and two
+ * accumulators a row spilled to the stack, and the layers' products took 1.13-1.3x as long
+ * at 4-64 rows (python -m inference.bench.kernels --rows 4 8 16 32 64 --kinds int8, in
+ * the AVX2 build). */
+static inline __attribute__((always_inline)) void q4_block_sums(const uint8_t *wb,
+                                                                const QuantizedRows *q, int K,
+                                                                int b, int r0, const int NR,
+                                                                __m256i s[ROW_TILE]) {
+#if HAVE_VNNI
+    __m256i w[8];
+    q4_unpack_half(wb, w);
+    q4_unpack_half(wb + 64, w + 4);
+    for (int r = 0; r < NR; r++) s[r] = q4_block_dot(w, q->qx + (size_t)(r0 + r) * K + b * QK);
+#else
+    for (int h = 0; h < 2; h++) {
+        __m256i w[4];
+        q4_unpack_half(wb + 64 * h, w);
+        for (int r = 0; r < NR; r++) {
+            const int8_t *xq = q->qx + (size_t)(r0 + r) * K + b * QK + 16 * h;
+            if (!h) s[r] = _mm256_setzero_si256();
+            for (int i = 0; i < 4; i++)
+                s[r] = add16_into(s[r], _mm256_maddubs_epi16(w[i], bcast4(xq + 4 * i)));
+        }
+    }
+    for (int r = 0; r < NR; r++) s[r] = _mm256_madd_epi16(s[r], _mm256_set1_epi16(1));
+#endif
+}
+
+/* Rows r0 .. r0 + NR of y for groups g0 .. g1 of Q4_1 W. NR is a constant at each call
+ * (q4_tile), so the accumulators stay in registers. */
 static inline __attribute__((always_inline)) void q4_tile_n(const Q4Matrix *W, int g0, int g1,
                                                             const QuantizedRows *q, int r0,
                                                             const int NR, float *y) {
     int K = W->k, N = W->n, nb = K / QK;
     for (int g = g0; g < g1; g++) {
         const uint8_t *wq = W->qs + (size_t)g * nb * 128;
+        const uint16_t *wd = W->d + (size_t)g * nb * GROUP, *wm = W->m + (size_t)g * nb * GROUP;
         __m256 acc[ROW_TILE];
         for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
             __m256i s[ROW_TILE];
-#if HAVE_VNNI
-            __m256i w[8];
-            q4_unpack_half(wq + (size_t)b * 128, w);
-            q4_unpack_half(wq + (size_t)b * 128 + 64, w + 4);
-            for (int r = 0; r < NR; r++)
-                s[r] = q4_block_dot(w, q->qx + (size_t)(r0 + r) * K + b * QK);
-#else
-            for (int h = 0; h < 2; h++) {
-                __m256i w[4];
-                q4_unpack_half(wq + (size_t)b * 128 + 64 * h, w);
-                for (int r = 0; r < NR; r++) {
-                    const int8_t *xq = q->qx + (size_t)(r0 + r) * K + b * QK + 16 * h;
-                    if (!h) s[r] = _mm256_setzero_si256();
-                    for (int i = 0; i < 4; i++)
-                        s[r] = add16_into(s[r], _mm256_maddubs_epi16(w[i], bcast4(xq + 4 * i)));
-                }
-            }
-            for (int r = 0; r < NR; r++) s[r] = _mm256_madd_epi16(s[r], _mm256_set1_epi16(1));
-#endif
-            __m256 d8, m8;
-            q4_block_scales(W, (size_t)g, b, &d8, &m8);
+            q4_block_sums(wq + (size_t)b * 128, q, K, b, r0, NR, s);
+            __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b * GROUP)));
             for (int r = 0; r < NR; r++) {
                 size_t row = (size_t)(r0 + r);
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]),
@@ -99,8 +107,7 @@ static inline __attribute__((always_inline)) void q4_tile_n(const Q4Matrix *W, i
         __m256 accm[ROW_TILE];
         for (int r = 0; r < NR; r++) accm[r] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
-            __m256 d8, m8;
-            q4_block_scales(W, (size_t)g, b, &d8, &m8);
+            __m256 m8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + b * GROUP)));
             for (int r = 0; r < NR; r++)
                 accm[r] = _mm256_fmadd_ps(m8, _mm256_set1_ps(q->sx[(size_t)(r0 + r) * nb + b]),
                                           accm[r]);
@@ -110,8 +117,67 @@ static inline __attribute__((always_inline)) void q4_tile_n(const Q4Matrix *W, i
     }
 }
 
+/* The 6-bit scale (or minimum) of block b's 8 columns as 32-bit integers. */
+static inline __m256i k_sixes(const uint8_t *p, int b) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + (size_t)b * GROUP)));
+}
+
+/* The same for Q4_K W: a block's integer sums times its 6-bit scale in integers, summed in
+ * float over the super-block with the rows' dx, and the super-block's d applied once (the
+ * offsets likewise with dmin): per block two instructions more than Q4_1's, against six
+ * for making each block's float scales first (q4_block_scales, as the panels do). */
+static inline __attribute__((always_inline)) void q4k_tile_n(const Q4Matrix *W, int g0, int g1,
+                                                             const QuantizedRows *q, int r0,
+                                                             const int NR, float *y) {
+    int K = W->k, N = W->n, nb = K / QK, ns = K / QK_K;
+    for (int g = g0; g < g1; g++) {
+        const uint8_t *wq = W->qs + (size_t)g * nb * 128;
+        const uint8_t *sc = W->sc + (size_t)g * nb * GROUP, *mn = W->mn + (size_t)g * nb * GROUP;
+        const uint16_t *wd = W->d + (size_t)g * ns * GROUP, *wm = W->m + (size_t)g * ns * GROUP;
+        __m256 acc[ROW_TILE];
+        for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+        for (int sb = 0; sb < ns; sb++) {
+            __m256 part[ROW_TILE];
+            for (int r = 0; r < NR; r++) part[r] = _mm256_setzero_ps();
+            for (int b = sb * (QK_K / QK); b < (sb + 1) * (QK_K / QK); b++) {
+                __m256i s[ROW_TILE];
+                q4_block_sums(wq + (size_t)b * 128, q, K, b, r0, NR, s);
+                const __m256i sc8 = k_sixes(sc, b);
+                for (int r = 0; r < NR; r++)
+                    part[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_mullo_epi32(s[r], sc8)),
+                                              _mm256_set1_ps(q->dx[(size_t)(r0 + r) * nb + b]),
+                                              part[r]);
+            }
+            const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + sb * GROUP)));
+            for (int r = 0; r < NR; r++) acc[r] = _mm256_fmadd_ps(part[r], d8, acc[r]);
+        }
+        for (int sb = 0; sb < ns; sb++) {
+            __m256 part[ROW_TILE];
+            for (int r = 0; r < NR; r++) part[r] = _mm256_setzero_ps();
+            for (int b = sb * (QK_K / QK); b < (sb + 1) * (QK_K / QK); b++) {
+                const __m256 mn8 = _mm256_cvtepi32_ps(k_sixes(mn, b));
+                for (int r = 0; r < NR; r++)
+                    part[r] = _mm256_fmadd_ps(mn8, _mm256_set1_ps(q->sx[(size_t)(r0 + r) * nb + b]),
+                                              part[r]);
+            }
+            const __m256 m8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + sb * GROUP)));
+            for (int r = 0; r < NR; r++) acc[r] = _mm256_fmadd_ps(part[r], m8, acc[r]);
+        }
+        for (int r = 0; r < NR; r++) store_group(y + (size_t)(r0 + r) * N, g * GROUP, N, acc[r]);
+    }
+}
+
 static void q4_tile(const Q4Matrix *W, int g0, int g1, const QuantizedRows *q, int r0, int nr,
                     float *y) {
+    if (W->sc) {
+        switch (nr) {
+        case 1: q4k_tile_n(W, g0, g1, q, r0, 1, y); break;
+        case 2: q4k_tile_n(W, g0, g1, q, r0, 2, y); break;
+        case 3: q4k_tile_n(W, g0, g1, q, r0, 3, y); break;
+        default: q4k_tile_n(W, g0, g1, q, r0, 4, y); break;
+        }
+        return;
+    }
     switch (nr) {
     case 1: q4_tile_n(W, g0, g1, q, r0, 1, y); break;
     case 2: q4_tile_n(W, g0, g1, q, r0, 2, y); break;

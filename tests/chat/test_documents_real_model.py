@@ -1,9 +1,10 @@
 """A follow-up question about a long document, on the real default model (slow): the
 second turn does not read the document again, by the engine's own figures.
 
-The turn-2 TTFT of each case is recorded in test-artifacts/documents-followup.json as a
-ratio of medians (never asserted: timings live in `python -m inference.bench.followup`);
-what is asserted is its cause, the tokens the engine computed for turn 2.
+The turn-2 TTFT of each case is recorded in test-artifacts/documents-followup.json (REPS
+runs each, never asserted: timings and their spread live in `python -m
+inference.bench.followup`); what is asserted is its cause, the tokens the engine computed for
+turn 2, which one run shows as well as three: they are counts, not timings.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from tools.live_server import ROOT
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 DOC_TOKENS = 4000
-REPS = 3
+REPS = 1
 
 
 @pytest.fixture(scope="module")

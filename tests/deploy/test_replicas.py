@@ -58,10 +58,10 @@ def send(sock: Any, text: str, max_tokens: int) -> None:
                           "settings": settings}))  # fmt: skip
 
 
-def start_long_reply(server: LiveServer) -> int:
+def start_long_reply(server: LiveServer, max_tokens: int = 1500) -> int:
     """A long reply started through `server`, its socket closed once it streams."""
     with server.chat_socket("apiuser", PASSWORD) as sock:
-        send(sock, "Long story", 1500)
+        send(sock, "Long story", max_tokens)
         frames = frames_until(sock, "delta", "error")
         assert frames[-1]["type"] == "delta", frames
         return int(next(f for f in frames if f["type"] == "start")["message"]["id"])
@@ -71,7 +71,9 @@ def test_a_reply_started_on_one_replica_resumes_on_the_other(
     replicas: tuple[LiveServer, LiveServer],
 ) -> None:
     a, b = replicas
-    message_id = start_long_reply(a)
+    # Long enough to be mid-reply when the other replica resumes it (asserted below), and
+    # short enough that waiting for its end costs seconds, not a minute.
+    message_id = start_long_reply(a, max_tokens=600)
     with b.chat_socket("apiuser", PASSWORD) as again:
         again.send(json.dumps({"type": "resume", "message_id": message_id}))
         after = frames_until(again, "done", "error", timeout=120)

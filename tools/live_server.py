@@ -6,11 +6,14 @@ wait_until_up, stop_process)."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +32,12 @@ WEBSOCKET_LIMITS = (
     "--websocket-max-frame-size",
     "16777216",
 )
+
+
+# A freshly migrated SQLite database per checkout, made by this process's first migrate and
+# copied by the later ones: `migrate` on an empty file costs seconds of Django start-up and
+# schema work, paid once per server otherwise (the test suite starts dozens).
+_MIGRATED: dict[Path, Path] = {}
 
 
 def free_port() -> int:
@@ -121,6 +130,22 @@ class DjangoProcess:
             raise RuntimeError(out.stdout + out.stderr)
         return out.stdout
 
+    def migrate(self) -> None:
+        """`manage.py migrate`; a new SQLite file of its own is a copy of the first one this
+        process migrated for the same code (the schema comes from the code alone: no
+        migration reads the settings or the environment)."""
+        fresh = self.env.get("DATABASE_URL") == f"sqlite:///{self.db}" and not self.db.exists()
+        template = _MIGRATED.get(self.root) if fresh else None
+        if template is not None:
+            shutil.copyfile(template, self.db)
+            return
+        self.manage("migrate", "--noinput", "-v", "0")
+        if fresh and not Path(f"{self.db}-wal").exists():
+            folder = Path(tempfile.mkdtemp(prefix="chatapp-migrated-"))
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            shutil.copyfile(self.db, folder / self.db.name)
+            _MIGRATED[self.root] = folder / self.db.name
+
     def python(self, code: str) -> str:
         """Run Django ORM code against this server's database; returns what it prints."""
         return self.manage("shell", "--no-imports", "-c", code).strip()
@@ -171,7 +196,7 @@ class LiveServer(DjangoProcess):
         engine is ready. In distributed mode the server is up once it answers at all:
         /healthz says 503 until an engine worker registers, and tests start the workers
         (or none) after it."""
-        self.manage("migrate", "--noinput", "-v", "0")
+        self.migrate()
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 [

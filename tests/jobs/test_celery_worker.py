@@ -47,7 +47,7 @@ class Worker(DjangoProcess):
         self.client = Celery("obs-test-client", broker=BROKER, backend=BROKER)
 
     def start(self) -> Worker:
-        self.manage("migrate", "--noinput", "-v", "0")
+        self.migrate()
         self.proc = self.celery_worker(self.log, f"obs-test-{os.getpid()}", timeout=90)
         return self
 

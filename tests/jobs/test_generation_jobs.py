@@ -48,7 +48,7 @@ class QueueWorker(Worker):
         self.queue = f"gen-jobs-{uuid.uuid4().hex[:8]}"
 
     def start(self) -> QueueWorker:
-        self.manage("migrate", "--noinput", "-v", "0")
+        self.migrate()
         self.proc = self.celery_worker(self.log, self.queue, queue=self.queue)
         return self
 

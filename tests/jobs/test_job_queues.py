@@ -102,7 +102,7 @@ def site(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iter
     except redis.ConnectionError:
         pytest.skip(f"no Redis at {BROKER}")
     s = Site(tmp_path_factory.mktemp("job-queues"), tiny_model_dir)
-    s.manage("migrate", "--noinput", "-v", "0")
+    s.migrate()
     try:
         s.start_worker(DEFAULT_QUEUE)
         s.start_worker(LONG_QUEUE)

@@ -6,8 +6,8 @@ tests/jobs/fake_bench.py, held open by a gate file the test controls."""
 
 from __future__ import annotations
 
-import json
 import signal
+import sqlite3
 import sys
 import time
 import uuid
@@ -36,21 +36,20 @@ class LongWorker(DjangoProcess):
             OBS_BACKGROUND="false",
             BENCH_COMMAND=f"{sys.executable} {ROOT / 'tests/jobs/fake_bench.py'} --gate {self.gate}",  # noqa: E501
         )
-        self.manage("migrate", "--noinput", "-v", "0")
+        self.migrate()
 
     def start(self) -> LongWorker:
         self.proc = self.celery_worker(self.workdir / "worker.log", self.queue, self.queue)
         return self
 
     def job(self, pk: int) -> dict[str, str]:
-        return json.loads(
-            self.python(
-                "import json; from chatapp.jobs.models import Job; "
-                f"j = Job.objects.get(pk={pk}); "
-                "print(json.dumps({'status': j.status, 'log': j.log, "
-                "'started': str(j.started_at)}))"
-            )
-        )
+        """The job's row, read from the worker's SQLite file (as tests/jobs/test_job_queues.py
+        does): a `manage.py shell` a look costs seconds, and wait_status looks often."""
+        with sqlite3.connect(self.db, timeout=10) as conn:
+            status, log, started = conn.execute(
+                "select status, log, started_at from inference_job where id = ?", (pk,)
+            ).fetchone()
+        return {"status": status, "log": log, "started": str(started)}
 
     def start_benchmark(self) -> int:
         return int(

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -70,14 +72,17 @@ def assert_error(answer: httpx.Response, status: int, code: str, retry_after: st
 
 
 def last_record(web: LiveServer) -> dict[str, Any] | None:
-    """The newest API request record (a streamed one is saved as its stream closes)."""
-    code = (
-        "import json; from chatapp.observability.models import RequestRecord as R; "
-        "r = R.objects.filter(source='api').order_by('-id').values("
-        "'id', 'request_id', 'worker', 'prompt_tokens', 'output_tokens', 'finish_reason', "
-        "'error_code').first(); print(json.dumps(r))"
-    )
-    return json.loads(web.python(code))
+    """The newest API request record (a streamed one is saved as its stream closes), read
+    from the server's SQLite file: a `manage.py shell` a look costs seconds, and
+    wait_for_new_record looks often."""
+    fields = ("id", "request_id", "worker", "prompt_tokens", "output_tokens", "finish_reason",
+              "error_code")  # fmt: skip
+    with closing(sqlite3.connect(web.db, timeout=10)) as conn:
+        row = conn.execute(
+            f"select {', '.join(fields)} from inference_requestrecord"
+            " where source = 'api' order by id desc limit 1"
+        ).fetchone()
+    return dict(zip(fields, row, strict=True)) if row else None
 
 
 def wait_for_new_record(web: LiveServer, after: int | None, timeout: float = 10) -> dict[str, Any]:

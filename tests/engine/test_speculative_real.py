@@ -41,10 +41,11 @@ def test_ngram_on_the_default_model_is_lossless_and_pays_on_quoting_tasks(engine
     spec_engine = engines(speculative_mode="ngram")
     prompts = [chat_prompt(plain_engine, t) for t in GROUNDED[:2] + CHAT[:2]]
     plain = _run(plain_engine, prompts, 64)
-    # Alone (one stream at a time) and as one batch of four.
-    alone = [_run(spec_engine, [p], 64)[0] for p in prompts]
+    # Alone (one stream at a time: a quoting task and a chat one, each kind once) and as
+    # one batch of all four.
+    alone = [_run(spec_engine, [p], 64)[0] for p in prompts[::2]]
     together = _run(spec_engine, prompts, 64)
-    assert alone == plain
+    assert alone == plain[::2]
     assert together == plain
     stats = spec_engine.stats()
     assert stats["spec_acceptance_rate"] > 0.3

@@ -600,7 +600,9 @@ def test_another_users_writes_wait_milliseconds_while_a_large_import_runs(
     from chatapp.chat.imports import import_file
 
     alice, bob = make_user("alice"), make_user("bob")
-    body = own_export_chains(conversations=600, messages=20)
+    # 6,000 messages: hundreds of the import's 10 ms write batches, and alice's writes
+    # between them.
+    body = own_export_chains(conversations=300, messages=20)
     importing = threading.Event()
     waits: list[float] = []
 
@@ -625,7 +627,7 @@ def test_another_users_writes_wait_milliseconds_while_a_large_import_runs(
         importing.clear()
         writer.join()
     took = time.monotonic() - started
-    assert len(created) == 600 and Message.objects.filter(conversation__owner=bob).count() == 12000
+    assert len(created) == 300 and Message.objects.filter(conversation__owner=bob).count() == 6000
     assert len(waits) >= 20, (took, waits)
     waits.sort()
     # Each of alice's writes waited for one short batch of the import at most.

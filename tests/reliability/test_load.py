@@ -1,4 +1,4 @@
-"""The 60-second version of the soak (`python -m tools.load --users 64 --duration 600`):
+"""The 30-second version of the soak (`python -m tools.load --users 64 --duration 600`):
 simulated people chatting multi-turn over real sockets against a real server with the
 real model. Nothing they saw may be lost, and no error other than a polite refusal."""
 
@@ -14,14 +14,16 @@ from tools import load
 pytestmark = pytest.mark.slow
 
 
-def test_sixteen_people_chat_for_a_minute_and_nothing_is_lost(tmp_path: Path) -> None:
+def test_sixteen_people_chat_for_half_a_minute_and_nothing_is_lost(tmp_path: Path) -> None:
     out = tmp_path / "load.json"
     status = load.main(
         [
             "--users",
             "16",
+            # Each of the 16 has several turns in this (one reply is asserted below); the
+            # long soak is tools.load's own run.
             "--duration",
-            "60",
+            "30",
             "--ramp",
             "5",
             "--max-tokens",

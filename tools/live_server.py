@@ -116,6 +116,9 @@ class DjangoProcess:
         }
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = workdir / "server.log"
+        # True once the database is migrated (or set by a caller whose database is, such
+        # as pytest-django's test database): migrate() then does nothing.
+        self.migrated = False
 
     def manage(self, *args: str, timeout: float = 180) -> str:
         out = subprocess.run(
@@ -134,12 +137,16 @@ class DjangoProcess:
         """`manage.py migrate`; a new SQLite file of its own is a copy of the first one this
         process migrated for the same code (the schema comes from the code alone: no
         migration reads the settings or the environment)."""
+        if self.migrated:
+            return
         fresh = self.env.get("DATABASE_URL") == f"sqlite:///{self.db}" and not self.db.exists()
         template = _MIGRATED.get(self.root) if fresh else None
         if template is not None:
             shutil.copyfile(template, self.db)
+            self.migrated = True
             return
         self.manage("migrate", "--noinput", "-v", "0")
+        self.migrated = True
         if fresh and not Path(f"{self.db}-wal").exists():
             folder = Path(tempfile.mkdtemp(prefix="chatapp-migrated-"))
             atexit.register(shutil.rmtree, folder, ignore_errors=True)
@@ -197,6 +204,7 @@ class LiveServer(DjangoProcess):
         /healthz says 503 until an engine worker registers, and tests start the workers
         (or none) after it."""
         self.migrate()
+        self.workdir.mkdir(parents=True, exist_ok=True)
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 [

@@ -110,6 +110,7 @@ def embedded(
     )
     try:
         worker.start()
+        server.migrated = True  # the worker's start migrated their one database
         server.start()
         server.make_user("titler", PASSWORD)
         yield server, worker

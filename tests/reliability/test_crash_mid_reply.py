@@ -55,7 +55,9 @@ def test_a_killed_server_keeps_the_reply_text_its_reader_saw_up_to_the_bound(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     env = {"DATABASE_URL": database_url(), "CHAT_FLUSH_INTERVAL_MS": "0"}
-    server = LiveServer(tmp_path / "first", tiny_model_dir, **env).start()
+    server = LiveServer(tmp_path / "first", tiny_model_dir, **env)
+    server.migrated = True  # pytest-django's test database: a migrate would find nothing to do
+    server.start()
     server.make_user("reader", PASSWORD)
     try:
         with server.chat_socket("reader", PASSWORD) as sock:
@@ -75,7 +77,9 @@ def test_a_killed_server_keeps_the_reply_text_its_reader_saw_up_to_the_bound(
     seen_before_bound = "".join(t for at, t in received if at <= killed_at - LOSS_BOUND_S)
     assert len(seen_before_bound) > 0
 
-    restarted = LiveServer(tmp_path / "second", tiny_model_dir, **env).start()
+    restarted = LiveServer(tmp_path / "second", tiny_model_dir, **env)
+    restarted.migrated = True
+    restarted.start()
     try:
         with restarted.chat_socket("reader", PASSWORD) as sock:
             sock.send(json.dumps({"type": "resume", "message_id": message_id}))

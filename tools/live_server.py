@@ -142,6 +142,7 @@ class DjangoProcess:
         fresh = self.env.get("DATABASE_URL") == f"sqlite:///{self.db}" and not self.db.exists()
         template = _MIGRATED.get(self.root) if fresh else None
         if template is not None:
+            self.db.parent.mkdir(parents=True, exist_ok=True)  # as migrate's settings make it
             shutil.copyfile(template, self.db)
             self.migrated = True
             return

@@ -360,15 +360,15 @@ static int row_cut(const float *l, int V, float T, int top_k, float top_p, float
     return 0;
 }
 
-/* The kept mass, `skip` (a token, or -1) left out as if its weight were 0. Over the whole
- * row it is summed per BLOCK into tls.bs, which draw_at walks. */
-static double kept_total(int V, Cut cut, int listed, int64_t skip) {
+/* The kept mass. Over the whole row it is summed per BLOCK into tls.bs, which draw_at
+ * walks. */
+static double kept_total(int V, Cut cut, int listed) {
     const float *e = tls.e;
     if (listed >= 0) {
         double s = 0;
         for (int j = 0; j < listed; j++) {
             const int i = tls.idx[j];
-            if (i != skip && is_kept(e[i], i, cut)) s += e[i];
+            if (is_kept(e[i], i, cut)) s += e[i];
         }
         return s;
     }
@@ -391,15 +391,21 @@ static double kept_total(int V, Cut cut, int listed, int64_t skip) {
         double s = hsum256(acc);
         for (; i < i1; i++)
             if (is_kept(e[i], i, cut)) s += e[i];
-        if (skip >= b * BLOCK && skip < i1 && is_kept(e[skip], (int)skip, cut)) s -= e[skip];
         tls.bs[b] = s;
         total += s;
     }
     return total;
 }
 
+/* kept_total's mass without token i (kept): its block's sum for draw_at too. */
+static double leave_out(int listed, int64_t i, double total) {
+    if (listed < 0) tls.bs[i / BLOCK] -= tls.e[i];
+    return total - tls.e[i];
+}
+
 /* The first kept token (token order, `skip` left out) whose kept mass up to and with it
- * exceeds target (0 <= target < kept_total's, which must have run for this cut and skip). */
+ * exceeds target (0 <= target < kept_total's, which must have run for this cut, with
+ * skip's weight taken out of its block's sum: leave_out). */
 static int64_t draw_at(int V, Cut cut, int listed, int64_t skip, double target) {
     const float *e = tls.e;
     double acc = 0;
@@ -439,7 +445,7 @@ static int64_t sample_row(const float *l, int V, float T, int top_k, float top_p
     int listed;
     const int rc = row_cut(l, V, T, top_k, top_p, min_p, &cut, &listed);
     if (rc) return rc == 1 ? first_max(l, V) : -2;
-    return draw_at(V, cut, listed, -1, (double)u * kept_total(V, cut, listed, -1));
+    return draw_at(V, cut, listed, -1, (double)u * kept_total(V, cut, listed));
 }
 
 /* How many tokens the row keeps (of positive weight), each marked 1 in kept[V], else 0; -2
@@ -473,11 +479,11 @@ int64_t spec_sample(const float *l, int V, float T, int top_k, float top_p, floa
     int listed;
     const int rc = row_cut(l, V, T, top_k, top_p, min_p, &cut, &listed);
     if (rc) return rc == 1 ? first_max(l, V) : -2;
-    const double total = kept_total(V, cut, listed, -1);
+    const double total = kept_total(V, cut, listed);
     const int in = guess >= 0 && guess < V && is_kept(tls.e[guess], (int)guess, cut);
     const double p_guess = in ? tls.e[guess] / total : 0;
     if ((double)u_accept < p_guess) return guess;
-    const double rest = kept_total(V, cut, listed, in ? guess : -1);
+    const double rest = in ? leave_out(listed, guess, total) : total;
     if (!(rest > 0)) return guess; /* p is all on the guess: any draw from p is the guess */
     return draw_at(V, cut, listed, in ? guess : -1, (double)u_draw * rest);
 }

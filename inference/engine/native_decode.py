@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from inference.engine import kernels
 from inference.engine.layers.linear import BiasedLinear
-from inference.engine.quantized import Q4_1, Q4_K, Q8_0
+from inference.engine.quantized import Q4_1, Q8_0
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -48,9 +48,11 @@ def _matrix(blocks: object) -> kernels.LayerMatrix:
         return kernels.LayerMatrix(kernels.LAYER_Q8_0, q8=q8)
     assert isinstance(blocks, Q4_1)
     n, k = blocks.shape
-    q4 = kernels.Q4Matrix(blocks.qs.data_ptr(), blocks.d.data_ptr(), blocks.m.data_ptr(), n, k)
-    if isinstance(blocks, Q4_K):
-        q4.sc, q4.mn = blocks.sc.data_ptr(), blocks.mn.data_ptr()
+    sc, mn = blocks.k_parts()
+    q4 = kernels.Q4Matrix(
+        blocks.qs.data_ptr(), blocks.d.data_ptr(), blocks.m.data_ptr(), n, k,
+        None if sc is None else sc.data_ptr(), None if mn is None else mn.data_ptr(),
+    )  # fmt: skip
     return kernels.LayerMatrix(kernels.LAYER_Q4_1, q4=q4)
 
 

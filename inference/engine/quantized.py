@@ -183,6 +183,10 @@ class Q4_1:
             torch.cat([p.m for p in parts]),
         )
 
+    def k_parts(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Q4_K's per-block 6-bit scales and minimums (the kernels' sc and mn); none here."""
+        return None, None
+
     def matmul_t(self, x: torch.Tensor, kind: str = "int8") -> torch.Tensor:
         """x [rows, K] @ W.T in float32 (the kernel wants `for_kernel()` weights); x at 8
         bits a block, or rounded to bf16 (kinds "bf16" and "amx": kernels.q4_1_gemm)."""
@@ -190,7 +194,8 @@ class Q4_1:
         if lib is None or not self.kernel:
             return x.float() @ self.dequantize().T
         x = x.float().contiguous()
-        return kernels.q4_1_gemm(lib, self.qs, self.d, self.m, x, self.n, kind=kind)
+        sc, mn = self.k_parts()
+        return kernels.q4_1_gemm(lib, self.qs, self.d, self.m, x, self.n, kind, sc, mn)
 
 
 def _uint8() -> torch.Tensor:
@@ -267,14 +272,8 @@ class Q4_K(Q4_1):
         )
         return Q4_K(qs, d, m, sc=sc, mn=mn)
 
-    def matmul_t(self, x: torch.Tensor, kind: str = "int8") -> torch.Tensor:
-        lib = kernels.load()
-        if lib is None or not self.kernel:
-            return x.float() @ self.dequantize().T
-        x = x.float().contiguous()
-        return kernels.q4_1_gemm(
-            lib, self.qs, self.d, self.m, x, self.n, kind=kind, sc=self.sc, mn=self.mn
-        )
+    def k_parts(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return self.sc, self.mn
 
 
 @dataclass

@@ -600,11 +600,6 @@ def _rows_as_q4_1(t: GGUFTensor) -> Q4_1:
     return Q4_1(q4.qs, q4.d.half(), q4.m.half())
 
 
-_HOLD: dict[LayerFormat, Callable[[GGUFTensor], BlockWeight]] = {
-    Q4_1: lambda t: _as_q4_1(t), Q4_K: lambda t: _as_q4_k(t), Q8_0: lambda t: _as_q8_0(t)
-}  # fmt: skip
-
-
 def _as_q8_0(t: GGUFTensor) -> Q8_0:
     rows, k = t.shape
     qs, d = torch.empty(rows, k, dtype=torch.int8), torch.empty(rows, k // QK)
@@ -641,6 +636,14 @@ def _rows_as_q8_0(t: GGUFTensor) -> Q8_0:
         # the search, as with the file's own values.
         return Q8_0.quantize(t.dequantize(), K_QUANT_DIVISORS)
     return Q8_0.quantize(t.dequantize())
+
+
+# How a layer matrix becomes the blocks layer_formats holds it in.
+_HOLD: dict[LayerFormat, Callable[[GGUFTensor], BlockWeight]] = {
+    Q4_1: _as_q4_1,
+    Q4_K: _as_q4_k,
+    Q8_0: _as_q8_0,
+}
 
 
 # The types whose Q8_0 scales are searched (_rows_as_q8_0).

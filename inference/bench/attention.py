@@ -35,6 +35,7 @@ import torch
 from inference.bench.spread import cell, spread
 from inference.engine import kernels
 from inference.engine.kernels.build import compiled_library
+from inference.engine.kv_codec import row_width, to_pool
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 30, 9, 3, 64, 16
 LAYOUTS = ("scattered", "contiguous", "shared")
@@ -75,10 +76,10 @@ def _inputs(rows: int, context: int, layout: str, gen: torch.Generator) -> dict[
 
 
 def kv_pools(x: dict[str, Any], dtype: torch.dtype) -> tuple[list[torch.Tensor], Any]:
-    """The case's pools in `dtype`, and its shape saying so (kv_half)."""
+    """The case's pools in `dtype`, and its shape saying so (kv_type)."""
     shape = kernels.LayerShape.from_buffer_copy(x["shape"])
-    shape.kv_half = int(dtype == torch.float16)
-    return [p.to(dtype) for p in x["pools"]], shape
+    shape.kv_type = kernels.KV_TYPES[dtype]
+    return [to_pool(p, dtype).contiguous() for p in x["pools"]], shape
 
 
 def _time(
@@ -128,7 +129,7 @@ def run(
                 first = None
                 for name, (_, dt) in variants.items():
                     v = spread(ms[name])
-                    v["kv_mb"] = x["kv_mb"] * dt.itemsize / 4
+                    v["kv_mb"] = x["kv_mb"] * row_width(HEAD_DIM, dt) * dt.itemsize / HEAD_DIM / 4
                     first = first or v
                     v["ratio"] = v["median"] / first["median"]
                     case["variants"][name] = v
@@ -148,7 +149,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--baseline", type=Path, help="another checkout's root (git worktree add)")
-    ap.add_argument("--kv-dtypes", nargs="+", default=["float32"], choices=["float32", "float16"])
+    ap.add_argument(
+        "--kv-dtypes", nargs="+", default=["float32"], choices=["float32", "float16", "int8"]
+    )
     ap.add_argument("--layouts", nargs="+", default=["scattered", "shared"], choices=LAYOUTS)
     ap.add_argument("--json", default="bench_attention.json")
     args = ap.parse_args()

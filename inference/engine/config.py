@@ -44,8 +44,11 @@ class EngineConfig:
     """The KV pool's element type: `auto` is float16 for a float32 model with quantized
     weights on a CPU where the native kernels load (half the bytes for attention to read,
     twice the tokens in the same memory), else the model dtype (`quantization=none` stays
-    exact); or `float32`, `float16`, `bfloat16` (on a CPU with a bfloat16 model only). The
-    Redis tier's blocks are in this type."""
+    exact); or `float32`, `float16`, `bfloat16` (on a CPU with a bfloat16 model only), or
+    `int8` (a CPU where the native kernels load: each position's head as int8 values and
+    their scale, ~half float16's bytes for attention to read over long contexts, with a
+    rounding error of at most half a step of 1/127 of the row's largest value). The Redis
+    tier's blocks are in this type."""
     enable_prefix_caching: bool = True
     """Reuse cached KV blocks of identical prefixes (across a conversation's turns, shared
     system prompts)."""

@@ -36,6 +36,7 @@ from inference.engine.detokenizer import IncrementalDetokenizer, decoder_of
 from inference.engine.errors import EngineBusyError, InvalidRequestError, PromptTooLongError
 from inference.engine.fingerprint import model_fingerprint
 from inference.engine.kv_cache import Block, CacheScope, KVCacheManager
+from inference.engine.kv_codec import row_width
 from inference.engine.kv_tier import (
     DISABLED_STATS,
     LAYOUT_VERSION,
@@ -516,7 +517,11 @@ class LLMEngine:
     def _start_kv_tier(self) -> KVTier:
         m, runner, c = self.runner.model, self.runner, self.config
         layout = BlockLayout(
-            m.num_layers, m.num_kv_heads, c.block_size, m.head_dim, runner.kv_dtype
+            m.num_layers,
+            m.num_kv_heads,
+            c.block_size,
+            row_width(m.head_dim, runner.kv_dtype),
+            runner.kv_dtype,
         )
         fingerprint = model_fingerprint(
             c.model,

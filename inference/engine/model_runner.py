@@ -22,6 +22,7 @@ from inference.engine.cpu_backend import ALL_CORES_POOLED as ALL_CORES_POOLED
 from inference.engine.cpu_backend import SPLIT_MIN_ROWS, invariant_fold_rows
 from inference.engine.cuda_graphs import CudaGraphStep
 from inference.engine.kv_budget import auto_pool_bytes, available_memory
+from inference.engine.kv_codec import row_width
 from inference.engine.kv_tier.redaction import redacted
 from inference.engine.layers.attention import (
     PAGED_MAX_CHUNK,
@@ -80,8 +81,16 @@ def resolve_kv_dtype(
         if device.type == "cpu" and dtype == torch.float32 and quantized and kernels.load():
             return torch.float16
         return dtype
+    if name == "int8":
+        # Rows of int8 with their scales (kv_codec.py): what the kernels read, on a CPU.
+        if device.type != "cpu" or not kernels.load():
+            raise ValueError(
+                "kv_dtype int8 needs a CPU where the native kernels load (their attention "
+                "reads int8 pools); use float16 or the model dtype here"
+            )
+        return torch.int8
     if name not in _DTYPES:
-        raise ValueError(f"kv_dtype must be auto, {', '.join(_DTYPES)}; got {name!r}")
+        raise ValueError(f"kv_dtype must be auto, int8, {', '.join(_DTYPES)}; got {name!r}")
     kv = _DTYPES[name]
     if device.type == "cpu" and kv == torch.bfloat16 and dtype == torch.float32:
         raise ValueError(
@@ -219,7 +228,7 @@ class ModelRunner:
             * m.num_layers
             * self.block_size
             * m.num_kv_heads
-            * m.head_dim
+            * row_width(m.head_dim, self.kv_dtype)
             * self.kv_dtype.itemsize
         )
         # The context asked for, or the model's (the engine caps it by the pool).
@@ -251,7 +260,12 @@ class ModelRunner:
         # CUDA graphs' padding rows write into a block of their own, past the manager's.
         graphs = compiled and self.device.type == "cuda"
         pool_blocks = self.num_blocks + 1 if graphs else self.num_blocks
-        shape = (2 * m.num_kv_heads, pool_blocks, self.block_size, m.head_dim)
+        shape = (
+            2 * m.num_kv_heads,
+            pool_blocks,
+            self.block_size,
+            row_width(m.head_dim, self.kv_dtype),
+        )
         self.kv_caches = [
             torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(m.num_layers)
         ]

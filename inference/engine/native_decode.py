@@ -155,13 +155,13 @@ class NativeDecoder:
         if self._shape is None:
             if pool.dtype not in kernels.KV_DTYPES:
                 raise ValueError(
-                    f"the native path's KV pool must be float32 or float16, not {pool.dtype}"
+                    f"the native path's KV pool must be float32, float16 or int8, not {pool.dtype}"
                 )
             m = self.model
             inter = m.layers[0].down.blocks.shape[1]  # type: ignore[union-attr]
             self._shape = kernels.LayerShape(
                 m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, inter,
-                m.eps, m.scale, pool.shape[2], pool.shape[1], kernels.kv_half(pool),
+                m.eps, m.scale, pool.shape[2], pool.shape[1], kernels.kv_type(pool),
             )  # fmt: skip
         return self._shape
 

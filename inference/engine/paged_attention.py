@@ -82,12 +82,14 @@ class PagedAttention:
         key = (*pool.shape, pool.dtype)
         if self._shape is None or key != self._pool_shape:
             if pool.dtype not in kernels.KV_DTYPES or not pool.is_contiguous():
-                raise ValueError("paged attention needs a contiguous float32 or float16 KV pool")
+                raise ValueError(
+                    "paged attention needs a contiguous float32, float16 or int8 KV pool"
+                )
             self._pool_shape = key
             # The attention's fields; the layer's others (hidden, inter, eps) go unread.
             self._shape = LayerShape(
                 hidden=self.heads * self.head_dim, heads=self.heads, kv_heads=self.kv_heads,
                 head_dim=self.head_dim, scale=self.scale, block_size=pool.shape[2],
-                num_blocks=pool.shape[1], kv_half=kernels.kv_half(pool),
+                num_blocks=pool.shape[1], kv_type=kernels.kv_type(pool),
             )  # fmt: skip
         return self._shape

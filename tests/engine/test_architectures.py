@@ -103,6 +103,28 @@ def test_greedy_tokens_equal_transformers_in_a_batch_and_across_a_second_turn(ti
     assert token_ids_of(second) == theirs[-1]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_an_int8_pool_serves_every_architectures_attention(tiny, name):
+    """Windowed and soft-capped layers too (the torch paths' reads of the pool): over an
+    int8 pool the first two greedy tokens after a chunked prompt longer than the window
+    (the first reads the earlier chunks' K/V from the pool, the second a decode's) are the
+    float32 pool's, but for a near-tie. These random models' attention is sharp, and their
+    later tokens part at the int8 rows' rounding within a few steps; a misread pool would
+    part at the first token of most prompts."""
+    folder = tiny(name)
+    prompts = [_prompt(3 * WINDOW + i, seed=i) for i in range(6)]
+    tokens = {}
+    for kv_dtype in ("float32", "int8"):
+        engine = _engine(folder, max_num_batched_tokens=16, kv_dtype=kv_dtype)
+        for i, p in enumerate(prompts):
+            engine.add_request(p, greedy(2, ignore_eos=True), request_id=f"r{i}")
+        out = run_to_completion(engine)
+        tokens[kv_dtype] = [token_ids_of(out[f"r{i}"]) for i in range(len(prompts))]
+    same = sum(a == b for a, b in zip(tokens["int8"], tokens["float32"], strict=True))
+    assert same >= len(prompts) - 1, tokens
+
+
 def test_the_registry_names_each_family_by_its_config(tiny):
     for name in ARCHITECTURES:
         family = model_class(load_config(str(tiny(name)))).family

@@ -1,7 +1,7 @@
 """The prompts' chunk attention (kernels/chunk_attention.c) against SDPA over the gathered
 context, for every shape it takes: block sizes around its key groups, chunks that start
 after a cached context or at position 0, grouped and plain heads, one and two threads, and
-its bf16 products where the CPU has them, over float32 and float16 pools."""
+its bf16 products where the CPU has them, over float32, float16 and int8 pools."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine import kernels
+from inference.engine.kv_codec import from_pool, to_pool
 from tests.engine.conftest import needs_kernels
 
 lib = kernels.load()
@@ -43,17 +44,18 @@ def _reference(pool, table, qkv, positions, heads, kv_heads, scale):
 
 
 def _run(pool, table, qkv, positions, heads, kv_heads, scale, bf16, threads):
-    _, num_blocks, block_size, d = pool.shape
+    _, num_blocks, block_size, _ = pool.shape
+    d = qkv.shape[-1]
     shape = kernels.ChunkShape(
         heads=heads, kv_heads=kv_heads, head_dim=d, block_size=block_size,
-        num_blocks=num_blocks, scale=scale, kv_half=int(pool.dtype == torch.float16),
+        num_blocks=num_blocks, scale=scale, kv_type=kernels.kv_type(pool),
         bf16=int(bf16),
     )  # fmt: skip
     assert lib is not None
     return kernels.chunk_attention(lib, shape, qkv, positions, table, pool, threads)
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.int8])
 @pytest.mark.parametrize("bf16", [False, True] if BF16 else [False])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(
@@ -68,12 +70,13 @@ def test_a_chunk_matches_sdpa_over_its_gathered_context(
     kv_dtype, bf16, threads, heads, kv_heads, head_dim, block_size, rows, cached
 ):
     pool, table, qkv, positions = _case(heads, kv_heads, head_dim, block_size, rows, cached)
-    pool = pool.to(kv_dtype)
+    pool = to_pool(pool, kv_dtype)
     scale = head_dim**-0.5
     got = _run(pool, table, qkv, positions, heads, kv_heads, scale, bf16, threads)
     assert got is not None
-    # A float16 pool's values, exactly as the kernel reads them.
-    want = _reference(pool.float(), table, qkv, positions, heads, kv_heads, scale)
+    # A float16 or int8 pool's values, exactly as the kernel reads them.
+    values = from_pool(pool, head_dim, torch.float32)
+    want = _reference(values, table, qkv, positions, heads, kv_heads, scale)
     # bf16 products: 8 bits of mantissa in queries, keys, weights and values.
     tol = 3e-2 if bf16 else 1e-5
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)

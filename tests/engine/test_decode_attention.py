@@ -4,7 +4,7 @@ one KV head in one pass for 2 to 4, head after head otherwise), head_dim (512-bi
 for multiples of 16 up to 128; 256-bit for 8 to 128 by powers of two in one pass, for other
 multiples of 8 head after head; scalar otherwise), contexts
 ending on and beside block edges over scattered blocks, a sequence's several rows, and the
-pool's two formats (float32, float16)."""
+pool's formats (float32, float16, int8 rows with their scales)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from inference.engine import kernels
+from inference.engine.kv_codec import from_pool, to_pool
 from tests.engine.conftest import needs_kernels, run_in_avx2_build
 
 pytestmark = needs_kernels
@@ -77,7 +78,7 @@ def _case(heads, kv_heads, d, seed=0):
     ],
 )
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.int8])
 def test_decode_attention_is_softmax_of_the_scores_times_the_values(
     heads, kv_heads, head_dim, threads, kv_dtype
 ):
@@ -87,19 +88,20 @@ def test_decode_attention_is_softmax_of_the_scores_times_the_values(
 def _check(heads: int, kv_heads: int, head_dim: int, threads: int, kv_dtype: torch.dtype) -> None:
     lib = kernels.load()
     qkv, positions, tables, pool = _case(heads, kv_heads, head_dim)
-    pool = pool.to(kv_dtype)
+    pool = to_pool(pool, kv_dtype)
     scale = head_dim**-0.5
     shape = kernels.LayerShape(
         heads * head_dim, heads, kv_heads, head_dim, 4 * heads * head_dim, 1e-5, scale,
-        BLOCK, pool.shape[1], int(kv_dtype == torch.float16),
+        BLOCK, pool.shape[1], kernels.kv_type(pool),
     )  # fmt: skip
     got = kernels.decode_attention(lib, shape, qkv, positions, tables, pool, threads)
-    # A float16 pool's values, exactly as the kernels read them.
-    want = _reference(qkv, positions, tables, pool.float(), heads, kv_heads, scale)
+    # A float16 or int8 pool's values, exactly as the kernels read them.
+    values = from_pool(pool, head_dim, torch.float32)
+    want = _reference(qkv, positions, tables, values, heads, kv_heads, scale)
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.int8])
 @pytest.mark.parametrize("run", [2, 5, 8])
 def test_a_sequences_few_rows_come_out_as_each_row_alone(run, kv_dtype):
     """A decode's speculative guesses (a run of up to 8 rows of one sequence) give each row
@@ -108,13 +110,13 @@ def test_a_sequences_few_rows_come_out_as_each_row_alone(run, kv_dtype):
     lib = kernels.load()
     heads, kv_heads, d = 9, 3, 64
     qkv, positions, tables, pool = _case(heads, kv_heads, d)
-    pool = pool.to(kv_dtype)
+    pool = to_pool(pool, kv_dtype)
     # Two rows of other sequences, then the run: one sequence's consecutive positions.
     rows = [0, 4] + [len(CONTEXTS) + i for i in range(run)]
     qkv, positions, tables = qkv[rows].contiguous(), positions[rows], tables[rows].contiguous()
     shape = kernels.LayerShape(
         heads * d, heads, kv_heads, d, 4 * heads * d, 1e-5, d**-0.5,
-        BLOCK, pool.shape[1], int(kv_dtype == torch.float16),
+        BLOCK, pool.shape[1], kernels.kv_type(pool),
     )  # fmt: skip
     together = kernels.decode_attention(lib, shape, qkv, positions, tables, pool, 2)
     for r in range(len(rows)):
@@ -135,7 +137,7 @@ def test_the_avx2_builds_attention_where_the_cpu_has_avx512_too():
         "from tests.engine.test_decode_attention import _check\n"
         "assert '-mavx512f' not in kernels.cpu_build_flags()\n"
         "for shape in ((9, 3, 64), (4, 2, 16), (8, 2, 128), (4, 1, 64), (4, 4, 64), (4, 2, 40)):\n"
-        "    for dtype in (torch.float32, torch.float16):\n"
+        "    for dtype in (torch.float32, torch.float16, torch.int8):\n"
         "        _check(*shape, 2, dtype)\n"
         "print('agreed')\n"
     )

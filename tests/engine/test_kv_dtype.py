@@ -41,6 +41,15 @@ def test_a_set_dtype_is_taken_and_the_ones_the_kernels_cannot_read_are_refused()
         resolve_kv_dtype("fp8", CPU, torch.float32, "hybrid")
 
 
+@needs_kernels
+def test_int8_is_taken_on_a_cpu_with_the_kernels_and_refused_elsewhere():
+    assert resolve_kv_dtype("int8", CPU, torch.float32, "hybrid") == torch.int8
+    assert resolve_kv_dtype("int8", CPU, torch.float32, "none") == torch.int8
+    with pytest.raises(ValueError, match="int8 needs a CPU where the native kernels load"):
+        resolve_kv_dtype("int8", torch.device("cuda"), torch.bfloat16, "none")
+
+
+@needs_kernels
 def test_the_engine_sizes_its_pool_by_the_element_type(tiny_model_path):
     def engine(kv_dtype: str) -> LLMEngine:
         return LLMEngine(
@@ -48,12 +57,17 @@ def test_the_engine_sizes_its_pool_by_the_element_type(tiny_model_path):
                          kv_cache_memory_mb=8, kv_dtype=kv_dtype)
         )  # fmt: skip
 
-    wide, half = engine("float32"), engine("float16")
+    wide, half, int8 = engine("float32"), engine("float16"), engine("int8")
     assert wide.runner.kv_caches[0].dtype == torch.float32
     assert half.runner.kv_caches[0].dtype == torch.float16
     # The same memory holds twice the blocks.
     assert half.runner.num_blocks == 2 * wide.runner.num_blocks
     assert half.stats()["kv_dtype"] == "float16"
+    # int8: a row of head_dim values and its 4-byte scale, against 4 bytes a value.
+    d = wide.runner.model.head_dim
+    assert int8.runner.kv_caches[0].shape[-1] == d + 4
+    assert int8.runner.num_blocks // (4 * d // (d + 4)) >= wide.runner.num_blocks
+    assert int8.stats()["kv_dtype"] == "int8"
 
 
 QUESTIONS = [
@@ -64,23 +78,36 @@ QUESTIONS = [
 ]
 
 
-# Mean KL(float32 pool || float16 pool) allowed, by path (measured: about 1e-6 and
-# 3.5e-3): the exact path's K/V differ by float16's rounding alone; on the native path each
-# layer rounds its activations to 8 bits after it, and a value moved across a rounding edge
-# moves a step of 1/254 of its block's largest, as two float32 runs differing in their
-# last bits would (hybrid against float32 weights: ~2e-3, python -m inference.bench.quality).
-KL_LIMIT = {"none": 1e-5, "hybrid": 1e-2}
+# Mean KL(float32 pool || narrower pool) allowed, by pool and path (measured: float16 about
+# 1e-6 and 3.3e-3, int8 2.1e-3 and 5.5e-3): the exact path's K/V differ by float16's
+# rounding alone; on the native path each layer rounds its activations to 8 bits after it,
+# and a value moved across a rounding edge moves a step of 1/254 of its block's largest, as
+# two float32 runs differing in their last bits would (hybrid against float32 weights:
+# ~2e-3, python -m inference.bench.quality). An int8 pool's rows are rounded to 1/127 of
+# their largest value: about the error 4-bit weights add.
+KL_LIMIT = {
+    ("float16", "none"): 1e-5,
+    ("float16", "hybrid"): 1e-2,
+    ("int8", "none"): 1e-2,
+    ("int8", "hybrid"): 2e-2,
+}
 # Top-two logit gaps below which a position counts as a near-tie, whose argmax may flip.
 # The native path's 8-bit roundings move a logit by up to ~1.2 between the pools (on one AVX512
 # CPU one of 72 positions flipped at a gap of 0.12, none past 0.2); the exact path's by
-# ~0.02.
-NEAR_TIE = {"none": 0.1, "hybrid": 0.25}
+# ~0.02 with a float16 pool; an int8 pool flipped 1-2 of 72, at gaps up to 0.135.
+NEAR_TIE = {
+    ("float16", "none"): 0.1,
+    ("float16", "hybrid"): 0.25,
+    ("int8", "none"): 0.25,
+    ("int8", "hybrid"): 0.25,
+}
 
 
 @pytest.mark.slow
 @needs_kernels
 @pytest.mark.parametrize("quantization", ["none", "hybrid"])
-def test_a_float16_pool_gives_the_float32_pools_next_tokens(real_model_path, quantization):
+@pytest.mark.parametrize("narrow", ["float16", "int8"])
+def test_a_narrower_pool_gives_the_float32_pools_next_tokens(real_model_path, quantization, narrow):
     """Each question then a fixed reply, the four decoded together one token a step (with
     hybrid the native path's steps, exact weights the torch path's paged kernel: their K/V
     written to the pool and attended over from it): the next-token distributions of the
@@ -121,12 +148,12 @@ def test_a_float16_pool_gives_the_float32_pools_next_tokens(real_model_path, qua
                 seq.num_computed_tokens += 1
         return torch.stack(steps)  # [steps, seqs, vocab]
 
-    wide, half = logits("float32"), logits("float16")
+    wide, half = logits("float32"), logits(narrow)
     kl = torch.nn.functional.kl_div(
         half.log_softmax(-1), wide.log_softmax(-1), log_target=True, reduction="none"
     ).sum(-1)
-    assert float(kl.mean()) < KL_LIMIT[quantization], float(kl.mean())
+    assert float(kl.mean()) < KL_LIMIT[narrow, quantization], float(kl.mean())
     top2 = wide.topk(2, dim=-1).values
-    clear = (top2[..., 0] - top2[..., 1]) > NEAR_TIE[quantization]
+    clear = (top2[..., 0] - top2[..., 1]) > NEAR_TIE[narrow, quantization]
     assert clear.float().mean() > 0.5  # the check below is about most positions
     assert torch.equal(half.argmax(-1)[clear], wide.argmax(-1)[clear])

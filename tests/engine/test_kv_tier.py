@@ -101,7 +101,7 @@ def _entries(store: redis.Redis, namespace: str) -> list[bytes]:
     return [k for k in store.scan_iter(f"{namespace}:*", count=1000) if k.count(b":") == 2]
 
 
-@pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16", "int8"])
 def test_next_turn_after_a_restart_is_restored_from_redis_and_equals_a_cold_start(
     tier_engine, make_engine, kv_dtype
 ):

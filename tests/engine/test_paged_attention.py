@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from inference.engine.kv_codec import from_pool, to_pool
 from inference.engine.paged_attention import PagedAttention, load
 from inference.engine.sampling_params import SamplingParams
 from inference.engine.scheduler import ScheduledBatch
@@ -18,17 +19,18 @@ HEADS, KV_HEADS, HEAD_DIM, BLOCK, BLOCKS = 6, 2, 64, 4, 40
 
 def _reference(qkv, pool, positions, row_seq, tables):
     """Each row over positions 0..its own of its sequence, K/V of every row written first
-    (in the pool's dtype: a float16 pool's rows rounded to it)."""
+    (in the pool's element type: a float16 or int8 pool's rows rounded to it)."""
     pool = pool.clone()
     per = HEADS // KV_HEADS
     for r in range(qkv.shape[0]):
         table, pos = tables[row_seq[r]], int(positions[r])
         slot_block, offset = table[pos // BLOCK], pos % BLOCK
-        pool[:, slot_block, offset] = qkv[r, HEADS:].to(pool.dtype)
+        pool[:, slot_block, offset] = to_pool(qkv[r, HEADS:], pool.dtype)
     out = torch.empty(qkv.shape[0], HEADS, HEAD_DIM)
     for r in range(qkv.shape[0]):
         table, ctx = tables[row_seq[r]], int(positions[r]) + 1
-        keys = pool[:, table].reshape(2 * KV_HEADS, -1, HEAD_DIM)[:, :ctx].float()
+        rows = pool[:, table].reshape(2 * KV_HEADS, -1, pool.shape[-1])[:, :ctx]
+        keys = from_pool(rows, HEAD_DIM, torch.float32)
         for h in range(HEADS):
             g = h // per
             scores = keys[g] @ qkv[r, h] * HEAD_DIM**-0.5
@@ -50,10 +52,10 @@ def _case(seed: int):
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.int8])
 def test_rows_attend_over_their_own_blocks_after_every_row_wrote_its_kv(threads, kv_dtype):
     qkv, pool, positions, row_seq, tables = _case(seed=threads)
-    pool = pool.to(kv_dtype)
+    pool = to_pool(pool, kv_dtype)
     expected, expected_pool = _reference(qkv, pool, positions, row_seq, tables)
     attention = PagedAttention(load(), HEADS, KV_HEADS, HEAD_DIM, HEAD_DIM**-0.5)
     got = attention(qkv, pool, positions, row_seq, tables, threads)

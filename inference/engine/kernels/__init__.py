@@ -230,17 +230,19 @@ class LayerShape(ctypes.Structure):
         ("scale", ctypes.c_float),
         ("block_size", ctypes.c_int),
         ("num_blocks", ctypes.c_int),
-        ("kv_half", ctypes.c_int),  # the pool's elements: float16 (1) or float32 (0)
+        ("kv_type", ctypes.c_int),  # the pool's elements: kv_type(pool)
     ]
 
 
-# The KV pools the attention kernels read: float32, or float16 (their shapes' kv_half).
-KV_DTYPES = (torch.float32, torch.float16)
+# The KV pools the attention kernels read, by their shapes' kv_type (simd.h's KV_*):
+# float32, float16, or int8 rows with their scales (kv_codec.py).
+KV_TYPES = {torch.float32: 0, torch.float16: 1, torch.int8: 2}
+KV_DTYPES = tuple(KV_TYPES)
 
 
-def kv_half(pool: torch.Tensor) -> int:
-    """The kernels' shapes' kv_half for this pool: 1 where it is float16."""
-    return int(pool.dtype == torch.float16)
+def kv_type(pool: torch.Tensor) -> int:
+    """The kernels' shapes' kv_type for this pool."""
+    return KV_TYPES[pool.dtype]
 
 
 class ChunkShape(ctypes.Structure):
@@ -254,7 +256,7 @@ class ChunkShape(ctypes.Structure):
         ("block_size", ctypes.c_int),
         ("num_blocks", ctypes.c_int),
         ("scale", ctypes.c_float),
-        ("kv_half", ctypes.c_int),  # the pool's elements: float16 (1) or float32 (0)
+        ("kv_type", ctypes.c_int),  # the pool's elements: kv_type(pool)
         ("bf16", ctypes.c_int),
     ]
 
@@ -298,7 +300,7 @@ def decode_attention(
 ) -> torch.Tensor:
     """The native path's attention alone, as its steps run it (decode_attention.c): qkv [rows,
     heads + 2 * kv_heads, head_dim] float32 contiguous, the rows' K/V already in `pool`
-    (float32, or float16 with shape.kv_half: [2 * kv_heads, blocks, block_size, head_dim]);
+    (of shape.kv_type: [2 * kv_heads, blocks, block_size, kv_codec.row_width]);
     positions int64 [rows]; tables
     int64 [rows, width], one block table a row (consecutive rows with equal tables are one
     sequence's chunk). Returns [rows, heads, head_dim]."""
@@ -320,7 +322,7 @@ def chunk_attention(
 ) -> torch.Tensor | None:
     """One sequence's chunk of rows over its paged context (chunk_attention.c): qkv [rows,
     heads + 2 * kv_heads, head_dim] float32 contiguous, its rows' K/V already in `pool`
-    (float32, or float16 with shape.kv_half: [2 * kv_heads, blocks, block_size, head_dim]);
+    (of shape.kv_type: [2 * kv_heads, blocks, block_size, kv_codec.row_width]);
     positions int64 [rows], table
     int64 [blocks of the sequence]. Returns [rows, heads, head_dim], or None for a shape the
     kernel does not take."""

@@ -13,7 +13,7 @@
  * the same way. Each lane sees the positions up to its own row's (causal within the chunk),
  * with the running softmax (maximum, sum, output rescaled as the maximum grows).
  *
- * Pool layout (model_runner.py): [2 * kv_heads, num_blocks, block_size, head_dim],
+ * Pool layout (model_runner.py): [2 * kv_heads, num_blocks, block_size, kv_row(head_dim)],
  * keys are heads [0, kv_heads), values the rest. Tiles run in the kernels' pool
  * (decode_attention.c). AVX512 where the build has it (16 lanes a vector), else AVX2 (8).
  */
@@ -41,7 +41,7 @@
 typedef struct {
     int heads, kv_heads, head_dim, block_size, num_blocks;
     float scale;
-    int kv_half; /* the pool's elements: float16, else float32 */
+    int kv_type; /* the pool's elements: simd.h's KV_F32, KV_F16 or KV_I8 */
     int bf16;    /* products in bfloat16 (float32 sums) where the build has AVX512-BF16 */
 } ChunkShape;
 
@@ -63,9 +63,9 @@ typedef struct {
 static inline const float *block_floats(const ChunkTask *t, int kv, int g, int b, int n,
                                         float *buf) {
     const ChunkShape *s = t->s;
-    const size_t d = (size_t)s->head_dim, bs = (size_t)s->block_size;
-    const size_t at = ((size_t)(kv * s->kv_heads + g) * s->num_blocks + (size_t)t->table[b]) * bs * d;
-    return kv_floats(t->pool, at, n * (int)d, s->kv_half, buf);
+    const size_t bs = (size_t)s->block_size, row = kv_row(s->head_dim, s->kv_type);
+    const size_t at = ((size_t)(kv * s->kv_heads + g) * s->num_blocks + (size_t)t->table[b]) * bs * row;
+    return kv_floats(t->pool, at, n, s->head_dim, s->kv_type, buf);
 }
 
 /* The tile's queries, transposed to [head_dim][TL] and scaled, and its lanes' positions.
@@ -132,7 +132,7 @@ static void tile(void *arg, int index) {
     int lanes = lanes_all - first < TL ? lanes_all - first : TL;
     float qt[d * TL] __attribute__((aligned(64)));
     float acc[d * TL] __attribute__((aligned(64)));
-    float kbuf[s->kv_half ? bs * d : 1], vbuf[s->kv_half ? bs * d : 1];
+    float kbuf[s->kv_type ? bs * d : 1], vbuf[s->kv_type ? bs * d : 1];
     float sc[(MAX_BLOCK + KJ) * TL] __attribute__((aligned(64)));
     int32_t pos[TL] __attribute__((aligned(64)));
     int minpos, maxpos;
@@ -255,7 +255,7 @@ static void tile_bf16(void *arg, int index) {
     int g = index % hkv, first = (t->tiles - 1 - index / hkv) * TL;
     int lanes = lanes_all - first < TL ? lanes_all - first : TL;
     float qt[d * TL] __attribute__((aligned(64)));
-    float kbuf[s->kv_half ? bs * d : 1], vbuf[s->kv_half ? bs * d : 1];
+    float kbuf[s->kv_type ? bs * d : 1], vbuf[s->kv_type ? bs * d : 1];
     uint32_t q2[d2 * TL] __attribute__((aligned(64)));          /* query pairs, per lane */
     float acc[d * TL] __attribute__((aligned(64)));
     float sc[(MAX_BLOCK + KJ) * TL] __attribute__((aligned(64)));

@@ -68,13 +68,13 @@ void add_rms_norm(float *x, const float *delta, const float *w, int rows, int n,
                   float *out, int nthreads);
 void silu_mul(const float *gu, int rows, int n, float *out, int nthreads);
 /* Where rope_put_rows writes each row's K/V after rotating it: heads first..first+count-1
- * of the row, head g to pool element g * head_stride + slots[row] * d. */
+ * of the row, head g to pool element g * head_stride + slots[row] * kv_row(d, type). */
 typedef struct {
     const int64_t *slots;
     void *pool;
     int first, count;
     size_t head_stride;
-    int half; /* the pool's elements: float16, else float32 */
+    int type; /* the pool's elements: simd.h's KV_F32, KV_F16 or KV_I8 */
 } KvPut;
 void rope_put_rows(float *qkv, int rows, int stride, int heads, int d, const float *cos,
                    const float *sin, const KvPut *put, int nthreads);

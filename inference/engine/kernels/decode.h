@@ -28,8 +28,8 @@ typedef struct {
 typedef struct {
     int hidden, heads, kv_heads, head_dim, inter;
     float eps, scale;
-    int block_size, num_blocks;  /* pool: [2 * kv_heads, num_blocks * block_size, head_dim] */
-    int kv_half;                 /* the pool's elements: float16, else float32 */
+    int block_size, num_blocks;  /* pool: [2 * kv_heads, num_blocks * block_size, kv_row] */
+    int kv_type;                 /* the pool's elements: simd.h's KV_F32, KV_F16 or KV_I8 */
 } LayerShape;
 
 /* The rows' attention over the pool (decode_attention.c); 0, or -1 out of memory. */

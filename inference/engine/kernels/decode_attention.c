@@ -67,17 +67,22 @@ typedef struct {
     atomic_int failed;
 } AttnTask;
 
-/* fn(..., 1) over a float16 pool, fn(..., 0) over a float32 one: each pool type its own
- * inlined build of the attention passes (their last argument, a constant there). */
-#define BY_KV_TYPE(s, fn, ...) ((s)->kv_half ? fn(__VA_ARGS__, 1) : fn(__VA_ARGS__, 0))
+/* fn(..., type) for the pool's element type (simd.h's KV_*): each type its own inlined
+ * build of the attention passes (their last argument, a constant there). */
+#define BY_KV_TYPE(s, fn, ...)                                                   \
+    ((s)->kv_type == KV_I8   ? fn(__VA_ARGS__, KV_I8)                           \
+     : (s)->kv_type == KV_F16 ? fn(__VA_ARGS__, KV_F16)                         \
+                              : fn(__VA_ARGS__, KV_F32))
 
-/* Bytes of one K/V element of the pool. */
-static inline size_t kv_bytes(const LayerShape *s) { return s->kv_half ? 2 : 4; }
+/* Elements of one head's pool: its blocks' positions' rows. */
+static inline size_t kv_head_elems(const LayerShape *s) {
+    return (size_t)s->num_blocks * s->block_size * kv_row(s->head_dim, s->kv_type);
+}
 
 /* The first K/V element of KV head g's keys (kv = 0) or values (kv = 1) in a layer's pool. */
 static inline const void *kv_head(const LayerShape *s, const void *pool, int kv, int g) {
-    const size_t head = (size_t)s->num_blocks * s->block_size * s->head_dim;
-    return (const char *)pool + (size_t)(kv * s->kv_heads + g) * head * kv_bytes(s);
+    return (const char *)pool +
+           (size_t)(kv * s->kv_heads + g) * kv_head_elems(s) * kv_elem(s->kv_type);
 }
 
 /* Each thread's scores, grown to the longest context it has seen. */
@@ -93,7 +98,7 @@ static __thread int tls_scores_cap;
 
 static inline void prefetch_blocks(const LayerShape *s, int ctx, const int64_t *table, int blk,
                                    const void *keys, const void *vals) {
-    const size_t bytes = kv_bytes(s) * (size_t)s->block_size * s->head_dim;
+    const size_t bytes = kv_elem(s->kv_type) * s->block_size * kv_row(s->head_dim, s->kv_type);
     const char *v = (const char *)vals + (size_t)table[blk] * bytes;
     for (size_t l = 0; l < bytes; l += 64) _mm_prefetch(v + l, _MM_HINT_T1);
     if ((blk + 1) * s->block_size >= ctx) return;
@@ -115,13 +120,17 @@ static inline __attribute__((always_inline)) void prefetch_position(
     int from, int n, const int l2, const int H) {
     const int bs = s->block_size;
     if (blk * bs + slot >= ctx) return;
-    const size_t e = H ? 2 : 4;
-    const char *p = (const char *)base + (((size_t)table[blk] * bs + slot) * s->head_dim + from) * e;
-    for (size_t l = 0; l < (size_t)n * e; l += 64) {
+    const size_t e = kv_elem(H);
+    const char *p =
+        (const char *)base + (((size_t)table[blk] * bs + slot) * kv_row(s->head_dim, H) + from) * e;
+    /* An int8 row's scale after its values; its first and last byte's lines both. */
+    const size_t bytes = (size_t)n * e + (H == KV_I8 ? sizeof(float) : 0);
+    for (size_t l = 0; l < bytes + 63; l += 64) {
+        const char *at = p + (l < bytes ? l : bytes - 1);
         if (l2)
-            _mm_prefetch(p + l, _MM_HINT_T1);
+            _mm_prefetch(at, _MM_HINT_T1);
         else
-            _mm_prefetch(p + l, _MM_HINT_T0);
+            _mm_prefetch(at, _MM_HINT_T0);
     }
 }
 
@@ -181,12 +190,12 @@ static inline __attribute__((always_inline)) void store_scores(vec acc[VL], vec 
  * need no registers of their own). */
 static inline __attribute__((always_inline)) void add_values(vec sums[4][8], const float *w,
                                                              int ctx, const void *vals,
-                                                             size_t v, const int G,
+                                                             size_t v, float vs, const int G,
                                                              const int NC, const int load_once,
                                                              const int H) {
     if (load_once) {
         vec wh[4];
-        for (int h = 0; h < G; h++) wh[h] = vset1(w[h * ctx]);
+        for (int h = 0; h < G; h++) wh[h] = vset1(w[h * ctx] * vs);
         for (int c = 0; c < NC; c++) {
             const vec vc = vkv_load(vals, v + VL * c, H);
             for (int h = 0; h < G; h++) sums[h][c] = vfma(wh[h], vc, sums[h][c]);
@@ -194,7 +203,7 @@ static inline __attribute__((always_inline)) void add_values(vec sums[4][8], con
         return;
     }
     for (int h = 0; h < G; h++) {
-        const vec wh = vset1(w[h * ctx]);
+        const vec wh = vset1(w[h * ctx] * vs);
         for (int c = 0; c < NC; c++)
             sums[h][c] = vfma(wh, vkv_load(vals, v + VL * c, H), sums[h][c]);
     }
@@ -214,6 +223,7 @@ static inline __attribute__((always_inline)) void attention_group_n(
     const void *vals, float *scores, float *o, const int G, const int ND, const int ahead,
     const int H) {
     const int d = s->head_dim, bs = s->block_size;
+    const size_t R = kv_row(d, H); /* a position's row */
     const vec scale = vset1(s->scale);
     vec mx[4], q[4][KEYS_HELD ? 8 : 1];
     for (int h = 0; h < G; h++) {
@@ -221,6 +231,8 @@ static inline __attribute__((always_inline)) void attention_group_n(
         if (KEYS_HELD)
             for (int c = 0; c < ND; c++) q[h][c] = vload(qp + h * d + VL * c);
     }
+    /* The keys converted once (and scaled, an int8 pool's) for the G heads. */
+    const int convert = H == KV_I8 || (H == KV_F16 && G > 1);
     float kf[H && !KEYS_HELD ? VL * VL * ND : 1] __attribute__((aligned(64)));
     /* The position's block and slot advance together: no division a position. */
     int blk = 0, slot = 0;
@@ -234,14 +246,15 @@ static inline __attribute__((always_inline)) void attention_group_n(
                     for (int h = 0; h < G; h++) acc[h][j] = vzero();
                     continue;
                 }
-                const size_t k = ((size_t)table[blk] * bs + slot) * d;
+                const size_t k = ((size_t)table[blk] * bs + slot) * R;
                 prefetch_for_keys(s, ctx, table, blk, slot, keys, vals, ahead, H);
                 vec kv[8];
                 for (int c = 0; c < ND; c++) kv[c] = vkv_load(keys, k + VL * c, H);
+                const vec ks = vset1(H == KV_I8 ? kv_scale(keys, k, d) : 1.0f);
                 for (int h = 0; h < G; h++) {
                     vec a = vmul(q[h][0], kv[0]);
                     for (int c = 1; c < ND; c++) a = vfma(q[h][c], kv[c], a);
-                    acc[h][j] = a;
+                    acc[h][j] = H == KV_I8 ? vmul(a, ks) : a;
                 }
                 if (++slot == bs) slot = 0, blk++;
             }
@@ -256,13 +269,15 @@ static inline __attribute__((always_inline)) void attention_group_n(
                 continue;
             }
             prefetch_for_keys(s, ctx, table, blk, slot, keys, vals, ahead, H);
-            kp[j] = ((size_t)table[blk] * bs + slot) * d;
+            kp[j] = ((size_t)table[blk] * bs + slot) * R;
             if (++slot == bs) slot = 0, blk++;
         }
-        if (H && G > 1)
-            for (int j = 0; j < VL; j++)
+        if (convert)
+            for (int j = 0; j < VL; j++) {
+                const vec ks = vset1(H == KV_I8 ? kv_scale(keys, kp[j], d) : 1.0f);
                 for (int c = 0; c < ND; c++)
-                    vstore_aligned(kf + (j * ND + c) * VL, vkv_load(keys, kp[j] + VL * c, 1));
+                    vstore_aligned(kf + (j * ND + c) * VL, vmul(vkv_load(keys, kp[j] + VL * c, H), ks));
+            }
         for (int h = 0; h < G; h++) {
             vec acc[VL];
             for (int j = 0; j < VL; j++) acc[j] = vzero();
@@ -270,7 +285,7 @@ static inline __attribute__((always_inline)) void attention_group_n(
                 const vec qc = vload(qp + h * d + VL * c);
                 for (int j = 0; j < VL; j++)
                     acc[j] = vfma(qc,
-                                  H && G > 1 ? vload_aligned(kf + (j * ND + c) * VL)
+                                  convert ? vload_aligned(kf + (j * ND + c) * VL)
                                              : vkv_load(keys, kp[j] + VL * c, H),
                                   acc[j]);
             }
@@ -294,7 +309,8 @@ static inline __attribute__((always_inline)) void attention_group_n(
         blk = 0;
         slot = 0;
         for (int p = 0; p < ctx; p++) {
-            const size_t v = ((size_t)table[blk] * bs + slot) * d + VL * c0;
+            const size_t row = ((size_t)table[blk] * bs + slot) * R, v = row + VL * c0;
+            const float vs = H == KV_I8 ? kv_scale(vals, row, d) : 1.0f;
             if (ahead)
                 prefetch_position(s, ctx, table, blk + 1, slot, vals, VL * c0, VL * NC, 0, H);
             else if (!KEYS_HELD && slot == 0)
@@ -302,9 +318,9 @@ static inline __attribute__((always_inline)) void attention_group_n(
                     prefetch_position(s, ctx, table, blk + 1, j, vals, VL * c0, VL * NC, 0, H);
             /* Each chain's own call: constant indices keep the sums in registers. */
             if (chains == 2 && (p & 1))
-                add_values(out[1], scores + p, ctx, vals, v, G, NC, load_once, H);
+                add_values(out[1], scores + p, ctx, vals, v, vs, G, NC, load_once, H);
             else
-                add_values(out[0], scores + p, ctx, vals, v, G, NC, load_once, H);
+                add_values(out[0], scores + p, ctx, vals, v, vs, G, NC, load_once, H);
             if (++slot == bs) slot = 0, blk++;
         }
         for (int h = 0; h < G; h++)
@@ -374,16 +390,17 @@ static void attention_single(AttnTask *t, int r, int head) {
     const int64_t *table = t->block_tables + (size_t)r * t->table_width;
     int g = head / (hq / hkv);
     const void *keys = kv_head(s, t->pool, 0, g), *vals = kv_head(s, t->pool, 1, g);
-    const int half = s->kv_half;
+    const int type = s->kv_type;
+    const size_t R = kv_row(d, type); /* a position's row */
     float *o = t->attn + ((size_t)r * hq + head) * d;
     if (attention_group_shape(s, 1, ctx, q, table, keys, vals, scores, o, t->ahead)) return;
     /* Positions go by block (a slot's `p / bs` and `p % bs` are integer divisions here). */
     float mx = -INFINITY, row[d];
     for (int p0 = 0; p0 < ctx; p0 += bs) {
-        const size_t kb = (size_t)table[p0 / bs] * bs * d;
+        const size_t kb = (size_t)table[p0 / bs] * bs * R;
         const int n = ctx - p0 < bs ? ctx - p0 : bs;
         for (int j = 0; j < n; j++) {
-            const float *k = kv_floats(keys, kb + (size_t)j * d, d, half, row);
+            const float *k = kv_floats(keys, kb + (size_t)j * R, 1, d, type, row);
             const float sc = dot_f32(q, k, d) * s->scale;
             scores[p0 + j] = sc;
             mx = sc > mx ? sc : mx;
@@ -398,7 +415,7 @@ static void attention_single(AttnTask *t, int r, int head) {
     if (d % 8) {
         for (int i = 0; i < d; i++) o[i] = 0.0f;
         for (int p = 0; p < ctx; p++) {
-            const float *v = kv_floats(vals, (table[p / bs] * bs + p % bs) * d, d, half, row);
+            const float *v = kv_floats(vals, (table[p / bs] * bs + p % bs) * R, 1, d, type, row);
             for (int i = 0; i < d; i++) o[i] += scores[p] * inv * v[i];
         }
         return;
@@ -411,13 +428,15 @@ static void attention_single(AttnTask *t, int r, int head) {
         __m256 acc[8];
         for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
         for (int p0 = 0; p0 < ctx; p0 += bs) {
-            const size_t vb = (size_t)table[p0 / bs] * bs * d + i0;
+            const size_t vb = (size_t)table[p0 / bs] * bs * R;
             const int n = ctx - p0 < bs ? ctx - p0 : bs;
             for (int j = 0; j < n; j++) {
-                const __m256 w = _mm256_set1_ps(scores[p0 + j]);
-                const size_t v = vb + (size_t)j * d;
+                const size_t v = vb + (size_t)j * R;
+                const float vs = type == KV_I8 ? kv_scale(vals, v, d) : 1.0f;
+                const __m256 w = _mm256_set1_ps(scores[p0 + j] * vs);
                 for (int c = 0; c < 8; c++)
-                    if (c < nv) acc[c] = _mm256_fmadd_ps(w, kv_load8(vals, v + 8 * c, half), acc[c]);
+                    if (c < nv)
+                        acc[c] = _mm256_fmadd_ps(w, kv_load8(vals, v + i0 + 8 * c, type), acc[c]);
             }
         }
         for (int c = 0; c < nv; c++)
@@ -521,7 +540,7 @@ int paged_attention(const LayerShape *s, const float *qkv, int rows, const int64
     int64_t *row_tables = malloc(sizeof(int64_t) * (size_t)rows * table_width);
     if (!row_tables) return -2;
     const int nqkv = (hq + 2 * hkv) * d;
-    const size_t head_stride = (size_t)s->num_blocks * bs * d;
+    const size_t head_stride = kv_head_elems(s), R = kv_row(d, s->kv_type);
     for (int r = 0; r < rows; r++) {
         const int64_t *table = tables + (size_t)row_seq[r] * table_width;
         memcpy(row_tables + (size_t)r * table_width, table, sizeof(int64_t) * table_width);
@@ -529,7 +548,7 @@ int paged_attention(const LayerShape *s, const float *qkv, int rows, const int64
         const size_t slot = (size_t)table[pos / bs] * bs + pos % bs;
         const float *kv = qkv + (size_t)r * nqkv + (size_t)hq * d;
         for (int g = 0; g < 2 * hkv; g++)
-            kv_put(pool, g * head_stride + slot * d, kv + (size_t)g * d, d, s->kv_half);
+            kv_put(pool, g * head_stride + slot * R, kv + (size_t)g * d, d, s->kv_type);
     }
     const int rc = decode_attention(s, qkv, rows, positions, row_tables, table_width, pool, out,
                                     nthreads);

@@ -99,8 +99,8 @@ static void rope_chunk(void *arg, int c) {
         const KvPut *p = t->put;
         if (p)
             for (int g = 0; g < p->count; g++)
-                kv_put(p->pool, g * p->head_stride + (size_t)p->slots[r] * d,
-                       row + (size_t)(p->first + g) * d, d, p->half);
+                kv_put(p->pool, g * p->head_stride + (size_t)p->slots[r] * kv_row(d, p->type),
+                       row + (size_t)(p->first + g) * d, d, p->type);
     }
 }
 

@@ -2,6 +2,7 @@
 #ifndef CHATAPP_KERNELS_SIMD_H
 #define CHATAPP_KERNELS_SIMD_H
 #include <immintrin.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -78,51 +79,95 @@ static inline __m256 zero_below256(__m256 r, __m256 x, __m256 lo) {
 }
 DEFINE_EXP(256)
 
-/* The KV pool's elements: float32, or float16 where the pool is half (its shape's kv_half):
- * half the bytes for attention to read, which waits on memory over chats' scattered
- * blocks. `half` is a constant in the kernels' inlined bodies, one build of each per
- * format. Eight from element i: */
-static inline __m256 kv_load8(const void *base, size_t i, const int half) {
-    if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)));
+/* The KV pool's elements (a shape's kv_type): float32, float16 (half the bytes for
+ * attention to read, which waits on memory over chats' scattered blocks), or int8 rows: a
+ * position's head_dim values as int8 and then their float32 scale (value = q * scale), 68
+ * bytes for a head of 64 where float16 takes 128. Element indexes count the pool's own
+ * elements (bytes for int8), a position's row kv_row of them. The type is a constant in the
+ * kernels' inlined bodies, one build of each per format. */
+enum { KV_F32 = 0, KV_F16 = 1, KV_I8 = 2 };
+
+/* Elements of a position's row of one head. */
+static inline size_t kv_row(int d, const int type) {
+    return type == KV_I8 ? (size_t)d + sizeof(float) : (size_t)d;
+}
+
+/* Bytes of one element. */
+static inline size_t kv_elem(const int type) { return type == KV_F32 ? 4 : type == KV_F16 ? 2 : 1; }
+
+/* An int8 row's scale: its head_dim values start at element i. */
+static inline float kv_scale(const void *base, size_t i, int d) {
+    float sc;
+    memcpy(&sc, (const int8_t *)base + i + d, sizeof sc);
+    return sc;
+}
+
+/* Eight from element i, as floats (an int8 pool's without its row's scale): */
+static inline __m256 kv_load8(const void *base, size_t i, const int type) {
+    if (type == KV_I8)
+        return _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)base + i))));
+    if (type == KV_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)));
     return _mm256_loadu_ps((const float *)base + i);
 }
 
-/* ... one: */
-static inline float kv_at(const void *base, size_t i, const int half) {
-    return half ? _cvtsh_ss(((const uint16_t *)base)[i]) : ((const float *)base)[i];
-}
-
-/* n floats of x into the pool at element i (rounded to nearest even where half). */
-static inline void kv_put(void *base, size_t i, const float *x, int n, const int half) {
-    if (!half) {
-        memcpy((float *)base + i, x, sizeof(float) * (size_t)n);
+/* A position's d floats of x into the pool at element i (its row's start): rounded to
+ * nearest even where float16; where int8, scaled by their largest magnitude / 127 and
+ * rounded to nearest, the scale after them. */
+static inline void kv_put(void *base, size_t i, const float *x, int d, const int type) {
+    if (type == KV_F32) {
+        memcpy((float *)base + i, x, sizeof(float) * (size_t)d);
+        return;
+    }
+    if (type == KV_I8) {
+        float amax = 0.0f;
+        for (int j = 0; j < d; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float sc = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int8_t *q = (int8_t *)base + i;
+        for (int j = 0; j < d; j++) q[j] = (int8_t)lrintf(x[j] * inv);
+        memcpy(q + d, &sc, sizeof sc);
         return;
     }
     uint16_t *h = (uint16_t *)base + i;
     int j = 0;
-    for (; j + 8 <= n; j += 8)
+    for (; j + 8 <= d; j += 8)
         _mm_storeu_si128((__m128i *)(h + j),
                          _mm256_cvtps_ph(_mm256_loadu_ps(x + j), _MM_FROUND_TO_NEAREST_INT));
-    for (; j < n; j++) h[j] = _cvtss_sh(x[j], _MM_FROUND_TO_NEAREST_INT);
+    for (; j < d; j++) h[j] = _cvtss_sh(x[j], _MM_FROUND_TO_NEAREST_INT);
 }
 
-/* n elements of the pool from element i as float32: the pool itself where it is float32,
- * else converted into buf. */
-static inline const float *kv_floats(const void *base, size_t i, int n, const int half,
+/* n consecutive positions' rows of d from element i (a row's start) as float32 [n, d]: the
+ * pool itself where it is float32, else converted into buf. */
+static inline const float *kv_floats(const void *base, size_t i, int n, int d, const int type,
                                      float *buf) {
-    if (!half) return (const float *)base + i;
+    if (type == KV_F32) return (const float *)base + i;
+    if (type == KV_I8) {
+        const size_t row = kv_row(d, KV_I8);
+        for (int p = 0; p < n; p++) {
+            const int8_t *q = (const int8_t *)base + i + (size_t)p * row;
+            const float sc = kv_scale(base, i + (size_t)p * row, d);
+            for (int j = 0; j < d; j++) buf[(size_t)p * d + j] = (float)q[j] * sc;
+        }
+        return buf;
+    }
     const uint16_t *h = (const uint16_t *)base + i;
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
+    const size_t m = (size_t)n * d;
+    size_t j = 0;
+    for (; j + 8 <= m; j += 8)
         _mm256_storeu_ps(buf + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j))));
-    for (; j < n; j++) buf[j] = _cvtsh_ss(h[j]);
+    for (; j < m; j++) buf[j] = _cvtsh_ss(h[j]);
     return buf;
 }
 
 #ifdef __AVX512F__
 /* kv_load8's sixteen. */
-static inline __m512 kv_load16(const void *base, size_t i, const int half) {
-    if (half) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i)));
+static inline __m512 kv_load16(const void *base, size_t i, const int type) {
+    if (type == KV_I8)
+        return _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)base + i))));
+    if (type == KV_F16)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i)));
     return _mm512_loadu_ps((const float *)base + i);
 }
 

@@ -11,7 +11,9 @@ import torch
 
 @dataclass(frozen=True)
 class BlockLayout:
-    """What one block's payload is: [layers, 2 * kv_heads, block_size, head_dim] of dtype."""
+    """What one block's payload is: [layers, 2 * kv_heads, block_size, head_dim] of dtype,
+    `head_dim` a position's row as the pool holds it (kv_codec.row_width: an int8 pool's
+    values and their scale)."""
 
     num_layers: int
     num_kv_heads: int

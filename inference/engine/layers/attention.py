@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine import kernels
+from inference.engine.kv_codec import from_pool, row_width, to_pool
 from inference.engine.paged_attention import PagedAttention
 
 
@@ -125,12 +126,11 @@ class Attention:
     ) -> torch.Tensor:
         """Write the step's K/V into this layer's pool, then attend: qkv [T, heads +
         2 * kv_heads, head_dim] (rope applied) -> [T, heads, head_dim]."""
-        hkv, d = self.num_kv_heads, self.head_dim
+        d = self.head_dim
         if not layer.plain:
             if meta.tables is not None:
                 raise ValueError("a windowed or soft-capped layer needs grouped metadata")
-            new_kv = qkv[:, self.num_heads :].transpose(0, 1).to(kv_cache.dtype)
-            kv_cache.view(2 * hkv, -1, d).index_copy_(1, meta.slot_mapping, new_kv)
+            self._write(qkv, kv_cache, meta.slot_mapping)
             return self._exact_attention(qkv, kv_cache, meta, layer)
         if self.paged is not None and meta.tables is not None:
             assert meta.row_seq is not None  # built together with the tables
@@ -147,14 +147,23 @@ class Attention:
             for p in meta.prefills:
                 rows = slice(p.start, p.start + p.length)
                 assert p.slots is not None  # set for every chunk of such a step
-                new_kv = qkv[rows, self.num_heads :].transpose(0, 1).to(kv_cache.dtype)
-                kv_cache.view(2 * hkv, -1, d).index_copy_(1, p.slots, new_kv)
+                self._write(qkv[rows], kv_cache, p.slots)
                 out[rows] = self._prefill_attention(qkv[rows], kv_cache, p, meta.positions[rows])
             return out
-        # [2 * hkv, T, d], rounded to the pool's dtype where it is narrower
-        new_kv = qkv[:, self.num_heads :].transpose(0, 1).to(kv_cache.dtype)
-        kv_cache.view(2 * hkv, -1, d).index_copy_(1, meta.slot_mapping, new_kv)
+        self._write(qkv, kv_cache, meta.slot_mapping)
         return self._attention(qkv, kv_cache, meta)
+
+    def _write(self, qkv: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor) -> None:
+        """The rows' K/V ([2 * hkv, T, d], in the pool's element type) into their slots."""
+        hkv, width = self.num_kv_heads, row_width(self.head_dim, kv_cache.dtype)
+        new_kv = to_pool(qkv[:, self.num_heads :].transpose(0, 1), kv_cache.dtype)
+        kv_cache.view(2 * hkv, -1, width).index_copy_(1, slots, new_kv)
+
+    def _rows(
+        self, kv_cache: torch.Tensor, blocks: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """These blocks of the pool as values of `dtype`: [2 * hkv, blocks, block_size, d]."""
+        return from_pool(torch.index_select(kv_cache, 1, blocks), self.head_dim, dtype)
 
     def _attention(
         self, qkv: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
@@ -181,7 +190,7 @@ class Attention:
         # The pool is head-major, so one gather lands each head's context contiguously:
         # [2 * hkv, D * blocks, block_size, d] -> keys and values as [hkv, D, ctx, d].
         # (index_select copies whole blocks; advanced indexing goes element by element.)
-        kv = torch.index_select(kv_cache, 1, group.blocks).view(2, hkv, nd, -1, d).to(q.dtype)
+        kv = self._rows(kv_cache, group.blocks, q.dtype).view(2, hkv, nd, -1, d)
         # The kv heads' query heads ride as a query length of per_kv: one plain (non-GQA)
         # fused attention call over [D, kv_heads, ...], no score matrix in Python.
         out = F.scaled_dot_product_attention(
@@ -208,12 +217,11 @@ class Attention:
             # Nothing cached before this chunk: its own K/V are the whole context, as the
             # pool holds them (rounded to its dtype), so that every path attends over the
             # same values whatever the chunking.
-            kv = qkv[:, hq:].transpose(0, 1).to(kv_cache.dtype).to(qkv.dtype)
+            kv = from_pool(to_pool(qkv[:, hq:].transpose(0, 1), kv_cache.dtype), d, qkv.dtype)
             mask, causal = None, True
         else:
             ctx = p.context_len
-            kv = torch.index_select(kv_cache, 1, p.block_table).view(2 * hkv, -1, d)[:, :ctx]
-            kv = kv.to(qkv.dtype)
+            kv = self._rows(kv_cache, p.block_table, qkv.dtype).view(2 * hkv, -1, d)[:, :ctx]
             q_pos = torch.arange(ctx - n, ctx, device=qkv.device)
             mask = torch.arange(ctx, device=qkv.device)[None, :] <= q_pos[:, None]
             causal = False
@@ -240,16 +248,16 @@ class Attention:
             or not kv_cache.is_contiguous()
         ):
             return None
-        half = kernels.kv_half(kv_cache)
+        kv_type = kernels.kv_type(kv_cache)
         shape = self._chunk_shape
-        if shape is None or (shape.num_blocks, shape.block_size, shape.kv_half) != (
+        if shape is None or (shape.num_blocks, shape.block_size, shape.kv_type) != (
             *kv_cache.shape[1:3],
-            half,
+            kv_type,
         ):
             shape = self._chunk_shape = kernels.ChunkShape(
                 heads=self.num_heads, kv_heads=self.num_kv_heads, head_dim=self.head_dim,
                 block_size=kv_cache.shape[2], num_blocks=kv_cache.shape[1], scale=self.scale,
-                kv_half=half, bf16=int(self.chunk_bf16),
+                kv_type=kv_type, bf16=int(self.chunk_bf16),
             )  # fmt: skip
         return kernels.chunk_attention(
             self.chunk_kernel, shape, qkv.contiguous(), positions.contiguous(),
@@ -279,7 +287,8 @@ class Attention:
 
     def _context(self, kv_cache: torch.Tensor, block_table: torch.Tensor, ctx: int) -> torch.Tensor:
         """A sequence's first `ctx` K/V rows from the pool: [2 * kv_heads, ctx, head_dim]."""
-        kv = torch.index_select(kv_cache, 1, block_table)
+        dtype = torch.float32 if kv_cache.dtype == torch.int8 else kv_cache.dtype
+        kv = self._rows(kv_cache, block_table, dtype)
         return kv.view(2 * self.num_kv_heads, -1, self.head_dim)[:, :ctx]
 
     def _exact(

@@ -3,7 +3,7 @@ instruction the CPU refuses kills this process, not the build):
 
     python -m inference.engine.kernel_check PATH
 
-A few 4-bit and 8-bit products against torch's, with the panels and AMX's tiles forced on
+A few 4-, 6- and 8-bit products against torch's, with the panels and AMX's tiles forced on
 and off; exits non-zero with what differed.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from inference.engine import kernels
-from inference.engine.quantized import Q4_1, Q4_K, Q8_0
+from inference.engine.quantized import Q4_1, Q4_K, Q6_K, Q8_0
 
 
 def check(path: Path) -> None:
@@ -30,6 +30,7 @@ def check(path: Path) -> None:
     q4 = Q4_1.quantize(w).for_kernel()
     q8 = Q8_0.quantize(w).for_kernel()
     qk = random_q4_k(64, 256, g).for_kernel()
+    q6 = random_q6_k(64, 256, g).for_kernel()
     kinds = ["int8", "i16"]
     kinds += ["bf16"] if lib.q4_1_bf16_available() else []
     kinds += ["amx"] if lib.q4_1_amx_available() else []
@@ -43,6 +44,8 @@ def check(path: Path) -> None:
             _agree(f"q4_k {kind}, tiles from {tiles[0]} rows", got, x @ qk.dequantize().T)
         got = kernels.q8_0_gemm(lib, q8.qs, q8.d, x, q8.n)
         _agree(f"q8_0, tiles from {tiles[0]} rows", got, x @ q8.dequantize().T)
+        got = kernels.q8_0_gemm(lib, q6.qs, q6.d, x, q6.n, sc=q6.sc)
+        _agree(f"q6_k, tiles from {tiles[0]} rows", got, x @ q6.dequantize().T)
 
 
 def random_q4_k(n: int, k: int, g: torch.Generator) -> Q4_K:
@@ -52,6 +55,14 @@ def random_q4_k(n: int, k: int, g: torch.Generator) -> Q4_K:
     d = (torch.rand(n, k // 256, generator=g) * 0.004).half()
     m = (torch.rand(n, k // 256, generator=g) * -0.004).half()
     return Q4_K(qs, d, m, sc=sc, mn=mn)
+
+
+def random_q6_k(n: int, k: int, g: torch.Generator) -> Q6_K:
+    """Q6_K blocks of random 6-bit values and int8 scales, in GGUF's layout."""
+    qs = torch.randint(0, 256, (n, k * 3 // 4), generator=g, dtype=torch.uint8)
+    sc = torch.randint(-128, 128, (n, k // 16), generator=g, dtype=torch.int8)
+    d = (torch.rand(n, k // 256, generator=g) * 0.001).half()
+    return Q6_K(qs, d, sc=sc)
 
 
 def _agree(what: str, got: torch.Tensor, want: torch.Tensor) -> None:

@@ -39,12 +39,12 @@ def _pointer(t: torch.Tensor | None) -> int | None:
 
 def _matrix(blocks: object) -> kernels.LayerMatrix:
     """A product's blocks as decode_layer.c takes them: Q4_1 (a GGUF's Q4_K with its
-    scales' parts), or Q8_0 (a GGUF's matrices of more than 4 bits), each multiplied in its
-    own format."""
+    scales' parts), or Q8_0 (a GGUF's matrices of more than 4 bits; its Q6_K with their
+    scales), each multiplied in its own format."""
     assert _native_blocks(blocks)
     if isinstance(blocks, Q8_0):
         n, k = blocks.shape
-        q8 = kernels.Q8Matrix(blocks.qs.data_ptr(), blocks.d.data_ptr(), n, k)
+        q8 = kernels.q8_matrix(blocks.qs, blocks.d, n, k, blocks.k_parts())
         return kernels.LayerMatrix(kernels.LAYER_Q8_0, q8=q8)
     assert isinstance(blocks, Q4_1)
     n, k = blocks.shape

@@ -1,5 +1,6 @@
 """Block-quantized weights, as GGUF stores them: Q4_1 (4-bit with a scale and a minimum per
-32 weights) and Q8_0 (8-bit with a scale per 32), with their products with activations.
+32 weights) and Q8_0 (8-bit with a scale per 32), and the k-quants Q4_K and Q6_K held in
+their own blocks, with their products with activations.
 
 The bundled model is a Q4_1 GGUF (its tied embedding / lm_head Q8_0): `read_gguf` takes its
 blocks as they are, so the engine multiplies by the very weights llama.cpp uses, with no
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from inference.engine import kernels
+from inference.engine.formats.ggml_types import q6_values
 
 QK = 32  # weights per block
 QK_K = 256  # weights per k-quant super-block
@@ -279,8 +281,8 @@ class Q4_K(Q4_1):
 @dataclass
 class Q8_0:
     """W[n, k] = d[n, k // 32] * q; q in [-127, 127]. The GGUF's embedding / lm_head, and
-    a GGUF's layer matrices of more than 4 bits (Q8_0 kept, Q5_K / Q6_K held at 8 bits:
-    gguf_model.layer_formats); its product takes the activations at 16 bits
+    a GGUF's layer matrices of more than 4 bits (Q8_0 kept, Q5_K held at 8 bits, and a Q6_K
+    fused with another type: gguf_model.layer_formats); its product takes the activations at 16 bits
     (kernels: q8_0_gemm), since 8-bit ones lost the head's answer to the final hidden
     state's outliers (see model.py).
 
@@ -357,9 +359,14 @@ class Q8_0:
         if lib is None or not self.kernel:
             return x.float() @ self.dequantize().T
         x = x.float().contiguous()
+        sc = self.k_parts()
         if kind == "i16":
-            return _q8_0_gemm_i16(lib, self.qs, self.d, x, self.n)
-        return kernels.q8_0_gemm(lib, self.qs, self.d, x, self.n, as_rows)
+            return _q8_0_gemm_i16(lib, self.qs, self.d, x, self.n, sc)
+        return kernels.q8_0_gemm(lib, self.qs, self.d, x, self.n, as_rows, sc)
+
+    def k_parts(self) -> torch.Tensor | None:
+        """Q6_K's int8 scale per 16 weights (the kernels' sc); none here."""
+        return None
 
     def dequantize(self) -> torch.Tensor:
         n, k = self.shape
@@ -407,34 +414,176 @@ class Q8_0:
         return values.reshape(*ids.shape, k)
 
 
+def _int8() -> torch.Tensor:
+    return torch.empty(0, dtype=torch.int8)
+
+
+Q6_BYTES = 192  # a Q6_K super-block's 6-bit values: 128 bytes of low nibbles, 64 of tops
+_TOP_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)
+
+
+@dataclass
+class Q6_K(Q8_0):
+    """GGUF's Q6_K, held as it is: w = (d * sc) * (q - 32), q 6-bit, `sc` int8 per 16 k
+    and `d` float16 per 256 (a super-block), the file's values exactly: 6.5625 bits a
+    weight, against 8.5 as Q8_0 (9 held, its d float32).
+
+    GGUF's layout (kernel=False): qs uint8 [N, K * 3 / 4], each super-block's 192 bytes
+    of values as the file has them (ggml_types.q6_values), sc [N, K / 16], d [N, K / 256].
+    The kernel's layout: Q8_0's pairs of k at 6 bits, 192 bytes a group of 8 columns and
+    block of 32 (common.h says how), sc and d [group][K / 16 or K / 256][8]. Every product
+    of Q8_0 takes it (kernels.q8_0_gemm's sc), and the embedding lookup reads it."""
+
+    sc: torch.Tensor = field(default_factory=_int8)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.shape[1] % QK_K:
+            raise ValueError(f"Q6_K rows are whole super-blocks of {QK_K}, not {self.shape[1]}")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.n, self.qs.shape[1] * 4 // 3
+
+    def _values(self) -> torch.Tensor:
+        """q - 32 as int8 [N, K]."""
+        n, k = self.shape
+        if not self.kernel:
+            return q6_values(self.qs.reshape(n, k // QK_K, Q6_BYTES)).reshape(n, k)
+        return _kernel_q6_values(self.qs.reshape(-1, k * 6)).reshape(-1, k)[:n]
+
+    def _scales(self) -> torch.Tensor:
+        """d * sc per 16 weights, float32 [N, K / 16], as gguf's dequantization rounds it."""
+        d, sc = self.d, self.sc
+        if self.kernel:
+            d, sc = _scales_from_kernel(d, self.n), _scales_from_kernel(sc, self.n)
+        return d.float().repeat_interleave(QK_K // 16, dim=1) * sc.float()
+
+    def dequantize(self) -> torch.Tensor:
+        n, k = self.shape
+        q = self._values().reshape(n, k // 16, 16).float()
+        return (self._scales()[..., None] * q).reshape(n, k)
+
+    def for_kernel(self) -> Q6_K:
+        """The kernel's layout, made a few whole groups of rows at a time straight into
+        place (as Q4_1.for_kernel)."""
+        if self.kernel:
+            return self
+        n, k = self.shape
+        qs = torch.empty(-(-n // GROUP) * GROUP, k * 3 // 4, dtype=torch.uint8)
+        step = max(GROUP, KERNEL_CHUNK_WEIGHTS // k // GROUP * GROUP)
+        for lo in range(0, n, step):
+            part = self.qs[lo : lo + step]
+            rows = part.shape[0]
+            q = (q6_values(part.reshape(rows, -1, Q6_BYTES)).reshape(rows, k) + 32).to(torch.uint8)
+            packed = _kernel_q6_bytes(_groups(q, rows)).reshape(-1, k * 3 // 4)
+            qs[lo : lo + packed.shape[0]] = packed
+        d = _scales_to_kernel(self.d, n, torch.float16)
+        sc = _scales_to_kernel(self.sc, n, torch.int8)
+        return Q6_K(qs, d, kernel=True, n=n, sc=sc)
+
+    def rows(self, start: int, stop: int) -> Q6_K:
+        return self.take_rows(slice(start, stop))
+
+    def take_rows(self, index: torch.Tensor | slice) -> Q6_K:
+        self._gguf_layout("rows")
+        return Q6_K(self.qs[index], self.d[index], sc=self.sc[index])
+
+    def cols(self, start: int, stop: int) -> Q6_K:
+        self._gguf_layout("columns")
+        if start % QK_K or stop % QK_K:
+            raise ValueError(f"Q6_K columns split at whole super-blocks of {QK_K}")
+        s0, s1 = start // QK_K, stop // QK_K
+        return Q6_K(
+            self.qs[:, s0 * Q6_BYTES : s1 * Q6_BYTES].contiguous(),
+            self.d[:, s0:s1].contiguous(),
+            sc=self.sc[:, s0 * 16 : s1 * 16].contiguous(),
+        )
+
+    @staticmethod
+    def cat(parts: list[Q8_0]) -> Q6_K:
+        ks = [p for p in parts if isinstance(p, Q6_K)]
+        if len(ks) != len(parts):
+            raise ValueError("Q6_K joins Q6_K blocks only (gguf_model.layer_formats)")
+        for p in ks:
+            p._gguf_layout("rows")
+        qs, d, sc = (torch.cat([getattr(p, f) for p in ks]) for f in ("qs", "d", "sc"))
+        return Q6_K(qs, d, sc=sc)
+
+    def k_parts(self) -> torch.Tensor | None:
+        return self.sc
+
+    def embedding(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of W in float32, from the blocks in either layout (Q8_0.embedding)."""
+        k = self.shape[1]
+        flat = ids.reshape(-1)
+        if not self.kernel:
+            return self.take_rows(flat).dequantize().reshape(*ids.shape, k)
+        group, col = flat // GROUP, flat % GROUP
+        q = _kernel_q6_values(self.qs.view(-1, k * 6)[group])  # [rows, 8, K]
+        q = q[torch.arange(len(flat)), col].reshape(-1, k // 16, 16).float()
+        d = self.d.view(-1, k // QK_K, GROUP)[group, :, col]
+        sc = self.sc.view(-1, k // 16, GROUP)[group, :, col]
+        scales = d.float().repeat_interleave(QK_K // 16, dim=1) * sc.float()
+        return (scales[..., None] * q).reshape(*ids.shape, k)
+
+
+def _kernel_q6_bytes(q: torch.Tensor) -> torch.Tensor:
+    """Values q (0..63) uint8 [G, 8, K] -> the kernel layout's bytes [G, K / 32, 192]."""
+    g, _, k = q.shape
+    p = q.reshape(g, GROUP, k // QK, 16, 2).permute(0, 2, 3, 1, 4).reshape(g, k // QK, 16, 16)
+    low = (p[:, :, :8] & 0x0F) | ((p[:, :, 8:] & 0x0F) << 4)  # run i: pairs i and i + 8
+    tops = (p >> 4).reshape(g, k // QK, 4, 4, 16)  # [.., j, i, 16]: pair 4j + i
+    high = (tops << _TOP_SHIFTS.view(1, 1, 4, 1, 1)).sum(dim=2, dtype=torch.uint8)
+    return torch.cat((low.reshape(g, -1, 128), high.reshape(g, -1, 64)), dim=-1)
+
+
+def _kernel_q6_values(b: torch.Tensor) -> torch.Tensor:
+    """The kernel layout's bytes [G, K * 6] (a group's 8 rows) -> q - 32, int8 [G, 8, K]."""
+    g = b.shape[0]
+    nb = b.shape[1] // Q6_BYTES
+    b = b.reshape(g, nb, Q6_BYTES)
+    lo, hi = b[..., :128].reshape(g, nb, 8, 16), b[..., 128:].reshape(g, nb, 1, 4, 16)
+    low = torch.cat((lo & 0x0F, lo >> 4), dim=2)  # [G, nb, pair, 16]
+    high = ((hi >> _TOP_SHIFTS.view(1, 1, 4, 1, 1)) & 3).reshape(g, nb, 16, 16)
+    q = (low | (high << 4)).to(torch.int8) - 32
+    return q.reshape(g, nb, 16, GROUP, 2).permute(0, 3, 1, 2, 4).reshape(g, GROUP, nb * QK)
+
+
 def _q8_0_gemm_i16(
-    lib: ctypes.CDLL, qs: torch.Tensor, d: torch.Tensor, x: torch.Tensor, n: int
+    lib: ctypes.CDLL,
+    qs: torch.Tensor,
+    d: torch.Tensor,
+    x: torch.Tensor,
+    n: int,
+    sc: torch.Tensor | None,
 ) -> torch.Tensor:
     """q8_0_layers_gemm.c's product (declared here, beside its one caller): the panels from
     the head's panel rows, as q8_0_gemm takes them."""
     fn = lib.q8_0_gemm_i16
     if fn.argtypes is None:
         p, i = ctypes.c_void_p, ctypes.c_int
-        fn.argtypes = [p, p, i, i, p, i, p, i, i]
+        fn.argtypes = [p, p, i, i, p, i, p, i, i, p]
         fn.restype = i
     rows, k = x.shape
     y = torch.empty(rows, n, dtype=torch.float32)
     rc = fn(
         qs.data_ptr(), d.data_ptr(), n, k, x.data_ptr(), rows, y.data_ptr(), kernels.threads(),
-        kernels.default_panel_min_rows()[1],
+        kernels.default_panel_min_rows()[1], None if sc is None else sc.data_ptr(),
     )  # fmt: skip
     if rc:
         raise RuntimeError(f"q8_0_gemm_i16 failed ({rc})")
     return y
 
 
-# Q8_0.quantize's divisors for weights read from 5- and 6-bit blocks (a GGUF's Q5_K / Q6_K
-# layers, held at 8 bits): 31 or 32 steps of a 6-bit sub-block of 16 over 124, 96 or 93 put
-# its weights on the 8-bit grid exactly, and the divisors between serve Q5_K's offsets. On a
-# tiny llama's Q6_K / Q5_K_M layers the squared error is ~0.6x / ~0.45x that of 127 alone.
+# Q8_0.quantize's divisors for weights read from 5- and 6-bit blocks (a GGUF's Q5_K layers,
+# and Q6_K ones fused with another type, held at 8 bits): 31 or 32 steps of a 6-bit
+# sub-block of 16 over 124, 96 or 93 put its weights on the 8-bit grid exactly, and the
+# divisors between serve Q5_K's offsets. On a tiny llama's Q6_K / Q5_K_M layers the squared
+# error is ~0.6x / ~0.45x that of 127 alone.
 K_QUANT_DIVISORS = (127, 124, 120, 116, 112, 108, 104, 100, 96, 93)
 
-BlockWeight = Q4_1 | Q8_0
+BlockWeight = Q4_1 | Q8_0  # Q4_K and Q6_K among them
 
 
 def _f16(raw: np.ndarray) -> torch.Tensor:

@@ -129,17 +129,24 @@ def _q5_k(b: torch.Tensor) -> torch.Tensor:
 _SHIFTS_2 = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
 
 
-def _q6_k(b: torch.Tensor) -> torch.Tensor:
-    """128 bytes of low nibbles, 64 of 2-bit tops, 16 int8 scales, d f16; two halves of 128
-    weights, a scale per 16: x = (d * scale) * (q - 32).
+def q6_values(b: torch.Tensor) -> torch.Tensor:
+    """Q6_K's 128 bytes of low nibbles and 64 of 2-bit tops -> int8 [..., 256], q - 32.
 
-    In a half, low-nibble byte j serves weights j (its low nibble) and j + 64 (its high);
-    top byte j serves weights j, j + 32, j + 64, j + 96 (bits 0-1, 2-3, 4-5, 6-7)."""
+    In each half of 128 weights, low-nibble byte j serves weights j (its low nibble) and
+    j + 64 (its high); top byte j serves weights j, j + 32, j + 64, j + 96 (bits 0-1, 2-3,
+    4-5, 6-7)."""
     lead = b.shape[:-1]
     low = _nibbles(b[..., 0:128].reshape(*lead, 2, 64))  # [..., 2, 128]
     tops = b[..., 128:192].reshape(*lead, 2, 1, 32)
     high = ((tops >> _SHIFTS_2) & 3).reshape(*lead, 2, 128)
-    q = ((low | (high << 4)).to(torch.int8) - 32).reshape(*lead, 16, 16).float()
+    return ((low | (high << 4)).to(torch.int8) - 32).reshape(*lead, QK_K)
+
+
+def _q6_k(b: torch.Tensor) -> torch.Tensor:
+    """q6_values' 192 bytes, 16 int8 scales, d f16: x = (d * scale) * (q - 32), a scale
+    per 16."""
+    lead = b.shape[:-1]
+    q = q6_values(b[..., 0:192]).reshape(*lead, 16, 16).float()
     sc = b[..., 192:208].contiguous().view(torch.int8).float()
     d = _f16(b[..., 208:210])
     return ((d[..., None] * sc)[..., None] * q).flatten(-2)

@@ -4,9 +4,10 @@
 transformers config of that model type; `load_gguf_weights` renames the tensors to the names
 a Hugging Face checkpoint of that type uses and undoes what llama.cpp's converter changed
 (the q/k row order of llama-family models, Gemma's norm weights stored plus one).
-`load_gguf_blocks` gives every matrix in the blocks the engine multiplies natively (Q4_1,
-or Q8_0 where the file's has more than 4 bits, and for the embedding and head), one tensor
-at a time, for the quantized modes. An architecture or tensor this file does not know is
+`load_gguf_blocks` gives every matrix in the blocks the engine multiplies natively (Q4_K
+and Q6_K as the file has them, Q4_1, or Q8_0 where the file's has more than 4 bits, and
+for the embedding and head unless they are Q6_K), one tensor at a time, for the quantized
+modes. An architecture or tensor this file does not know is
 refused by name.
 """
 
@@ -31,6 +32,8 @@ from inference.engine.quantized import (
     K_QUANT_DIVISORS,
     Q4_1,
     Q4_K,
+    Q6_BYTES,
+    Q6_K,
     Q8_0,
     QK,
     QK_K,
@@ -425,13 +428,15 @@ _HEAD_NAMES = ("embed_tokens.weight", "lm_head.weight")
 def load_gguf_blocks(path: str | Path) -> dict[str, BlockWeight]:
     """Every matrix in the engine's block objects, named as load_blocks names them (no
     `model.` prefix; a tied head shares the embedding's blocks), read one tensor at a time
-    with no float copy of the whole model: the embedding and head as Q8_0, each layer
-    matrix as Q4_K, Q4_1 or Q8_0 (layer_formats: by its own type in the file).
+    with no float copy of the whole model: the embedding and head as Q6_K where the file
+    has them so, else Q8_0; each layer matrix as Q4_K, Q6_K, Q4_1 or Q8_0 (layer_formats:
+    by its own type in the file).
 
-    Q4_1, Q4_K and Q8_0 blocks are kept as they are; Q4_0 is Q4_1 exactly (its offset is
-    -8 scales); Q5_K and Q6_K matrices are held at 8 bits (Q8_0's rounding error is a
-    quarter of a 6-bit step or less), and so is a 4-bit one fused with them; any other
-    (the float types) is dequantized per tensor and quantized to the engine's format."""
+    Q4_1, Q4_K, Q6_K and Q8_0 blocks are kept as they are; Q4_0 is Q4_1 exactly (its
+    offset is -8 scales); Q5_K matrices are held at 8 bits (Q8_0's rounding error is a
+    quarter of a 5-bit step or less), and so is a matrix fused with one of another format
+    than its own (layer_formats); any other (the float types) is dequantized per tensor
+    and quantized to the engine's format."""
     file = open_gguf(path)
     config, arch = gguf_config(file), architecture(file)
     formats = layer_formats(file)
@@ -444,7 +449,7 @@ def load_gguf_blocks(path: str | Path) -> dict[str, BlockWeight]:
         # The embedding and head go to the kernels' layout now, which an embedding lookup
         # reads too: their GGUF layout would be a second copy of the largest matrix.
         if key in _HEAD_NAMES:
-            w: BlockWeight = _as_kernel_q8_0(t)
+            w: BlockWeight = _as_kernel_q6_k(t) if t.type.name == "Q6_K" else _as_kernel_q8_0(t)
         else:
             w = _HOLD[formats[gguf_name]](t)
         order = _row_order(name, t.shape[0], arch, config)
@@ -463,8 +468,9 @@ def load_gguf_blocks(path: str | Path) -> dict[str, BlockWeight]:
 # next token agreed with llama-server's on the same file 9/24 (Q8_0) and 5/24 (Q5_K_M,
 # Q6_K) with these layers at 4 bits, 19-22/24 at 8, as in exact mode; a Q4_K_M file's 15/24
 # with its Q6_K matrices at 4 bits, 20/24 with them at 8 (tests/engine/test_gguf_models.py).
+# Q6_K is held in its own blocks (held_as), at 8 bits only where fused with another format.
 # The float types go to 4 bits, as a float folder's layers are quantized at load.
-_HELD_AT_8_BITS = frozenset({"Q5_K", "Q6_K", "Q8_0"})
+_HELD_AT_8_BITS = frozenset({"Q5_K", "Q8_0"})
 
 # The matrices of a layer that the engine multiplies as one (layers/fused.py's table, which
 # DecoderLayer fuses by), by their GGUF names: one product, one format.
@@ -472,7 +478,7 @@ _GGUF_LAYER_NAMES = {hf: gguf for gguf, hf in _LAYER_NAMES.items()}
 _FUSED = tuple(tuple(_GGUF_LAYER_NAMES[m] for m in group) for group in FUSED_PRODUCTS)
 
 
-LayerFormat = type[Q4_1] | type[Q4_K] | type[Q8_0]
+LayerFormat = type[Q4_1] | type[Q4_K] | type[Q6_K] | type[Q8_0]
 
 
 def held_as(type_name: str) -> LayerFormat:
@@ -480,16 +486,19 @@ def held_as(type_name: str) -> LayerFormat:
     widens it (layer_formats)."""
     if type_name in _HELD_AT_8_BITS:
         return Q8_0
-    return Q4_K if type_name == "Q4_K" else Q4_1
+    return {"Q4_K": Q4_K, "Q6_K": Q6_K}.get(type_name, Q4_1)
 
 
 def layer_formats(file: GGUFFile) -> dict[str, LayerFormat]:
     """The blocks each layer matrix is held in, by GGUF name: Q8_0 where the file's type
-    has more than 4 bits (_HELD_AT_8_BITS), Q4_K's own where it is Q4_K, else Q4_1; the
-    matrices of one fused product in one format, the widest of theirs (Q8_0, then Q4_1,
-    which holds Q4_K's values with its scales rounded to float16). So a Q4_K_M file's Q6_K
-    attn_v / ffn_down are held at 8 bits, and that attn_v's layer's q and k with it (Q4_K
-    to 8 bits is a rounding of ~1/16 of a 4-bit step); the rest stays Q4_K."""
+    is Q8_0 or Q5_K (_HELD_AT_8_BITS), Q4_K's and Q6_K's own where it is one of them, else
+    Q4_1; the matrices of one fused product in one format. Where those differ it is the
+    widest of theirs: Q8_0 where one is Q8_0 or Q6_K (the product's kernels take one
+    format, and Q6_K's values with Q4_K's are no one block format's exactly: Q8_0 holds
+    both within half an 8-bit step), else Q4_1 (which holds Q4_K's values with its scales
+    rounded to float16). So a Q4_K_M file's Q6_K ffn_down and head keep their own blocks,
+    and a layer whose attn_v is Q6_K has its q/k/v product at 8 bits (Q4_K to 8 bits is a
+    rounding of ~1/16 of a 4-bit step); the rest stays Q4_K."""
     formats: dict[str, LayerFormat] = {
         name: held_as(t.type.name)
         for name, t in file.tensors().items()
@@ -502,7 +511,9 @@ def layer_formats(file: GGUFFile) -> dict[str, LayerFormat]:
                 continue
             names = [f"{blk}.{layer}.{other}.{suffix}" for other in group]
             kinds = {formats[n] for n in names if n in formats}
-            wide = next(k for k in (Q8_0, Q4_1, Q4_K) if k in kinds)
+            if len(kinds) == 1:
+                continue
+            wide = Q8_0 if kinds & {Q8_0, Q6_K} else Q4_1
             for n in names:
                 if n in formats:
                     formats[n] = wide
@@ -638,10 +649,39 @@ def _rows_as_q8_0(t: GGUFTensor) -> Q8_0:
     return Q8_0.quantize(t.dequantize())
 
 
+def _as_q6_k(t: GGUFTensor) -> Q6_K:
+    return _rows_as_q6_k(t.raw, t.shape[0])
+
+
+def _rows_as_q6_k(raw: torch.Tensor, rows: int) -> Q6_K:
+    """Q6_K blocks as they are: each 256's 192 bytes of values, 16 int8 scales and d."""
+    b = raw.reshape(rows, -1, 210)
+    sc = b[..., Q6_BYTES : Q6_BYTES + 16].contiguous().view(torch.int8).reshape(rows, -1)
+    return Q6_K(_qs(b[..., :Q6_BYTES]), _half(b[..., Q6_BYTES + 16 :]), sc=sc)
+
+
+def _as_kernel_q6_k(t: GGUFTensor) -> Q6_K:
+    """Q6_K blocks in the kernels' layout, made a few whole groups of rows at a time
+    straight into their place (as _as_kernel_q8_0)."""
+    rows, k = t.shape
+    step = max(GROUP, CHUNK_ELEMS // k // GROUP * GROUP)
+    padded = -(-rows // GROUP) * GROUP
+    qs = torch.empty(padded, k * 3 // 4, dtype=torch.uint8)
+    d = torch.empty(padded, k // QK_K, dtype=torch.float16)
+    sc = torch.empty(padded, k // 16, dtype=torch.int8)
+    for lo in range(0, rows, step):
+        part = t.raw[lo : lo + step]
+        q6 = _rows_as_q6_k(part, len(part)).for_kernel()
+        for dst, src in ((qs, q6.qs), (d, q6.d), (sc, q6.sc)):
+            dst[lo : lo + src.shape[0]] = src
+    return Q6_K(qs, d, kernel=True, n=rows, sc=sc)
+
+
 # How a layer matrix becomes the blocks layer_formats holds it in.
 _HOLD: dict[LayerFormat, Callable[[GGUFTensor], BlockWeight]] = {
     Q4_1: _as_q4_1,
     Q4_K: _as_q4_k,
+    Q6_K: _as_q6_k,
     Q8_0: _as_q8_0,
 }
 

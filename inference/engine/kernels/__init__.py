@@ -144,7 +144,7 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.set_amx_min_rows.restype = None
     lib.set_panel_min_rows.argtypes = [i, i]
     lib.set_panel_min_rows.restype = None
-    lib.q8_0_gemm.argtypes = [p, p, i, i, p, i, i, p, i]
+    lib.q8_0_gemm.argtypes = [p, p, i, i, p, i, i, p, i, p]
     lib.q8_0_gemm.restype = i
     lib.decode_layer.argtypes = [
         ctypes.POINTER(LayerShape), ctypes.POINTER(LayerWeights), p, i, i, p, p, p, p, i, p, i
@@ -187,10 +187,22 @@ class Q4Matrix(ctypes.Structure):
 class Q8Matrix(ctypes.Structure):
     _fields_ = [
         ("qs", ctypes.c_void_p),
-        ("d", ctypes.c_void_p),
+        ("d", ctypes.c_void_p),  # Q8_0's float32 scales; None for Q6_K
         ("n", ctypes.c_int),
         ("k", ctypes.c_int),
+        ("sc", ctypes.c_void_p),  # Q6_K's int8 scale per 16 and float16 d per 256
+        ("d6", ctypes.c_void_p),
     ]
+
+
+def q8_matrix(
+    qs: torch.Tensor, d: torch.Tensor, n: int, k: int, sc: torch.Tensor | None
+) -> Q8Matrix:
+    """Q8_0 blocks in the kernel layout as the C structs hold them, or Q6_K's (`sc` given:
+    quantized.Q6_K.for_kernel, d its float16 d per 256)."""
+    if sc is None:
+        return Q8Matrix(qs.data_ptr(), d.data_ptr(), n, k)
+    return Q8Matrix(qs.data_ptr(), None, n, k, sc.data_ptr(), d.data_ptr())
 
 
 # LayerMatrix.format (decode.h): which of its matrices holds the product's weights.
@@ -399,17 +411,20 @@ def q8_0_gemm(
     x: torch.Tensor,
     n: int,
     as_rows: int | None = None,
+    sc: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [rows, K] float32 contiguous @ the n columns of Q8_0 weights in the kernel layout
-    (quantized.Q8_0.for_kernel: qs int8 [N', K], d float32 [N', K/32]).T, x at 16 bits a
-    block (on AMX's tiles from amx_min_rows()[1] rows where they run: both in bf16), by the
-    product a step of `as_rows` rows takes (default: x's rows; fewer where the rows must
-    come out as a smaller step's would, gemm_dispatch.c)"""
+    (quantized.Q8_0.for_kernel: qs int8 [N', K], d float32 [N', K/32]).T, or Q6_K's (`sc`
+    given: quantized.Q6_K.for_kernel, d then float16 per 256 k), x at 16 bits a block (on
+    AMX's tiles from amx_min_rows()[1] rows where they run: both in bf16), by the product a
+    step of `as_rows` rows takes (default: x's rows; fewer where the rows must come out as
+    a smaller step's would, gemm_dispatch.c)"""
     rows, k = x.shape
     y = torch.empty(rows, n, dtype=torch.float32)
     rc = lib.q8_0_gemm(
         qs.data_ptr(), d.data_ptr(), n, k, x.data_ptr(), rows,
         rows if as_rows is None else as_rows, y.data_ptr(), threads(),
+        None if sc is None else sc.data_ptr(),
     )  # fmt: skip
     if rc:
         raise RuntimeError(f"q8_0_gemm failed ({rc})")

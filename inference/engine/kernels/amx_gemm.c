@@ -13,7 +13,8 @@
  * The weights are rounded to bf16 once unpacked (d * q + m in float32, then to nearest
  * even), as torch's bf16 products round them, and x is rounded to bf16; sums are float32.
  * The head's Q8_0 blocks (the embedding's) go the same way: d * q rounded to bf16, x in
- * bf16 (its outliers cost nothing there: each value has its own exponent).
+ * bf16 (its outliers cost nothing there: each value has its own exponent); a Q6_K head's
+ * d * sc * (q - 32) likewise.
  *
  * AMX's B operand holds, in row p, the pairs k = 2p, 2p + 1 of each of 16 columns (one
  * 32-bit lane a column). Q8_0's kernel layout already stores those pairs side by side;
@@ -162,8 +163,40 @@ static inline __m512 q8_floats(const int8_t *q) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
 }
 
+/* Q6_K's pair p of group and block gb as floats (q - 32). */
+static inline __m512 q6_floats(const Q8Matrix *W, size_t gb, int p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q6_pair(W, gb, p)));
+}
+
+/* Q6_K's blocks as unpack_q8's: each weight d * sc * (q - 32), its 16's scale d * sc
+ * (q6_block_scales) times q - 32 in float32, then rounded to bf16. */
+static void unpack_q6(const Q8Matrix *W, int n0, uint16_t *out) {
+    const int nb = W->k / QK;
+    for (int b = 0; b < nb; b++) {
+        for (int t = 0; t < 2; t++) {
+            const size_t ga = (size_t)(n0 / GROUP + 2 * t), gb = ga + 1; /* two groups */
+            const size_t ba = ga * nb + b, bb = gb * nb + b;
+            __m256 la, ha, lb, hb;
+            q6_block_scales(W, ga, b, &la, &ha);
+            q6_block_scales(W, gb, b, &lb, &hb);
+            const __m512 da[2] = {pair_scales(la), pair_scales(ha)};
+            const __m512 db[2] = {pair_scales(lb), pair_scales(hb)};
+            uint16_t *tile = out + ((size_t)b * 2 + t) * 512;
+            fetch_ahead(W->qs + (ba + AHEAD) * 192, 192);
+            fetch_ahead(W->qs + (bb + AHEAD) * 192, 192);
+            for (int p = 0; p < 16; p++)
+                store_row(tile + p * 32, _mm512_mul_ps(q6_floats(W, ba, p), da[p / 8]),
+                          _mm512_mul_ps(q6_floats(W, bb, p), db[p / 8]));
+        }
+    }
+}
+
 static void unpack_q8(const void *w, int n0, uint16_t *out) {
     const Q8Matrix *W = (const Q8Matrix *)w;
+    if (W->sc) {
+        unpack_q6(W, n0, out);
+        return;
+    }
     const int nb = W->k / QK;
     for (int b = 0; b < nb; b++) {
         for (int t = 0; t < 2; t++) {

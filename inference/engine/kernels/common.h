@@ -47,12 +47,52 @@ static inline void q4_block_scales(const Q4Matrix *W, size_t g, int b, __m256 *d
 }
 
 /* Q8_0 in the kernel layout: per group of 8 columns and block, 16 pairs of k, each 16
- * bytes (k, k + 1 of each column); d float32 [group][block][8]. */
+ * bytes (k, k + 1 of each column); d float32 [group][block][8].
+ *
+ * Q6_K (sc set) holds the same pairs at 6 bits, 192 bytes a group and block (q6_pair):
+ * 128 bytes of low nibbles, 8 runs of 16 whose low nibbles are pair i's and high ones pair
+ * i + 8's, then 64 bytes of top 2 bits, 4 runs of 16 whose bits 2j, 2j + 1 top pair
+ * 4j + i. w = d * sc * (q - 32): sc int8 per 16 k ([group][k / 16][8]), d6 fp16 per 256
+ * ([group][k / 256][8]). 6.5625 bits a weight, the file's own values. */
 typedef struct {
     const int8_t *qs;
-    const float *d;
+    const float *d; /* Q8_0's; NULL for Q6_K */
     int n, k;
+    const int8_t *sc; /* Q6_K's; NULL for Q8_0 */
+    const uint16_t *d6;
 } Q8Matrix;
+
+/* The matrix the exported products are given: Q6_K where sc is, its fp16 d6 then in d. */
+static inline Q8Matrix q8_matrix(const void *qs, const void *d, int n, int k, const int8_t *sc) {
+    Q8Matrix w = {(const int8_t *)qs, sc ? NULL : (const float *)d, n, k, sc,
+                  sc ? (const uint16_t *)d : NULL};
+    return w;
+}
+
+/* Q6_K's pair p (0..15) of group and block gb: 16 int8 q - 32 in Q8_0's byte order. */
+static inline __attribute__((always_inline)) __m128i q6_pair(const Q8Matrix *W, size_t gb,
+                                                             int p) {
+    const uint8_t *lo = (const uint8_t *)W->qs + gb * 192, *hi = lo + 128;
+    const __m128i l = _mm_loadu_si128((const __m128i *)(lo + 16 * (p & 7)));
+    const __m128i h = _mm_loadu_si128((const __m128i *)(hi + 16 * (p & 3)));
+    const __m128i nib = _mm_and_si128(p < 8 ? l : _mm_srli_epi16(l, 4), _mm_set1_epi8(0x0F));
+    /* the top bits 2j, 2j + 1 moved to bits 4, 5 (within each byte: masked after) */
+    const int j = p >> 2;
+    const __m128i t = j < 3 ? _mm_slli_epi16(h, 4 - 2 * j) : _mm_srli_epi16(h, 2);
+    const __m128i q = _mm_or_si128(nib, _mm_and_si128(t, _mm_set1_epi8(0x30)));
+    return _mm_sub_epi8(q, _mm_set1_epi8(32));
+}
+
+/* Q6_K group g's block b: its 8 columns' scales d * sc of k 0..15 (*lo) and 16..31 (*hi)
+ * of the block, in float32 (exact: 11 bits times 8). */
+static inline void q6_block_scales(const Q8Matrix *W, size_t g, int b, __m256 *lo, __m256 *hi) {
+    const size_t gs = g * (size_t)(W->k / 16) + 2 * (size_t)b;
+    const size_t gd = g * (size_t)(W->k / QK_K) + (size_t)(b / (QK_K / QK));
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(W->d6 + gd * GROUP)));
+    const __m128i s = _mm_loadu_si128((const __m128i *)(W->sc + gs * GROUP));
+    *lo = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s)));
+    *hi = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s, 8))));
+}
 
 typedef void (*chunk_fn)(void *arg, int chunk);
 /* fn(arg, c) for every chunk c in 0..chunks-1, on up to nth threads (the caller one of
@@ -124,8 +164,9 @@ __attribute__((visibility("hidden"))) int q8_amx_matmul(const Q8Matrix *w, const
 __attribute__((visibility("hidden"))) int q4_panel8_matmul(const Q4Matrix *w, const int8_t *qx,
                                                            const float *dx, const float *sx,
                                                            int rows, float *y, int nthreads);
-/* y [rows, N] = x @ W.T for the head's Q8_0, x at 16 bits a block, on panel_gemm.c's 16-bit
- * tile (512-bit with AVX512-VNNI, else AVX2's): 0, or -1 out of memory. */
+/* y [rows, N] = x @ W.T for Q8_0 or Q6_K W, x at 16 bits a block (15 for Q6_K, whose
+ * weights the panel holds times their scales), on panel_gemm.c's 16-bit tile (512-bit with
+ * AVX512-VNNI, else AVX2's): 0, or -1 out of memory. */
 __attribute__((visibility("hidden"))) int q8_panel16_matmul(const Q8Matrix *w, const float *x,
                                                             int rows, float *y, int nthreads);
 

@@ -107,13 +107,14 @@ HIDDEN void q4_bf16_matmul(const Q4Matrix *w, const Bf16Rows *q, int rows, float
 HIDDEN int q4_matmul(const Q4Matrix *w, const float *x, int rows, int as_rows, float *y,
                      int nthreads);
 
-/* y [rows, N] = x @ W.T for Q8_0 W by its 16-bit products, the panels from panel_min_rows
- * rows (q8_0_layers_gemm.c; exported): the head past AMX's rows, and Q8_0 layers. */
-int q8_0_gemm_i16(const int8_t *qs, const float *d, int N, int K, const float *x, int rows,
-                  float *y, int nthreads, int panel_min_rows);
+/* y [rows, N] = x @ W.T for Q8_0 or Q6_K W by their 16-bit products, the panels from
+ * panel_min_rows rows (q8_0_layers_gemm.c): the head past AMX's rows, and the 8-bit and
+ * Q6_K layers. 0, or -1 out of memory. */
+HIDDEN int q8_i16_matmul(const Q8Matrix *w, const float *x, int rows, float *y, int nthreads,
+                         int panel_min_rows);
 
-/* The same for a Q8_0 layer matrix (gemm_dispatch.c): the panels from the head's panel rows,
- * as the torch path's Q8_0 layers take them. 0, or -1 out of memory. */
+/* The same for a Q8_0 or Q6_K layer matrix (gemm_dispatch.c): the panels from the head's
+ * panel rows, as the torch path's Q8_0 layers take them. 0, or -1 out of memory. */
 HIDDEN int q8_layers_matmul(const Q8Matrix *w, const float *x, int rows, int as_rows, float *y,
                             int nthreads);
 

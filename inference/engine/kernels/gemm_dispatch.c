@@ -54,7 +54,7 @@ static inline int panels_from(int as_rows) {
 
 int q8_layers_matmul(const Q8Matrix *w, const float *x, int rows, int as_rows, float *y,
                      int nthreads) {
-    return q8_0_gemm_i16(w->qs, w->d, w->n, w->k, x, rows, y, nthreads, panels_from(as_rows));
+    return q8_i16_matmul(w, x, rows, y, nthreads, panels_from(as_rows));
 }
 
 /* y [rows, N] = x [rows, K] @ W.T for Q4_1 W in the kernel layout. */
@@ -66,16 +66,17 @@ int q4_1_gemm(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N, in
     return q4_matmul(&w, x, rows, rows, y, nthreads);
 }
 
-/* y [rows, N] = x [rows, K] @ W.T for Q8_0 W in the kernel layout, by the product a step of
- * as_rows rows takes (q4_matmul's as_rows). */
-int q8_0_gemm(const int8_t *qs, const float *d, int N, int K, const float *x, int rows,
-              int as_rows, float *y, int nthreads) {
-    if (K % QK) return -2;
-    Q8Matrix w = {qs, d, N, K};
+/* y [rows, N] = x [rows, K] @ W.T for Q8_0 W in the kernel layout (Q6_K's where sc is
+ * given, d then its fp16 d per 256), by the product a step of as_rows rows takes
+ * (q4_matmul's as_rows). */
+int q8_0_gemm(const int8_t *qs, const void *d, int N, int K, const float *x, int rows,
+              int as_rows, float *y, int nthreads, const int8_t *sc) {
+    if (K % (sc ? QK_K : QK)) return -2;
+    Q8Matrix w = q8_matrix(qs, d, N, K, sc);
     if (amx_head_min_rows > 0 && as_rows >= amx_head_min_rows &&
         q8_amx_matmul(&w, x, rows, y, nthreads) == 0)
         return 0;
-    return q8_0_gemm_i16(qs, d, N, K, x, rows, y, nthreads, panels_from(as_rows));
+    return q8_i16_matmul(&w, x, rows, y, nthreads, panels_from(as_rows));
 }
 
 /* 1 where q4_1_gemm_bf16 runs (built with AVX512-BF16), else 0. */

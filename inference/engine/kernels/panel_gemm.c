@@ -88,8 +88,8 @@ typedef struct {
     float *sx;   /* [rows][K / 32]: dx * sum(qx) */
 } Rows16;
 
-/* Row r's blocks at 16 bits. */
-static void row16(const float *x, int r, int K, Rows16 *out) {
+/* Row r's blocks at 16 bits: q in [-top, top]. */
+static void row16(const float *x, int r, int K, float top, Rows16 *out) {
     const int nb = K / QK;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (size_t i = (size_t)r * nb; i < (size_t)(r + 1) * nb; i++) {
@@ -99,7 +99,7 @@ static void row16(const float *x, int r, int K, Rows16 *out) {
             v[j] = _mm256_loadu_ps(xb + 8 * j);
             amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
         }
-        const float d = hmax256(amax) / 32767.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        const float d = hmax256(amax) / top, id = d > 0.0f ? 1.0f / d : 0.0f;
         __m256i q[4];
         for (int j = 0; j < 4; j++)
             q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], _mm256_set1_ps(id)));
@@ -118,23 +118,24 @@ static void row16(const float *x, int r, int K, Rows16 *out) {
 typedef struct {
     const float *x;
     int K;
+    float top;
     Rows16 *out;
 } Rows16Task;
 
 static void row16_of(void *arg, int r) {
     const Rows16Task *t = (const Rows16Task *)arg;
-    row16(t->x, r, t->K, t->out);
+    row16(t->x, r, t->K, t->top, t->out);
 }
 
-/* x at 16 bits a block, rows spread over the pool (a prompt's hundreds of rows took the
- * caller alone while the other thread waited). */
-static int rows16(const float *x, int rows, int K, Rows16 *out, int nthreads) {
+/* x at 16 bits a block (q in [-top, top]), rows spread over the pool (a prompt's hundreds
+ * of rows took the caller alone while the other thread waited). */
+static int rows16(const float *x, int rows, int K, float top, Rows16 *out, int nthreads) {
     const int nb = K / QK;
     out->qx = (int16_t *)aligned_alloc(32, ((size_t)rows * K * 2 + 31) / 32 * 32);
     out->dx = (float *)malloc(sizeof(float) * (size_t)rows * nb);
     out->sx = (float *)malloc(sizeof(float) * (size_t)rows * nb);
     if (!out->qx || !out->dx || !out->sx) return -1;
-    Rows16Task t = {x, K, out};
+    Rows16Task t = {x, K, top, out};
     pool_rows(row16_of, &t, rows, nthreads);
     return 0;
 }
@@ -351,7 +352,7 @@ static void panel_chunk(void *arg, int c) {
 static int q4_panel_matmul(const Q4Matrix *w, const float *x, int rows, float *y, int nthreads) {
     if (w->k % QK || w->n <= 0 || rows <= 0) return -2;
     PanelTask t = {w, {NULL, NULL, NULL}, rows, y, 0, NULL};
-    int rc = rows16(x, rows, w->k, &t.q, nthreads);
+    int rc = rows16(x, rows, w->k, 32767.0f, &t.q, nthreads);
     if (!rc) {
         pool_run(panel_chunk, &t, (w->n + NR - 1) / NR, nthreads);
         rc = atomic_load(&t.failed) ? -1 : 0;
@@ -509,18 +510,39 @@ static void panel8_chunk(void *arg, int c) {
         atomic_store(&t->failed, 1);
 }
 
-/* The head's Q8_0 blocks as the 16-bit tile's panel: the int8 pairs (k, k + 1) widened to int16
- * pairs, d in float32 and m zero (t->w8 set: the tile adds no offsets). */
+/* The head's Q8_0 blocks as the 16-bit tile's panel: the int8 pairs (k, k + 1) widened to
+ * int16 pairs, d in float32 and m zero (t->w8 set: the tile adds no offsets).
+ *
+ * Q6_K's pairs are q - 32 times their int8 scale (|q - 32| * |sc| <= 4096), its d per 256
+ * the blocks' d: one scale a block, as the tiles take it. A block's 32 products then reach
+ * 4096 * 32 * |qx|, which x at 15 bits (|qx| <= 16383: q8_panel16_matmul) keeps below
+ * 2^31. */
 static void panel_q8(const void *w, int g, int h, int32_t *panel) {
     const Q8Matrix *W = (const Q8Matrix *)w;
     const int nb = W->k / QK;
     float *ds = (float *)(panel + (size_t)W->k / 2 * NR), *ms = ds + (size_t)nb * NR;
     for (int b = 0; b < nb; b++) {
         const size_t gb = (size_t)g * nb + b;
+        int32_t *out = panel + (size_t)b * (QK / 2) * NR + 8 * h;
+        _mm256_store_ps(ms + b * NR + 8 * h, _mm256_setzero_ps());
+        if (W->sc) {
+            const size_t gs = (size_t)g * (W->k / 16) + 2 * (size_t)b;
+            const size_t gd = (size_t)g * (W->k / QK_K) + (size_t)(b / (QK_K / QK));
+            _mm256_store_ps(ds + b * NR + 8 * h,
+                            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(W->d6 + gd * GROUP))));
+            /* each column's scale twice, for its pair's two lanes: k 0..15, then 16..31 */
+            const __m128i sc = _mm_loadl_epi64((const __m128i *)(W->sc + gs * GROUP));
+            const __m128i sc2 = _mm_loadl_epi64((const __m128i *)(W->sc + gs * GROUP + GROUP));
+            const __m256i s[2] = {_mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sc, sc)),
+                                  _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sc2, sc2))};
+            for (int p = 0; p < QK / 2; p++)
+                _mm256_store_si256((__m256i *)(out + p * NR),
+                                   _mm256_mullo_epi16(_mm256_cvtepi8_epi16(q6_pair(W, gb, p)),
+                                                      s[p / 8]));
+            continue;
+        }
         const int8_t *q = W->qs + gb * 256;
         _mm256_store_ps(ds + b * NR + 8 * h, _mm256_loadu_ps(W->d + gb * GROUP));
-        _mm256_store_ps(ms + b * NR + 8 * h, _mm256_setzero_ps());
-        int32_t *out = panel + (size_t)b * (QK / 2) * NR + 8 * h;
         for (int p = 0; p < QK / 2; p++)
             _mm256_store_si256((__m256i *)(out + p * NR),
                                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16 * p))));
@@ -536,7 +558,7 @@ static void panel16_q8_chunk(void *arg, int c) {
 int q8_panel16_matmul(const Q8Matrix *w, const float *x, int rows, float *y, int nthreads) {
     const Q4Matrix shape = {NULL, NULL, NULL, w->n, w->k, NULL, NULL};
     PanelTask t = {&shape, {NULL, NULL, NULL}, rows, y, 0, w};
-    int rc = rows16(x, rows, w->k, &t.q, nthreads);
+    int rc = rows16(x, rows, w->k, w->sc ? 16383.0f : 32767.0f, &t.q, nthreads);
     if (!rc) {
         pool_run(panel16_q8_chunk, &t, (w->n + NR - 1) / NR, nthreads);
         rc = atomic_load(&t.failed) ? -1 : 0;

@@ -1,6 +1,7 @@
-/* Q8_0 by int16 activations: the lm_head (the layout: common.h). A pair widened to int16
- * and multiplied by the pair of activations gives each column's two products summed in its
- * lane (|q * qx| < 2^22, 32 of them < 2^27: int32 holds a block). */
+/* Q8_0 by int16 activations: the lm_head and a GGUF's 8-bit layers, and Q6_K the same way
+ * (the layouts: common.h). A pair widened to int16 and multiplied by the pair of
+ * activations gives each column's two products summed in its lane (|q * qx| < 2^22, 32 of
+ * them < 2^27: int32 holds a block). */
 #include <immintrin.h>
 #include <stdint.h>
 
@@ -16,24 +17,52 @@ static inline __m256i dot16(__m256i acc, __m256i w, __m256i x) {
 #endif
 }
 
+/* Each row's sums of pairs p0 .. p1 - 1 of a block (Q8_0's bytes at wb, or Q6_K's pairs of
+ * group and block gb unpacked: q6_pair) with x's, each column in its lane. */
+static inline __attribute__((always_inline)) void q8_pair_sums(const Q8Matrix *W, const int8_t *wb,
+                                                               size_t gb, const Wide *q,
+                                                               size_t x0, int r0, const int NR,
+                                                               const int Q6, int p0, int p1,
+                                                               __m256i s[ROW_TILE]) {
+    for (int r = 0; r < NR; r++) s[r] = _mm256_setzero_si256();
+    for (int p = p0; p < p1; p++) {
+        __m128i v = Q6 ? q6_pair(W, gb, p) : _mm_loadu_si128((const __m128i *)(wb + 16 * p));
+        __m256i w = _mm256_cvtepi8_epi16(v);
+        for (int r = 0; r < NR; r++)
+            s[r] = dot16(s[r], w, bcast4(q->qx + (size_t)(r0 + r) * W->k + x0 + 2 * p));
+    }
+}
+
+/* Q6_K's blocks split their sums at 16 k, where its scales change: each half's sums
+ * (|q - 32| <= 32: < 2^24, exact in float32) times d * sc in float, a conversion and a
+ * multiply-add a row more than Q8_0's one scale a block. */
 static inline __attribute__((always_inline)) void q8_tile_n(const Q8Matrix *W, int g0, int g1,
                                                             const Wide *q, int r0, const int NR,
-                                                            float *y) {
+                                                            const int Q6, float *y) {
     int K = W->k, N = W->n, nb = K / QK;
     for (int g = g0; g < g1; g++) {
-        const int8_t *wq = W->qs + (size_t)g * nb * 256;
-        const float *wd = W->d + (size_t)g * nb * GROUP;
+        const int8_t *wq = Q6 ? NULL : W->qs + (size_t)g * nb * 256;
+        const float *wd = Q6 ? NULL : W->d + (size_t)g * nb * GROUP;
         __m256 acc[ROW_TILE];
         for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
-            const int8_t *wb = wq + (size_t)b * 256;
+            const size_t gb = (size_t)g * nb + b, x0 = (size_t)b * QK;
             __m256i s[ROW_TILE];
-            for (int r = 0; r < NR; r++) s[r] = _mm256_setzero_si256();
-            for (int p = 0; p < 16; p++) {
-                __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 16 * p)));
-                for (int r = 0; r < NR; r++)
-                    s[r] = dot16(s[r], w, bcast4(q->qx + (size_t)(r0 + r) * K + b * QK + 2 * p));
+            if (Q6) {
+                __m256i h[ROW_TILE];
+                __m256 lo, hi;
+                q6_block_scales(W, (size_t)g, b, &lo, &hi);
+                q8_pair_sums(W, NULL, gb, q, x0, r0, NR, 1, 0, 8, s);
+                q8_pair_sums(W, NULL, gb, q, x0, r0, NR, 1, 8, 16, h);
+                for (int r = 0; r < NR; r++) {
+                    __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h[r]), hi,
+                                               _mm256_mul_ps(_mm256_cvtepi32_ps(s[r]), lo));
+                    acc[r] = _mm256_fmadd_ps(
+                        t, _mm256_set1_ps(q->dx[(size_t)(r0 + r) * nb + b]), acc[r]);
+                }
+                continue;
             }
+            q8_pair_sums(W, wq + (size_t)b * 256, gb, q, x0, r0, NR, 0, 0, 16, s);
             __m256 d8 = _mm256_loadu_ps(wd + b * GROUP);
             for (int r = 0; r < NR; r++) {
                 __m256 sc = _mm256_mul_ps(d8, _mm256_set1_ps(q->dx[(size_t)(r0 + r) * nb + b]));
@@ -44,12 +73,19 @@ static inline __attribute__((always_inline)) void q8_tile_n(const Q8Matrix *W, i
     }
 }
 
+#define Q8_TILES(Q6)                                                                          \
+    switch (nr) {                                                                             \
+    case 1: q8_tile_n(W, g0, g1, q, r0, 1, Q6, y); break;                                     \
+    case 2: q8_tile_n(W, g0, g1, q, r0, 2, Q6, y); break;                                     \
+    case 3: q8_tile_n(W, g0, g1, q, r0, 3, Q6, y); break;                                     \
+    default: q8_tile_n(W, g0, g1, q, r0, 4, Q6, y); break;                                    \
+    }
+
 static void q8_tile(const Q8Matrix *W, int g0, int g1, const Wide *q, int r0, int nr, float *y) {
-    switch (nr) {
-    case 1: q8_tile_n(W, g0, g1, q, r0, 1, y); break;
-    case 2: q8_tile_n(W, g0, g1, q, r0, 2, y); break;
-    case 3: q8_tile_n(W, g0, g1, q, r0, 3, y); break;
-    default: q8_tile_n(W, g0, g1, q, r0, 4, y); break;
+    if (W->sc) {
+        Q8_TILES(1)
+    } else {
+        Q8_TILES(0)
     }
 }
 

@@ -10,12 +10,16 @@ a test reads each tensor's type from the file rather than assuming it.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from tests.architectures import build_tiny
 from tests.tiny_model import TOKENIZER_FILES
@@ -104,13 +108,15 @@ def copy_tokenizer(source: Path, folder: Path) -> None:
 
 class TinyGGUFs:
     """The tiny llama's folder and its GGUFs, made on first use and kept beside the
-    llama.cpp build they came from (so a new llama.cpp version makes them anew)."""
+    llama.cpp build they came from (so a new llama.cpp version makes them anew). close()
+    ends the converter's process, if a file had to be made."""
 
     def __init__(self, tokenizer_source: Path) -> None:
         from inference.bench.llama_server import gguf_tools
 
         self.tokenizer_source = tokenizer_source
-        self.converter, self.quantize = gguf_tools()
+        converter, self.quantize = gguf_tools()
+        self.converter = Converter(converter)
         self.dir = self.quantize.parents[2] / "test-ggufs"
         self.dir.mkdir(exist_ok=True)
         self.hf = self.model("tiny-llama-256", build_tiny_llama_256)
@@ -129,6 +135,9 @@ class TinyGGUFs:
     def file(self, file_type: str, model: Path | None = None) -> Path:
         """The tiny llama's GGUF of `file_type`, or another model folder's (self.model)."""
         return make_gguf(model or self.hf, file_type, self.dir, self.converter, self.quantize)
+
+    def close(self) -> None:
+        self.converter.close()
 
 
 def tiny_ggufs(tokenizer_source: Path) -> TinyGGUFs:
@@ -156,21 +165,92 @@ def _run(args: list[str]) -> None:
 # the pre-tokenizer by hashing what transformers' tokenizer makes of a text, and transformers
 # gives a qwen2 folder Qwen2Tokenizer's own split whatever tokenizer.json says: every test
 # model's is SmolLM2's.
-_CONVERT = """
-import runpy, sys
+# One process runs every conversion asked of it, so that torch, transformers and the
+# converter are imported once, not per file (seconds each): a JSON list of the converter's
+# arguments a line in, a line out for each, "done" or "failed" (its log, the converter's
+# output included, goes to stderr).
+_CONVERTER = """
+import json, os, runpy, sys, traceback
+answers = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)  # what the converter prints goes to the log, not among the answers
 sys.path.insert(0, sys.argv[1])
 from conversion import TextModel, gemma, phi
 gemma.Gemma2Model.set_vocab = TextModel._set_vocab_gpt2
 phi.Phi3MiniModel.set_vocab = TextModel._set_vocab_gpt2
 TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"
 converter = sys.argv[1] + "/convert_hf_to_gguf.py"
-sys.argv = [converter, *sys.argv[2:]]
-runpy.run_path(converter, run_name="__main__")
+main = runpy.run_path(converter)["main"]
+for line in sys.stdin:
+    sys.argv = [converter, *json.loads(line)]
+    try:
+        main()
+        answer = "done"
+    except BaseException:  # SystemExit too: the converter's refusals exit
+        traceback.print_exc()
+        answer = "failed"
+    sys.stderr.flush()
+    print(answer, file=answers, flush=True)
 """
 
 
+class Converter:
+    """llama.cpp's `convert_hf_to_gguf.py` (`script`), run in a process of its own started
+    on the first conversion and kept for the next ones."""
+
+    def __init__(self, script: Path) -> None:
+        self.script = script
+        self.proc: subprocess.Popen[str] | None = None
+        self.log: Path | None = None
+
+    def convert(self, args: list[str]) -> None:
+        """The converter on these command-line arguments; RuntimeError with its log if it
+        fails."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        assert self.proc is not None and self.log is not None
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        start = self.log.stat().st_size
+        self.proc.stdin.write(json.dumps(args) + "\n")
+        self.proc.stdin.flush()
+        if self.proc.stdout.readline().strip() != "done":
+            with open(self.log, errors="replace") as log:
+                log.seek(start)
+                raise RuntimeError(f"{' '.join(args[-4:])} failed:\n{log.read()[-5000:]}")
+
+    def _start(self) -> None:
+        self.close()
+        fd, name = tempfile.mkstemp(prefix="gguf-converter-", suffix=".log")
+        self.log = Path(name)
+        with os.fdopen(fd, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _CONVERTER, str(self.script.parent)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+            )  # fmt: skip
+
+    def close(self) -> None:
+        """Ends the process (it exits at the end of its input) and removes its log."""
+        if self.proc is not None:
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                _close(pipe)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+        if self.log is not None:
+            self.log.unlink(missing_ok=True)
+            self.log = None
+
+
+def _close(pipe: IO[str] | None) -> None:
+    if pipe is not None:
+        with contextlib.suppress(OSError):  # the process is gone: nothing waits in the pipe
+            pipe.close()
+
+
 def make_gguf(
-    hf_folder: Path, file_type: str, out_dir: Path, converter: Path, quantize: Path
+    hf_folder: Path, file_type: str, out_dir: Path, converter: Converter, quantize: Path
 ) -> Path:
     """`hf_folder` as a GGUF of `file_type` (a key of CONVERTED or one of QUANTIZED) in
     `out_dir`; the F32 file is made first where a quantized one needs it."""
@@ -180,15 +260,16 @@ def make_gguf(
     # Written under another name and renamed: a run cut short leaves no file that looks done.
     partial = out.with_suffix(".partial")
     if file_type in CONVERTED:
-        outtype = CONVERTED[file_type]
         # One name for all: llama.cpp tunes a vocabulary by the model's name (a "phi3" one
         # must hold SentencePiece's </s>), and these carry SmolLM2's whatever the family.
-        _run([sys.executable, "-c", _CONVERT, str(converter.parent), str(hf_folder),
-              "--outtype", outtype, "--outfile", str(partial),
-              "--model-name", "tiny test model"])  # fmt: skip
+        converter.convert([
+            str(hf_folder), "--outtype", CONVERTED[file_type], "--outfile", str(partial),
+            "--model-name", "tiny test model",
+        ])  # fmt: skip
     elif file_type in QUANTIZED:
         source = make_gguf(hf_folder, "F32", out_dir, converter, quantize)
-        _run([str(quantize), str(source), str(partial), file_type, "1"])
+        # On every core: each thread quantizes rows of its own, the file is the same.
+        _run([str(quantize), str(source), str(partial), file_type, str(os.cpu_count() or 1)])
     else:
         raise ValueError(f"no recipe for {file_type}; known: {*CONVERTED, *QUANTIZED}")
     partial.rename(out)

@@ -4,6 +4,7 @@ type the registry does not know is refused by name."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -73,10 +74,12 @@ def test_a_type_outside_the_registry_is_refused_by_tensor_and_type_name(tmp_path
 
 
 @pytest.fixture(scope="session")
-def ggufs(real_model_path: Path) -> TinyGGUFs:
+def ggufs(real_model_path: Path) -> Iterator[TinyGGUFs]:
     if not binary_path().exists() and (missing := missing_build_tools()):
         pytest.skip(f"llama.cpp's tools are not built and cannot be: no {', '.join(missing)} here")
-    return TinyGGUFs(real_model_path)
+    files = TinyGGUFs(real_model_path)
+    yield files
+    files.close()
 
 
 @pytest.mark.slow

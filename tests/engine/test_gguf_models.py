@@ -71,8 +71,10 @@ PROMPTS = (
 
 
 @pytest.fixture(scope="session")
-def ggufs(real_model_path: Path) -> TinyGGUFs:
-    return tiny_ggufs(real_model_path)
+def ggufs(real_model_path: Path) -> Iterator[TinyGGUFs]:
+    files = tiny_ggufs(real_model_path)
+    yield files
+    files.close()
 
 
 def test_the_config_comes_from_the_files_metadata(ggufs: TinyGGUFs) -> None:

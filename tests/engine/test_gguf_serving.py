@@ -21,8 +21,10 @@ PASSWORD = "a-long-test-password"
 
 
 @pytest.fixture(scope="module")
-def ggufs(real_model_path: Path) -> TinyGGUFs:
-    return tiny_ggufs(real_model_path)
+def ggufs(real_model_path: Path) -> Iterator[TinyGGUFs]:
+    files = tiny_ggufs(real_model_path)
+    yield files
+    files.close()
 
 
 def test_a_gguf_file_is_served_under_its_name_without_the_extension(tmp_path: Path) -> None:

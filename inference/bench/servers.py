@@ -10,7 +10,10 @@ import os
 import platform
 from pathlib import Path
 
+import torch
+
 from inference.bench.kv_tier import drop_namespace
+from inference.engine.kv_budget import KV_MEMORY_SHARE, available_memory
 from tools.live_server import ROOT, LiveServer
 
 # The web app's KV tier when ENGINE_KV_TIER_URL is unset (chatapp/settings/engine.py).
@@ -57,6 +60,21 @@ class OurServer(LiveServer):
         url = self.env.get("ENGINE_KV_TIER_URL", DEFAULT_TIER_URL)
         if url:
             drop_namespace(url, self.env["ENGINE_KV_TIER_NAMESPACE"])
+
+
+POOL_SETTING = "ENGINE_KV_CACHE_MEMORY_MB"
+
+
+def equal_pools(servers: int, settings: list[dict[str, str]]) -> dict[str, str]:
+    """The KV pool each of `servers` of ours running side by side gets where none of their
+    `settings` sizes it: an equal share of what one alone may take (KV_MEMORY_SHARE of the
+    memory available now). Unsized, each would take its share of what the ones started
+    before it left: unequal pools, whose last variants preempt sooner, and together most
+    of the machine's memory, whose page cache then thrashes and stalls steps for seconds."""
+    if servers < 2 or any(POOL_SETTING in s for s in settings):
+        return {}
+    share = KV_MEMORY_SHARE * available_memory(torch.device("cpu")) / servers
+    return {POOL_SETTING: str(int(share) >> 20)}
 
 
 def cpu_model() -> str:

@@ -14,13 +14,14 @@ default thread settings (llama-server: its physical cores; ours: ENGINE_NUM_THRE
 ENGINE_SMALL_STEP_THREADS unset), `--threads N` puts both on N (llama-server `-t N -tb N`;
 ours both settings N). Each level of concurrent clients runs a multi-turn workload of
 api_clients.py (streaming, each turn the whole history so far) against each server in turn,
-rotating which goes first, `--repeat` times. Prints, per level, the median of each figure
-with its min-max spread and each of our variants' ratio to llama-server, and writes the raw
-runs as JSON. llama-server's own time per token (its `timings`, without HTTP and the
-client) is the last column. A second table gives the share of our engine's step time spent
-in decode-only steps, mixed steps (decodes beside prompt chunks) and prompt-only chunks
-over each run, from our server's /metrics (`chatapp:engine_step_seconds_total`) read
-before and after it.
+rotating which goes first, `--repeat` times. Several variants of ours run side by side,
+each with an equal KV pool (servers.equal_pools) unless a setting sizes it. Prints, per
+level, the median of each figure with its min-max spread and each of our variants' ratio
+to llama-server, and writes the raw runs as JSON. llama-server's own time per token (its
+`timings`, without HTTP and the client) is the last column. A second table gives the
+share of our engine's step time spent in decode-only steps, mixed steps (decodes beside
+prompt chunks) and prompt-only chunks over each run, from our server's /metrics
+(`chatapp:engine_step_seconds_total`) read before and after it.
 
 The default workload, `chat-mix` (chat_workload.py), is chat-shaped: one conversation per
 client with short and long questions and, in one client of eight, a pasted document;
@@ -75,7 +76,7 @@ from inference.bench.api_clients import (
     run_level,
 )
 from inference.bench.llama_server import LlamaServer, llama_server_binary
-from inference.bench.servers import OurServer, cpu_model, settings
+from inference.bench.servers import OurServer, cpu_model, equal_pools, settings
 from inference.bench.spread import cell, spread
 from inference.model_files import bundled_gguf, default_model_path
 
@@ -230,13 +231,17 @@ def run(
     model = str(default_model_path().name)
     if model_file:
         env = {**(env or {}), "CHATAPP_MODEL": model_file}
+    pools = equal_pools(len(variants), [env or {}, *variants.values()])
+    results["settings"].update(pools)
     with tempfile.TemporaryDirectory(prefix="bench-vs-llama-") as tmp:
         ours: list[OurServer] = []
         try:
             for name, settings in variants.items():
                 token = {"METRICS_BEARER_TOKEN": METRICS_TOKEN}
                 ours.append(
-                    OurServer(Path(tmp), threads, {**token, **(env or {}), **settings}, name)
+                    OurServer(
+                        Path(tmp), threads, {**token, **pools, **(env or {}), **settings}, name
+                    )
                 )
                 ours[-1].start()
             if model_file:

@@ -18,10 +18,26 @@ import numpy as np
 import torch
 
 from inference.engine import kernels
-from inference.engine.formats.ggml_types import q6_values
 
 QK = 32  # weights per block
 QK_K = 256  # weights per k-quant super-block
+
+
+_SHIFTS_2 = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
+
+
+def q6_values(b: torch.Tensor) -> torch.Tensor:
+    """Q6_K's 128 bytes of low nibbles and 64 of 2-bit tops -> int8 [..., 256], q - 32.
+
+    In each half of 128 weights, low-nibble byte j serves weights j (its low nibble) and
+    j + 64 (its high); top byte j serves weights j, j + 32, j + 64, j + 96 (bits 0-1, 2-3,
+    4-5, 6-7)."""
+    lead = b.shape[:-1]
+    nib = b[..., 0:128].reshape(*lead, 2, 64)
+    low = torch.cat((nib & 0x0F, nib >> 4), dim=-1)  # [..., 2, 128]
+    tops = b[..., 128:192].reshape(*lead, 2, 1, 32)
+    high = ((tops >> _SHIFTS_2) & 3).reshape(*lead, 2, 128)
+    return ((low | (high << 4)).to(torch.int8) - 32).reshape(*lead, QK_K)
 
 
 def _check_k(k: int) -> None:
@@ -429,7 +445,7 @@ class Q6_K(Q8_0):
     weight, against 8.5 as Q8_0 (9 held, its d float32).
 
     GGUF's layout (kernel=False): qs uint8 [N, K * 3 / 4], each super-block's 192 bytes
-    of values as the file has them (ggml_types.q6_values), sc [N, K / 16], d [N, K / 256].
+    of values as the file has them (q6_values), sc [N, K / 16], d [N, K / 256].
     The kernel's layout: Q8_0's pairs of k at 6 bits, 192 bytes a group of 8 columns and
     block of 32 (common.h says how), sc and d [group][K / 16 or K / 256][8]. Every product
     of Q8_0 takes it (kernels.q8_0_gemm's sc), and the embedding lookup reads it."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from inference.engine.errors import UnsupportedModelError
+from inference.engine.quantized import q6_values
 
 QK_K = 256  # weights per k-quant super-block
 K_SCALE_BYTES = 12  # a k-quant's eight 6-bit scales and eight 6-bit minimums
@@ -124,22 +125,6 @@ def _q5_k(b: torch.Tensor) -> torch.Tensor:
     scale = (d[..., None] * sc.float())[..., None]
     offset = (dmin[..., None] * mn.float())[..., None]
     return (scale * q - offset).flatten(-2)
-
-
-_SHIFTS_2 = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
-
-
-def q6_values(b: torch.Tensor) -> torch.Tensor:
-    """Q6_K's 128 bytes of low nibbles and 64 of 2-bit tops -> int8 [..., 256], q - 32.
-
-    In each half of 128 weights, low-nibble byte j serves weights j (its low nibble) and
-    j + 64 (its high); top byte j serves weights j, j + 32, j + 64, j + 96 (bits 0-1, 2-3,
-    4-5, 6-7)."""
-    lead = b.shape[:-1]
-    low = _nibbles(b[..., 0:128].reshape(*lead, 2, 64))  # [..., 2, 128]
-    tops = b[..., 128:192].reshape(*lead, 2, 1, 32)
-    high = ((tops >> _SHIFTS_2) & 3).reshape(*lead, 2, 128)
-    return ((low | (high << 4)).to(torch.int8) - 32).reshape(*lead, QK_K)
 
 
 def _q6_k(b: torch.Tensor) -> torch.Tensor:

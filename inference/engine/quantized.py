@@ -23,7 +23,14 @@ QK = 32  # weights per block
 QK_K = 256  # weights per k-quant super-block
 
 
-_SHIFTS_2 = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
+# Where Q6_K's four 2-bit tops sit in their byte.
+_TOP_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)
+
+
+def nibbles(b: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """uint8 bytes -> their low nibbles, then their high ones, joined along `dim` (twice
+    its length there)."""
+    return torch.cat((b & 0x0F, b >> 4), dim=dim)
 
 
 def q6_values(b: torch.Tensor) -> torch.Tensor:
@@ -33,10 +40,9 @@ def q6_values(b: torch.Tensor) -> torch.Tensor:
     j + 64 (its high); top byte j serves weights j, j + 32, j + 64, j + 96 (bits 0-1, 2-3,
     4-5, 6-7)."""
     lead = b.shape[:-1]
-    nib = b[..., 0:128].reshape(*lead, 2, 64)
-    low = torch.cat((nib & 0x0F, nib >> 4), dim=-1)  # [..., 2, 128]
+    low = nibbles(b[..., 0:128].reshape(*lead, 2, 64))  # [..., 2, 128]
     tops = b[..., 128:192].reshape(*lead, 2, 1, 32)
-    high = ((tops >> _SHIFTS_2) & 3).reshape(*lead, 2, 128)
+    high = ((tops >> _TOP_SHIFTS.view(4, 1)) & 3).reshape(*lead, 2, 128)
     return ((low | (high << 4)).to(torch.int8) - 32).reshape(*lead, QK_K)
 
 
@@ -61,8 +67,7 @@ def _groups(t: torch.Tensor, n: int) -> torch.Tensor:
 def _unpacked(qs: torch.Tensor) -> torch.Tensor:
     """GGUF-layout Q4_1 bytes [n, K / 2] as their values, uint8 [n, K / 32, 32]: byte j of
     a block holds value j in its low nibble and value j + 16 in its high one."""
-    b = qs.reshape(qs.shape[0], -1, 16)
-    return torch.cat((b & 0x0F, b >> 4), dim=-1)
+    return nibbles(qs.reshape(qs.shape[0], -1, 16))
 
 
 def _scales_to_kernel(s: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
@@ -435,7 +440,6 @@ def _int8() -> torch.Tensor:
 
 
 Q6_BYTES = 192  # a Q6_K super-block's 6-bit values: 128 bytes of low nibbles, 64 of tops
-_TOP_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)
 
 
 @dataclass
@@ -473,7 +477,7 @@ class Q6_K(Q8_0):
         d, sc = self.d, self.sc
         if self.kernel:
             d, sc = _scales_from_kernel(d, self.n), _scales_from_kernel(sc, self.n)
-        return d.float().repeat_interleave(QK_K // 16, dim=1) * sc.float()
+        return _q6_scales(d, sc)
 
     def dequantize(self) -> torch.Tensor:
         n, k = self.shape
@@ -540,8 +544,12 @@ class Q6_K(Q8_0):
         q = q[torch.arange(len(flat)), col].reshape(-1, k // 16, 16).float()
         d = self.d.view(-1, k // QK_K, GROUP)[group, :, col]
         sc = self.sc.view(-1, k // 16, GROUP)[group, :, col]
-        scales = d.float().repeat_interleave(QK_K // 16, dim=1) * sc.float()
-        return (scales[..., None] * q).reshape(*ids.shape, k)
+        return (_q6_scales(d, sc)[..., None] * q).reshape(*ids.shape, k)
+
+
+def _q6_scales(d: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
+    """Each 16's scale d * sc, float32 [rows, K / 16], from d per 256 and sc per 16."""
+    return d.float().repeat_interleave(QK_K // 16, dim=1) * sc.float()
 
 
 def _kernel_q6_bytes(q: torch.Tensor) -> torch.Tensor:
@@ -560,7 +568,7 @@ def _kernel_q6_values(b: torch.Tensor) -> torch.Tensor:
     nb = b.shape[1] // Q6_BYTES
     b = b.reshape(g, nb, Q6_BYTES)
     lo, hi = b[..., :128].reshape(g, nb, 8, 16), b[..., 128:].reshape(g, nb, 1, 4, 16)
-    low = torch.cat((lo & 0x0F, lo >> 4), dim=2)  # [G, nb, pair, 16]
+    low = nibbles(lo, dim=2)  # [G, nb, pair, 16]
     high = ((hi >> _TOP_SHIFTS.view(1, 1, 4, 1, 1)) & 3).reshape(g, nb, 16, 16)
     q = (low | (high << 4)).to(torch.int8) - 32
     return q.reshape(g, nb, 16, GROUP, 2).permute(0, 3, 1, 2, 4).reshape(g, GROUP, nb * QK)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from inference.engine.errors import UnsupportedModelError
-from inference.engine.quantized import q6_values
+from inference.engine.quantized import nibbles, q6_values
 
 QK_K = 256  # weights per k-quant super-block
 K_SCALE_BYTES = 12  # a k-quant's eight 6-bit scales and eight 6-bit minimums
@@ -47,11 +47,6 @@ def _f16(b: torch.Tensor) -> torch.Tensor:
     return b.contiguous().view(torch.float16).squeeze(-1).float()
 
 
-def _nibbles(qs: torch.Tensor) -> torch.Tensor:
-    """uint8 [..., n] -> [..., 2n]: the n low nibbles, then the n high ones."""
-    return torch.cat((qs & 0x0F, qs >> 4), dim=-1)
-
-
 def _f32(b: torch.Tensor) -> torch.Tensor:
     return b.contiguous().view(torch.float32)
 
@@ -67,14 +62,14 @@ def _bf16_values(b: torch.Tensor) -> torch.Tensor:
 def _q4_0(b: torch.Tensor) -> torch.Tensor:
     """d f16, 16 bytes of nibbles: x = d * (q - 8)."""
     d = _f16(b[..., 0:2])
-    q = _nibbles(b[..., 2:]).float() - 8
+    q = nibbles(b[..., 2:]).float() - 8
     return d[..., None] * q
 
 
 def _q4_1(b: torch.Tensor) -> torch.Tensor:
     """d f16, m f16, 16 bytes of nibbles: x = d * q + m."""
     d, m = _f16(b[..., 0:2]), _f16(b[..., 2:4])
-    return d[..., None] * _nibbles(b[..., 4:]).float() + m[..., None]
+    return d[..., None] * nibbles(b[..., 4:]).float() + m[..., None]
 
 
 def _q8_0(b: torch.Tensor) -> torch.Tensor:
@@ -99,7 +94,7 @@ def k_low_nibbles(qs: torch.Tensor) -> torch.Tensor:
     """128 bytes -> uint8 [..., 8, 32]: each run of 32 bytes holds sub-block 2i in its low
     nibbles and 2i + 1 in its high ones."""
     runs = qs.reshape(*qs.shape[:-1], 4, 1, 32)
-    return torch.cat((runs & 0x0F, runs >> 4), dim=-2).reshape(*qs.shape[:-1], 8, 32)
+    return nibbles(runs, dim=-2).reshape(*qs.shape[:-1], 8, 32)
 
 
 def _q4_k(b: torch.Tensor) -> torch.Tensor:

@@ -275,30 +275,32 @@ class Attention:
             pos = meta.positions[rows]
             for j in range(g.count):
                 # Row j's context is its block table's first pos + 1 slots.
-                kv = self._context(kv_cache, g.block_tables[j], int(pos[j]) + 1)
+                kv = self._context(kv_cache, g.block_tables[j], int(pos[j]) + 1, qkv.dtype)
                 out[g.start + j] = self._exact(
                     qkv[g.start + j : g.start + j + 1], kv, pos[j : j + 1], layer
                 )[0]
         for p in meta.prefills:
             rows = slice(p.start, p.start + p.length)
-            kv = self._context(kv_cache, p.block_table, p.context_len)
+            kv = self._context(kv_cache, p.block_table, p.context_len, qkv.dtype)
             out[rows] = self._exact(qkv[rows], kv, meta.positions[rows], layer)
         return out
 
-    def _context(self, kv_cache: torch.Tensor, block_table: torch.Tensor, ctx: int) -> torch.Tensor:
-        """A sequence's first `ctx` K/V rows from the pool: [2 * kv_heads, ctx, head_dim]."""
-        dtype = torch.float32 if kv_cache.dtype == torch.int8 else kv_cache.dtype
+    def _context(
+        self, kv_cache: torch.Tensor, block_table: torch.Tensor, ctx: int, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """A sequence's first `ctx` K/V rows from the pool as values of `dtype`: [2 *
+        kv_heads, ctx, head_dim]."""
         kv = self._rows(kv_cache, block_table, dtype)
         return kv.view(2 * self.num_kv_heads, -1, self.head_dim)[:, :ctx]
 
     def _exact(
         self, qkv: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor, layer: LayerAttention
     ) -> torch.Tensor:
-        """Rows at `positions` over context `kv` [2 * kv_heads, ctx, d] -> [n, heads, d]."""
+        """Rows at `positions` over context `kv` [2 * kv_heads, ctx, d] (qkv's dtype) ->
+        [n, heads, d]."""
         n, hkv, d = qkv.shape[0], self.num_kv_heads, self.head_dim
         per_kv = self.num_heads // hkv
         q = qkv[:, : self.num_heads].reshape(n, hkv, per_kv, d).permute(1, 2, 0, 3)
-        kv = kv.to(qkv.dtype)
         k, v = kv[:hkv].unsqueeze(1), kv[hkv:].unsqueeze(1)  # [hkv, 1, ctx, d]
         scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale  # [hkv, per_kv, n, ctx]
         if layer.softcap is not None:

@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "simd.h"
 
 /* One of a layer's products in its own blocks: Q4_1, or Q8_0 (a GGUF's matrices of more
  * than 4 bits: formats/gguf_model.py's layer_formats), each by the product its format has. */
@@ -31,6 +32,12 @@ typedef struct {
     int block_size, num_blocks;  /* pool: [2 * kv_heads, num_blocks * block_size, kv_row] */
     int kv_type;                 /* the pool's elements: simd.h's KV_F32, KV_F16 or KV_I8 */
 } LayerShape;
+
+/* Elements of one KV head's keys (or values) in a layer's pool: its blocks' positions'
+ * rows (simd.h's kv_row). */
+static inline size_t kv_head_elems(const LayerShape *s) {
+    return (size_t)s->num_blocks * s->block_size * kv_row(s->head_dim, s->kv_type);
+}
 
 /* The rows' attention over the pool (decode_attention.c); 0, or -1 out of memory. */
 int decode_attention(const LayerShape *s, const float *qkv, int rows, const int64_t *positions,

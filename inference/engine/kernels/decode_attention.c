@@ -74,11 +74,6 @@ typedef struct {
      : (s)->kv_type == KV_F16 ? fn(__VA_ARGS__, KV_F16)                         \
                               : fn(__VA_ARGS__, KV_F32))
 
-/* Elements of one head's pool: its blocks' positions' rows. */
-static inline size_t kv_head_elems(const LayerShape *s) {
-    return (size_t)s->num_blocks * s->block_size * kv_row(s->head_dim, s->kv_type);
-}
-
 /* The first K/V element of KV head g's keys (kv = 0) or values (kv = 1) in a layer's pool. */
 static inline const void *kv_head(const LayerShape *s, const void *pool, int kv, int g) {
     return (const char *)pool +

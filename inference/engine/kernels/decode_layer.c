@@ -14,7 +14,6 @@
 #include "common.h"
 #include "decode.h"
 #include "gemm.h"
-#include "simd.h"
 
 /* y = x @ W.T by W's format: Q4_1 by 8-bit activations (gemm_dispatch.c's q4_matmul), Q8_0
  * by 16-bit ones (q8_layers_matmul), as the torch path's products take them. */
@@ -30,7 +29,7 @@ int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
                  const int64_t *block_tables, int table_width, void *pool, int nthreads) {
     int H = s->hidden, d = s->head_dim, hq = s->heads, hkv = s->kv_heads;
     int nqkv = (hq + 2 * hkv) * d, bs = s->block_size;
-    size_t head_stride = (size_t)s->num_blocks * bs * kv_row(d, s->kv_type);
+    size_t head_stride = kv_head_elems(s);
     float *h = malloc(sizeof(float) * rows * H);
     float *qkv = malloc(sizeof(float) * rows * nqkv);
     float *attn = malloc(sizeof(float) * rows * hq * d);

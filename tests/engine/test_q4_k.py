@@ -31,7 +31,9 @@ def random_q4_k_tensor(rows: int, k: int, seed: int) -> GGUFTensor:
 
 
 def gguf_values(t: GGUFTensor) -> torch.Tensor:
-    return torch.from_numpy(dequantize(t.raw.numpy(), GGMLQuantizationType.Q4_K).copy())
+    """The tensor's values as gguf's own dequantization gives them."""
+    kind = GGMLQuantizationType[t.type.name]
+    return torch.from_numpy(dequantize(t.raw.numpy(), kind).copy())
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

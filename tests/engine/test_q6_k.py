@@ -11,8 +11,6 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 
 from inference.engine import kernels
 from inference.engine.formats.ggml_types import ggml_type
@@ -21,6 +19,7 @@ from inference.engine.formats.gguf_model import _as_kernel_q6_k, _as_q6_k
 from inference.engine.kernels.library import library_path
 from inference.engine.quantized import Q6_K, Q8_0
 from tests.engine.conftest import needs_kernels, run_in_avx2_build
+from tests.engine.test_q4_k import gguf_values, same_bits
 from tests.engine.test_quantized import _panel_rows
 
 Q6_K_TYPE = ggml_type(14, "test")
@@ -34,14 +33,6 @@ def random_q6_k_tensor(rows: int, k: int, seed: int) -> GGUFTensor:
     raw[..., 208:210] = d.view(np.uint8)
     raw2 = torch.from_numpy(raw.reshape(rows, -1))
     return GGUFTensor("blk.0.ffn_down.weight", Q6_K_TYPE, (rows, k), raw2)
-
-
-def gguf_values(t: GGUFTensor) -> torch.Tensor:
-    return torch.from_numpy(dequantize(t.raw.numpy(), GGMLQuantizationType.Q6_K).copy())
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
 def test_q6_k_blocks_hold_the_files_values_bit_for_bit():

@@ -299,11 +299,17 @@ _CAUSAL_LM = {
 
 
 def load_gguf_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """The tokenizer and chat template the file carries (transformers builds it)."""
-    from transformers import AutoTokenizer
+    """The tokenizer and chat template the file carries (transformers builds it from the
+    vocabulary alone). Its class is the one AutoTokenizer gives the model type of the
+    config, taken from the file as parsed once (open_gguf): AutoTokenizer given the file
+    parses all of it again for that type (seconds), where the vocabulary takes a tenth."""
+    from transformers import TokenizersBackend
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
 
     p = Path(path)
-    tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name)
+    config = load_gguf_config(p)
+    tokenizer_class: Any = TOKENIZER_MAPPING.get(type(config), TokenizersBackend)
+    tokenizer: PreTrainedTokenizerBase = tokenizer_class.from_pretrained(p.parent, gguf_file=p.name)
     return tokenizer
 
 

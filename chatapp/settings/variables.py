@@ -150,7 +150,8 @@ MEANINGS: dict[str, str] = {
         "what each writes there"
     ),
     "ENGINE_KERNELS_AVX512": (
-        "`0` loads the native kernels' AVX2 build even where the CPU has AVX512, for comparisons"
+        "`0` serves as on a CPU without AVX512: the native kernels' AVX2 build and the "
+        "choices an AVX2-only CPU gets, for comparisons"
     ),
     "ENGINE_AMX_MIN_ROWS": (
         "products of at least this many rows run on AMX's tiles; empty: measured per CPU, "

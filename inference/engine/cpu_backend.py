@@ -68,21 +68,36 @@ def supported_isas() -> list[Isa]:
     return [i for i in ISAS if i.needs <= cpu_flags()]
 
 
+def avx512_allowed() -> bool:
+    """False under ENGINE_KERNELS_AVX512=0: the engine then serves as on a CPU without the
+    AVX512 family (and so without AMX), for comparisons with AVX2-only CPUs."""
+    return os.environ.get("ENGINE_KERNELS_AVX512", "1") not in ("0", "false", "no")
+
+
 def runnable_isas() -> list[Isa]:
-    """The builds a process may load here, best first (ENGINE_KERNELS_AVX512=0: AVX2's
-    alone, for comparisons)."""
-    avx512 = os.environ.get("ENGINE_KERNELS_AVX512", "1") not in ("0", "false", "no")
-    return [i for i in supported_isas() if avx512 or i is AVX2]
+    """The builds a process may load here, best first (AVX2's alone where not
+    avx512_allowed)."""
+    return [i for i in supported_isas() if avx512_allowed() or i is AVX2]
+
+
+def engine_cpu_flags() -> frozenset[str]:
+    """The flags the engine's choices of product and format go by: cpu_flags, less the
+    AVX512 family and AMX where not avx512_allowed. Otherwise the AVX2 build beside an
+    AVX512-BF16 CPU's flags would take bf16 large steps, which an AVX2-only CPU never does."""
+    flags = cpu_flags()
+    if avx512_allowed():
+        return flags
+    return frozenset(f for f in flags if not f.startswith(("avx512", "amx")))
 
 
 def cpu_has_native_bf16() -> bool:
     """AVX512-BF16 or AMX: only there is bfloat16 faster than float32 on a CPU."""
-    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+    return bool(engine_cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
 def cpu_has_amx() -> bool:
     """AMX tiles for bf16: there oneDNN's bf16 products outrun the 8-bit blocks early."""
-    return "amx_bf16" in cpu_flags()
+    return "amx_bf16" in engine_cpu_flags()
 
 
 # --- Which product serves a step of N rows ------------------------------------------------

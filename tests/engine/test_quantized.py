@@ -227,6 +227,24 @@ def test_panel_min_rows_reads_its_setting(monkeypatch):
         cpu_backend.panel_min_rows()
 
 
+def test_without_avx512_the_engine_chooses_as_on_an_avx2_only_cpu(monkeypatch):
+    """ENGINE_KERNELS_AVX512=0 stands for an AVX2-only CPU in comparisons: not the AVX2
+    build beside choices made for this CPU's AVX512-BF16 or AMX (bf16 large steps on
+    oneDNN, the tiles' row limits, unsplit mixed steps), which no such CPU takes."""
+    monkeypatch.setenv("ENGINE_KERNELS_AVX512", "1")
+    assert cpu_backend.engine_cpu_flags() == cpu_backend.cpu_flags()
+    monkeypatch.setenv("ENGINE_KERNELS_AVX512", "0")
+    flags = cpu_backend.engine_cpu_flags()
+    assert not any(f.startswith(("avx512", "amx")) for f in flags)
+    assert cpu_backend.AVX2.needs <= flags or not cpu_backend.AVX2.needs <= cpu_backend.cpu_flags()
+    assert cpu_backend.runnable_isas() in ([cpu_backend.AVX2], [])
+    assert not cpu_backend.cpu_has_native_bf16() and not cpu_backend.cpu_has_amx()
+    backend = cpu_backend.Backend(cpu_backend.AVX2)
+    assert backend.large_format(torch.float32) == "fp16"
+    assert backend.prompt_product(backend.large_format(torch.float32)) == "i16"
+    assert backend.split_mixed("auto")
+
+
 def test_hybrid_linear_takes_blocks_for_small_steps_and_fp16_for_large_ones():
     w = _weight(64, 128)
     lin = Linear(w, "fp16", Q4_1.quantize(w), HYBRID_MAX_ROWS)

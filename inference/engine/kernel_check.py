@@ -3,7 +3,7 @@ instruction the CPU refuses kills this process, not the build):
 
     python -m inference.engine.kernel_check PATH
 
-A few 4-, 6- and 8-bit products against torch's, with the panels and AMX's tiles forced on
+A few 4-, 5-, 6- and 8-bit products against torch's, with the panels and AMX's tiles forced on
 and off; exits non-zero with what differed.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from inference.engine import kernels
-from inference.engine.quantized import Q4_1, Q4_K, Q6_K, Q8_0
+from inference.engine.quantized import Q4_1, Q4_K, Q5_K, Q6_K, Q8_0
 
 
 def check(path: Path) -> None:
@@ -30,6 +30,7 @@ def check(path: Path) -> None:
     q4 = Q4_1.quantize(w).for_kernel()
     q8 = Q8_0.quantize(w).for_kernel()
     qk = random_q4_k(64, 256, g).for_kernel()
+    q5 = random_q5_k(64, 256, g).for_kernel()
     q6 = random_q6_k(64, 256, g).for_kernel()
     kinds = ["int8", "i16"]
     kinds += ["bf16"] if lib.q4_1_bf16_available() else []
@@ -42,6 +43,8 @@ def check(path: Path) -> None:
             _agree(f"q4_1 {kind}, tiles from {tiles[0]} rows", got, x @ q4.dequantize().T)
             got = kernels.q4_1_gemm(lib, qk.qs, qk.d, qk.m, x, qk.n, kind, qk.sc, qk.mn)
             _agree(f"q4_k {kind}, tiles from {tiles[0]} rows", got, x @ qk.dequantize().T)
+            got = kernels.q4_1_gemm(lib, q5.qs, q5.d, q5.m, x, q5.n, kind, q5.sc, q5.mn, q5.qh)
+            _agree(f"q5_k {kind}, tiles from {tiles[0]} rows", got, x @ q5.dequantize().T)
         got = kernels.q8_0_gemm(lib, q8.qs, q8.d, x, q8.n)
         _agree(f"q8_0, tiles from {tiles[0]} rows", got, x @ q8.dequantize().T)
         got = kernels.q8_0_gemm(lib, q6.qs, q6.d, x, q6.n, sc=q6.sc)
@@ -55,6 +58,13 @@ def random_q4_k(n: int, k: int, g: torch.Generator) -> Q4_K:
     d = (torch.rand(n, k // 256, generator=g) * 0.004).half()
     m = (torch.rand(n, k // 256, generator=g) * -0.004).half()
     return Q4_K(qs, d, m, sc=sc, mn=mn)
+
+
+def random_q5_k(n: int, k: int, g: torch.Generator) -> Q5_K:
+    """Q5_K blocks of random values (fifth bits too), scales and minimums, in GGUF's layout."""
+    q4 = random_q4_k(n, k, g)
+    qh = torch.randint(0, 256, (n, k // 8), generator=g, dtype=torch.uint8)
+    return Q5_K(q4.qs, q4.d, q4.m, sc=q4.sc, mn=q4.mn, qh=qh)
 
 
 def random_q6_k(n: int, k: int, g: torch.Generator) -> Q6_K:

@@ -39,8 +39,8 @@ def _pointer(t: torch.Tensor | None) -> int | None:
 
 def _matrix(blocks: object) -> kernels.LayerMatrix:
     """A product's blocks as decode_layer.c takes them: Q4_1 (a GGUF's Q4_K with its
-    scales' parts), or Q8_0 (a GGUF's matrices of more than 4 bits; its Q6_K with their
-    scales), each multiplied in its own format."""
+    scales' parts, its Q5_K with their fifth bits too), or Q8_0 (a GGUF's Q8_0, its Q6_K
+    with their scales), each multiplied in its own format."""
     assert _native_blocks(blocks)
     if isinstance(blocks, Q8_0):
         n, k = blocks.shape
@@ -48,10 +48,11 @@ def _matrix(blocks: object) -> kernels.LayerMatrix:
         return kernels.LayerMatrix(kernels.LAYER_Q8_0, q8=q8)
     assert isinstance(blocks, Q4_1)
     n, k = blocks.shape
-    sc, mn = blocks.k_parts()
+    sc, mn, qh = blocks.k_parts()
     q4 = kernels.Q4Matrix(
         blocks.qs.data_ptr(), blocks.d.data_ptr(), blocks.m.data_ptr(), n, k,
         None if sc is None else sc.data_ptr(), None if mn is None else mn.data_ptr(),
+        None if qh is None else qh.data_ptr(),
     )  # fmt: skip
     return kernels.LayerMatrix(kernels.LAYER_Q4_1, q4=q4)
 

@@ -1,6 +1,6 @@
 """Block-quantized weights, as GGUF stores them: Q4_1 (4-bit with a scale and a minimum per
-32 weights) and Q8_0 (8-bit with a scale per 32), and the k-quants Q4_K and Q6_K held in
-their own blocks, with their products with activations.
+32 weights) and Q8_0 (8-bit with a scale per 32), and the k-quants Q4_K, Q5_K and Q6_K held
+in their own blocks, with their products with activations.
 
 The bundled model is a Q4_1 GGUF (its tied embedding / lm_head Q8_0): `read_gguf` takes its
 blocks as they are, so the engine multiplies by the very weights llama.cpp uses, with no
@@ -206,9 +206,10 @@ class Q4_1:
             torch.cat([p.m for p in parts]),
         )
 
-    def k_parts(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Q4_K's per-block 6-bit scales and minimums (the kernels' sc and mn); none here."""
-        return None, None
+    def k_parts(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """Q4_K's per-block 6-bit scales and minimums (the kernels' sc and mn), and Q5_K's
+        fifth bits (qh); none here."""
+        return None, None, None
 
     def matmul_t(self, x: torch.Tensor, kind: str = "int8") -> torch.Tensor:
         """x [rows, K] @ W.T in float32 (the kernel wants `for_kernel()` weights); x at 8
@@ -217,8 +218,8 @@ class Q4_1:
         if lib is None or not self.kernel:
             return x.float() @ self.dequantize().T
         x = x.float().contiguous()
-        sc, mn = self.k_parts()
-        return kernels.q4_1_gemm(lib, self.qs, self.d, self.m, x, self.n, kind, sc, mn)
+        sc, mn, qh = self.k_parts()
+        return kernels.q4_1_gemm(lib, self.qs, self.d, self.m, x, self.n, kind, sc, mn, qh)
 
 
 def _uint8() -> torch.Tensor:
@@ -285,7 +286,7 @@ class Q4_K(Q4_1):
 
     @staticmethod
     def cat(parts: list[Q4_1]) -> Q4_K:
-        ks = [p for p in parts if isinstance(p, Q4_K)]
+        ks = [p for p in parts if type(p) is Q4_K]
         if len(ks) != len(parts):
             raise ValueError("Q4_K joins Q4_K blocks only (gguf_model.layer_formats)")
         for p in ks:
@@ -295,8 +296,105 @@ class Q4_K(Q4_1):
         )
         return Q4_K(qs, d, m, sc=sc, mn=mn)
 
-    def k_parts(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        return self.sc, self.mn
+    def k_parts(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        return self.sc, self.mn, None
+
+
+Q5_HIGH_BYTES = 32  # a Q5_K super-block's fifth bits: bit i of byte l tops its 32's value l
+
+
+@dataclass
+class Q5_K(Q4_K):
+    """GGUF's Q5_K, held as it is: Q4_K's nibbles, scales and minimums, and each weight's
+    fifth bit in `qh`: w = (d * sc) * q + (m * mn), q = nibble + 16 * bit in 0..31, the
+    file's values exactly. 5.625 bits a weight held, against 8.5 as Q8_0 (9 held, its d
+    float32).
+
+    GGUF's layout (kernel=False): qh uint8 [N, K / 8], each super-block's 32 bytes as the
+    file has them (bit i of byte l: value l of its block i). The kernel's layout: 32 bytes
+    a group of 8 columns and block of 32, byte 4c + t's bit i topping column c's k = 4i + t,
+    which is the byte of Q4_1's nibble vector i that holds that weight (common.h): the
+    kernels OR bit i into vector i's nibbles. Values 0..31 stay within every product of
+    Q4_1 (u8 x s8 and 16-bit multiply-adds, bf16's exact integers), so each takes it."""
+
+    qh: torch.Tensor = field(default_factory=_uint8)
+
+    def _values(self) -> torch.Tensor:
+        """q as uint8 [N, K / 32, 32], 0..31."""
+        return super()._values() | (self._high_bits() << 4)
+
+    def _high_bits(self) -> torch.Tensor:
+        """Each weight's fifth bit, uint8 [N, K / 32, 32] (0 or 1)."""
+        n, k = self.shape
+        if self.kernel:
+            # [G, nb, c, t] bytes -> bits [G, nb, c, t, i] -> [G, c, nb, i, t]
+            b = self.qh.reshape(-1, k // QK, GROUP, 4, 1) >> _BIT_SHIFTS
+            bits = (b & 1).permute(0, 2, 1, 4, 3)
+            return bits.reshape(-1, k // QK, QK)[:n]
+        b = self.qh.reshape(n, k // QK_K, 1, Q5_HIGH_BYTES) >> _BIT_SHIFTS.view(8, 1)
+        return (b & 1).reshape(n, k // QK, QK)
+
+    def for_kernel(self) -> Q5_K:
+        if self.kernel:
+            return self
+        q4 = Q4_K.for_kernel(self)
+        return Q5_K(
+            q4.qs, q4.d, q4.m, kernel=True, n=self.n, sc=q4.sc, mn=q4.mn, qh=self._kernel_qh()
+        )
+
+    def _kernel_qh(self) -> torch.Tensor:
+        """The fifth bits in the kernel's layout, a few whole groups of rows at a time."""
+        n, k = self.shape
+        qh = torch.empty(-(-n // GROUP) * GROUP, k // 8, dtype=torch.uint8)
+        step = max(GROUP, KERNEL_CHUNK_WEIGHTS // k // GROUP * GROUP)
+        for lo in range(0, n, step):
+            part = self.take_rows(slice(lo, lo + step))
+            rows = part.shape[0]
+            h = _groups(part._high_bits(), rows)  # [G, c, nb, 32]
+            h = h.reshape(h.shape[0], GROUP, k // QK, 8, 4).permute(0, 2, 1, 4, 3)
+            packed = (h << _BIT_SHIFTS).sum(dim=-1, dtype=torch.uint8)  # [G, nb, c, t]
+            qh[lo : lo + GROUP * packed.shape[0]] = packed.reshape(-1, k // 8)
+        return qh
+
+    def take_rows(self, index: torch.Tensor | slice) -> Q5_K:
+        self._gguf_layout("rows")
+        d, m, sc, mn, qh = (t[index] for t in (self.d, self.m, self.sc, self.mn, self.qh))
+        return Q5_K(self.qs[index], d, m, sc=sc, mn=mn, qh=qh)
+
+    def rows(self, start: int, stop: int) -> Q5_K:
+        return self.take_rows(slice(start, stop))
+
+    def cols(self, start: int, stop: int) -> Q5_K:
+        q4 = Q4_K.cols(self, start, stop)
+        s0, s1 = start // QK_K, stop // QK_K
+        qh = self.qh[:, s0 * Q5_HIGH_BYTES : s1 * Q5_HIGH_BYTES].contiguous()
+        return Q5_K(q4.qs, q4.d, q4.m, sc=q4.sc, mn=q4.mn, qh=qh)
+
+    @staticmethod
+    def cat(parts: list[Q4_1]) -> Q5_K:
+        ks = [p for p in parts if isinstance(p, Q5_K)]
+        if len(ks) != len(parts):
+            raise ValueError("Q5_K joins Q5_K blocks only (gguf_model.layer_formats)")
+        for p in ks:
+            p._gguf_layout("rows")
+        qs, d, m, sc, mn, qh = (
+            torch.cat([getattr(p, f) for p in ks]) for f in ("qs", "d", "m", "sc", "mn", "qh")
+        )
+        return Q5_K(qs, d, m, sc=sc, mn=mn, qh=qh)
+
+    @classmethod
+    def of_q4_k(cls, w: Q4_K) -> Q5_K:
+        """Q4_K's blocks as Q5_K's, every fifth bit 0: the same values exactly (a fused
+        product joining the two: gguf_model.layer_formats)."""
+        w._gguf_layout("rows")
+        qh = torch.zeros(w.n, w.shape[1] // 8, dtype=torch.uint8)
+        return cls(w.qs, w.d, w.m, sc=w.sc, mn=w.mn, qh=qh)
+
+    def k_parts(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        return self.sc, self.mn, self.qh
+
+
+_BIT_SHIFTS = torch.arange(8, dtype=torch.uint8)  # bit i of a byte, for i in 0..7
 
 
 @dataclass
@@ -607,7 +705,7 @@ def _q8_0_gemm_i16(
 # error is ~0.6x / ~0.45x that of 127 alone.
 K_QUANT_DIVISORS = (127, 124, 120, 116, 112, 108, 104, 100, 96, 93)
 
-BlockWeight = Q4_1 | Q8_0  # Q4_K and Q6_K among them
+BlockWeight = Q4_1 | Q8_0  # Q4_K, Q5_K and Q6_K among them
 
 
 def _f16(raw: np.ndarray) -> torch.Tensor:

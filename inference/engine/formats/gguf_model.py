@@ -32,6 +32,7 @@ from inference.engine.quantized import (
     K_QUANT_DIVISORS,
     Q4_1,
     Q4_K,
+    Q5_K,
     Q6_BYTES,
     Q6_K,
     Q8_0,
@@ -590,6 +591,34 @@ def _rows_as_q4_k(t: GGUFTensor) -> Q4_K:
     return Q4_K(
         qs, _half(b[..., 0:2]), -_half(b[..., 2:4]),
         sc=sc.reshape(rows, -1), mn=mn.reshape(rows, -1),
+    )  # fmt: skip
+
+
+def _as_q5_k(t: GGUFTensor) -> Q5_K:
+    """Q5_K blocks as they are, or a Q4_K tensor's as Q5_K's (fused with Q5_K ones: every
+    fifth bit 0, the same values)."""
+    if t.type.name == "Q4_K":
+        return Q5_K.of_q4_k(_as_q4_k(t))
+    rows, k = t.shape
+    qs = torch.empty(rows, k // 2, dtype=torch.uint8)
+    d, m = (torch.empty(rows, k // QK_K, dtype=torch.float16) for _ in range(2))
+    sc, mn = (torch.empty(rows, k // QK, dtype=torch.uint8) for _ in range(2))
+    qh = torch.empty(rows, k // 8, dtype=torch.uint8)
+    _by_rows(t, _rows_as_q5_k, lambda q: (q.qs, q.d, q.m, q.sc, q.mn, q.qh), (qs, d, m, sc, mn, qh))
+    return Q5_K(qs, d, m, sc=sc, mn=mn, qh=qh)
+
+
+def _rows_as_q5_k(t: GGUFTensor) -> Q5_K:
+    """Q5_K blocks as they are: Q4_K's parts (_rows_as_q4_k) from the same places past the
+    32 bytes of fifth bits, which are kept as the file has them."""
+    rows = t.shape[0]
+    b = t.raw.reshape(rows, -1, t.type.block_bytes)
+    sc, mn = k_scales(b[..., 4:16])
+    q = k_low_nibbles(b[..., 48:176]).reshape(rows, -1, 32)
+    qs = (q[..., :16] | (q[..., 16:] << 4)).reshape(rows, -1)
+    return Q5_K(
+        qs, _half(b[..., 0:2]), -_half(b[..., 2:4]),
+        sc=sc.reshape(rows, -1), mn=mn.reshape(rows, -1), qh=_qs(b[..., 16:48]),
     )  # fmt: skip
 
 

@@ -126,17 +126,17 @@ def cpu_build_flags() -> list[str]:
 def declare(lib: ctypes.CDLL) -> None:
     """The argument and return types of the library's functions."""
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.q4_1_gemm.argtypes = [p, p, p, i, i, p, i, p, i, p, p]
+    lib.q4_1_gemm.argtypes = [p, p, p, i, i, p, i, p, i, p, p, p]
     lib.q4_1_gemm.restype = i
-    lib.q4_1_gemm_bf16.argtypes = [p, p, p, i, i, p, i, p, i, p, p]
+    lib.q4_1_gemm_bf16.argtypes = [p, p, p, i, i, p, i, p, i, p, p, p]
     lib.q4_1_gemm_bf16.restype = i
     lib.q4_1_bf16_available.argtypes = []
     lib.q4_1_bf16_available.restype = i
-    lib.q4_1_gemm_amx.argtypes = [p, p, p, i, i, p, i, p, i, p, p]
+    lib.q4_1_gemm_amx.argtypes = [p, p, p, i, i, p, i, p, i, p, p, p]
     lib.q4_1_gemm_amx.restype = i
     lib.q4_1_amx_available.argtypes = []
     lib.q4_1_amx_available.restype = i
-    lib.q4_1_gemm_i16.argtypes = [p, p, p, i, i, p, i, p, i, p, p]
+    lib.q4_1_gemm_i16.argtypes = [p, p, p, i, i, p, i, p, i, p, p, p]
     lib.q4_1_gemm_i16.restype = i
     lib.q4_1_i16_vnni.argtypes = []
     lib.q4_1_i16_vnni.restype = i
@@ -181,6 +181,7 @@ class Q4Matrix(ctypes.Structure):
         ("k", ctypes.c_int),
         ("sc", ctypes.c_void_p),  # Q4_K's per-block scale and minimum; None for Q4_1
         ("mn", ctypes.c_void_p),
+        ("qh", ctypes.c_void_p),  # Q5_K's fifth bits; None for Q4_1 and Q4_K
     ]
 
 
@@ -365,10 +366,12 @@ def q4_1_gemm(
     kind: str = "int8",
     sc: torch.Tensor | None = None,
     mn: torch.Tensor | None = None,
+    qh: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [rows, K] float32 contiguous @ the n columns of Q4_1 weights in the kernel layout
     (quantized.Q4_1.for_kernel: qs [N', K/2], d and m [N', K/32], N' = n rounded up to 8).T,
-    or Q4_K's (`sc` and `mn` given: quantized.Q4_K.for_kernel, d and m then per 256 k)
+    or Q4_K's (`sc` and `mn` given: quantized.Q4_K.for_kernel, d and m then per 256 k), or
+    Q5_K's (`qh` too: quantized.Q5_K.for_kernel)
     with x quantized to int8 per block of 32 (kind "int8": the native path's product, on
     AMX's tiles from amx_min_rows() rows where they run), or rounded to bf16 against the
     exact weights ("bf16": float precision for prompts' rows, where bf16_gemm_available()),
@@ -380,6 +383,7 @@ def q4_1_gemm(
     rc = getattr(lib, _Q4_FNS[kind])(
         qs.data_ptr(), d.data_ptr(), m.data_ptr(), n, k, x.data_ptr(), rows, y.data_ptr(),
         threads(), None if sc is None else sc.data_ptr(), None if mn is None else mn.data_ptr(),
+        None if qh is None else qh.data_ptr(),
     )  # fmt: skip
     if rc:
         raise RuntimeError(f"{_Q4_FNS[kind]} failed ({rc})")

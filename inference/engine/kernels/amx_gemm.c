@@ -18,8 +18,9 @@
  *
  * AMX's B operand holds, in row p, the pairs k = 2p, 2p + 1 of each of 16 columns (one
  * 32-bit lane a column). Q8_0's kernel layout already stores those pairs side by side;
- * Q4_1's bytes are picked into that order as they are unpacked (unpack_q4). Linux hands
- * out the tiles' state only on request (arch_prctl), once per process.
+ * Q4_1's bytes are picked into that order as they are unpacked (unpack_q4), and Q5_K's
+ * fifth bits with them. Linux hands out the tiles' state only on request (arch_prctl),
+ * once per process.
  */
 #include <immintrin.h>
 #include <pthread.h>
@@ -111,6 +112,12 @@ static inline __m512i pick_pairs(__m512i halves, int o) {
     return _mm512_shuffle_epi8(halves, idx);
 }
 
+/* Bit i of each 32-bit lane's low byte (the rest zero: pick_pairs) moved to bit 4. */
+static inline __m512i fifth_bits(__m512i h, int i) {
+    const __m512i t = i < 4 ? _mm512_slli_epi32(h, 4 - i) : _mm512_srli_epi32(h, i - 4);
+    return _mm512_and_si512(t, _mm512_set1_epi32(0x10));
+}
+
 /* Columns n0 .. n0 + 31 over all of K, unpacked: for each block of 32 k, two tiles of
  * 16 rows x 32 bf16 (512 values each), the first for columns n0 .. n0 + 15.
  *
@@ -141,13 +148,25 @@ static void unpack_q4(const void *w, int n0, uint16_t *out) {
             fetch_ahead(W->d + (bb + AHEAD) * GROUP, 1);
             fetch_ahead(W->m + (ba + AHEAD) * GROUP, 1);
             fetch_ahead(W->m + (bb + AHEAD) * GROUP, 1);
+            /* Q5_K's fifth bits, their bytes in the nibbles' order (common.h) */
+            const __m512i ta = W->qh ? halves_twice(W->qh + ba * 32) : _mm512_setzero_si512();
+            const __m512i tb = W->qh ? halves_twice(W->qh + bb * 32) : _mm512_setzero_si512();
             for (int j = 0; j < 4; j++) {
                 __m512i va = halves_twice(qa + 32 * j), vb = halves_twice(qb + 32 * j);
                 for (int o = 0; o < 2; o++) {
                     __m512i pa = pick_pairs(va, o), pb = pick_pairs(vb, o);
+                    __m512i ha = ta, hb = tb;
+                    if (W->qh) {
+                        ha = pick_pairs(ta, o);
+                        hb = pick_pairs(tb, o);
+                    }
                     for (int h = 0; h < 2; h++) {
                         __m512i qa_h = h ? _mm512_srli_epi32(pa, 4) : _mm512_and_si512(pa, nib);
                         __m512i qb_h = h ? _mm512_srli_epi32(pb, 4) : _mm512_and_si512(pb, nib);
+                        if (W->qh) {
+                            qa_h = _mm512_or_si512(qa_h, fifth_bits(ha, 2 * j + h));
+                            qb_h = _mm512_or_si512(qb_h, fifth_bits(hb, 2 * j + h));
+                        }
                         store_row(tile + (4 * j + 2 * h + o) * 32,
                                   _mm512_fmadd_ps(_mm512_cvtepi32_ps(qa_h), d_lo, m_lo),
                                   _mm512_fmadd_ps(_mm512_cvtepi32_ps(qb_h), d_hi, m_hi));
@@ -345,7 +364,7 @@ int q4_1_amx_available(void) {
  * x rounded to bf16); -2 unless N is a multiple of 32, -3 where AMX cannot run. */
 int q4_1_gemm_amx(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N, int K,
                   const float *x, int rows, float *y, int nthreads, const uint8_t *sc,
-                  const uint8_t *mn) {
-    Q4Matrix w = {qs, d, m, N, K, sc, mn};
+                  const uint8_t *mn, const uint8_t *qh) {
+    Q4Matrix w = {qs, d, m, N, K, sc, mn, qh};
     return q4_amx_matmul(&w, x, rows, y, nthreads);
 }

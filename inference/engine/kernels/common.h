@@ -18,13 +18,26 @@
  * Q4_K (sc set) has the same nibbles, and a block's scale and offset in two parts: its
  * 6-bit scale sc and minimum mn (uint8 [group][block][8]) times its super-block's d and
  * -dmin (d and m: fp16 [group][k / 256][8]). 4.625 bits a weight against Q4_1's 5, and the
- * file's own values (q4_block_scales). */
+ * file's own values (q4_block_scales).
+ *
+ * Q5_K (qh set too) is Q4_K with a fifth bit a weight: per group and block 32 bytes of qh,
+ * whose byte 4c + t's bit i tops column c's k = 4i + t, the byte of nibble vector i (k 4i..
+ * 4i + 3: vector i / 2's low nibbles for even i, its high ones for odd) that holds that
+ * weight: q = nibble | bit << 4, 0..31 (q5_top). 5.625 bits a weight, the file's values. */
 typedef struct {
     const uint8_t *qs;
     const uint16_t *d, *m;
     int n, k; /* the true column count; the arrays hold whole groups (zero padded) */
-    const uint8_t *sc, *mn; /* Q4_K's; NULL for Q4_1 */
+    const uint8_t *sc, *mn; /* Q4_K's and Q5_K's; NULL for Q4_1 */
+    const uint8_t *qh;      /* Q5_K's; NULL for Q4_1 and Q4_K */
 } Q4Matrix;
+
+/* Q5_K's 32 qh bytes of a group and block (h) as the fifth bits of nibble vector i (0..7):
+ * bit i of each byte moved to bit 4 (a 16-bit shift, masked within each byte after). */
+static inline __attribute__((always_inline)) __m256i q5_top(__m256i h, int i) {
+    const __m256i t = i < 4 ? _mm256_slli_epi16(h, 4 - i) : _mm256_srli_epi16(h, i - 4);
+    return _mm256_and_si256(t, _mm256_set1_epi8(0x10));
+}
 
 /* Group g's block b: its 8 columns' scales (*d8) and offsets (*m8), w = d * q + m. For
  * Q4_K, (d * sc) and (-dmin * mn) in float32, as ggml and gguf's dequantization round

@@ -60,9 +60,9 @@ int q8_layers_matmul(const Q8Matrix *w, const float *x, int rows, int as_rows, f
 /* y [rows, N] = x [rows, K] @ W.T for Q4_1 W in the kernel layout. */
 int q4_1_gemm(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N, int K,
               const float *x, int rows, float *y, int nthreads, const uint8_t *sc,
-              const uint8_t *mn) {
+              const uint8_t *mn, const uint8_t *qh) {
     if (K % QK) return -2;
-    Q4Matrix w = {qs, d, m, N, K, sc, mn};
+    Q4Matrix w = {qs, d, m, N, K, sc, mn, qh};
     return q4_matmul(&w, x, rows, rows, y, nthreads);
 }
 
@@ -86,13 +86,13 @@ int q4_1_bf16_available(void) { return HAVE_BF16_GEMM; }
  * the weights exact; -3 where this build has no AVX512-BF16. */
 int q4_1_gemm_bf16(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N, int K,
                    const float *x, int rows, float *y, int nthreads, const uint8_t *sc,
-                   const uint8_t *mn) {
+                   const uint8_t *mn, const uint8_t *qh) {
 #if HAVE_BF16_GEMM
     if (K % QK) return -2;
     Bf16Rows q;
     int rc = round_rows_bf16(x, rows, K, &q);
     if (!rc) {
-        Q4Matrix w = {qs, d, m, N, K, sc, mn};
+        Q4Matrix w = {qs, d, m, N, K, sc, mn, qh};
         q4_bf16_matmul(&w, &q, rows, y, nthreads);
     }
     free(q.xb);
@@ -100,7 +100,7 @@ int q4_1_gemm_bf16(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int 
     return rc;
 #else
     (void)qs, (void)d, (void)m, (void)N, (void)K, (void)x, (void)rows, (void)y, (void)nthreads;
-    (void)sc, (void)mn;
+    (void)sc, (void)mn, (void)qh;
     return -3;
 #endif
 }

@@ -48,6 +48,32 @@ static inline void panel_scales(const Q4Matrix *W, int g, int b, float *d, float
     _mm256_store_ps(m, m8);
 }
 
+/* Q5_K's block (q: its 128 bytes of nibbles, qh: its 32 of fifth bits) as panel_q4's
+ * pairs: each vector's bytes made whole (0..31) first, then paired as panel_q4 pairs the
+ * nibbles. */
+static void panel_q5_block(const uint8_t *q, const uint8_t *qh, int32_t *out) {
+    const __m256i nib = _mm256_set1_epi8(0x0F), lo = _mm256_set1_epi32(0xFF),
+                  hi = _mm256_set1_epi32(0xFF0000);
+    const __m256i top = _mm256_loadu_si256((const __m256i *)qh);
+    for (int j = 0; j < 4; j++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
+        /* k 8j..8j+3 (vector 2j's bytes), then 8j+4..8j+7 (vector 2j + 1's) */
+        const __m256i u[2] = {
+            _mm256_or_si256(_mm256_and_si256(v, nib), q5_top(top, 2 * j)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), nib), q5_top(top, 2 * j + 1)),
+        };
+        for (int e = 0; e < 2; e++) {
+            /* pairs (bytes 0, 1) and (2, 3) of each column's 4 */
+            const __m256i p0 = _mm256_or_si256(_mm256_and_si256(u[e], lo),
+                                               _mm256_and_si256(_mm256_slli_epi32(u[e], 8), hi));
+            const __m256i p1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u[e], 16), lo),
+                                               _mm256_and_si256(_mm256_srli_epi32(u[e], 8), hi));
+            _mm256_store_si256((__m256i *)(out + (4 * j + 2 * e) * NR), p0);
+            _mm256_store_si256((__m256i *)(out + (4 * j + 2 * e + 1) * NR), p1);
+        }
+    }
+}
+
 /* int16 pairs [K / 2][16] (lane c: q(k) | q(k + 1) << 16), then float32 d [nb][16] and
  * m [nb][16]. */
 static void panel_q4(const void *w, int g, int h, int32_t *panel) {
@@ -60,6 +86,10 @@ static void panel_q4(const void *w, int g, int h, int32_t *panel) {
         const uint8_t *q = W->qs + gb * 128;
         panel_scales(W, g, b, ds + b * NR + 8 * h, ms + b * NR + 8 * h);
         int32_t *out = panel + (size_t)b * (QK / 2) * NR + 8 * h;
+        if (W->qh) {
+            panel_q5_block(q, W->qh + gb * 32, out);
+            continue;
+        }
         for (int j = 0; j < 4; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
             /* pairs (8j, 8j + 1), (8j + 2, + 3): bytes 0, 1 and 2, 3's low nibbles; (8j + 4,
@@ -376,8 +406,8 @@ int q4_1_i16_vnni(void) {
 
 int q4_1_gemm_i16(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int N, int K,
                   const float *x, int rows, float *y, int nthreads, const uint8_t *sc,
-                  const uint8_t *mn) {
-    Q4Matrix w = {qs, d, m, N, K, sc, mn};
+                  const uint8_t *mn, const uint8_t *qh) {
+    Q4Matrix w = {qs, d, m, N, K, sc, mn, qh};
     return q4_panel_matmul(&w, x, rows, y, nthreads);
 }
 
@@ -403,12 +433,17 @@ static void panel_q4_u8(const void *w, int g, int h, int32_t *panel) {
         const uint8_t *q = W->qs + gb * 128;
         panel_scales(W, g, b, ds + b * NR + 8 * h, ms + b * NR + 8 * h);
         int32_t *out = panel + (size_t)b * (QK / 4) * NR + 8 * h;
-        /* vector j: k 8j..8j+3 in the low nibbles, 8j+4..8j+7 in the high (common.h) */
+        /* vector j: k 8j..8j+3 in the low nibbles, 8j+4..8j+7 in the high (common.h);
+         * Q5_K's fifth bits ORed in */
+        const __m256i top = W->qh ? _mm256_loadu_si256((const __m256i *)(W->qh + gb * 32))
+                                  : _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
-            _mm256_store_si256((__m256i *)(out + (2 * j) * NR), _mm256_and_si256(v, lo));
+            _mm256_store_si256((__m256i *)(out + (2 * j) * NR),
+                               _mm256_or_si256(_mm256_and_si256(v, lo), q5_top(top, 2 * j)));
             _mm256_store_si256((__m256i *)(out + (2 * j + 1) * NR),
-                               _mm256_and_si256(_mm256_srli_epi16(v, 4), lo));
+                               _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo),
+                                               q5_top(top, 2 * j + 1)));
         }
     }
 }
@@ -459,13 +494,15 @@ static void tile512_u8(const void *task, const int32_t *panel, int r0, int rows,
  * once for the 16 columns (q4_1_gemm.c's grouped tile unpacks each block again for every
  * 4 rows and broadcasts x for every 8 columns). vpmaddubsw multiplies the bytes (0..15) by
  * x's int8 into int16 pairs, summed in int16 over the block (8 x 2 x 15 x 127 < 32767:
- * nothing saturates) and widened once a block; 8 sums, 2 weights, x and a product fill 12
- * of AVX2's 16 registers, and the rows' float sums stay in memory (add_block). */
+ * nothing saturates) and widened once a block (Q5_K's bytes, 0..31, once a half: 4 x 2 x
+ * 31 x 127 < 32767); 8 sums, 2 weights, x and a product fill 12 of AVX2's 16 registers,
+ * and the rows' float sums stay in memory (add_block). */
 static void tile256_u8(const void *task, const int32_t *panel, int r0, int rows, int n0) {
     const Panel8Task *t = (const Panel8Task *)task;
     const int K = t->w->k, N = t->w->n, nb = K / QK;
     const float *ds = (const float *)(panel + (size_t)K / 4 * NR), *ms = ds + (size_t)nb * NR;
     const __m256i ones = _mm256_set1_epi16(1);
+    const int q5 = t->w->qh != NULL;
     float acc[MR][NR] __attribute__((aligned(32)));
     memset(acc, 0, sizeof acc);
     const int8_t *x[MR];
@@ -473,6 +510,7 @@ static void tile256_u8(const void *task, const int32_t *panel, int r0, int rows,
     for (int b = 0; b < nb; b++) {
         __m256i s00 = _mm256_setzero_si256(), s01 = s00, s10 = s00, s11 = s00;
         __m256i s20 = s00, s21 = s00, s30 = s00, s31 = s00;
+        __m256i half[MR][2]; /* Q5_K's first half, widened */
         const int8_t *x0 = x[0] + b * QK, *x1 = x[1] + b * QK, *x2 = x[2] + b * QK,
                      *x3 = x[3] + b * QK;
         const int32_t *wb = panel + (size_t)b * (QK / 4) * NR;
@@ -483,12 +521,20 @@ static void tile256_u8(const void *task, const int32_t *panel, int r0, int rows,
             MADDUBS2(s10, s11, x1);
             MADDUBS2(s20, s21, x2);
             MADDUBS2(s30, s31, x3);
+            if (q5 && i == QK / 8 - 1) {
+                const __m256i f[MR][2] = {{s00, s01}, {s10, s11}, {s20, s21}, {s30, s31}};
+                for (int r = 0; r < MR; r++)
+                    for (int e = 0; e < 2; e++) half[r][e] = _mm256_madd_epi16(f[r][e], ones);
+                s00 = s01 = s10 = s11 = s20 = s21 = s30 = s31 = _mm256_setzero_si256();
+            }
         }
         const __m256i s[MR][2] = {{s00, s01}, {s10, s11}, {s20, s21}, {s30, s31}};
         for (int r = 0; r < rows; r++) {
             const size_t rb = (size_t)(r0 + r) * nb + b;
-            add_block(acc[r], _mm256_madd_epi16(s[r][0], ones), _mm256_madd_epi16(s[r][1], ones),
-                      ds + b * NR, ms + b * NR, t->dx[rb], t->sx[rb]);
+            __m256i w[2] = {_mm256_madd_epi16(s[r][0], ones), _mm256_madd_epi16(s[r][1], ones)};
+            if (q5)
+                for (int e = 0; e < 2; e++) w[e] = _mm256_add_epi32(w[e], half[r][e]);
+            add_block(acc[r], w[0], w[1], ds + b * NR, ms + b * NR, t->dx[rb], t->sx[rb]);
         }
     }
     for (int r = 0; r < rows; r++)
@@ -556,7 +602,7 @@ static void panel16_q8_chunk(void *arg, int c) {
 }
 
 int q8_panel16_matmul(const Q8Matrix *w, const float *x, int rows, float *y, int nthreads) {
-    const Q4Matrix shape = {NULL, NULL, NULL, w->n, w->k, NULL, NULL};
+    const Q4Matrix shape = {NULL, NULL, NULL, w->n, w->k, NULL, NULL, NULL};
     PanelTask t = {&shape, {NULL, NULL, NULL}, rows, y, 0, w};
     int rc = rows16(x, rows, w->k, w->sc ? 16383.0f : 32767.0f, &t.q, nthreads);
     if (!rc) {

@@ -2,9 +2,10 @@
  *
  * A prompt's rows keep float precision (8-bit activations cost its first token's, see
  * native_decode.py), yet up to ~64 rows their products are bound by reading the weights:
- * bf16 weights are 16 bits each, these blocks 5. Each block's q in [0, 15] is exact in
- * bf16, so sum(x * q) takes the activations rounded to bf16 (as torch's bf16 products do)
- * and exact weights, in vdpbf16ps pairs with float32 sums: d * sum(x * q) + m * sum(x).
+ * bf16 weights are 16 bits each, these blocks 5. Each block's q in [0, 15] (Q5_K's in
+ * [0, 31]) is exact in bf16, so sum(x * q) takes the activations rounded to bf16 (as
+ * torch's bf16 products do) and exact weights, in vdpbf16ps pairs with float32 sums:
+ * d * sum(x * q) + m * sum(x).
  *
  * One 32-byte vector of the kernel layout holds, per column c, k 8j..8j+3 (low nibbles)
  * and 8j+4..8j+7 (high); widened to 16 bits, word 4c + i is column c's k 8j + i, so
@@ -22,24 +23,41 @@ static inline __attribute__((always_inline)) void q4bf_tile_n(const Q4Matrix *W,
                                                               const Bf16Rows *q, int r0,
                                                               const int NR, float *y) {
     int K = W->k, N = W->n, nb = K / QK;
-    /* bf16 of 0..15 (the float's high 16 bits), looked up by each 16-bit nibble */
+    /* bf16 of 0..31 (the float's high 16 bits), looked up by each 16-bit value: Q4_1's
+     * and Q4_K's nibbles, Q5_K's with their fifth bits */
     const __m512i table = _mm512_setr_epi32(
         0x3F800000, 0x40404000, 0x40A04080, 0x40E040C0, 0x41104100, 0x41304120, 0x41504140,
-        0x41704160, 0, 0, 0, 0, 0, 0, 0, 0);
+        0x41704160, 0x41884180, 0x41984190, 0x41A841A0, 0x41B841B0, 0x41C841C0, 0x41D841D0,
+        0x41E841E0, 0x41F841F0);
+    const __m512i fifth = _mm512_set1_epi16(0x10);
     const __m512i nib = _mm512_set1_epi16(0x0F);
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
     for (int g = g0; g < g1; g++) {
         const uint8_t *wq = W->qs + (size_t)g * nb * 128;
+        const uint8_t *wh = W->qh ? W->qh + (size_t)g * nb * 32 : NULL;
         __m512 acc[BF16_ROWS];
         for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++) {
             __m512 s[BF16_ROWS];
             for (int r = 0; r < NR; r++) s[r] = _mm512_setzero_ps();
+            /* Q5_K's fifth bits: vector j's low nibbles take bit 2j, its high ones 2j + 1 */
+            const __m512i hz = wh ? _mm512_cvtepu8_epi16(
+                                        _mm256_loadu_si256((const __m256i *)(wh + (size_t)b * 32)))
+                                  : _mm512_setzero_si512();
             for (int j = 0; j < 4; j++) {
                 __m512i wz = _mm512_cvtepu8_epi16(
                     _mm256_loadu_si256((const __m256i *)(wq + (size_t)b * 128 + 32 * j)));
-                __m512bh lo = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(wz, nib), table);
-                __m512bh hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(wz, 4), table);
+                __m512i ql = _mm512_and_si512(wz, nib), qu = _mm512_srli_epi16(wz, 4);
+                if (wh) {
+                    const __m512i tl = j < 2 ? _mm512_slli_epi16(hz, 4 - 2 * j)
+                                             : _mm512_srli_epi16(hz, 2 * j - 4);
+                    const __m512i tu = j < 2 ? _mm512_slli_epi16(hz, 3 - 2 * j)
+                                             : _mm512_srli_epi16(hz, 2 * j - 3);
+                    ql = _mm512_or_si512(ql, _mm512_and_si512(tl, fifth));
+                    qu = _mm512_or_si512(qu, _mm512_and_si512(tu, fifth));
+                }
+                __m512bh lo = (__m512bh)_mm512_permutexvar_epi16(ql, table);
+                __m512bh hi = (__m512bh)_mm512_permutexvar_epi16(qu, table);
                 for (int r = 0; r < NR; r++) {
                     const uint16_t *xr = q->xb + (size_t)(r0 + r) * K + b * QK + 8 * j;
                     long long x0, x1;

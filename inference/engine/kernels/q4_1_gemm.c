@@ -28,14 +28,21 @@
 #include "gemm.h"
 #include "simd.h"
 
-/* One half of a block (64 bytes: 16 k x 8 columns) into 4 vectors of q (0..15), in the
- * order of x's 4-byte groups: w[i] pairs with x[4i .. 4i + 3] of the half. */
-static inline void q4_unpack_half(const uint8_t *wb, __m256i w[4]) {
+/* Half h of a block (wb: its 64 bytes, 16 k x 8 columns) into 4 vectors of q (0..15), in
+ * the order of x's 4-byte groups: w[i] pairs with x[4i .. 4i + 3] of the half. Q5_K's (hb:
+ * the block's 32 qh bytes; NULL for Q4_1 and Q4_K) take their fifth bits: 0..31. */
+static inline __attribute__((always_inline)) void q4_unpack_half(const uint8_t *wb,
+                                                                 const uint8_t *hb, int h,
+                                                                 __m256i w[4]) {
     const __m256i mask = _mm256_set1_epi8(0x0F);
     for (int j = 0; j < 2; j++) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(wb + 32 * j));
         w[2 * j] = _mm256_and_si256(v, mask);
         w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+    }
+    if (hb) {
+        const __m256i top = _mm256_loadu_si256((const __m256i *)hb);
+        for (int i = 0; i < 4; i++) w[i] = _mm256_or_si256(w[i], q5_top(top, 4 * h + i));
     }
 }
 
@@ -49,34 +56,45 @@ static inline __m256i q4_block_dot(const __m256i w[8], const int8_t *xq) {
 #endif
 
 /* Row r0 + r's sums(q * qx) of block b for r < NR, each column in its lane: the block
- * unpacked once for the rows. Without VNNI the pairs' products are summed in int16 first
- * (8 x 2 x 15 x 127 < 32767: nothing saturates), and a block is unpacked in halves (16 k:
- * 4 vectors), each half's products added into every row's sums before the next half is
- * unpacked. AVX2's 16 registers then hold the tile: the whole block's 8 vectors and two
- * accumulators a row spilled to the stack, and the layers' products took 1.13-1.3x as long
- * at 4-64 rows (python -m inference.bench.kernels --rows 4 8 16 32 64 --kinds int8, in
- * the AVX2 build). */
+ * unpacked once for the rows (hb: Q5_K's fifth bits, q4_unpack_half). Without VNNI the
+ * pairs' products are summed in int16 first (8 x 2 x 15 x 127 < 32767: nothing saturates;
+ * Q5_K's 0..31 are widened each half, 4 x 2 x 31 x 127 < 32767), and a block is unpacked
+ * in halves (16 k: 4 vectors), each half's products added into every row's sums before
+ * the next half is unpacked. AVX2's 16 registers then hold the tile: the whole block's 8
+ * vectors and two accumulators a row spilled to the stack, and the layers' products took
+ * 1.13-1.3x as long at 4-64 rows (python -m inference.bench.kernels --rows 4 8 16 32 64
+ * --kinds int8, in the AVX2 build). */
 static inline __attribute__((always_inline)) void q4_block_sums(const uint8_t *wb,
+                                                                const uint8_t *hb,
                                                                 const QuantizedRows *q, int K,
                                                                 int b, int r0, const int NR,
                                                                 __m256i s[ROW_TILE]) {
 #if HAVE_VNNI
     __m256i w[8];
-    q4_unpack_half(wb, w);
-    q4_unpack_half(wb + 64, w + 4);
+    q4_unpack_half(wb, hb, 0, w);
+    q4_unpack_half(wb + 64, hb, 1, w + 4);
     for (int r = 0; r < NR; r++) s[r] = q4_block_dot(w, q->qx + (size_t)(r0 + r) * K + b * QK);
 #else
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int r = 0; r < NR; r++) s[r] = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
         __m256i w[4];
-        q4_unpack_half(wb + 64 * h, w);
+        q4_unpack_half(wb + 64 * h, hb, h, w);
         for (int r = 0; r < NR; r++) {
             const int8_t *xq = q->qx + (size_t)(r0 + r) * K + b * QK + 16 * h;
-            if (!h) s[r] = _mm256_setzero_si256();
+            if (hb) {
+                __m256i t = _mm256_setzero_si256();
+                for (int i = 0; i < 4; i++)
+                    t = add16_into(t, _mm256_maddubs_epi16(w[i], bcast4(xq + 4 * i)));
+                s[r] = add_into(s[r], _mm256_madd_epi16(t, ones));
+                continue;
+            }
             for (int i = 0; i < 4; i++)
                 s[r] = add16_into(s[r], _mm256_maddubs_epi16(w[i], bcast4(xq + 4 * i)));
         }
     }
-    for (int r = 0; r < NR; r++) s[r] = _mm256_madd_epi16(s[r], _mm256_set1_epi16(1));
+    if (!hb)
+        for (int r = 0; r < NR; r++) s[r] = _mm256_madd_epi16(s[r], ones);
 #endif
 }
 
@@ -93,7 +111,7 @@ static inline __attribute__((always_inline)) void q4_tile_n(const Q4Matrix *W, i
         for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
             __m256i s[ROW_TILE];
-            q4_block_sums(wq + (size_t)b * 128, q, K, b, r0, NR, s);
+            q4_block_sums(wq + (size_t)b * 128, NULL, q, K, b, r0, NR, s);
             __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b * GROUP)));
             for (int r = 0; r < NR; r++) {
                 size_t row = (size_t)(r0 + r);
@@ -122,16 +140,20 @@ static inline __m256i k_sixes(const uint8_t *p, int b) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + (size_t)b * GROUP)));
 }
 
-/* The same for Q4_K W: a block's integer sums times its 6-bit scale in integers, summed in
- * float over the super-block with the rows' dx, and the super-block's d applied once (the
- * offsets likewise with dmin): per block two instructions more than Q4_1's, against six
- * for making each block's float scales first (q4_block_scales, as the panels do). */
+/* The same for Q4_K W (Q5_K's where Q5, a constant at each call: its fifth bits too): a
+ * block's integer sums times its 6-bit scale in integers, summed in float over the
+ * super-block with the rows' dx, and the super-block's d applied once (the offsets
+ * likewise with dmin): per block two instructions more than Q4_1's, against six for making
+ * each block's float scales first (q4_block_scales, as the panels do). Q5_K's sums stay
+ * within int32: 32 x 31 x 127 x 63 < 2^31. */
 static inline __attribute__((always_inline)) void q4k_tile_n(const Q4Matrix *W, int g0, int g1,
                                                              const QuantizedRows *q, int r0,
-                                                             const int NR, float *y) {
+                                                             const int NR, const int Q5,
+                                                             float *y) {
     int K = W->k, N = W->n, nb = K / QK, ns = K / QK_K;
     for (int g = g0; g < g1; g++) {
         const uint8_t *wq = W->qs + (size_t)g * nb * 128;
+        const uint8_t *wh = Q5 ? W->qh + (size_t)g * nb * 32 : NULL;
         const uint8_t *sc = W->sc + (size_t)g * nb * GROUP, *mn = W->mn + (size_t)g * nb * GROUP;
         const uint16_t *wd = W->d + (size_t)g * ns * GROUP, *wm = W->m + (size_t)g * ns * GROUP;
         __m256 acc[ROW_TILE];
@@ -141,7 +163,8 @@ static inline __attribute__((always_inline)) void q4k_tile_n(const Q4Matrix *W, 
             for (int r = 0; r < NR; r++) part[r] = _mm256_setzero_ps();
             for (int b = sb * (QK_K / QK); b < (sb + 1) * (QK_K / QK); b++) {
                 __m256i s[ROW_TILE];
-                q4_block_sums(wq + (size_t)b * 128, q, K, b, r0, NR, s);
+                q4_block_sums(wq + (size_t)b * 128, Q5 ? wh + (size_t)b * 32 : NULL, q, K, b, r0,
+                              NR, s);
                 const __m256i sc8 = k_sixes(sc, b);
                 for (int r = 0; r < NR; r++)
                     part[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_mullo_epi32(s[r], sc8)),
@@ -169,12 +192,21 @@ static inline __attribute__((always_inline)) void q4k_tile_n(const Q4Matrix *W, 
 
 static void q4_tile(const Q4Matrix *W, int g0, int g1, const QuantizedRows *q, int r0, int nr,
                     float *y) {
+    if (W->qh) {
+        switch (nr) {
+        case 1: q4k_tile_n(W, g0, g1, q, r0, 1, 1, y); break;
+        case 2: q4k_tile_n(W, g0, g1, q, r0, 2, 1, y); break;
+        case 3: q4k_tile_n(W, g0, g1, q, r0, 3, 1, y); break;
+        default: q4k_tile_n(W, g0, g1, q, r0, 4, 1, y); break;
+        }
+        return;
+    }
     if (W->sc) {
         switch (nr) {
-        case 1: q4k_tile_n(W, g0, g1, q, r0, 1, y); break;
-        case 2: q4k_tile_n(W, g0, g1, q, r0, 2, y); break;
-        case 3: q4k_tile_n(W, g0, g1, q, r0, 3, y); break;
-        default: q4k_tile_n(W, g0, g1, q, r0, 4, y); break;
+        case 1: q4k_tile_n(W, g0, g1, q, r0, 1, 0, y); break;
+        case 2: q4k_tile_n(W, g0, g1, q, r0, 2, 0, y); break;
+        case 3: q4k_tile_n(W, g0, g1, q, r0, 3, 0, y); break;
+        default: q4k_tile_n(W, g0, g1, q, r0, 4, 0, y); break;
         }
         return;
     }

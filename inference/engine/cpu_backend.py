@@ -134,8 +134,8 @@ AMX_COLUMNS = 32  # a product's outputs on AMX's tiles: whole chunks of this man
 # 64 --threads 2 --kinds int8 panel amx.
 AMX_MIN_ROWS = (32, 4)
 PANEL_MIN_ROWS = {"avx512": (16, 24), "avx2": (24, 24)}
-# A GGUF's Q8_0 and Q6_K layer matrices (those of more than 4 bits in the file: all of a
-# Q8_0, Q6_K or Q5_K_M file's, a Q4_K_M file's Q6_K ones) take the head's 16-bit products
+# A GGUF's Q8_0 and Q6_K layer matrices (all of a Q8_0 or Q6_K file's, a Q4_K_M or Q5_K_M
+# file's Q6_K ones and those fused with them) take the head's 16-bit products
 # at every size, on the native path too, the panels from the head's panel rows, never AMX's tiles
 # (whose bf16 cost those files' next tokens their precision: q8_0_layers_gemm.c).
 # A mixed step (decodes and a prompt's chunk) splits from this many decoding rows, where

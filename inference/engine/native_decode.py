@@ -3,8 +3,8 @@
 At one to four rows a step's work is reading the weights' blocks; run as ~30 torch ops a
 layer, the dispatch around those reads cost as much again. This path does the same maths
 as DecoderModel.forward for such steps in C, for a Llama-shaped float32 model on a CPU with
-the block kernels, on one rank; each product in its matrix's own blocks (Q4_1, or a GGUF's
-Q8_0 where the file's matrix has more than 4 bits). Each row carries its own position and
+the block kernels, on one rank; each product in its matrix's own blocks (Q4_1, a GGUF's
+Q4_K or Q5_K, or Q8_0 and a GGUF's Q6_K). Each row carries its own position and
 block table, and every row's K/V is written to the pool before any row attends, so
 decodes, speculative guesses and short prefill chunks (a row sees the positions up to its
 own) all fit. Steps of more rows than `max_rows` take the torch path.

@@ -400,8 +400,8 @@ _BIT_SHIFTS = torch.arange(8, dtype=torch.uint8)  # bit i of a byte, for i in 0.
 @dataclass
 class Q8_0:
     """W[n, k] = d[n, k // 32] * q; q in [-127, 127]. The GGUF's embedding / lm_head, and
-    a GGUF's layer matrices of more than 4 bits (Q8_0 kept, Q5_K held at 8 bits, and a Q6_K
-    fused with another type: gguf_model.layer_formats); its product takes the activations at 16 bits
+    a GGUF's Q8_0 layer matrices, and K-quant ones fused with a Q6_K or Q8_0 matrix of
+    another type (gguf_model.layer_formats); its product takes the activations at 16 bits
     (kernels: q8_0_gemm), since 8-bit ones lost the head's answer to the final hidden
     state's outliers (see model.py).
 
@@ -698,8 +698,8 @@ def _q8_0_gemm_i16(
     return y
 
 
-# Q8_0.quantize's divisors for weights read from 5- and 6-bit blocks (a GGUF's Q5_K layers,
-# and Q6_K ones fused with another type, held at 8 bits): 31 or 32 steps of a 6-bit
+# Q8_0.quantize's divisors for weights read from 5- and 6-bit blocks (a GGUF's Q5_K and Q6_K
+# layers fused with another type, held at 8 bits): 31 or 32 steps of a 6-bit
 # sub-block of 16 over 124, 96 or 93 put its weights on the 8-bit grid exactly, and the
 # divisors between serve Q5_K's offsets. On a tiny llama's Q6_K / Q5_K_M layers the squared
 # error is ~0.6x / ~0.45x that of 127 alone.

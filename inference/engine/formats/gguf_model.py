@@ -4,11 +4,10 @@
 transformers config of that model type; `load_gguf_weights` renames the tensors to the names
 a Hugging Face checkpoint of that type uses and undoes what llama.cpp's converter changed
 (the q/k row order of llama-family models, Gemma's norm weights stored plus one).
-`load_gguf_blocks` gives every matrix in the blocks the engine multiplies natively (Q4_K
-and Q6_K as the file has them, Q4_1, or Q8_0 where the file's has more than 4 bits, and
-for the embedding and head unless they are Q6_K), one tensor at a time, for the quantized
-modes. An architecture or tensor this file does not know is
-refused by name.
+`load_gguf_blocks` gives every matrix in the blocks the engine multiplies natively (Q4_K,
+Q5_K and Q6_K as the file has them, Q4_1, or Q8_0 where the file's is Q8_0, and for the
+embedding and head unless they are Q6_K), one tensor at a time, for the quantized modes.
+An architecture or tensor this file does not know is refused by name.
 """
 
 from __future__ import annotations
@@ -439,11 +438,10 @@ def load_gguf_blocks(path: str | Path) -> dict[str, BlockWeight]:
     has them so, else Q8_0; each layer matrix as Q4_K, Q6_K, Q4_1 or Q8_0 (layer_formats:
     by its own type in the file).
 
-    Q4_1, Q4_K, Q6_K and Q8_0 blocks are kept as they are; Q4_0 is Q4_1 exactly (its
-    offset is -8 scales); Q5_K matrices are held at 8 bits (Q8_0's rounding error is a
-    quarter of a 5-bit step or less), and so is a matrix fused with one of another format
-    than its own (layer_formats); any other (the float types) is dequantized per tensor
-    and quantized to the engine's format."""
+    Q4_1, Q4_K, Q5_K, Q6_K and Q8_0 blocks are kept as they are; Q4_0 is Q4_1 exactly (its
+    offset is -8 scales); a matrix fused with one of another format than its own is held
+    in the widest of theirs (layer_formats); any other (the float types) is dequantized per
+    tensor and quantized to the engine's format."""
     file = open_gguf(path)
     config, arch = gguf_config(file), architecture(file)
     formats = layer_formats(file)
@@ -475,9 +473,10 @@ def load_gguf_blocks(path: str | Path) -> dict[str, BlockWeight]:
 # next token agreed with llama-server's on the same file 9/24 (Q8_0) and 5/24 (Q5_K_M,
 # Q6_K) with these layers at 4 bits, 19-22/24 at 8, as in exact mode; a Q4_K_M file's 15/24
 # with its Q6_K matrices at 4 bits, 20/24 with them at 8 (tests/engine/test_gguf_models.py).
-# Q6_K is held in its own blocks (held_as), at 8 bits only where fused with another format.
-# The float types go to 4 bits, as a float folder's layers are quantized at load.
-_HELD_AT_8_BITS = frozenset({"Q5_K", "Q8_0"})
+# Q5_K and Q6_K are held in their own blocks (held_as), at 8 bits only where fused with
+# another format (layer_formats). The float types go to 4 bits, as a float folder's layers
+# are quantized at load.
+_HELD_AT_8_BITS = frozenset({"Q8_0"})
 
 # The matrices of a layer that the engine multiplies as one (layers/fused.py's table, which
 # DecoderLayer fuses by), by their GGUF names: one product, one format.
@@ -485,7 +484,7 @@ _GGUF_LAYER_NAMES = {hf: gguf for gguf, hf in _LAYER_NAMES.items()}
 _FUSED = tuple(tuple(_GGUF_LAYER_NAMES[m] for m in group) for group in FUSED_PRODUCTS)
 
 
-LayerFormat = type[Q4_1] | type[Q4_K] | type[Q6_K] | type[Q8_0]
+LayerFormat = type[Q4_1] | type[Q4_K] | type[Q5_K] | type[Q6_K] | type[Q8_0]
 
 
 def held_as(type_name: str) -> LayerFormat:
@@ -493,19 +492,20 @@ def held_as(type_name: str) -> LayerFormat:
     widens it (layer_formats)."""
     if type_name in _HELD_AT_8_BITS:
         return Q8_0
-    return {"Q4_K": Q4_K, "Q6_K": Q6_K}.get(type_name, Q4_1)
+    return {"Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K}.get(type_name, Q4_1)
 
 
 def layer_formats(file: GGUFFile) -> dict[str, LayerFormat]:
     """The blocks each layer matrix is held in, by GGUF name: Q8_0 where the file's type
-    is Q8_0 or Q5_K (_HELD_AT_8_BITS), Q4_K's and Q6_K's own where it is one of them, else
+    is Q8_0 (_HELD_AT_8_BITS), Q4_K's, Q5_K's and Q6_K's own where it is one of them, else
     Q4_1; the matrices of one fused product in one format. Where those differ it is the
-    widest of theirs: Q8_0 where one is Q8_0 or Q6_K (the product's kernels take one
-    format, and Q6_K's values with Q4_K's are no one block format's exactly: Q8_0 holds
-    both within half an 8-bit step), else Q4_1 (which holds Q4_K's values with its scales
-    rounded to float16). So a Q4_K_M file's Q6_K ffn_down and head keep their own blocks,
-    and a layer whose attn_v is Q6_K has its q/k/v product at 8 bits (Q4_K to 8 bits is a
-    rounding of ~1/16 of a 4-bit step); the rest stays Q4_K."""
+    widest of theirs: Q8_0 where one is Q8_0 or Q6_K, or Q5_K beside Q4_1 (the product's
+    kernels take one format, and Q6_K's values with Q4_K's or Q5_K's are no one block
+    format's exactly: Q8_0 holds both within half an 8-bit step); Q5_K where the rest are
+    Q4_K (which Q5_K holds exactly, its fifth bits 0); else Q4_1 (which holds Q4_K's values
+    with its scales rounded to float16). So a Q4_K_M file's Q6_K ffn_down and head keep
+    their own blocks, and a layer whose attn_v is Q6_K has its q/k/v product at 8 bits (Q4_K
+    to 8 bits is a rounding of ~1/16 of a 4-bit step); the rest stays Q4_K."""
     formats: dict[str, LayerFormat] = {
         name: held_as(t.type.name)
         for name, t in file.tensors().items()
@@ -520,11 +520,18 @@ def layer_formats(file: GGUFFile) -> dict[str, LayerFormat]:
             kinds = {formats[n] for n in names if n in formats}
             if len(kinds) == 1:
                 continue
-            wide = Q8_0 if kinds & {Q8_0, Q6_K} else Q4_1
+            wide = _widest(kinds)
             for n in names:
                 if n in formats:
                     formats[n] = wide
     return formats
+
+
+def _widest(kinds: set[LayerFormat]) -> LayerFormat:
+    """The one format that holds every kind of a fused product (layer_formats)."""
+    if kinds & {Q8_0, Q6_K} or {Q5_K, Q4_1} <= kinds:
+        return Q8_0
+    return Q5_K if Q5_K in kinds else Q4_1
 
 
 def gguf_matrix_names(path: str | Path) -> set[str]:
@@ -716,6 +723,7 @@ def _as_kernel_q6_k(t: GGUFTensor) -> Q6_K:
 _HOLD: dict[LayerFormat, Callable[[GGUFTensor], BlockWeight]] = {
     Q4_1: _as_q4_1,
     Q4_K: _as_q4_k,
+    Q5_K: _as_q5_k,
     Q6_K: _as_q6_k,
     Q8_0: _as_q8_0,
 }

@@ -7,8 +7,9 @@
 #include "common.h"
 #include "simd.h"
 
-/* One of a layer's products in its own blocks: Q4_1, or Q8_0 (a GGUF's matrices of more
- * than 4 bits: formats/gguf_model.py's layer_formats), each by the product its format has. */
+/* One of a layer's products in its own blocks: Q4_1 (a GGUF's Q4_K and Q5_K among them:
+ * Q4Matrix), or Q8_0 (a GGUF's Q6_K among them: Q8Matrix), each by the product its format
+ * has (formats/gguf_model.py's layer_formats says which). */
 enum { LAYER_Q4_1 = 0, LAYER_Q8_0 = 1 };
 typedef struct {
     int format; /* LAYER_Q4_1: q4 holds the matrix; LAYER_Q8_0: q8 */

@@ -569,7 +569,7 @@ def _head_blocks(stored: dict[str, BlockWeight], head: torch.Tensor, tied: bool)
 
 def _block_weights(stored: dict[str, BlockWeight], w: Weights) -> dict[str, BlockWeight]:
     """Each linear's blocks: the GGUF's own where the model came from one (`stored`, taken
-    over: Q4_1 or Q4_K, or Q8_0 where the file's matrix has more than 4 bits), else 4-bit ones
+    over: Q4_1, Q4_K, Q5_K, or Q8_0 and Q6_K: gguf_model.layer_formats), else 4-bit ones
     quantized from the float weights now."""
     blocks: dict[str, BlockWeight] = {}
     for name in dict.fromkeys([*stored, *w]):

@@ -237,7 +237,7 @@ def test_a_mixed_file_in_the_default_mode_stays_close_to_exact_mode(
 
 def _stored_types(path: Path) -> dict[str, str]:
     """Each tensor's type as the file stores it, from the parse the loads above made and
-    kept (open_gguf): parsing a vocabulary's metadata again takes seconds."""
+    kept (open_gguf)."""
     return {name: t.type.name for name, t in open_gguf(path).tensors().items()}
 
 
@@ -311,7 +311,7 @@ def test_a_model_is_described_by_its_architecture_weight_types_and_context(
     """What the start-up log and /v1/models say: a Q4_K_M file's matrices are Q4_K and
     Q6_K (llama-quantize's choice per tensor), counted from the file."""
     path = ggufs.file("Q4_K_M")
-    # The file as parsed once for the engine (parsing a vocabulary's metadata takes seconds).
+    # The file as parsed once for the engine (open_gguf).
     kinds = Counter(t.type.name for t in open_gguf(path).tensors().values() if len(t.shape) == 2)
     counts = ", ".join(f"{n} {k}" for k, n in kinds.most_common())
     assert set(kinds) == {"Q4_K", "Q6_K"}

@@ -107,8 +107,14 @@ def cache_dir() -> str:
 
 def configure_inductor_cache() -> None:
     """Inductor's on-disk caches under the cache folder, unless the environment already
-    names a folder (TORCHINDUCTOR_CACHE_DIR)."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", cache_dir())
+    names another folder (TORCHINDUCTOR_CACHE_DIR). Importing torch._dynamo (transformers'
+    models do) writes torch's own default there (/tmp/torchinductor_<user>), so that value
+    counts as unset: else a process that imported it first compiled into /tmp, which a new
+    machine or a reboot empties, and every start compiled cold."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, "", default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir()
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 

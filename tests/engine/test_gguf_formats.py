@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import dequantize
 
 from inference.bench.llama_server import binary_path, missing_build_tools
@@ -71,6 +71,54 @@ def test_a_type_outside_the_registry_is_refused_by_tensor_and_type_name(tmp_path
     message = str(refused.value)
     assert "tensor blk.0.attn_q.weight has type IQ2_XS, which is not supported" in message
     assert "supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K" in message
+
+
+def test_the_header_reads_every_value_type_and_tensor_as_gguf_does(tmp_path: Path) -> None:
+    """GGUFFile reads the header itself (gguf_file._Header): each value of every GGUF type,
+    arrays and strings too, and each tensor's bytes, past an alignment other than 32, are
+    gguf's own reader's, as the same Python values."""
+    path = tmp_path / "kinds.gguf"
+    writer = GGUFWriter(path, "llama")
+    writer.add_custom_alignment(1024)
+    scalars = {
+        GGUFValueType.UINT8: 200, GGUFValueType.INT8: -100, GGUFValueType.UINT16: 60000,
+        GGUFValueType.INT16: -30000, GGUFValueType.UINT32: 4_000_000_000,
+        GGUFValueType.INT32: -2_000_000_000, GGUFValueType.FLOAT32: 0.1,
+        GGUFValueType.UINT64: 2**63 + 5, GGUFValueType.INT64: -(2**62),
+        GGUFValueType.FLOAT64: 0.1, GGUFValueType.BOOL: True, GGUFValueType.STRING: "naïve ✓",
+    }  # fmt: skip
+    for kind, value in scalars.items():
+        writer.add_key_value(f"test.{kind.name.lower()}", value, kind)
+    writer.add_array("test.tokens", ["<s>", "", "Ġthe", "✓"])
+    writer.add_array("test.scores", [0.5, -1.25, 3.0])
+    writer.add_key_value("test.ids", [1, -2, 3], GGUFValueType.ARRAY, GGUFValueType.INT32)
+    writer.add_key_value("test.flags", [True, False], GGUFValueType.ARRAY, GGUFValueType.BOOL)
+    rng = np.random.default_rng(0)
+    q8 = random_rows(next(t for t in TYPES if t.name == "Q8_0"), 3, 2, rng)
+    writer.add_tensor("blk.0.attn_q.weight", q8, raw_dtype=GGMLQuantizationType.Q8_0)
+    writer.add_tensor("output_norm.weight", rng.standard_normal(64).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    ours, theirs = GGUFFile(path), GGUFReader(path)
+    expected = {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.")}
+    assert ours.keys() == list(expected)
+    for key, value in expected.items():
+        got = ours.get(key)
+        assert got == value and type(got) is type(value), (key, got, value)
+        if isinstance(value, list):
+            assert [type(v) for v in got] == [type(v) for v in value], key
+    tensors = ours.tensors()
+    assert list(tensors) == [t.name for t in theirs.tensors]
+    for t in theirs.tensors:
+        mine = tensors[t.name]
+        assert mine.offset == t.data_offset and mine.offset % 1024 == 0
+        assert mine.shape == tuple(int(n) for n in reversed(t.shape.tolist()))
+        assert np.array_equal(
+            mine.raw.numpy().reshape(-1), np.asarray(t.data).view(np.uint8).reshape(-1)
+        )
 
 
 @pytest.fixture(scope="session")

@@ -16,12 +16,16 @@ class InvalidText(ValueError):
         self.message = message
 
 
-def clean_text(value: Any, label: str, max_chars: int, *, allow_empty: bool = True) -> str:
+def clean_text(
+    value: Any, label: str, max_chars: int, *, allow_empty: bool = True, stored: bool = True
+) -> str:
     """The one check for text a person sends (a message, a title, a system prompt, a key
     name, a search): a string, within `max_chars`, and storable on every database the app
     runs on. A lone surrogate cannot be encoded as UTF-8 at all, and PostgreSQL refuses NUL
     in text columns; both are refused here, before anything is written, rather than
-    surfacing later as a 500 or a misleading "database unavailable"."""
+    surfacing later as a 500 or a misleading "database unavailable". Text that is never
+    `stored` (the OpenAI API's messages) may hold NUL: a model's reply can (a byte token),
+    and a client sends it back in the next turn's history."""
     if not isinstance(value, str):
         raise InvalidText("invalid", f"{label} must be a string.")
     if not allow_empty and not value.strip():
@@ -32,7 +36,7 @@ def clean_text(value: Any, label: str, max_chars: int, *, allow_empty: bool = Tr
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InvalidText("invalid", f"{label} contains invalid Unicode.") from exc
-    if "\x00" in value:
+    if stored and "\x00" in value:
         raise InvalidText("invalid", f"{label} contains a NUL character.")
     return value
 

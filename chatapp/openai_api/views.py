@@ -183,9 +183,10 @@ def validated(cls: type[BodyT], body: dict) -> BodyT:
 
 def _text_ok(text: str, param: str) -> str:
     # No text can be longer in characters than the body is in bytes: the body limit
-    # is the length limit here.
+    # is the length limit here. The API stores no message text, so NUL passes: a model's
+    # reply can hold one, and the next turn's history sends it back.
     try:
-        return clean_text(text, f"'{param}'", settings.OPENAI_MAX_BODY_BYTES)
+        return clean_text(text, f"'{param}'", settings.OPENAI_MAX_BODY_BYTES, stored=False)
     except InvalidText as exc:
         raise invalid(exc.message, param) from exc
 

@@ -210,6 +210,23 @@ def test_malformed_and_oversized_bodies(server: LiveServer, api_key: str) -> Non
     assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "request_too_large"
 
 
+def test_a_reply_holding_nul_can_be_sent_back_as_history(
+    server: LiveServer, api_key: str, model_id: str
+) -> None:
+    """A model's reply may hold NUL (a byte token); a client sends its replies back as the
+    next turn's history, and the API (which stores no message text) takes them."""
+    api = openai.OpenAI(base_url=server.url + "/v1", api_key=api_key, max_retries=0)
+    messages: list[Any] = [
+        {"role": "user", "content": "Say a\x00b."},
+        {"role": "assistant", "content": "a\x00b"},
+        {"role": "user", "content": "Again."},
+    ]
+    reply = api.chat.completions.create(model=model_id, messages=messages, max_tokens=2)
+    assert reply.choices[0].finish_reason in ("length", "stop")
+    done = api.completions.create(model=model_id, prompt="a\x00b", max_tokens=1)
+    assert done.choices[0].finish_reason in ("length", "stop")
+
+
 def test_rate_limit_per_key_answers_429_with_retry_after(server: LiveServer, model_id: str) -> None:
     key = server.make_key("apiuser", rate_limit_per_minute=3)
     headers = {"Authorization": f"Bearer {key}"}

@@ -9,7 +9,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from inference.engine.formats.ggml_types import ggml_type
+from inference.engine.formats.ggml_types import GGMLType, ggml_type
 from inference.engine.formats.gguf_file import GGUFTensor
 from inference.engine.formats.gguf_model import _as_q4_k
 from inference.engine.quantized import Q4_1, Q4_K
@@ -19,15 +19,24 @@ from tests.engine.test_quantized import _panel_rows
 Q4_K_TYPE = ggml_type(12, "test")
 
 
-def random_q4_k_tensor(rows: int, k: int, seed: int) -> GGUFTensor:
-    """A Q4_K tensor of random bytes with finite float16 d and dmin, as a file holds it."""
+def random_k_tensor(
+    type_: GGMLType, block_bytes: int, halves: tuple[int, ...], sigma: float, name: str,
+    rows: int, k: int, seed: int,
+) -> GGUFTensor:  # fmt: skip
+    """A K-quant tensor of random bytes, as a file holds it, whose float16 fields (at
+    `halves` in each 256's `block_bytes`) are finite: normal with `sigma`."""
     rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, size=(rows, k // 256, 144), dtype=np.uint8)
-    for offset in (0, 2):
-        scale = (rng.standard_normal((rows, k // 256, 1)) * 0.01).astype(np.float16)
+    raw = rng.integers(0, 256, size=(rows, k // 256, block_bytes), dtype=np.uint8)
+    for offset in halves:
+        scale = (rng.standard_normal((rows, k // 256, 1)) * sigma).astype(np.float16)
         raw[..., offset : offset + 2] = scale.view(np.uint8)
     raw2 = torch.from_numpy(raw.reshape(rows, -1))
-    return GGUFTensor("blk.0.ffn_up.weight", Q4_K_TYPE, (rows, k), raw2)
+    return GGUFTensor(name, type_, (rows, k), raw2)
+
+
+def random_q4_k_tensor(rows: int, k: int, seed: int) -> GGUFTensor:
+    """A Q4_K tensor of random bytes with finite float16 d and dmin."""
+    return random_k_tensor(Q4_K_TYPE, 144, (0, 2), 0.01, "blk.0.ffn_up.weight", rows, k, seed)
 
 
 def gguf_values(t: GGUFTensor) -> torch.Tensor:

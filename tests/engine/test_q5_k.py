@@ -4,7 +4,6 @@ scales."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -14,21 +13,15 @@ from inference.engine.formats.gguf_file import GGUFTensor
 from inference.engine.formats.gguf_model import _as_q4_k, _as_q5_k
 from inference.engine.quantized import Q4_1, Q4_K, Q5_K
 from tests.engine.conftest import needs_kernels, run_in_avx2_build
-from tests.engine.test_q4_k import gguf_values, random_q4_k_tensor, same_bits
+from tests.engine.test_q4_k import gguf_values, random_k_tensor, random_q4_k_tensor, same_bits
 from tests.engine.test_quantized import _panel_rows
 
 Q5_K_TYPE = ggml_type(13, "test")
 
 
 def random_q5_k_tensor(rows: int, k: int, seed: int) -> GGUFTensor:
-    """A Q5_K tensor of random bytes with finite float16 d and dmin, as a file holds it."""
-    rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, size=(rows, k // 256, 176), dtype=np.uint8)
-    for offset in (0, 2):
-        scale = (rng.standard_normal((rows, k // 256, 1)) * 0.01).astype(np.float16)
-        raw[..., offset : offset + 2] = scale.view(np.uint8)
-    raw2 = torch.from_numpy(raw.reshape(rows, -1))
-    return GGUFTensor("blk.0.ffn_up.weight", Q5_K_TYPE, (rows, k), raw2)
+    """A Q5_K tensor of random bytes with finite float16 d and dmin."""
+    return random_k_tensor(Q5_K_TYPE, 176, (0, 2), 0.01, "blk.0.ffn_up.weight", rows, k, seed)
 
 
 def test_q5_k_blocks_hold_the_files_values_bit_for_bit():

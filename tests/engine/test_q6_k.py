@@ -8,7 +8,6 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import numpy as np
 import pytest
 import torch
 
@@ -19,20 +18,15 @@ from inference.engine.formats.gguf_model import _as_kernel_q6_k, _as_q6_k
 from inference.engine.kernels.library import library_path
 from inference.engine.quantized import Q6_K, Q8_0
 from tests.engine.conftest import needs_kernels, run_in_avx2_build
-from tests.engine.test_q4_k import gguf_values, same_bits
+from tests.engine.test_q4_k import gguf_values, random_k_tensor, same_bits
 from tests.engine.test_quantized import _panel_rows
 
 Q6_K_TYPE = ggml_type(14, "test")
 
 
 def random_q6_k_tensor(rows: int, k: int, seed: int) -> GGUFTensor:
-    """A Q6_K tensor of random bytes with a finite float16 d, as a file holds it."""
-    rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, size=(rows, k // 256, 210), dtype=np.uint8)
-    d = (rng.standard_normal((rows, k // 256, 1)) * 0.001).astype(np.float16)
-    raw[..., 208:210] = d.view(np.uint8)
-    raw2 = torch.from_numpy(raw.reshape(rows, -1))
-    return GGUFTensor("blk.0.ffn_down.weight", Q6_K_TYPE, (rows, k), raw2)
+    """A Q6_K tensor of random bytes with a finite float16 d."""
+    return random_k_tensor(Q6_K_TYPE, 210, (208,), 0.001, "blk.0.ffn_down.weight", rows, k, seed)
 
 
 def test_q6_k_blocks_hold_the_files_values_bit_for_bit():

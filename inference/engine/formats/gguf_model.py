@@ -590,15 +590,20 @@ def _as_q4_k(t: GGUFTensor) -> Q4_K:
 def _rows_as_q4_k(t: GGUFTensor) -> Q4_K:
     """Q4_K blocks as they are: the nibbles in Q4_1's order, each 6-bit scale and minimum
     a byte, d and -dmin as float16."""
-    rows = t.shape[0]
-    b = t.raw.reshape(rows, -1, t.type.block_bytes)
+    b = t.raw.reshape(t.shape[0], -1, t.type.block_bytes)
+    qs, d, m, sc, mn = _k_parts(b, 16)
+    return Q4_K(qs, d, m, sc=sc, mn=mn)
+
+
+def _k_parts(b: torch.Tensor, nibbles_at: int) -> tuple[torch.Tensor, ...]:
+    """(qs, d, -dmin, sc, mn) of Q4_K's or Q5_K's super-blocks `b` (rows, blocks, bytes):
+    the nibbles (128 bytes from `nibbles_at`) in Q4_1's order, each 6-bit scale and minimum
+    a byte."""
+    rows = b.shape[0]
     sc, mn = k_scales(b[..., 4:16])
-    q = k_low_nibbles(b[..., 16:144]).reshape(rows, -1, 32)
+    q = k_low_nibbles(b[..., nibbles_at : nibbles_at + 128]).reshape(rows, -1, 32)
     qs = (q[..., :16] | (q[..., 16:] << 4)).reshape(rows, -1)
-    return Q4_K(
-        qs, _half(b[..., 0:2]), -_half(b[..., 2:4]),
-        sc=sc.reshape(rows, -1), mn=mn.reshape(rows, -1),
-    )  # fmt: skip
+    return qs, _half(b[..., 0:2]), -_half(b[..., 2:4]), sc.reshape(rows, -1), mn.reshape(rows, -1)
 
 
 def _as_q5_k(t: GGUFTensor) -> Q5_K:
@@ -618,15 +623,9 @@ def _as_q5_k(t: GGUFTensor) -> Q5_K:
 def _rows_as_q5_k(t: GGUFTensor) -> Q5_K:
     """Q5_K blocks as they are: Q4_K's parts (_rows_as_q4_k) from the same places past the
     32 bytes of fifth bits, which are kept as the file has them."""
-    rows = t.shape[0]
-    b = t.raw.reshape(rows, -1, t.type.block_bytes)
-    sc, mn = k_scales(b[..., 4:16])
-    q = k_low_nibbles(b[..., 48:176]).reshape(rows, -1, 32)
-    qs = (q[..., :16] | (q[..., 16:] << 4)).reshape(rows, -1)
-    return Q5_K(
-        qs, _half(b[..., 0:2]), -_half(b[..., 2:4]),
-        sc=sc.reshape(rows, -1), mn=mn.reshape(rows, -1), qh=_qs(b[..., 16:48]),
-    )  # fmt: skip
+    b = t.raw.reshape(t.shape[0], -1, t.type.block_bytes)
+    qs, d, m, sc, mn = _k_parts(b, 48)
+    return Q5_K(qs, d, m, sc=sc, mn=mn, qh=_qs(b[..., 16:48]))
 
 
 def _rows_as_q4_1(t: GGUFTensor) -> Q4_1:

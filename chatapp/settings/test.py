@@ -15,8 +15,9 @@ from chatapp.settings.base import CHANNEL_LAYERS, DATABASES, ENGINE
 # it when the session ends.
 os.environ.setdefault("ENGINE_KV_TIER_NAMESPACE", f"test-kvtier-{os.getpid()}")
 # The engines of the tests and of the servers they start keep the 512 MB KV pool of before
-# (it holds the bundled model's whole context): the default of 2 GB is written whole at
-# start, which a dozen engines alive at once would pay in memory for nothing.
+# (it holds the bundled model's whole context): an unsized pool takes a share of the memory
+# available (kv_budget), written whole at start, which a dozen engines alive at once would
+# pay in memory for nothing.
 os.environ.setdefault("ENGINE_KV_CACHE_MEMORY_MB", "512")
 
 DEBUG = False

@@ -11,8 +11,10 @@ load (`Q4_1.quantize`). The products run in inference/engine/kernels.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar, Protocol, TypeVar, cast
 
 import numpy as np
 import torch
@@ -44,6 +46,35 @@ def q6_values(b: torch.Tensor) -> torch.Tensor:
     tops = b[..., 128:192].reshape(*lead, 2, 1, 32)
     high = ((tops >> _TOP_SHIFTS.view(4, 1)) & 3).reshape(*lead, 2, 128)
     return ((low | (high << 4)).to(torch.int8) - 32).reshape(*lead, QK_K)
+
+
+class _KQuant(Protocol):
+    # The block tensors that run along the rows, in the constructor's names.
+    ROW_PARTS: ClassVar[tuple[str, ...]]
+
+    def _gguf_layout(self, what: str) -> None: ...
+
+
+_K = TypeVar("_K", bound=_KQuant)
+
+
+def _take_rows(w: _K, index: torch.Tensor | slice) -> _K:
+    """Rows `index` of a K-quant's GGUF-layout blocks, every part of them."""
+    w._gguf_layout("rows")
+    return type(w)(**{f: getattr(w, f)[index] for f in w.ROW_PARTS})
+
+
+def _join(cls: type[_K], parts: Sequence[object]) -> _K:
+    """`parts`, GGUF-layout blocks of exactly `cls`, joined along the rows: another
+    format's would be joined without what it holds beyond cls's (a Q5_K's fifth bits in a
+    Q4_K), or not at all."""
+    name = cls.__name__
+    if any(type(p) is not cls for p in parts):
+        raise ValueError(f"{name} joins {name} blocks only (gguf_model.layer_formats)")
+    ks = cast(list[_K], list(parts))
+    for p in ks:
+        p._gguf_layout("rows")
+    return cls(**{f: torch.cat([getattr(p, f) for p in ks]) for f in cls.ROW_PARTS})
 
 
 def _check_k(k: int) -> None:
@@ -238,6 +269,7 @@ class Q4_K(Q4_1):
 
     sc: torch.Tensor = field(default_factory=_uint8)
     mn: torch.Tensor = field(default_factory=_uint8)
+    ROW_PARTS: ClassVar[tuple[str, ...]] = ("qs", "d", "m", "sc", "mn")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -267,9 +299,7 @@ class Q4_K(Q4_1):
         return self.take_rows(slice(start, stop))
 
     def take_rows(self, index: torch.Tensor | slice) -> Q4_K:
-        self._gguf_layout("rows")
-        d, m, sc, mn = (t[index] for t in (self.d, self.m, self.sc, self.mn))
-        return Q4_K(self.qs[index], d, m, sc=sc, mn=mn)
+        return _take_rows(self, index)
 
     def cols(self, start: int, stop: int) -> Q4_K:
         self._gguf_layout("columns")
@@ -286,15 +316,7 @@ class Q4_K(Q4_1):
 
     @staticmethod
     def cat(parts: list[Q4_1]) -> Q4_K:
-        ks = [p for p in parts if type(p) is Q4_K]
-        if len(ks) != len(parts):
-            raise ValueError("Q4_K joins Q4_K blocks only (gguf_model.layer_formats)")
-        for p in ks:
-            p._gguf_layout("rows")
-        qs, d, m, sc, mn = (
-            torch.cat([getattr(p, f) for p in ks]) for f in ("qs", "d", "m", "sc", "mn")
-        )
-        return Q4_K(qs, d, m, sc=sc, mn=mn)
+        return _join(Q4_K, parts)
 
     def k_parts(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         return self.sc, self.mn, None
@@ -318,6 +340,7 @@ class Q5_K(Q4_K):
     Q4_1 (u8 x s8 and 16-bit multiply-adds, bf16's exact integers), so each takes it."""
 
     qh: torch.Tensor = field(default_factory=_uint8)
+    ROW_PARTS: ClassVar[tuple[str, ...]] = (*Q4_K.ROW_PARTS, "qh")
 
     def _values(self) -> torch.Tensor:
         """q as uint8 [N, K / 32, 32], 0..31."""
@@ -357,9 +380,7 @@ class Q5_K(Q4_K):
         return qh
 
     def take_rows(self, index: torch.Tensor | slice) -> Q5_K:
-        self._gguf_layout("rows")
-        d, m, sc, mn, qh = (t[index] for t in (self.d, self.m, self.sc, self.mn, self.qh))
-        return Q5_K(self.qs[index], d, m, sc=sc, mn=mn, qh=qh)
+        return _take_rows(self, index)
 
     def rows(self, start: int, stop: int) -> Q5_K:
         return self.take_rows(slice(start, stop))
@@ -372,15 +393,7 @@ class Q5_K(Q4_K):
 
     @staticmethod
     def cat(parts: list[Q4_1]) -> Q5_K:
-        ks = [p for p in parts if isinstance(p, Q5_K)]
-        if len(ks) != len(parts):
-            raise ValueError("Q5_K joins Q5_K blocks only (gguf_model.layer_formats)")
-        for p in ks:
-            p._gguf_layout("rows")
-        qs, d, m, sc, mn, qh = (
-            torch.cat([getattr(p, f) for p in ks]) for f in ("qs", "d", "m", "sc", "mn", "qh")
-        )
-        return Q5_K(qs, d, m, sc=sc, mn=mn, qh=qh)
+        return _join(Q5_K, parts)
 
     @classmethod
     def of_q4_k(cls, w: Q4_K) -> Q5_K:
@@ -553,6 +566,7 @@ class Q6_K(Q8_0):
     of Q8_0 takes it (kernels.q8_0_gemm's sc), and the embedding lookup reads it."""
 
     sc: torch.Tensor = field(default_factory=_int8)
+    ROW_PARTS: ClassVar[tuple[str, ...]] = ("qs", "d", "sc")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -604,8 +618,7 @@ class Q6_K(Q8_0):
         return self.take_rows(slice(start, stop))
 
     def take_rows(self, index: torch.Tensor | slice) -> Q6_K:
-        self._gguf_layout("rows")
-        return Q6_K(self.qs[index], self.d[index], sc=self.sc[index])
+        return _take_rows(self, index)
 
     def cols(self, start: int, stop: int) -> Q6_K:
         self._gguf_layout("columns")
@@ -620,13 +633,7 @@ class Q6_K(Q8_0):
 
     @staticmethod
     def cat(parts: list[Q8_0]) -> Q6_K:
-        ks = [p for p in parts if isinstance(p, Q6_K)]
-        if len(ks) != len(parts):
-            raise ValueError("Q6_K joins Q6_K blocks only (gguf_model.layer_formats)")
-        for p in ks:
-            p._gguf_layout("rows")
-        qs, d, sc = (torch.cat([getattr(p, f) for p in ks]) for f in ("qs", "d", "sc"))
-        return Q6_K(qs, d, sc=sc)
+        return _join(Q6_K, parts)
 
     def k_parts(self) -> torch.Tensor | None:
         return self.sc

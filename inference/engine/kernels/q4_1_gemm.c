@@ -190,24 +190,26 @@ static inline __attribute__((always_inline)) void q4k_tile_n(const Q4Matrix *W, 
     }
 }
 
+/* q4k_tile_n for nr rows, each row count (and Q5, a constant at each call) compiled apart. */
+static inline __attribute__((always_inline)) void q4k_tile(const Q4Matrix *W, int g0, int g1,
+                                                           const QuantizedRows *q, int r0,
+                                                           int nr, const int Q5, float *y) {
+    switch (nr) {
+    case 1: q4k_tile_n(W, g0, g1, q, r0, 1, Q5, y); break;
+    case 2: q4k_tile_n(W, g0, g1, q, r0, 2, Q5, y); break;
+    case 3: q4k_tile_n(W, g0, g1, q, r0, 3, Q5, y); break;
+    default: q4k_tile_n(W, g0, g1, q, r0, 4, Q5, y); break;
+    }
+}
+
 static void q4_tile(const Q4Matrix *W, int g0, int g1, const QuantizedRows *q, int r0, int nr,
                     float *y) {
     if (W->qh) {
-        switch (nr) {
-        case 1: q4k_tile_n(W, g0, g1, q, r0, 1, 1, y); break;
-        case 2: q4k_tile_n(W, g0, g1, q, r0, 2, 1, y); break;
-        case 3: q4k_tile_n(W, g0, g1, q, r0, 3, 1, y); break;
-        default: q4k_tile_n(W, g0, g1, q, r0, 4, 1, y); break;
-        }
+        q4k_tile(W, g0, g1, q, r0, nr, 1, y);
         return;
     }
     if (W->sc) {
-        switch (nr) {
-        case 1: q4k_tile_n(W, g0, g1, q, r0, 1, 0, y); break;
-        case 2: q4k_tile_n(W, g0, g1, q, r0, 2, 0, y); break;
-        case 3: q4k_tile_n(W, g0, g1, q, r0, 3, 0, y); break;
-        default: q4k_tile_n(W, g0, g1, q, r0, 4, 0, y); break;
-        }
+        q4k_tile(W, g0, g1, q, r0, nr, 0, y);
         return;
     }
     switch (nr) {

@@ -143,7 +143,12 @@ class Scheduler:
                 break
             if order and computing and self._shares_this_step(seq, cached, computing):
                 continue
-            if seq.num_uncomputed_tokens > cap and batch.num_decodes:
+            # What it computes: a waiting sequence's prompt beyond its cached prefix (a
+            # follow-up turn's history is mostly cached: counted whole, every follow-up
+            # of a long conversation was taken for a long prompt and waited behind any
+            # short one, seconds at 64 chats: python -m inference.bench.chat_engine).
+            todo = seq.num_uncomputed_tokens if order == 0 else len(seq) - cached
+            if todo > cap and batch.num_decodes:
                 # A prompt that does not fit goes in thinner slices beside the decodes, so
                 # the running streams' inter-token gap stays within ~2x a plain step; and
                 # not at all in a step that already carries a whole short prompt (strict

@@ -308,6 +308,36 @@ def test_short_request_arriving_during_a_long_prefill_goes_in_the_next_step(make
     assert out["long"][-1].finish_reason == "length"
 
 
+def test_a_follow_up_whose_history_is_cached_goes_in_the_next_step(make_engine):
+    """A conversation's next turn repeats its history, which the prefix cache holds: what
+    it computes is its new tokens, not its whole prompt. Taken by its whole length for a
+    long prompt, it waited behind every short prompt arriving beside it (at 64 chats,
+    seconds: python -m inference.bench.chat_engine)."""
+    engine = make_engine(max_num_batched_tokens=64, max_prefill_tokens_during_decode=16)
+    engine.add_request(_prompt(10, seed=1), greedy(200, ignore_eos=True), request_id="d")
+    engine.step()
+    history = _prompt(100, seed=2)
+    engine.add_request(history, greedy(2, ignore_eos=True), request_id="turn1")
+    replies = run_until(engine, "turn1")
+    follow_up = history + token_ids_of(replies) + _prompt(5, seed=3)
+    engine.add_request(_prompt(3, seed=4), greedy(2, ignore_eos=True), request_id="short")
+    engine.add_request(follow_up, greedy(2, ignore_eos=True), request_id="turn2")
+    deltas = engine.step()
+    # Both prompts went whole into that one step, beside the decoding stream: the short
+    # one's 3 tokens and the follow-up's past its cached history (the last reply token and
+    # the 5 new ones), within 16.
+    assert {d.request_id for d in deltas} >= {"short", "turn2", "d"}
+    assert engine.last_step["tokens"] == 1 + 3 + 6
+
+
+def run_until(engine, request_id: str) -> list:
+    """Step until `request_id` finishes (others may go on); its deltas."""
+    out: list = []
+    while not (out and out[-1].finished):
+        out += [d for d in engine.step() if d.request_id == request_id]
+    return out
+
+
 def test_admission_keeps_a_block_per_running_sequence(make_engine):
     engine = make_engine(block_size=16)
     engine.kv.__init__(8, 16)

@@ -208,7 +208,8 @@ async def one_client(
         tokens = tokens or chunks
         tpot = (last - first) / (tokens - 1) if tokens > 1 and last > first else float("nan")
         row = {"ttft": first - start, "tokens": tokens, "tpot": tpot, "e2e": last - start,
-               "prompt_tokens": prompt_tokens, "capped": finish == "length"}  # fmt: skip
+               "prompt_tokens": prompt_tokens, "capped": finish == "length",
+               "turn": turn}  # fmt: skip
         if server_tpot is not None:
             row["server_tpot"] = server_tpot
         if conv.kind == JSON_SCHEMA:
@@ -262,6 +263,16 @@ async def run_level(
         "capped": sum(r["capped"] for r in rows),
         "ttft_p50_ms": round(statistics.median(ttft) * 1000, 1),
         "ttft_p90_ms": round(pct(ttft, 0.9) * 1000, 1),
+        # The first turns arrive together (every client starts at once); the later ones
+        # arrive one by one as each client's previous reply ends: the steady state.
+        **{
+            f"ttft_{part}_p90_ms": round(pct(t, 0.9) * 1000, 1)
+            for part, t in (
+                ("first", [r["ttft"] for r in rows if r["turn"] == 0]),
+                ("later", [r["ttft"] for r in rows if r["turn"] > 0]),
+            )
+            if t
+        },
         "tpot_p50_ms": round(statistics.median(tpot) * 1000, 2) if tpot else None,
     }
     if server_tpot:

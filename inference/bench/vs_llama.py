@@ -82,6 +82,9 @@ from inference.model_files import bundled_gguf, default_model_path
 
 FIGURES = ("tok_s", "tokens", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "server_tpot_p50_ms")
 RATIOS = FIGURES[:5]
+# TTFT p90 of the first turns (every client's, arriving together) and of the later ones,
+# in a table of their own.
+TURN_FIGURES = ("ttft_first_p90_ms", "ttft_later_p90_ms")
 LLAMA = "llama-server"
 # Workloads of greedy replies that end where the model ends them.
 NATURAL = (CHAT_MIX, JSON_SCHEMA)
@@ -114,7 +117,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if runs and "valid" in runs[0]:
         for f in ("asked", "parsed", "valid"):
             out[f] = sum(r[f] for r in runs)
-    for f in FIGURES:
+    for f in FIGURES + TURN_FIGURES:
         vals = [r[f] for r in runs if r.get(f) is not None]
         if vals:
             out[f] = spread(vals)
@@ -152,6 +155,12 @@ def print_table(results: dict[str, Any]) -> None:
         for label, r in level["ratios"].items():
             cells = " | ".join(f"{r[f]:.2f}x" if f in r else "-" for f in RATIOS)
             print(f"| {c} | {label} | {cells} | |" + (" |" if valid else ""))
+    print("\nTTFT p90 ms by turn: the first turns (all clients at once) and the later ones")
+    print("| users | system | first turns | later turns |\n|---|---|---|---|")
+    for level in results["levels"]:
+        for name in level["systems"]:
+            cells = " | ".join(cell(level[name].get(f)) for f in TURN_FIGURES)
+            print(f"| {level['concurrency']} | {name} | {cells} |")
     print_step_shares(results)
 
 

@@ -10,7 +10,7 @@ import logging
 
 import torch
 
-from inference.engine import kernels
+from inference.engine import huge_pages, kernels
 from inference.engine.compiled_step import (
     COMPILE_MODES,
     CompiledStep,
@@ -267,7 +267,7 @@ class ModelRunner:
             row_width(m.head_dim, self.kv_dtype),
         )
         self.kv_caches = [
-            torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(m.num_layers)
+            huge_pages.zeros(shape, self.kv_dtype, self.device) for _ in range(m.num_layers)
         ]
         self.compiled: CompiledStep | CudaGraphStep | None = None
         if graphs:

@@ -46,6 +46,7 @@ from inference.engine.formats.gguf_model import (
 from inference.engine.layers.rotary import rope_tables
 from inference.engine.models.describe import ModelFiles, describe_model
 from inference.engine.quantized import Q4_1, Q4_K, Q5_K, Q6_K, Q8_0
+from inference.engine.sampling_params import SamplingParams
 from tests.architectures import build_tiny
 from tests.engine.conftest import greedy, run_to_completion, token_ids_of
 from tests.engine.test_architectures import _next_token_logits
@@ -499,8 +500,37 @@ def assert_chooses_as_llama_cpp(
         best = max(theirs.values())
         same += ours == max(theirs, key=lambda t: theirs[t])
         near.append(best - theirs.get(ours, float("-inf")))
-    assert max(near) <= NEAR_TIE, (path.name, same, near)
+    far = [i for i, n in enumerate(near) if n > NEAR_TIE]
+    if far and quantization != "none":
+        # A tie of the exact model itself falls either way in the quantized one: on a CPU
+        # with AMX, prompts' products round weights and activations to bf16, and on one
+        # prompt of the Q5_K_M file exact mode's two best tokens are 0.02 nats apart, the
+        # quantized mode took the second, 0.95 nats behind llama.cpp's choice. Such a
+        # choice stands where exact mode puts it within EXACT_TIE of its own best (exact
+        # mode's own choice is held to NEAR_TIE by the file's exact-mode case).
+        ties = exact_ties([prompts[i] for i in far], path, [choices[i] for i in far])
+        far = [i for i, tie in zip(far, ties, strict=True) if not tie]
+    assert not far, (path.name, same, near)
     assert same >= len(PROMPTS) * min_same, (path.name, same, near)
+
+
+# Exact mode's log-probabilities this close count as a tie (exact_ties).
+EXACT_TIE = 0.05
+
+
+def exact_ties(prompts: list[list[int]], path: Path, choices: list[int]) -> list[bool]:
+    """For each prompt, whether exact mode on the file puts `choices`' token within
+    EXACT_TIE of its own best."""
+    engine = exact_engine(path, "none")
+    for i, p in enumerate(prompts):
+        engine.add_request(p, SamplingParams(max_tokens=1, temperature=0, logprobs=5), f"t{i}")
+    out = run_to_completion(engine)
+    ties = []
+    for i, choice in enumerate(choices):
+        (lp,) = [d.logprobs[0] for d in out[f"t{i}"] if d.logprobs]
+        top = dict(lp.top)
+        ties.append(choice in top and max(top.values()) - top[choice] <= EXACT_TIE)
+    return ties
 
 
 def family_gguf(ggufs: TinyGGUFs, family: str, file_type: str) -> tuple[Path, Path]:

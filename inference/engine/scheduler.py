@@ -5,8 +5,10 @@ Each step packs, under a token budget and a sequence cap:
      guesses when it has any: the step computes them too and the engine keeps what the
      model agrees with), oldest first;
   2. prefill chunks: running sequences still prefilling and waiting sequences that have a
-     seat, shortest remaining prompt first (so a short request arriving under load gets its
-     whole prompt into the very next step; a preempted sequence goes first).
+     seat, shortest remaining prompt first (what is left to compute: a waiting prompt's
+     part past its cached prefix, so a conversation's next turn counts its new tokens),
+     so a short request arriving under load gets its whole prompt into the very next step;
+     a preempted sequence goes first.
 A waiting prompt whose next full blocks a chunk of this step computes (the same system
 prompt, document or question, arriving in a burst) waits a step if they are at least half
 of what it would compute: the next step finds them in the prefix index (SGLang's in-batch

@@ -34,11 +34,18 @@ PROBES = ("bob", "carol", "dave")  # one guess each, so no probe hits its own ea
 
 @pytest.fixture(scope="module")
 def people(server: LiveServer) -> dict[str, str]:
-    """alice, the probing users and erin, each with an API key of their own."""
-    keys = {}
-    for name in ("alice", *PROBES, "erin"):
-        server.make_user(name, PASSWORD)
-        keys[name] = server.make_key(name)
+    """alice, the probing users and erin, each with an API key of their own: made in one
+    `manage.py shell` (LiveServer.make_user and make_key start one each, a second or more
+    apiece, ten in all)."""
+    names = ("alice", *PROBES, "erin")
+    made = server.python(
+        "import json; from django.contrib.auth import get_user_model as g; "
+        "from chatapp.openai_api.keys import create_key; "
+        f"users = [g().objects.create_user(n, password={PASSWORD!r}) for n in {names!r}]; "
+        "print(json.dumps({u.username: create_key(u, 'test')[1] for u in users}))"
+    )
+    keys: dict[str, str] = json.loads(made.splitlines()[-1])
+    assert sorted(keys) == sorted(names)
     return keys
 
 

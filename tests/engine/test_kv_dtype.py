@@ -4,6 +4,9 @@ through the native path's decode steps (K/V written by them, read by their atten
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -103,16 +106,9 @@ NEAR_TIE = {
 }
 
 
-@pytest.mark.slow
-@needs_kernels
-@pytest.mark.parametrize("quantization", ["none", "hybrid"])
-@pytest.mark.parametrize("narrow", ["float16", "int8"])
-def test_a_narrower_pool_gives_the_float32_pools_next_tokens(real_model_path, quantization, narrow):
-    """Each question then a fixed reply, the four decoded together one token a step (with
-    hybrid the native path's steps, exact weights the torch path's paged kernel: their K/V
-    written to the pool and attended over from it): the next-token distributions of the
-    two pools agree (mean KL under KL_LIMIT) and so does their argmax wherever the float32
-    pool's top two logits are more than a near-tie apart."""
+def _pool_logits(real_model_path: Path, quantization: str, kv_dtype: str) -> torch.Tensor:
+    """Each question then a fixed reply, the four decoded together one token a step on a
+    fresh engine with this pool: every step's logits, [steps, seqs, vocab]."""
     tok = AutoTokenizer.from_pretrained(real_model_path)
     reply = tok.encode(" The answer takes a few words, then a few more, and then it ends here.")
     seqs_tokens = []
@@ -121,34 +117,60 @@ def test_a_narrower_pool_gives_the_float32_pools_next_tokens(real_model_path, qu
             [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
         )
         seqs_tokens.append((tok.encode(text), reply))
+    engine = LLMEngine(
+        EngineConfig(model=str(real_model_path), dtype="float32", quantization=quantization,
+                     kv_dtype=kv_dtype, kv_cache_memory_mb=64, kv_tier_url="")
+    )  # fmt: skip
+    runner = engine.runner
+    assert (runner.model.native is not None) == (quantization == "hybrid")
+    assert runner.kv_caches[0].dtype == getattr(torch, kv_dtype)
+    seqs = [
+        Sequence(f"s{i}", prompt + cont, SamplingParams())
+        for i, (prompt, cont) in enumerate(seqs_tokens)
+    ]
+    for seq, (prompt, _) in zip(seqs, seqs_tokens, strict=True):
+        assert engine.kv.allocate(seq, len(prompt))
+        runner.run(ScheduledBatch([seq], [len(prompt)]))
+        seq.num_computed_tokens = len(prompt)
+    steps = []
+    for _ in range(len(reply)):
+        for seq in seqs:
+            assert engine.kv.allocate(seq, seq.num_computed_tokens + 1)
+        _, out = runner.run(ScheduledBatch(seqs, [1] * len(seqs)), all_logits=True)
+        steps.append(out.float())
+        for seq in seqs:
+            seq.num_computed_tokens += 1
+    return torch.stack(steps)
 
-    def logits(kv_dtype: str) -> torch.Tensor:
-        engine = LLMEngine(
-            EngineConfig(model=str(real_model_path), dtype="float32", quantization=quantization,
-                         kv_dtype=kv_dtype, kv_cache_memory_mb=64, kv_tier_url="")
-        )  # fmt: skip
-        runner = engine.runner
-        assert (runner.model.native is not None) == (quantization == "hybrid")
-        assert runner.kv_caches[0].dtype == getattr(torch, kv_dtype)
-        seqs = [
-            Sequence(f"s{i}", prompt + cont, SamplingParams())
-            for i, (prompt, cont) in enumerate(seqs_tokens)
-        ]
-        for seq, (prompt, _) in zip(seqs, seqs_tokens, strict=True):
-            assert engine.kv.allocate(seq, len(prompt))
-            runner.run(ScheduledBatch([seq], [len(prompt)]))
-            seq.num_computed_tokens = len(prompt)
-        steps = []
-        for _ in range(len(reply)):
-            for seq in seqs:
-                assert engine.kv.allocate(seq, seq.num_computed_tokens + 1)
-            _, out = runner.run(ScheduledBatch(seqs, [1] * len(seqs)), all_logits=True)
-            steps.append(out.float())
-            for seq in seqs:
-                seq.num_computed_tokens += 1
-        return torch.stack(steps)  # [steps, seqs, vocab]
 
-    wide, half = logits("float32"), logits(narrow)
+@pytest.fixture(scope="module")
+def float32_pool_logits(real_model_path: Path) -> Callable[[str], torch.Tensor]:
+    """The float32 pool's logits by path, computed once: the float16 and int8 cases of a
+    path compare with the same reference (a fresh engine on the same inputs each time)."""
+    made: dict[str, torch.Tensor] = {}
+
+    def of(quantization: str) -> torch.Tensor:
+        if quantization not in made:
+            made[quantization] = _pool_logits(real_model_path, quantization, "float32")
+        return made[quantization]
+
+    return of
+
+
+@pytest.mark.slow
+@needs_kernels
+@pytest.mark.parametrize("quantization", ["none", "hybrid"])
+@pytest.mark.parametrize("narrow", ["float16", "int8"])
+def test_a_narrower_pool_gives_the_float32_pools_next_tokens(
+    real_model_path, float32_pool_logits, quantization, narrow
+):
+    """Each question then a fixed reply, the four decoded together one token a step (with
+    hybrid the native path's steps, exact weights the torch path's paged kernel: their K/V
+    written to the pool and attended over from it): the next-token distributions of the
+    two pools agree (mean KL under KL_LIMIT) and so does their argmax wherever the float32
+    pool's top two logits are more than a near-tie apart."""
+    wide = float32_pool_logits(quantization)
+    half = _pool_logits(real_model_path, quantization, narrow)
     kl = torch.nn.functional.kl_div(
         half.log_softmax(-1), wide.log_softmax(-1), log_target=True, reduction="none"
     ).sum(-1)

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from inference.bench.kv_tier import drop_namespace
+from inference.engine.config import EngineConfig
 from inference.engine.kv_budget import KV_MEMORY_SHARE, available_memory
 from tools.live_server import ROOT, LiveServer
 
@@ -63,6 +64,7 @@ class OurServer(LiveServer):
 
 
 POOL_SETTING = "ENGINE_KV_CACHE_MEMORY_MB"
+TIER_SETTING = "ENGINE_KV_TIER_MAX_MB"
 
 
 def equal_pools(servers: int, settings: list[dict[str, str]]) -> dict[str, str]:
@@ -70,11 +72,20 @@ def equal_pools(servers: int, settings: list[dict[str, str]]) -> dict[str, str]:
     `settings` sizes it: an equal share of what one alone may take (KV_MEMORY_SHARE of the
     memory available now). Unsized, each would take its share of what the ones started
     before it left: unequal pools, whose last variants preempt sooner, and together most
-    of the machine's memory, whose page cache then thrashes and stalls steps for seconds."""
-    if servers < 2 or any(POOL_SETTING in s for s in settings):
+    of the machine's memory, whose page cache then thrashes and stalls steps for seconds.
+
+    Their Redis KV tier caps likewise: one Redis holds every server's blocks, and four
+    servers at the default cap each (2 GB) filled it to 7 GB beside their pools and
+    llama-server's, until the kernel killed Redis for memory (a 24 GB machine, 64 chats)."""
+    if servers < 2:
         return {}
-    share = KV_MEMORY_SHARE * available_memory(torch.device("cpu")) / servers
-    return {POOL_SETTING: str(int(share) >> 20)}
+    out = {}
+    if not any(POOL_SETTING in s for s in settings):
+        share = KV_MEMORY_SHARE * available_memory(torch.device("cpu")) / servers
+        out[POOL_SETTING] = str(int(share) >> 20)
+    if not any(TIER_SETTING in s for s in settings):
+        out[TIER_SETTING] = str(max(1, EngineConfig.kv_tier_max_mb // servers))
+    return out
 
 
 def cpu_model() -> str:

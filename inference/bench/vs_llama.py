@@ -15,7 +15,8 @@ ENGINE_SMALL_STEP_THREADS unset), `--threads N` puts both on N (llama-server `-t
 ours both settings N). Each level of concurrent clients runs a multi-turn workload of
 api_clients.py (streaming, each turn the whole history so far) against each server in turn,
 rotating which goes first, `--repeat` times. Several variants of ours run side by side,
-each with an equal KV pool (servers.equal_pools) unless a setting sizes it. Prints, per
+each with an equal KV pool and an equal share of one Redis KV tier cap (servers.equal_pools)
+unless a setting sizes them. Prints, per
 level, the median of each figure with its min-max spread and each of our variants' ratio
 to llama-server, and writes the raw runs as JSON. llama-server's own time per token (its
 `timings`, without HTTP and the client) is the last column. A second table gives the

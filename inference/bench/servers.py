@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -50,6 +52,13 @@ class OurServer(LiveServer):
         self.key = ""
 
     def start(self, timeout: float = START_TIMEOUT_S) -> OurServer:
+        if self.root != ROOT:
+            # Another checkout's kernels are built in its own tree, as its setup builds
+            # them: without them it would serve on torch's products, another engine.
+            subprocess.run(
+                [sys.executable, "-m", "inference.engine.kernels.build"],
+                cwd=self.root, check=True, stdout=subprocess.DEVNULL,
+            )  # fmt: skip
         super().start(timeout)
         self.make_user("bench", "bench-password-1")
         self.key = self.make_key("bench", max_concurrent=1024, rate_limit_per_minute=1000000)

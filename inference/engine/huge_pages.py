@@ -21,7 +21,8 @@ import torch
 
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14
-# Smaller buffers could not hold a whole huge page past their first page boundary.
+# Below this a buffer holds at most a huge page or two past its first 2 MB boundary: not
+# worth the advice (the test suite's pools stay on ordinary pages).
 MIN_BYTES = 4 * HUGE_PAGE
 
 

@@ -270,6 +270,13 @@ class Generation:
         figures = message_figures(m)
         error_text = ERROR_TEXT.get(error_code, "") if error_code else ""
         message = await asyncio.shield(self._save_final(status, finish_reason, figures, error_text))
+        # The conversation is free before its client hears `done`: a client may send the
+        # next turn the moment it does, and would be refused as already streaming.
+        shared = self.registry.replicas()
+        if shared is not None:
+            await asyncio.shield(shared.withdraw(self.message_id))
+        self.registry.forget(self)
+        await asyncio.shield(leases.release(self.lease))
         if error_code:
             self._publish(
                 {
@@ -281,11 +288,6 @@ class Generation:
                 }
             )
         self._publish(done_event(self.message_id, status, finish_reason, figures, message))
-        shared = self.registry.replicas()
-        if shared is not None:
-            await asyncio.shield(shared.withdraw(self.message_id))
-        self.registry.forget(self)
-        await asyncio.shield(leases.release(self.lease))
         await send_request_ended(
             "chat",
             self.request_id,

@@ -7,8 +7,12 @@ import asyncio
 from typing import Any
 
 import pytest
+import redis
 from channels.db import database_sync_to_async
+from django.conf import settings as django_settings
 
+from chatapp import slots
+from chatapp.chat.generation import registry
 from chatapp.chat.models import Conversation, Message
 from tests.sockets import ChatSocket, open_socket
 
@@ -77,6 +81,26 @@ async def test_next_turn_continues_the_same_conversation(alice_socket: ChatSocke
     assert msgs[2].parent_id == msgs[1].pk
     # The second prompt extends the first prompt and reply, so the engine reuses it.
     assert second[-1]["figures"]["prompt_tokens"] > first[-1]["figures"]["prompt_tokens"]
+
+
+async def test_a_conversation_is_free_for_its_next_turn_when_done_arrives(
+    alice_socket: ChatSocket,
+) -> None:
+    """A client sends the next turn the moment it sees `done` (the UI's send button comes
+    back with it): by then the reply must have given up its conversation, in this process
+    and in Redis's shared locks, or that turn is refused as already streaming."""
+    conv_id = None
+    for turn in range(3):
+        await alice_socket.send({"type": "send", "conversation_id": conv_id, "text": f"Turn {turn}",
+                                 "settings": {"max_tokens": 4, "temperature": 0}})  # fmt: skip
+        frames = await alice_socket.recv_until("done")
+        assert of_type(frames, "error") == [], frames
+        conv_id = frames[0]["conversation_id"] if turn else frames[0]["conversation"]["id"]
+        # Looked at before this loop lets anything else run: no await from `done` to here.
+        assert registry.streaming_in(conv_id) is None
+        if slots.enabled():
+            lock = slots.key(f"chat-conversation:{conv_id}")
+            assert redis.Redis.from_url(django_settings.REDIS_URL).exists(lock) == 0
 
 
 async def test_stop_mid_reply_saves_what_was_generated(

@@ -4,10 +4,11 @@ in this process, and across every web replica with the Redis channel layer: slot
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from django.conf import settings
@@ -34,8 +35,10 @@ class KeyLimiter:
         concurrent = key.max_concurrent or settings.OPENAI_MAX_CONCURRENT
         return per_minute, concurrent
 
-    async def acquire(self, key: Any, request: HttpRequest) -> Callable[[], None]:
-        """Count one request against `key`; return the function that ends it (idempotent).
+    async def acquire(self, key: Any, request: HttpRequest) -> Callable[[], Awaitable[None]]:
+        """Count one request against `key`; return the function that ends it (idempotent;
+        awaited, the slot is free in Redis too, so the client may send its next request at
+        once: a response gives its slot back before its last byte).
 
         The concurrency slot is checked and claimed before anything is awaited, so
         requests arriving together cannot all pass the check; a request refused by the
@@ -49,24 +52,24 @@ class KeyLimiter:
         released = False
         lease: Lease | None = None
 
-        def release() -> None:
+        async def release() -> None:
             nonlocal released
             if not released:
                 released = True
                 self.active[key.pk] -= 1
                 if self.active[key.pk] <= 0:
                     del self.active[key.pk]
-                leases.release_soon(lease)
+                await asyncio.shield(leases.release(lease))
 
         try:
             lease = await leases.acquire(f"api-key:{key.pk}", concurrent)
         except LimitReached as exc:
-            release()
+            await release()
             raise RateLimited(
                 f"Too many concurrent requests: at most {concurrent} for this key.", 1
             ) from exc
         except BaseException:
-            release()
+            await release()
             raise
         try:
             usage = await counted_usage(
@@ -77,10 +80,10 @@ class KeyLimiter:
                 increment=True,
             )
         except BaseException:
-            release()
+            await release()
             raise
         if usage and usage["should_limit"]:
-            release()
+            await release()
             # django-ratelimit's time_left is whole seconds to its window's edge, counted
             # from the second now is in, and that window still counts its last second: the
             # window is over only a second later.

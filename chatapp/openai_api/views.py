@@ -18,7 +18,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -680,7 +680,7 @@ def upstream_refuses(req: ApiRequest) -> None:
 
 async def start_stream(
     request: HttpRequest, req: ApiRequest, key: ApiKey
-) -> tuple[EngineClient, Prompt, list[Choice], Callable[[], None]]:
+) -> tuple[EngineClient, Prompt, list[Choice], Callable[[], Awaitable[None]]]:
     """Check limits, build the prompt and pull each choice's first delta before any header
     goes out, so that busy / too long / unavailable become proper statuses.
 
@@ -731,7 +731,7 @@ async def start_stream(
     except BaseException:
         for c in choices:
             await c.stream.aclose()
-        release()
+        await release()
         raise
 
 
@@ -922,7 +922,7 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
     finally:
         for c in choices:
             await c.stream.aclose()
-        release()
+        await release()
     out = []
     for c, (text, ids, logprobs, last, calls) in zip(choices, results, strict=True):
         if last.finish_reason == "error":
@@ -957,7 +957,7 @@ async def sse_events(
     chat: bool,
     prompt_len: int | None,
     choices: list[Choice],
-    release: Callable[[], None],
+    release: Callable[[], Awaitable[None]],
 ) -> AsyncIterator[bytes]:
     obj = "chat.completion.chunk" if chat else "text_completion"
 
@@ -1020,8 +1020,10 @@ async def sse_events(
                 yield sse(body)
             if chat and not (parsers[0] is not None and parsers[0].calls):
                 client.remember_reply(texts[0], ids[0], req.scope)
+        # The key's slot is free before the client reads the end (limits.acquire).
+        await release()
         yield b"data: [DONE]\n\n"
     finally:
         for c in choices:
             await c.stream.aclose()
-        release()
+        await release()

@@ -33,7 +33,9 @@ def exchange(conv: Conversation, question: str, answer: str, parent: Message | N
     """A user message and its finished reply, as the chat stores them."""
     _, reply = add_exchange(conv, parent, question, [])
     reply.text, reply.status, reply.finish_reason = answer, "complete", "stop"
-    reply.figures = {"ttft_ms": 81.5, "tokens_per_s": 42.25, "output_tokens": 60}
+    # Figures no timestamp on the page can hold (its ISO time has ":SS.ffffff"; "42.25"
+    # was in one at 42 s and 25x ms past a minute).
+    reply.figures = {"ttft_ms": 381.5, "tokens_per_s": 742.25, "output_tokens": 60}
     reply.save()
     return reply
 
@@ -118,7 +120,7 @@ def test_nothing_private_is_shown_unless_the_owner_asks(alice: Any, conv: Any) -
     c = logged_in(alice)
     link = share(c, conv)
     html = page(link["path"]).content.decode()
-    for private in ("alice", "Captain Secret", "81.5", "42.25", "ttft"):
+    for private in ("alice", "Captain Secret", "381.5", "742.25", "ttft"):
         assert private not in html, private
     stored = SharedLink.objects.get(conversation=conv).snapshot
     assert set(stored) == {"title", "messages"}
@@ -128,7 +130,7 @@ def test_nothing_private_is_shown_unless_the_owner_asks(alice: Any, conv: Any) -
     assert link["show_author"] and link["show_settings"]
     html = page(link["path"]).content.decode()
     assert "alice" in html and "Captain Secret" in html
-    assert "81.5" not in html  # reply figures never
+    assert "381.5" not in html  # reply figures never
     # Options not sent stay as they were when the owner updates the link.
     assert share(c, conv)["show_author"] is True
 

@@ -35,12 +35,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from inference.engine import kernels
+from inference.engine import cpu_backend, kernels
+from inference.engine.kernel_check import random_q4_k
 from inference.engine.quantized import Q4_1, Q8_0
 
 LAYERS = 30
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 HEAD = (49152, 576)
+# --shapes llama-1b: a Llama-3.2-1B-shaped model's layers in Q4_K (a Q4_K_M file's most
+# bytes; 16 layers of q/k/v 3072x2048, o 2048x2048, gate/up 16384x2048, down 2048x8192) and
+# its head 49152x2048.
+LLAMA_1B = (16, ((3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192)), (49152, 2048))
 
 
 @contextmanager
@@ -59,14 +64,16 @@ def _row_limits(lib: Any, amx: tuple[int, int], panel: tuple[int, int]) -> Itera
 
 def head_kinds(kinds: list[str]) -> list[str]:
     """The kinds that have a head product of their own."""
-    return [k for k in kinds if k not in ("bf16", "i16")]
+    return [k for k in kinds if k not in ("bf16", "i16", "int8-single")]
 
 
 def _nbytes(*tensors: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def run(rows: list[int], threads: list[int], repeat: int, kinds: list[str]) -> dict[str, Any]:
+def run(
+    rows: list[int], threads: list[int], repeat: int, kinds: list[str], shapes: str = "smollm2"
+) -> dict[str, Any]:
     lib = kernels.load()
     if lib is None:
         raise SystemExit("the native kernels do not build here (gcc, AVX2/FMA/F16C)")
@@ -75,29 +82,40 @@ def run(rows: list[int], threads: list[int], repeat: int, kinds: list[str]) -> d
     if "amx" in kinds and not kernels.amx_available():
         raise SystemExit("kind amx needs AMX (and the kernels built with it)")
     gen = torch.Generator().manual_seed(0)
-    layers = [
-        Q4_1.quantize(torch.randn(n, k, generator=gen) * 0.05).for_kernel()
-        for _ in range(LAYERS)
-        for n, k in SHAPES
-    ]
-    head = Q8_0.quantize(torch.randn(*HEAD, generator=gen) * 0.05).for_kernel()
+    n_layers, layer_shapes, head_shape = (LAYERS, SHAPES, HEAD)
+    if shapes == "llama-1b":
+        n_layers, layer_shapes, head_shape = LLAMA_1B
+        layers: list[Any] = [
+            random_q4_k(n, k, gen).for_kernel() for _ in range(n_layers) for n, k in layer_shapes
+        ]
+    else:
+        layers = [
+            Q4_1.quantize(torch.randn(n, k, generator=gen) * 0.05).for_kernel()
+            for _ in range(n_layers)
+            for n, k in layer_shapes
+        ]
+    head = Q8_0.quantize(torch.randn(*head_shape, generator=gen) * 0.05).for_kernel()
     dense, head_dense = [], torch.empty(0)
     if "onednn" in kinds:
         dense = [
-            torch.randn(n, k, generator=gen).bfloat16() for _ in range(LAYERS) for n, k in SHAPES
+            torch.randn(n, k, generator=gen).bfloat16()
+            for _ in range(n_layers)
+            for n, k in layer_shapes
         ]
-        head_dense = torch.randn(*HEAD, generator=gen).bfloat16()
+        head_dense = torch.randn(*head_shape, generator=gen).bfloat16()
     packed: list[Any] = []
     packed_head: Any = None
     if "fbgemm" in kinds:
         prepack = torch.ops.quantized.linear_prepack_fp16
         packed = [
             prepack(torch.randn(n, k, generator=gen), None)
-            for _ in range(LAYERS)
-            for n, k in SHAPES
+            for _ in range(n_layers)
+            for n, k in layer_shapes
         ]
-        packed_head = prepack(torch.randn(*HEAD, generator=gen), None)
-    layer_bytes = sum(_nbytes(m.qs, m.d, m.m) for m in layers)
+        packed_head = prepack(torch.randn(*head_shape, generator=gen), None)
+    layer_bytes = sum(
+        _nbytes(m.qs, m.d, m.m, *(p for p in m.k_parts() if p is not None)) for m in layers
+    )
     head_bytes = _nbytes(head.qs, head.d)
     torch.set_num_threads(1)
 
@@ -124,23 +142,29 @@ def run(rows: list[int], threads: list[int], repeat: int, kinds: list[str]) -> d
             torch.set_num_threads(1)
 
     def layers_once(r: int, kind: str, t: int) -> float:
-        xs = {k: torch.randn(r, k) for _, k in SHAPES}
+        xs = {k: torch.randn(r, k) for _, k in layer_shapes}
         if kind == "onednn":
             xb = {k: v.bfloat16() for k, v in xs.items()}
             return onednn_once([(xb[w.shape[1]], w) for w in dense], t)
         if kind == "fbgemm":
-            pairs = zip(packed, SHAPES * LAYERS, strict=True)
+            pairs = zip(packed, layer_shapes * n_layers, strict=True)
             return fbgemm_once([(xs[k], w) for w, (_, k) in pairs], t)
-        # int8 alone: the native path's product moves to AMX's tiles from AMX_MIN_ROWS rows.
+        # int8 alone: the native path's product moves to AMX's tiles from AMX_MIN_ROWS rows;
+        # int8-single: one column group a tile at every row count (no q4_pair_tile).
         with _row_limits(lib, (0, 0), (1, 1) if kind == "panel" else (0, 0)):
+            lib.set_pair_min_rows(0 if kind == "int8-single" else cpu_backend.PAIR_MIN_ROWS)
             start = time.perf_counter()
             for m in layers:
+                sc, mn, qh = m.k_parts()
                 kernels.q4_1_gemm(lib, m.qs, m.d, m.m, xs[m.shape[1]], m.n,
-                                  kind="int8" if kind == "panel" else kind)  # fmt: skip
-            return time.perf_counter() - start
+                                  "int8" if kind in ("panel", "int8-single") else kind,
+                                  sc, mn, qh)  # fmt: skip
+            elapsed = time.perf_counter() - start
+            lib.set_pair_min_rows(cpu_backend.PAIR_MIN_ROWS)
+            return elapsed
 
     def head_once(r: int, kind: str, t: int) -> float:
-        x = torch.randn(r, HEAD[1])
+        x = torch.randn(r, head_shape[1])
         if kind == "onednn":
             return onednn_once([(x.bfloat16(), head_dense)], t)
         if kind == "fbgemm":
@@ -171,6 +195,8 @@ def run(rows: list[int], threads: list[int], repeat: int, kinds: list[str]) -> d
     out: dict[str, Any] = {
         "cpus": os.cpu_count(),
         "load_before": os.getloadavg()[0],
+        "shapes": shapes,
+        "layers": n_layers,
         "layer_mb": layer_bytes / 1e6,
         "head_mb": head_bytes / 1e6,
         "kinds": kinds,
@@ -183,9 +209,9 @@ def run(rows: list[int], threads: list[int], repeat: int, kinds: list[str]) -> d
             if part == "layers:onednn":
                 nbytes = sum(w.numel() * 2 for w in dense)
             if part == "layers:fbgemm":
-                nbytes = sum(n * k * 2 for n, k in SHAPES) * LAYERS
+                nbytes = sum(n * k * 2 for n, k in layer_shapes) * n_layers
             if part == "head:onednn" or part == "head:fbgemm":
-                nbytes = HEAD[0] * HEAD[1] * 2
+                nbytes = head_shape[0] * head_shape[1] * 2
             ms = [x * 1e3 for x in v[part]]
             med = statistics.median(ms)
             row[part] = {"median_ms": med, "min_ms": min(ms), "max_ms": max(ms)}
@@ -207,18 +233,19 @@ def main() -> None:
         "--kinds",
         nargs="+",
         default=["int8"],
-        choices=["int8", "panel", "bf16", "amx", "i16", "onednn", "fbgemm"],
+        choices=["int8", "int8-single", "panel", "bf16", "amx", "i16", "onednn", "fbgemm"],
     )
+    ap.add_argument("--shapes", choices=["smollm2", "llama-1b"], default="smollm2")
     ap.add_argument("--json", default="bench_kernels.json")
     args = ap.parse_args()
-    r = run(args.rows, args.threads, args.repeat, args.kinds)
+    r = run(args.rows, args.threads, args.repeat, args.kinds, args.shapes)
     print(
         f"{r['cpus']} CPUs, load (1 min) {r['load_before']:.2f}; layers {r['layer_mb']:.1f} MB, "
         f"head {r['head_mb']:.1f} MB; ms per step's worth, median (min-max), GB/s at the median"
     )
     heads = head_kinds(r["kinds"])
     parts = [f"layers:{k}" for k in r["kinds"]] + [f"head:{k}" for k in heads]
-    names = [f"30 layers, {k}" for k in r["kinds"]] + [f"head, {k}" for k in heads]
+    names = [f"{r['layers']} layers, {k}" for k in r["kinds"]] + [f"head, {k}" for k in heads]
     print(
         "| threads | rows | "
         + " | ".join(f"{n} | GB/s" for n in names)

@@ -131,9 +131,15 @@ AMX_COLUMNS = 32  # a product's outputs on AMX's tiles: whole chunks of this man
 # set_panel_min_rows), (layers, head): from how many rows the 8-bit-activation product
 # moves to AMX's tiles, and below them to panel_gemm.c's panels (8-row tiles with
 # AVX512-VNNI, 4-row with AVX2): python -m inference.bench.kernels --rows 4 8 12 16 24 32
-# 64 --threads 2 --kinds int8 panel amx.
+# 48 64 --threads 2 --kinds int8 panel amx (and --shapes llama-1b: a GGUF's Q4_K layers).
+# With AVX512-VNNI the grouped tiles take two column groups a tile from PAIR_MIN_ROWS rows,
+# which beat the panels up to ~48 rows.
 AMX_MIN_ROWS = (32, 4)
-PANEL_MIN_ROWS = {"avx512": (16, 24), "avx2": (24, 24)}
+PANEL_MIN_ROWS = {"avx512": (48, 16), "avx2": (24, 24)}
+# Below the panels, from how many rows the 8-bit-activation product of Q4_1 and Q4_K takes
+# two column groups a 512-bit tile (q4_1_gemm.c's q4_pair_tile; AVX512-VNNI builds): python
+# -m inference.bench.kernels --rows 4 8 16 --threads 1 2 --kinds int8 int8-single.
+PAIR_MIN_ROWS = 8
 # A GGUF's Q8_0 and Q6_K layer matrices (all of a Q8_0 or Q6_K file's, a Q4_K_M or Q5_K_M
 # file's Q6_K ones and those fused with them) take the head's 16-bit products
 # at every size, on the native path too, the panels from the head's panel rows, never AMX's tiles

@@ -3,8 +3,8 @@ instruction the CPU refuses kills this process, not the build):
 
     python -m inference.engine.kernel_check PATH
 
-A few 4-, 5-, 6- and 8-bit products against torch's, with the panels and AMX's tiles forced on
-and off; exits non-zero with what differed.
+A few 4-, 5-, 6- and 8-bit products against torch's, with the panels, AMX's tiles and the
+grouped tiles' column pairs forced on and off; exits non-zero with what differed.
 """
 
 from __future__ import annotations
@@ -35,9 +35,12 @@ def check(path: Path) -> None:
     kinds = ["int8", "i16"]
     kinds += ["bf16"] if lib.q4_1_bf16_available() else []
     kinds += ["amx"] if lib.q4_1_amx_available() else []
-    for tiles in ((0, 0), (1, 1)):
+    # The grouped tiles one column group a tile and two (q4_pair_tile), then the panels and
+    # AMX's tiles.
+    for tiles, pairs in (((0, 0), 0), ((0, 0), 1), ((1, 1), 0)):
         lib.set_panel_min_rows(*tiles)
         lib.set_amx_min_rows(*tiles)
+        lib.set_pair_min_rows(pairs)
         for kind in kinds:
             got = kernels.q4_1_gemm(lib, q4.qs, q4.d, q4.m, x, q4.n, kind)
             _agree(f"q4_1 {kind}, tiles from {tiles[0]} rows", got, x @ q4.dequantize().T)

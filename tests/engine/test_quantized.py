@@ -16,6 +16,7 @@ from inference.engine.cpu_backend import (
     HYBRID_MAX_ROWS,
     I16_BLOCK_ROWS,
 )
+from inference.engine.kernel_check import random_q4_k
 from inference.engine.layers.linear import (
     Linear,
     blocks_take_every_row,
@@ -699,3 +700,31 @@ def test_q8_0_layers_products_in_the_avx2_build():
         "print('agreed')\n"
     )
     run_in_avx2_build(code)
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 9, 17])
+@pytest.mark.parametrize("n", [72, 200, 1000])
+def test_two_column_groups_a_tile_give_the_same_bits(rows, n):
+    """The grouped tiles' 512-bit form (two column groups a tile, q4_pair_tile) makes each
+    column's sums with the same operations in the same order as one group a tile: Q4_1's and
+    Q4_K's products are equal to the bit, whatever the rows and columns (an odd group at a
+    chunk's end, a zero-padded one)."""
+    if not kernels.backend().vnni:
+        pytest.skip("this build has no 512-bit tiles (AVX512-VNNI)")
+    lib = kernels.load()
+    assert lib is not None
+    x = torch.randn(rows, 512)
+    x[:, 7] *= 30
+    g = torch.Generator().manual_seed(n)
+    formats = [Q4_1.quantize(_weight(n, 512)).for_kernel(), random_q4_k(n, 512, g).for_kernel()]
+    for w in formats:
+        with _panel_rows(0, 0):
+            try:
+                lib.set_pair_min_rows(0)
+                one = w.matmul_t(x)
+                lib.set_pair_min_rows(1)
+                two = w.matmul_t(x)
+            finally:
+                lib.set_pair_min_rows(cpu_backend.PAIR_MIN_ROWS)
+        assert torch.equal(one, two), type(w).__name__

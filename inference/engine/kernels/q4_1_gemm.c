@@ -190,6 +190,147 @@ static inline __attribute__((always_inline)) void q4k_tile_n(const Q4Matrix *W, 
     }
 }
 
+/* Products of at least this many rows take two groups a tile (q4_pair_tile) where built
+ * for AVX512-VNNI; 0: never (kernels/__init__.py sets cpu_backend's limit at load). */
+static int pair_min_rows;
+
+void set_pair_min_rows(int rows) { pair_min_rows = rows; }
+
+#if HAVE_VNNI
+/* Two groups side by side (16 columns) in 512-bit vectors: the same sums, lane for lane, as
+ * q4_tile_n's and q4k_tile_n's on each group alone (the same integer products, the same
+ * float operations in the same order: the results are equal to the bit), in half the
+ * instructions. That pays where a step is bound by the products' arithmetic, from ~8 rows;
+ * at fewer, where the weights' bytes bound it, the two groups' streams read slower
+ * (cpu_backend.PAIR_MIN_ROWS). Q5_K keeps the 256-bit tile. */
+static inline __m512i pair256(const uint8_t *a, const uint8_t *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                              _mm256_loadu_si256((const __m256i *)b), 1);
+}
+
+/* Both groups' block (wb: the first group's 128 bytes, the second's `next` bytes on) as 8
+ * vectors of q (0..15), x's 4-byte groups in order; lanes 0..7 the first group's columns. */
+static inline __attribute__((always_inline)) void q4_unpack_pair(const uint8_t *wb, size_t next,
+                                                                 __m512i w[8]) {
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    for (int j = 0; j < 4; j++) {
+        const __m512i v = pair256(wb + 32 * j, wb + next + 32 * j);
+        w[2 * j] = _mm512_and_si512(v, mask);
+        w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+    }
+}
+
+static inline __m512i q4_pair_dot(const __m512i w[8], const int8_t *xq) {
+    __m512i s = _mm512_setzero_si512();
+    for (int i = 0; i < 8; i++) {
+        int32_t v;
+        memcpy(&v, xq + 4 * i, 4);
+        s = _mm512_dpbusd_epi32(s, w[i], _mm512_set1_epi32(v));
+    }
+    return s;
+}
+
+/* 16 fp16 values, 8 at a and 8 at b, as float32. */
+static inline __m512 ph_pair(const uint16_t *a, const uint16_t *b) {
+    const __m256i h = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+        _mm_loadu_si128((const __m128i *)b), 1);
+    return _mm512_cvtph_ps(h);
+}
+
+/* 16 uint8 values, 8 at a and 8 at b, as int32. */
+static inline __m512i u8_pair(const uint8_t *a, const uint8_t *b) {
+    return _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a),
+                                                   _mm_loadl_epi64((const __m128i *)b)));
+}
+
+static inline void store_pair(float *y, int col, int n, __m512 v) {
+    store_group(y, col, n, _mm512_castps512_ps256(v));
+    store_group(y, col + GROUP, n, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
+/* Rows r0 .. r0 + NR of y for groups g and g + 1 of Q4_1 W (K4: Q4_K W), as q4_tile_n and
+ * q4k_tile_n compute each group. */
+static inline __attribute__((always_inline)) void q4_pair_tile_n(const Q4Matrix *W, int g,
+                                                                 const QuantizedRows *q, int r0,
+                                                                 const int NR, const int K4,
+                                                                 float *y) {
+    const int K = W->k, N = W->n, nb = K / QK, ns = K / QK_K;
+    const size_t next = (size_t)nb * 128;
+    const uint8_t *wq = W->qs + (size_t)g * next;
+    __m512 acc[ROW_TILE], accm[ROW_TILE];
+    for (int r = 0; r < NR; r++) acc[r] = accm[r] = _mm512_setzero_ps();
+    if (K4) {
+        const size_t bn = (size_t)nb * GROUP, sn = (size_t)ns * GROUP;
+        const uint8_t *sc = W->sc + (size_t)g * bn, *mn = W->mn + (size_t)g * bn;
+        const uint16_t *wd = W->d + (size_t)g * sn, *wm = W->m + (size_t)g * sn;
+        for (int sb = 0; sb < ns; sb++) {
+            __m512 part[ROW_TILE];
+            for (int r = 0; r < NR; r++) part[r] = _mm512_setzero_ps();
+            for (int b = sb * (QK_K / QK); b < (sb + 1) * (QK_K / QK); b++) {
+                __m512i w[8];
+                q4_unpack_pair(wq + (size_t)b * 128, next, w);
+                const __m512i sc16 = u8_pair(sc + b * GROUP, sc + bn + b * GROUP);
+                for (int r = 0; r < NR; r++) {
+                    const size_t row = (size_t)(r0 + r);
+                    const __m512i s = q4_pair_dot(w, q->qx + row * K + b * QK);
+                    part[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(s, sc16)),
+                                              _mm512_set1_ps(q->dx[row * nb + b]), part[r]);
+                }
+            }
+            const __m512 d16 = ph_pair(wd + sb * GROUP, wd + sn + sb * GROUP);
+            for (int r = 0; r < NR; r++) acc[r] = _mm512_fmadd_ps(part[r], d16, acc[r]);
+        }
+        for (int sb = 0; sb < ns; sb++) {
+            __m512 part[ROW_TILE];
+            for (int r = 0; r < NR; r++) part[r] = _mm512_setzero_ps();
+            for (int b = sb * (QK_K / QK); b < (sb + 1) * (QK_K / QK); b++) {
+                const __m512 mn16 = _mm512_cvtepi32_ps(u8_pair(mn + b * GROUP, mn + bn + b * GROUP));
+                for (int r = 0; r < NR; r++)
+                    part[r] = _mm512_fmadd_ps(
+                        mn16, _mm512_set1_ps(q->sx[(size_t)(r0 + r) * nb + b]), part[r]);
+            }
+            const __m512 m16 = ph_pair(wm + sb * GROUP, wm + sn + sb * GROUP);
+            for (int r = 0; r < NR; r++) acc[r] = _mm512_fmadd_ps(part[r], m16, acc[r]);
+        }
+    } else {
+        const size_t bn = (size_t)nb * GROUP;
+        const uint16_t *wd = W->d + (size_t)g * bn, *wm = W->m + (size_t)g * bn;
+        for (int b = 0; b < nb; b++) {
+            __m512i w[8];
+            q4_unpack_pair(wq + (size_t)b * 128, next, w);
+            const __m512 d16 = ph_pair(wd + b * GROUP, wd + bn + b * GROUP);
+            for (int r = 0; r < NR; r++) {
+                const size_t row = (size_t)(r0 + r);
+                const __m512i s = q4_pair_dot(w, q->qx + row * K + b * QK);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s),
+                                         _mm512_mul_ps(d16, _mm512_set1_ps(q->dx[row * nb + b])),
+                                         acc[r]);
+            }
+        }
+        for (int b = 0; b < nb; b++) {
+            const __m512 m16 = ph_pair(wm + b * GROUP, wm + bn + b * GROUP);
+            for (int r = 0; r < NR; r++)
+                accm[r] = _mm512_fmadd_ps(m16, _mm512_set1_ps(q->sx[(size_t)(r0 + r) * nb + b]),
+                                          accm[r]);
+        }
+        for (int r = 0; r < NR; r++) acc[r] = _mm512_add_ps(acc[r], accm[r]);
+    }
+    for (int r = 0; r < NR; r++) store_pair(y + (size_t)(r0 + r) * N, g * GROUP, N, acc[r]);
+}
+
+static inline __attribute__((always_inline)) void q4_pair_tile(const Q4Matrix *W, int g,
+                                                               const QuantizedRows *q, int r0,
+                                                               int nr, const int K4, float *y) {
+    switch (nr) {
+    case 1: q4_pair_tile_n(W, g, q, r0, 1, K4, y); break;
+    case 2: q4_pair_tile_n(W, g, q, r0, 2, K4, y); break;
+    case 3: q4_pair_tile_n(W, g, q, r0, 3, K4, y); break;
+    default: q4_pair_tile_n(W, g, q, r0, 4, K4, y); break;
+    }
+}
+#endif
+
 /* q4k_tile_n for nr rows, each row count (and Q5, a constant at each call) compiled apart. */
 static inline __attribute__((always_inline)) void q4k_tile(const Q4Matrix *W, int g0, int g1,
                                                            const QuantizedRows *q, int r0,
@@ -203,7 +344,13 @@ static inline __attribute__((always_inline)) void q4k_tile(const Q4Matrix *W, in
 }
 
 static void q4_tile(const Q4Matrix *W, int g0, int g1, const QuantizedRows *q, int r0, int nr,
-                    float *y) {
+                    int rows, float *y) {
+#if HAVE_VNNI
+    if (!W->qh && pair_min_rows > 0 && rows >= pair_min_rows) {
+        for (; g0 + 2 <= g1; g0 += 2) q4_pair_tile(W, g0, q, r0, nr, W->sc != NULL, y);
+        if (g0 == g1) return;
+    }
+#endif
     if (W->qh) {
         q4k_tile(W, g0, g1, q, r0, nr, 1, y);
         return;
@@ -233,7 +380,8 @@ static void q4_chunk(void *arg, int c) {
     const Q4Task *t = (const Q4Task *)arg;
     int g0 = c * CHUNK_GROUPS, g1 = chunk_end(t->w->n, c);
     for (int r0 = 0; r0 < t->rows; r0 += ROW_TILE)
-        q4_tile(t->w, g0, g1, t->q, r0, t->rows - r0 < ROW_TILE ? t->rows - r0 : ROW_TILE, t->y);
+        q4_tile(t->w, g0, g1, t->q, r0, t->rows - r0 < ROW_TILE ? t->rows - r0 : ROW_TILE, t->rows,
+                t->y);
 }
 
 void q4_int8_matmul(const Q4Matrix *w, const QuantizedRows *q, int rows, float *y,

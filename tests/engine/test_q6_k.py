@@ -165,3 +165,65 @@ def test_q6_k_products_hold_at_the_extremes():
                 for kind in ("i16", "q8_0"):
                     got = blocks.matmul_t(x, kind)
                     assert torch.allclose(got, exact, rtol=1e-4), (panels, kind)
+
+
+def _as_8bit_x(x: torch.Tensor) -> torch.Tensor:
+    """x as the 8-bit activations hold it (activations.c: per 32, max|x| / 127, to nearest
+    even), in float64."""
+    rows, k = x.shape
+    xb = x.double().reshape(rows, k // 32, 32)
+    d = xb.abs().amax(-1, keepdim=True) / 127
+    q = torch.round(xb / torch.where(d > 0, d, torch.ones_like(d)))
+    return (q * d).reshape(rows, k)
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 3, 5, 9, 17])
+@pytest.mark.parametrize("panels", [0, 1])
+def test_the_native_paths_8bit_layer_products_are_exact_on_their_activations(rows, panels):
+    """A GGUF's Q8_0 and Q6_K layers on the native path (kernels.q8_0_layers_gemm): with
+    AVX512-VNNI, x at 8 bits a block as llama.cpp takes them, the weights offset to unsigned
+    and the offsets taken off in integers; the product then equals float64's on those
+    activations (grouped tiles for Q8_0, panels for both). Elsewhere, and for Q6_K below the
+    panels, the 16-bit product: within its rounding of the exact one."""
+    lib = kernels.load()
+    assert lib is not None
+    eight_bit = kernels.backend().vnni
+    g = torch.Generator().manual_seed(rows)
+    for n in (24, 200):
+        x = torch.randn(rows, 512, generator=g)
+        x[:, 7] *= 30
+        for w in (
+            _as_kernel_q6_k(random_q6_k_tensor(n, 512, rows)),
+            Q8_0.quantize(torch.randn(n, 512, generator=g) * 0.05).for_kernel(),
+        ):
+            sc = w.k_parts()
+            with _panel_rows(0, panels):
+                got = kernels.q8_0_layers_gemm(lib, w.qs, w.d, x, w.n, sc).double()
+            on_8bit = eight_bit and (panels or sc is None)
+            want = (_as_8bit_x(x) if on_8bit else x.double()) @ w.dequantize().double().T
+            bound = 1e-6 if on_8bit else 5e-4  # 16 bits a block, one x 30x its block
+            assert (got - want).abs().max() <= bound * want.abs().max(), (type(w).__name__, n)
+
+
+@needs_kernels
+def test_the_8bit_layer_products_hold_at_the_extremes():
+    """Q8_0's largest weights (q + 128: 255 or 1) and Q6_K's (q 63 or 0, offset -32) against
+    x at its block's largest: the 8-bit products' offset integer sums stay within int32."""
+    lib = kernels.load()
+    assert lib is not None
+    n, k = 16, 256
+    x = torch.ones(3, k)
+    x[1] *= -1
+    q6 = Q6_K(
+        torch.zeros(n, k * 3 // 4, dtype=torch.uint8),
+        torch.full((n, k // 256), 0.001, dtype=torch.float16),
+        sc=torch.full((n, k // 16), -128, dtype=torch.int8),
+    ).for_kernel()
+    q8 = Q8_0.quantize(torch.full((n, k), -1.0)).for_kernel()
+    for w in (q6, q8):
+        exact = x @ w.dequantize().T
+        for panels in (0, 1):
+            with _panel_rows(0, panels):
+                got = kernels.q8_0_layers_gemm(lib, w.qs, w.d, x, w.n, w.k_parts())
+            assert torch.allclose(got, exact, rtol=1e-4), (type(w).__name__, panels)

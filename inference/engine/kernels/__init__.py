@@ -149,6 +149,8 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.set_pair_min_rows.restype = None
     lib.q8_0_gemm.argtypes = [p, p, i, i, p, i, i, p, i, p]
     lib.q8_0_gemm.restype = i
+    lib.q8_0_layers_gemm.argtypes = [p, p, i, i, p, i, i, p, i, p]
+    lib.q8_0_layers_gemm.restype = i
     lib.decode_layer.argtypes = [
         ctypes.POINTER(LayerShape), ctypes.POINTER(LayerWeights), p, i, i, p, p, p, p, i, p, i
     ]  # fmt: skip
@@ -435,6 +437,28 @@ def q8_0_gemm(
     )  # fmt: skip
     if rc:
         raise RuntimeError(f"q8_0_gemm failed ({rc})")
+    return y
+
+
+def q8_0_layers_gemm(
+    lib: ctypes.CDLL,
+    qs: torch.Tensor,
+    d: torch.Tensor,
+    x: torch.Tensor,
+    n: int,
+    sc: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The native path's product of a Q8_0 or Q6_K layer matrix (q8_0_gemm's weights):
+    x at 8 bits a block where the kernels have AVX512-VNNI (as llama.cpp takes them), else
+    at 16 (gemm_dispatch.c's q8_layers_matmul)."""
+    rows, k = x.shape
+    y = torch.empty(rows, n, dtype=torch.float32)
+    rc = lib.q8_0_layers_gemm(
+        qs.data_ptr(), d.data_ptr(), n, k, x.data_ptr(), rows, rows, y.data_ptr(), threads(),
+        None if sc is None else sc.data_ptr(),
+    )  # fmt: skip
+    if rc:
+        raise RuntimeError(f"q8_0_layers_gemm failed ({rc})")
     return y
 
 

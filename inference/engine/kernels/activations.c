@@ -10,7 +10,7 @@
 #include "simd.h"
 
 /* Per block of 32: d = max|x| / 127, q = round(x / d) (to nearest even, as lrintf). */
-static void quantize_row(const float *x, int K, int8_t *qx, float *dx, float *sx) {
+static void quantize_row(const float *x, int K, int8_t *qx, float *dx, float *sx, int32_t *s16) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int b = 0; b < K / QK; b++) {
@@ -24,8 +24,11 @@ static void quantize_row(const float *x, int K, int8_t *qx, float *dx, float *sx
         __m256 vid = _mm256_set1_ps(id);
         __m256i q[4];
         for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], vid));
-        int sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]),
-                                              _mm256_add_epi32(q[2], q[3])));
+        const int lo = hsum_epi32(_mm256_add_epi32(q[0], q[1]));
+        const int hi = hsum_epi32(_mm256_add_epi32(q[2], q[3]));
+        const int sum = lo + hi;
+        s16[2 * b] = lo;
+        s16[2 * b + 1] = hi;
         __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
                                        _mm256_packs_epi32(q[2], q[3]));
         _mm256_storeu_si256((__m256i *)(qx + b * QK), _mm256_permutevar8x32_epi32(p, order));
@@ -44,7 +47,8 @@ static void quantize_one(void *arg, int r) {
     const QuantTask *t = (const QuantTask *)arg;
     const int nb = t->K / QK;
     quantize_row(t->x + (size_t)r * t->K, t->K, t->out->qx + (size_t)r * t->K,
-                 t->out->dx + (size_t)r * nb, t->out->sx + (size_t)r * nb);
+                 t->out->dx + (size_t)r * nb, t->out->sx + (size_t)r * nb,
+                 t->out->s16 + (size_t)r * 2 * nb);
 }
 
 /* Over the pool: at a step of 64 rows, quantizing a product's input on the caller alone
@@ -54,7 +58,8 @@ int quantize_rows(const float *x, int rows, int K, QuantizedRows *out, int nthre
     out->qx = (int8_t *)aligned_alloc(32, ((size_t)rows * K + 31) / 32 * 32);
     out->dx = (float *)malloc(sizeof(float) * (size_t)rows * nb);
     out->sx = (float *)malloc(sizeof(float) * (size_t)rows * nb);
-    if (!out->qx || !out->dx || !out->sx) return -1;
+    out->s16 = (int32_t *)malloc(sizeof(int32_t) * (size_t)rows * 2 * nb);
+    if (!out->qx || !out->dx || !out->sx || !out->s16) return -1;
     QuantTask t = {x, K, out};
     pool_rows(quantize_one, &t, rows, nthreads);
     return 0;
@@ -64,6 +69,7 @@ void free_rows(QuantizedRows *q) {
     free(q->qx);
     free(q->dx);
     free(q->sx);
+    free(q->s16);
 }
 
 int quantize_rows16(const float *x, int rows, int K, Wide *out) {

@@ -82,9 +82,10 @@ static inline Q8Matrix q8_matrix(const void *qs, const void *d, int n, int k, co
     return w;
 }
 
-/* Q6_K's pair p (0..15) of group and block gb: 16 int8 q - 32 in Q8_0's byte order. */
-static inline __attribute__((always_inline)) __m128i q6_pair(const Q8Matrix *W, size_t gb,
-                                                             int p) {
+/* Q6_K's pair p (0..15) of group and block gb: 16 q (0..63, the file's, before its -32) in
+ * Q8_0's byte order. */
+static inline __attribute__((always_inline)) __m128i q6_pair_u(const Q8Matrix *W, size_t gb,
+                                                               int p) {
     const uint8_t *lo = (const uint8_t *)W->qs + gb * 192, *hi = lo + 128;
     const __m128i l = _mm_loadu_si128((const __m128i *)(lo + 16 * (p & 7)));
     const __m128i h = _mm_loadu_si128((const __m128i *)(hi + 16 * (p & 3)));
@@ -92,8 +93,26 @@ static inline __attribute__((always_inline)) __m128i q6_pair(const Q8Matrix *W, 
     /* the top bits 2j, 2j + 1 moved to bits 4, 5 (within each byte: masked after) */
     const int j = p >> 2;
     const __m128i t = j < 3 ? _mm_slli_epi16(h, 4 - 2 * j) : _mm_srli_epi16(h, 2);
-    const __m128i q = _mm_or_si128(nib, _mm_and_si128(t, _mm_set1_epi8(0x30)));
-    return _mm_sub_epi8(q, _mm_set1_epi8(32));
+    return _mm_or_si128(nib, _mm_and_si128(t, _mm_set1_epi8(0x30)));
+}
+
+/* The same as int8 q - 32. */
+static inline __attribute__((always_inline)) __m128i q6_pair(const Q8Matrix *W, size_t gb,
+                                                             int p) {
+    return _mm_sub_epi8(q6_pair_u(W, gb, p), _mm_set1_epi8(32));
+}
+
+/* Pairs p and p + 1 of a block (16 bytes each: k, k + 1 of 8 columns) as one vector of each
+ * column's 4 k, column c in lane c (the 8-bit products' order: vpdpbusd's quads). */
+static inline __m256i quad_of_pairs(__m128i a, __m128i b) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi16(a, b)),
+                                   _mm_unpackhi_epi16(a, b), 1);
+}
+
+/* Q8_0's 16 bytes at p, offset to unsigned (q + 128, 0..255): the 8-bit products' first
+ * operand. */
+static inline __m128i q8_pair_u(const int8_t *p) {
+    return _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_set1_epi8((char)0x80));
 }
 
 /* Q6_K group g's block b: its 8 columns' scales d * sc of k 0..15 (*lo) and 16..31 (*hi)
@@ -177,6 +196,12 @@ __attribute__((visibility("hidden"))) int q8_amx_matmul(const Q8Matrix *w, const
 __attribute__((visibility("hidden"))) int q4_panel8_matmul(const Q4Matrix *w, const int8_t *qx,
                                                            const float *dx, const float *sx,
                                                            int rows, float *y, int nthreads);
+/* The same panels for Q8_0 or Q6_K W (s16: x's sum(qx) per 16 k), built for AVX512-VNNI
+ * only (gemm_dispatch.c's q8_layers_matmul). */
+__attribute__((visibility("hidden"))) int q8_panel8_matmul(const Q8Matrix *w, const int8_t *qx,
+                                                           const float *dx, const float *sx,
+                                                           const int32_t *s16, int rows, float *y,
+                                                           int nthreads);
 /* y [rows, N] = x @ W.T for Q8_0 or Q6_K W, x at 16 bits a block (15 for Q6_K, whose
  * weights the panel holds times their scales), on panel_gemm.c's 16-bit tile (512-bit with
  * AVX512-VNNI, else AVX2's): 0, or -1 out of memory. */

@@ -46,6 +46,7 @@ static inline void store_group(float *y, int col, int n, __m256 v) {
 typedef struct {
     int8_t *qx;
     float *dx, *sx; /* per row and block: the scale, and scale * sum(qx) */
+    int32_t *s16;   /* per row and 16 k: sum(qx) (the 8-bit Q8_0 and Q6_K products' offsets) */
 } QuantizedRows;
 
 /* x [rows, K] per block of 32 to int8 (Q4_1's products), over the pool; -1 out of memory
@@ -95,6 +96,11 @@ static inline int chunk_end(int n, int c) {
 HIDDEN void q4_int8_matmul(const Q4Matrix *w, const QuantizedRows *q, int rows, float *y,
                            int nthreads);
 HIDDEN void q8_int16_matmul(const Q8Matrix *w, const Wide *q, int rows, float *y, int nthreads);
+#if HAVE_VNNI
+/* Q8_0 or Q6_K W by int8 x, a few rows a tile (q8_0_gemm.c; the panels': common.h). */
+HIDDEN void q8_int8_matmul(const Q8Matrix *w, const QuantizedRows *q, int rows, float *y,
+                           int nthreads);
+#endif
 #if HAVE_BF16_GEMM
 HIDDEN void q4_bf16_matmul(const Q4Matrix *w, const Bf16Rows *q, int rows, float *y,
                            int nthreads);
@@ -113,8 +119,9 @@ HIDDEN int q4_matmul(const Q4Matrix *w, const float *x, int rows, int as_rows, f
 HIDDEN int q8_i16_matmul(const Q8Matrix *w, const float *x, int rows, float *y, int nthreads,
                          int panel_min_rows);
 
-/* The same for a Q8_0 or Q6_K layer matrix (gemm_dispatch.c): the panels from the head's
- * panel rows, as the torch path's Q8_0 layers take them. 0, or -1 out of memory. */
+/* The same for a Q8_0 or Q6_K layer matrix on the native path (gemm_dispatch.c): with
+ * AVX512-VNNI by 8-bit x (Q6_K below the head's panel rows by 16-bit), else as the torch
+ * path's take them; the panels from the head's panel rows. 0, or -1 out of memory. */
 HIDDEN int q8_layers_matmul(const Q8Matrix *w, const float *x, int rows, int as_rows, float *y,
                             int nthreads);
 

@@ -54,7 +54,35 @@ static inline int panels_from(int as_rows) {
 
 int q8_layers_matmul(const Q8Matrix *w, const float *x, int rows, int as_rows, float *y,
                      int nthreads) {
+#if HAVE_VNNI
+    /* 8-bit x, as llama.cpp takes these layers: Q8_0's a few rows a tile, both on the
+     * panels from the head's panel rows; Q6_K below them keeps the 16-bit tile (its 6-bit
+     * unpacking a pair at a time outweighed the halved multiply-adds there). */
+    const int panels = panels_from(as_rows);
+    if (w->sc && !panels) return q8_i16_matmul(w, x, rows, y, nthreads, 0);
+    QuantizedRows q;
+    int rc = quantize_rows(x, rows, w->k, &q, nthreads);
+    if (!rc) {
+        if (panels)
+            rc = q8_panel8_matmul(w, q.qx, q.dx, q.sx, q.s16, rows, y, nthreads);
+        else
+            q8_int8_matmul(w, &q, rows, y, nthreads);
+    }
+    free_rows(&q);
+    return rc;
+#else
     return q8_i16_matmul(w, x, rows, y, nthreads, panels_from(as_rows));
+#endif
+}
+
+/* y [rows, N] = x [rows, K] @ W.T for a Q8_0 or Q6_K layer matrix (Q6_K's where sc is
+ * given, d then its fp16 d per 256) as the native path multiplies it (q8_layers_matmul);
+ * 0, -1 out of memory, -2 K not whole blocks. */
+int q8_0_layers_gemm(const int8_t *qs, const void *d, int N, int K, const float *x, int rows,
+                     int as_rows, float *y, int nthreads, const int8_t *sc) {
+    if (K % (sc ? QK_K : QK)) return -2;
+    Q8Matrix w = q8_matrix(qs, d, N, K, sc);
+    return q8_layers_matmul(&w, x, rows, as_rows, y, nthreads);
 }
 
 /* y [rows, N] = x [rows, K] @ W.T for Q4_1 W in the kernel layout. */

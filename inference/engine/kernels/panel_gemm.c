@@ -455,6 +455,8 @@ typedef struct {
     int rows;
     float *y;
     atomic_int failed;
+    const Q8Matrix *w8;   /* Q8_0 or Q6_K weights (q8_panel8_matmul); w then their shape */
+    const int32_t *s16;   /* [rows][K / 16]: sum(qx) (Q6_K's offsets) */
 } Panel8Task;
 
 #if HAVE_I16_VNNI
@@ -546,6 +548,94 @@ static void tile256_u8(const void *task, const int32_t *panel, int r0, int rows,
 #else
 #define TILE_U8 tile512_u8
 #define TILE_U8_ROWS MR512
+#endif
+
+#if HAVE_I16_VNNI
+/* A GGUF's Q8_0 and Q6_K layers on the same 8-bit panels (the native path's products of
+ * many rows; fewer rows: q8_0_gemm.c's q8u_tile_n). The bytes go in unsigned, as there:
+ * Q8_0's q + 128, whose offset is an m of -128 d (sx = dx sum(qx): tile512_u8 unchanged);
+ * Q6_K's q (0..63), whose two scales a block (one per 16 k) take the panel's d and m slots
+ * (lo, hi) and whose -32 comes off each half's integer sums (tile512_u8_q6). */
+static void panel_q8_u8(const void *w, int g, int h, int32_t *panel) {
+    const Q8Matrix *W = (const Q8Matrix *)w;
+    const int nb = W->k / QK;
+    float *ds = (float *)(panel + (size_t)W->k / 4 * NR), *ms = ds + (size_t)nb * NR;
+    for (int b = 0; b < nb; b++) {
+        const size_t gb = (size_t)g * nb + b;
+        int32_t *out = panel + (size_t)b * (QK / 4) * NR + 8 * h;
+        if (W->sc) {
+            __m256 lo, hi;
+            q6_block_scales(W, (size_t)g, b, &lo, &hi);
+            _mm256_store_ps(ds + b * NR + 8 * h, lo);
+            _mm256_store_ps(ms + b * NR + 8 * h, hi);
+            for (int i = 0; i < QK / 4; i++)
+                _mm256_store_si256((__m256i *)(out + i * NR),
+                                   quad_of_pairs(q6_pair_u(W, gb, 2 * i), q6_pair_u(W, gb, 2 * i + 1)));
+            continue;
+        }
+        const __m256 d = _mm256_loadu_ps(W->d + gb * GROUP);
+        _mm256_store_ps(ds + b * NR + 8 * h, d);
+        _mm256_store_ps(ms + b * NR + 8 * h, _mm256_mul_ps(d, _mm256_set1_ps(-128.0f)));
+        const int8_t *q = W->qs + gb * 256;
+        for (int i = 0; i < QK / 4; i++)
+            _mm256_store_si256((__m256i *)(out + i * NR),
+                               quad_of_pairs(q8_pair_u(q + 32 * i), q8_pair_u(q + 32 * i + 16)));
+    }
+}
+
+/* tile512_u8 for Q6_K's panels: each block's halves summed apart, each from its -32 times
+ * the half's sum(qx), then times its scale. */
+static void tile512_u8_q6(const void *task, const int32_t *panel, int r0, int rows, int n0) {
+    const Panel8Task *t = (const Panel8Task *)task;
+    const int K = t->w->k, nb = K / QK;
+    const float *ds = (const float *)(panel + (size_t)K / 4 * NR), *ms = ds + (size_t)nb * NR;
+    size_t row[MR512];
+    tile_rows(r0, rows, row);
+    __m512 acc[MR512];
+    for (int r = 0; r < MR512; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m512i lo[MR512], hi[MR512];
+        for (int r = 0; r < MR512; r++) {
+            const int32_t *s16 = t->s16 + row[r] * (K / 16) + 2 * b;
+            lo[r] = _mm512_set1_epi32(-32 * s16[0]);
+            hi[r] = _mm512_set1_epi32(-32 * s16[1]);
+        }
+        const int32_t *wb = panel + (size_t)b * (QK / 4) * NR;
+        for (int i = 0; i < QK / 8; i++) {
+            const __m512i w = _mm512_load_si512((const void *)(wb + i * NR));
+            for (int r = 0; r < MR512; r++)
+                lo[r] = dpb_into(lo[r], w, t->qx + row[r] * K + b * QK + 4 * i);
+        }
+        for (int i = QK / 8; i < QK / 4; i++) {
+            const __m512i w = _mm512_load_si512((const void *)(wb + i * NR));
+            for (int r = 0; r < MR512; r++)
+                hi[r] = dpb_into(hi[r], w, t->qx + row[r] * K + b * QK + 4 * i);
+        }
+        const __m512 dl = _mm512_load_ps(ds + b * NR), dh = _mm512_load_ps(ms + b * NR);
+        for (int r = 0; r < MR512; r++) {
+            const __m512 part = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi[r]), dh,
+                                                _mm512_mul_ps(_mm512_cvtepi32_ps(lo[r]), dl));
+            acc[r] = _mm512_fmadd_ps(part, _mm512_set1_ps(t->dx[row[r] * nb + b]), acc[r]);
+        }
+    }
+    store_tile512(t->y, t->w->n, n0, r0, rows, acc);
+}
+
+static void panel8_q8_chunk(void *arg, int c) {
+    Panel8Task *t = (Panel8Task *)arg;
+    const size_t need = (size_t)t->w->k * NR + (size_t)t->w->k / QK * NR * 8;
+    if (panel_pass(t, t->w8, t->w->n, t->rows, c, need, panel_q8_u8,
+                   t->w8->sc ? tile512_u8_q6 : tile512_u8, MR512))
+        atomic_store(&t->failed, 1);
+}
+
+int q8_panel8_matmul(const Q8Matrix *w, const int8_t *qx, const float *dx, const float *sx,
+                     const int32_t *s16, int rows, float *y, int nthreads) {
+    const Q4Matrix shape = {NULL, NULL, NULL, w->n, w->k, NULL, NULL, NULL};
+    Panel8Task t = {&shape, qx, dx, sx, rows, y, 0, w, s16};
+    pool_run(panel8_q8_chunk, &t, (w->n + NR - 1) / NR, nthreads);
+    return atomic_load(&t.failed) ? -1 : 0;
+}
 #endif
 
 static void panel8_chunk(void *arg, int c) {

@@ -107,3 +107,109 @@ void q8_int16_matmul(const Q8Matrix *w, const Wide *q, int rows, float *y, int n
     Q8Task t = {w, q, rows, y};
     pool_run(q8_chunk, &t, chunks_of(w->n), nthreads);
 }
+
+#if HAVE_VNNI
+/* Q8_0 and Q6_K by int8 activations (a GGUF's 8-bit and Q6_K layers, as llama.cpp takes
+ * them: q8_0 and q8_K activations): vpdpbusd does 4 k of a column an instruction where the
+ * 16-bit product's vpdpwssd does 2. Its first operand is unsigned, so the weights go in
+ * offset: Q8_0's q + 128 (0..255), Q6_K's q (0..63, the file's, before its -32), and each
+ * 16 k's sum(qx) (QuantizedRows.s16) times the offset comes off the integer sums (32 x 255
+ * x 127 < 2^31). At 16 rows of a Llama-1B-shaped Q4_K_M file's Q6_K ffn_down the 16-bit
+ * product took ~2.5x Q4_K's time a weight (python -m inference.bench.kernels --shapes
+ * llama-1b). */
+
+/* Rows r0 .. r0 + NR of y for groups g0 .. g1 of Q8_0 W (Q6: Q6_K W), by int8 x: per block
+ * the 16 k halves' sums apart where Q6_K's scales change, as q8_tile_n's. */
+static inline __attribute__((always_inline)) void q8u_tile_n(const Q8Matrix *W, int g0, int g1,
+                                                             const QuantizedRows *q, int r0,
+                                                             const int NR, const int Q6,
+                                                             float *y) {
+    const int K = W->k, N = W->n, nb = K / QK;
+    for (int g = g0; g < g1; g++) {
+        const int8_t *wq = Q6 ? NULL : W->qs + (size_t)g * nb * 256;
+        const float *wd = Q6 ? NULL : W->d + (size_t)g * nb * GROUP;
+        __m256 acc[ROW_TILE];
+        for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const size_t gb = (size_t)g * nb + b;
+            __m256i w[8];
+            for (int i = 0; i < 8; i++) {
+                __m128i a, c;
+                if (Q6) {
+                    a = q6_pair_u(W, gb, 2 * i);
+                    c = q6_pair_u(W, gb, 2 * i + 1);
+                } else {
+                    const int8_t *wb = wq + (size_t)b * 256 + 32 * i;
+                    a = q8_pair_u(wb);
+                    c = q8_pair_u(wb + 16);
+                }
+                w[i] = quad_of_pairs(a, c);
+            }
+            if (Q6) {
+                __m256 lo, hi;
+                q6_block_scales(W, (size_t)g, b, &lo, &hi);
+                for (int r = 0; r < NR; r++) {
+                    const size_t row = (size_t)(r0 + r);
+                    const int8_t *xq = q->qx + row * K + b * QK;
+                    const int32_t *s16 = q->s16 + row * 2 * nb + 2 * b;
+                    __m256i s = _mm256_set1_epi32(-32 * s16[0]), h = _mm256_set1_epi32(-32 * s16[1]);
+                    for (int i = 0; i < 4; i++) s = _mm256_dpbusd_epi32(s, w[i], bcast4(xq + 4 * i));
+                    for (int i = 4; i < 8; i++) h = _mm256_dpbusd_epi32(h, w[i], bcast4(xq + 4 * i));
+                    const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), hi,
+                                                     _mm256_mul_ps(_mm256_cvtepi32_ps(s), lo));
+                    acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(q->dx[row * nb + b]), acc[r]);
+                }
+                continue;
+            }
+            const __m256 d8 = _mm256_loadu_ps(wd + b * GROUP);
+            for (int r = 0; r < NR; r++) {
+                const size_t row = (size_t)(r0 + r);
+                const int8_t *xq = q->qx + row * K + b * QK;
+                const int32_t *s16 = q->s16 + row * 2 * nb + 2 * b;
+                __m256i s = _mm256_set1_epi32(-128 * (s16[0] + s16[1]));
+                for (int i = 0; i < 8; i++) s = _mm256_dpbusd_epi32(s, w[i], bcast4(xq + 4 * i));
+                const __m256 sc = _mm256_mul_ps(d8, _mm256_set1_ps(q->dx[row * nb + b]));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc[r]);
+            }
+        }
+        for (int r = 0; r < NR; r++) store_group(y + (size_t)(r0 + r) * N, g * GROUP, N, acc[r]);
+    }
+}
+
+#define Q8U_TILES(Q6)                                                                         \
+    switch (nr) {                                                                             \
+    case 1: q8u_tile_n(W, g0, g1, q, r0, 1, Q6, y); break;                                    \
+    case 2: q8u_tile_n(W, g0, g1, q, r0, 2, Q6, y); break;                                    \
+    case 3: q8u_tile_n(W, g0, g1, q, r0, 3, Q6, y); break;                                    \
+    default: q8u_tile_n(W, g0, g1, q, r0, 4, Q6, y); break;                                   \
+    }
+
+static void q8u_tile(const Q8Matrix *W, int g0, int g1, const QuantizedRows *q, int r0, int nr,
+                     float *y) {
+    if (W->sc) {
+        Q8U_TILES(1)
+    } else {
+        Q8U_TILES(0)
+    }
+}
+
+typedef struct {
+    const Q8Matrix *w;
+    const QuantizedRows *q;
+    int rows;
+    float *y;
+} Q8uTask;
+
+static void q8u_chunk(void *arg, int c) {
+    const Q8uTask *t = (const Q8uTask *)arg;
+    int g0 = c * CHUNK_GROUPS, g1 = chunk_end(t->w->n, c);
+    for (int r0 = 0; r0 < t->rows; r0 += ROW_TILE)
+        q8u_tile(t->w, g0, g1, t->q, r0, t->rows - r0 < ROW_TILE ? t->rows - r0 : ROW_TILE, t->y);
+}
+
+void q8_int8_matmul(const Q8Matrix *w, const QuantizedRows *q, int rows, float *y,
+                    int nthreads) {
+    Q8uTask t = {w, q, rows, y};
+    pool_run(q8u_chunk, &t, chunks_of(w->n), nthreads);
+}
+#endif

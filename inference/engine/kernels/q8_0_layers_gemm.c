@@ -1,6 +1,8 @@
-/* Q8_0 and Q6_K layers' products (a GGUF whose layers have more than 4 bits): the
- * head's 16-bit products (q8_0_gemm's grouped tiles, then the panels from `panel_min_rows`)
- * at every size, never AMX's bf16 tiles. Those round x and each d * q to bf16: ~2.5e-3 of a
+/* Q8_0 and Q6_K layers' 16-bit products (a GGUF whose layers have more than 4 bits), the
+ * larger steps' (and, without AVX512-VNNI, the native path's: gemm_dispatch.c's
+ * q8_layers_matmul, which with it takes 8-bit x as llama.cpp does): the head's products
+ * (q8_0_gemm's grouped tiles, then the panels from `panel_min_rows`) at every size, never
+ * AMX's bf16 tiles. Those round x and each d * q to bf16: ~2.5e-3 of a
  * product against ~4e-5 here, which on a tiny llama's Q5_K_M file moved a next token's
  * choice 0.95 nats off llama.cpp's, where the 16-bit products kept it within 0.48
  * (tests/engine/test_gguf_models.py). */

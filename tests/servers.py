@@ -1,6 +1,8 @@
 """A real server process (daphne) of this app on the tiny model, with a user and an API
 key, and the helpers the API and backend tests drive it with. The conftests of
-tests/openai_api and tests/backends offer its fixtures."""
+tests/openai_api and tests/backends offer its fixtures: one server for each of those
+packages (a start costs seconds: Django, the engine, a user made by `manage.py`), and an
+API key of its own for each module, so that no module meets another's per-key limits."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from tools.live_server import LiveServer
 PASSWORD = "a-long-test-password-1"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[LiveServer]:
     srv = LiveServer(tmp_path_factory.mktemp("api-server"), tiny_model_dir).start()
     srv.make_user("apiuser", PASSWORD)

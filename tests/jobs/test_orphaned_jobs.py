@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tools.live_server import ROOT, DjangoProcess
@@ -56,11 +57,26 @@ class LongWorker(DjangoProcess):
             self.python("from chatapp.jobs import queue; print(queue.start('benchmark').pk)")
         )
 
+    def bench_running(self) -> bool:
+        """Whether this worker's fake benchmark command (held by the gate) is running."""
+        for proc in psutil.process_iter(["cmdline"]):
+            if str(self.gate) in (proc.info["cmdline"] or []):
+                return True
+        return False
+
+    def wait_bench(self, running: bool, timeout: float = 15) -> None:
+        deadline = time.monotonic() + timeout
+        while self.bench_running() != running:
+            assert time.monotonic() < deadline, (
+                f"the fake benchmark never {'started' if running else 'ended'}"
+            )
+            time.sleep(0.05)
+
     def wait_status(self, pk: int, status: str, timeout: float = 60) -> dict[str, str]:
         deadline = time.monotonic() + timeout
         while (job := self.job(pk))["status"] != status:
             assert time.monotonic() < deadline, job
-            time.sleep(0.5)
+            time.sleep(0.1)  # a look is a read of the SQLite file: cheap
         return job
 
 
@@ -101,12 +117,14 @@ def test_cancelling_a_running_job_stops_its_work_and_frees_the_worker(
     long_worker.start()
     first = long_worker.start_benchmark()
     long_worker.wait_status(first, "running")
+    long_worker.wait_bench(running=True)
     cancelled = long_worker.python(
         "from chatapp.jobs import queue; from chatapp.jobs.models import Job; "
         f"print(queue.cancel(Job.objects.get(pk={first}), 'staff'))"
     )
     assert cancelled == "True"
-    time.sleep(3)  # the job checks its row every second and kills its command
+    # The job checks its row every second and kills its command: gone before the gate opens.
+    long_worker.wait_bench(running=False)
     long_worker.gate.touch()
     second = long_worker.start_benchmark()
     long_worker.wait_status(second, "done", timeout=30)

@@ -42,7 +42,10 @@ def test_sigterm_lets_a_running_reply_finish_and_refuses_new_ones(
             server.chat_socket("drainer", PASSWORD) as running,
             server.chat_socket("drainer", PASSWORD) as late,
         ):
-            send(running, "Tell me a long story", 400)
+            # Long enough to outlast the late send's refusal (milliseconds after the
+            # signal), short enough that the drain it waits for costs seconds: 400 tokens
+            # took 10 s on a loaded 2-core machine.
+            send(running, "Tell me a long story", 200)
             frames = frames_until(running, "delta", timeout=120)
             assert server.proc is not None
             server.proc.send_signal(signal.SIGTERM)

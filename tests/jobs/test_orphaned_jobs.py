@@ -14,7 +14,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tools.live_server import ROOT, DjangoProcess
@@ -59,9 +58,13 @@ class LongWorker(DjangoProcess):
 
     def bench_running(self) -> bool:
         """Whether this worker's fake benchmark command (held by the gate) is running."""
-        for proc in psutil.process_iter(["cmdline"]):
-            if str(self.gate) in (proc.info["cmdline"] or []):
-                return True
+        gate = str(self.gate).encode()
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                if gate in cmdline.read_bytes().split(b"\0"):
+                    return True
+            except OSError:  # the process ended meanwhile
+                pass
         return False
 
     def wait_bench(self, running: bool, timeout: float = 15) -> None:

@@ -215,8 +215,10 @@ def test_dashboard_draws_charts_from_stored_figures_and_live_load(server: LiveSe
             page.click("button[data-window='5m']")
             assert send_load(server, key) == [200] * 12
             # A second wave in the next 10-second bucket, so the live charts have a line
-            # to draw and not a single point.
-            time.sleep(10.5)
+            # to draw and not a single point. The buckets are whole multiples of 10 s since
+            # the epoch, by each request's end (chatapp/observability/dashboard.py): the
+            # next one starts at most 10 s from now, on average 5.
+            time.sleep(10 - time.time() % 10 + 0.5)
             assert send_load(server, key) == [200] * 12
             expect(page.locator("#ld-slowest tr[data-request^='api-']").first).to_be_attached(
                 timeout=20000

@@ -16,7 +16,7 @@ from inference.engine.cpu_backend import (
     HYBRID_MAX_ROWS,
     I16_BLOCK_ROWS,
 )
-from inference.engine.kernel_check import random_q4_k
+from inference.engine.kernel_check import random_q4_k, random_q5_k
 from inference.engine.layers.linear import (
     Linear,
     blocks_take_every_row,
@@ -703,13 +703,13 @@ def test_q8_0_layers_products_in_the_avx2_build():
 
 
 @needs_kernels
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 9, 17])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 9, 17, 24])
 @pytest.mark.parametrize("n", [72, 200, 1000])
 def test_two_column_groups_a_tile_give_the_same_bits(rows, n):
     """The grouped tiles' 512-bit form (two column groups a tile, q4_pair_tile) makes each
-    column's sums with the same operations in the same order as one group a tile: Q4_1's and
-    Q4_K's products are equal to the bit, whatever the rows and columns (an odd group at a
-    chunk's end, a zero-padded one)."""
+    column's sums with the same operations in the same order as one group a tile: Q4_1's,
+    Q4_K's and Q5_K's products are equal to the bit, whatever the rows (whole and partial
+    tiles) and columns (an odd group at a chunk's end, a zero-padded one)."""
     if not kernels.backend().vnni:
         pytest.skip("this build has no 512-bit tiles (AVX512-VNNI)")
     lib = kernels.load()
@@ -717,7 +717,11 @@ def test_two_column_groups_a_tile_give_the_same_bits(rows, n):
     x = torch.randn(rows, 512)
     x[:, 7] *= 30
     g = torch.Generator().manual_seed(n)
-    formats = [Q4_1.quantize(_weight(n, 512)).for_kernel(), random_q4_k(n, 512, g).for_kernel()]
+    formats = [
+        Q4_1.quantize(_weight(n, 512)).for_kernel(),
+        random_q4_k(n, 512, g).for_kernel(),
+        random_q5_k(n, 512, g).for_kernel(),
+    ]
     for w in formats:
         with _panel_rows(0, 0):
             try:

@@ -202,21 +202,31 @@ void set_pair_min_rows(int rows) { pair_min_rows = rows; }
  * float operations in the same order: the results are equal to the bit), in half the
  * instructions. That pays where a step is bound by the products' arithmetic, from ~8 rows;
  * at fewer, where the weights' bytes bound it, the two groups' streams read slower
- * (cpu_backend.PAIR_MIN_ROWS). Q5_K keeps the 256-bit tile. */
+ * (cpu_backend.PAIR_MIN_ROWS). */
 static inline __m512i pair256(const uint8_t *a, const uint8_t *b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
                               _mm256_loadu_si256((const __m256i *)b), 1);
 }
 
 /* Both groups' block (wb: the first group's 128 bytes, the second's `next` bytes on) as 8
- * vectors of q (0..15), x's 4-byte groups in order; lanes 0..7 the first group's columns. */
+ * vectors of q (0..15), x's 4-byte groups in order; lanes 0..7 the first group's columns.
+ * Q5_K's (hb: the first group's 32 qh bytes, the second's `hnext` on; NULL for Q4_1 and
+ * Q4_K) take their fifth bits as q4_unpack_half's do: 0..31. */
 static inline __attribute__((always_inline)) void q4_unpack_pair(const uint8_t *wb, size_t next,
+                                                                 const uint8_t *hb, size_t hnext,
                                                                  __m512i w[8]) {
     const __m512i mask = _mm512_set1_epi8(0x0F);
     for (int j = 0; j < 4; j++) {
         const __m512i v = pair256(wb + 32 * j, wb + next + 32 * j);
         w[2 * j] = _mm512_and_si512(v, mask);
         w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+    }
+    if (hb) {
+        const __m512i h = pair256(hb, hb + hnext), bit = _mm512_set1_epi8(0x10);
+        for (int i = 0; i < 8; i++) {
+            const __m512i t = i < 4 ? _mm512_slli_epi16(h, 4 - i) : _mm512_srli_epi16(h, i - 4);
+            w[i] = _mm512_or_si512(w[i], _mm512_and_si512(t, bit));
+        }
     }
 }
 
@@ -249,8 +259,8 @@ static inline void store_pair(float *y, int col, int n, __m512 v) {
     store_group(y, col + GROUP, n, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
 }
 
-/* Rows r0 .. r0 + NR of y for groups g and g + 1 of Q4_1 W (K4: Q4_K W), as q4_tile_n and
- * q4k_tile_n compute each group. */
+/* Rows r0 .. r0 + NR of y for groups g and g + 1 of Q4_1 W (K4: Q4_K W, or Q5_K W where it
+ * has fifth bits), as q4_tile_n and q4k_tile_n compute each group. */
 static inline __attribute__((always_inline)) void q4_pair_tile_n(const Q4Matrix *W, int g,
                                                                  const QuantizedRows *q, int r0,
                                                                  const int NR, const int K4,
@@ -264,12 +274,15 @@ static inline __attribute__((always_inline)) void q4_pair_tile_n(const Q4Matrix 
         const size_t bn = (size_t)nb * GROUP, sn = (size_t)ns * GROUP;
         const uint8_t *sc = W->sc + (size_t)g * bn, *mn = W->mn + (size_t)g * bn;
         const uint16_t *wd = W->d + (size_t)g * sn, *wm = W->m + (size_t)g * sn;
+        const size_t hnext = (size_t)nb * 32;
+        const uint8_t *wh = W->qh ? W->qh + (size_t)g * hnext : NULL;
         for (int sb = 0; sb < ns; sb++) {
             __m512 part[ROW_TILE];
             for (int r = 0; r < NR; r++) part[r] = _mm512_setzero_ps();
             for (int b = sb * (QK_K / QK); b < (sb + 1) * (QK_K / QK); b++) {
                 __m512i w[8];
-                q4_unpack_pair(wq + (size_t)b * 128, next, w);
+                q4_unpack_pair(wq + (size_t)b * 128, next, wh ? wh + (size_t)b * 32 : NULL, hnext,
+                               w);
                 const __m512i sc16 = u8_pair(sc + b * GROUP, sc + bn + b * GROUP);
                 for (int r = 0; r < NR; r++) {
                     const size_t row = (size_t)(r0 + r);
@@ -298,7 +311,7 @@ static inline __attribute__((always_inline)) void q4_pair_tile_n(const Q4Matrix 
         const uint16_t *wd = W->d + (size_t)g * bn, *wm = W->m + (size_t)g * bn;
         for (int b = 0; b < nb; b++) {
             __m512i w[8];
-            q4_unpack_pair(wq + (size_t)b * 128, next, w);
+            q4_unpack_pair(wq + (size_t)b * 128, next, NULL, 0, w);
             const __m512 d16 = ph_pair(wd + b * GROUP, wd + bn + b * GROUP);
             for (int r = 0; r < NR; r++) {
                 const size_t row = (size_t)(r0 + r);
@@ -346,7 +359,7 @@ static inline __attribute__((always_inline)) void q4k_tile(const Q4Matrix *W, in
 static void q4_tile(const Q4Matrix *W, int g0, int g1, const QuantizedRows *q, int r0, int nr,
                     int rows, float *y) {
 #if HAVE_VNNI
-    if (!W->qh && pair_min_rows > 0 && rows >= pair_min_rows) {
+    if (pair_min_rows > 0 && rows >= pair_min_rows) {
         for (; g0 + 2 <= g1; g0 += 2) q4_pair_tile(W, g0, q, r0, nr, W->sc != NULL, y);
         if (g0 == g1) return;
     }

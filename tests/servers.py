@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,39 @@ from tools.live_server import LiveServer
 PASSWORD = "a-long-test-password-1"
 
 
+def users_code(*usernames: str, password: str = PASSWORD) -> str:
+    """ORM code for LiveServer.python that makes these users (LiveServer.make_user's, for
+    several at once and for `started`)."""
+    return (
+        "from django.contrib.auth import get_user_model as g; "
+        f"[g().objects.create_user(n, password={password!r}) for n in {usernames!r}]"
+    )
+
+
+def started(server: LiveServer, *setup: str) -> LiveServer:
+    """`server` started, with each of `setup` (ORM code for LiveServer.python: its users,
+    say) run against its database while it starts: a `manage.py` call costs a second of
+    Django start-up, which the server's own start-up no longer waits for. Stopped again if
+    either fails."""
+    server.migrate()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            up = pool.submit(server.start)
+            try:
+                for code in setup:
+                    server.python(code)
+            finally:
+                up.result()
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
 @pytest.fixture(scope="package")
 def server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[LiveServer]:
-    srv = LiveServer(tmp_path_factory.mktemp("api-server"), tiny_model_dir).start()
-    srv.make_user("apiuser", PASSWORD)
+    srv = started(LiveServer(tmp_path_factory.mktemp("api-server"), tiny_model_dir),
+                  users_code("apiuser"))  # fmt: skip
     yield srv
     srv.stop()
 

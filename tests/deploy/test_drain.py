@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from tests.servers import frames_until
+from tests.servers import frames_until, started, users_code
 from tools.live_server import LiveServer
 
 PASSWORD = "a-long-test-password-1"
@@ -35,8 +35,8 @@ def stored_reply(server: LiveServer, message_id: int) -> dict[str, Any]:
 def test_sigterm_lets_a_running_reply_finish_and_refuses_new_ones(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    server = LiveServer(tmp_path, tiny_model_dir, CHAT_DRAIN_S="60").start()
-    server.make_user("drainer", PASSWORD)
+    server = started(LiveServer(tmp_path, tiny_model_dir, CHAT_DRAIN_S="60"),
+                     users_code("drainer", password=PASSWORD))  # fmt: skip
     try:
         with (
             server.chat_socket("drainer", PASSWORD) as running,
@@ -66,8 +66,8 @@ def test_sigterm_lets_a_running_reply_finish_and_refuses_new_ones(
 def test_a_reply_past_the_drain_deadline_is_saved_and_marked_cut(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    server = LiveServer(tmp_path, tiny_model_dir, CHAT_DRAIN_S="0.5").start()
-    server.make_user("drainer", PASSWORD)
+    server = started(LiveServer(tmp_path, tiny_model_dir, CHAT_DRAIN_S="0.5"),
+                     users_code("drainer", password=PASSWORD))  # fmt: skip
     try:
         with server.chat_socket("drainer", PASSWORD) as sock:
             send(sock, "Tell me a very long story", 2048)

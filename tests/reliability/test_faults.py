@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.servers import PASSWORD
+from tests.servers import PASSWORD, started, users_code
 from tools.live_server import LiveServer, free_port
 
 
@@ -55,8 +55,8 @@ def counts(db: Path) -> tuple[int, int]:
 
 @pytest.fixture
 def server(tmp_path: Path, tiny_model_dir: Path) -> Iterator[LiveServer]:
-    srv = LiveServer(tmp_path, tiny_model_dir, SQLITE_BUSY_TIMEOUT_S="0.5").start()
-    srv.make_user("apiuser", PASSWORD)
+    srv = started(LiveServer(tmp_path, tiny_model_dir, SQLITE_BUSY_TIMEOUT_S="0.5"),
+                  users_code("apiuser"))  # fmt: skip
     yield srv
     srv.stop()
 
@@ -123,9 +123,9 @@ def test_chat_keeps_working_while_redis_is_away_and_after_it_returns(
 ) -> None:
     port = free_port()
     redis = redis_server(port, tmp_path)
-    srv = LiveServer(tmp_path, tiny_model_dir, CACHE_URL=f"redis://127.0.0.1:{port}/0").start()
+    srv = LiveServer(tmp_path, tiny_model_dir, CACHE_URL=f"redis://127.0.0.1:{port}/0")
     try:
-        srv.make_user("apiuser", PASSWORD)
+        started(srv, users_code("apiuser"))
         assert chat_once(srv, "Redis is up")[-1]["status"] == "complete"
         redis.terminate()
         redis.wait(timeout=10)

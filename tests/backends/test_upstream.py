@@ -13,7 +13,7 @@ import pytest
 
 from inference.backends.upstream import UpstreamRefusal, _error_for
 from inference.engine import EngineError
-from tests.servers import PASSWORD, chat_through_the_socket
+from tests.servers import PASSWORD, chat_through_the_socket, started, users_code
 from tools.live_server import LiveServer
 
 
@@ -27,8 +27,8 @@ def front(
         ENGINE_MODE="upstream",
         ENGINE_UPSTREAM_URL=server.url + "/v1",
         ENGINE_UPSTREAM_API_KEY=api_key,
-    ).start()
-    srv.make_user("apiuser", PASSWORD)
+    )
+    started(srv, users_code("apiuser"))
     yield srv
     srv.stop()
 

@@ -17,7 +17,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.servers import PASSWORD, chat_through_the_socket, frames_until, logged_in
+from tests.servers import (
+    PASSWORD,
+    chat_through_the_socket,
+    frames_until,
+    logged_in,
+    started,
+    users_code,
+)
 from tools.live_server import LiveServer
 
 pytestmark = pytest.mark.slow
@@ -61,8 +68,8 @@ def front(
         REDIS_URL=REDIS_URL,
         CHANNEL_LAYER_PREFIX=f"test-compose-{uuid.uuid4().hex[:8]}",
         CHAT_DISCONNECT_GRACE_S="30",
-    ).start()
-    srv.make_user("apiuser", PASSWORD)
+    )
+    started(srv, users_code("apiuser"))
     yield srv
     srv.stop()
 

@@ -15,7 +15,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.servers import PASSWORD
+from tests.servers import started, users_code
 from tests.tiny_model import build_tiny_llama
 from tests.tool_model import build_tiny_tool_llama
 from tools.live_server import LiveServer
@@ -51,8 +51,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, real_model_dir: Path) -> It
         tmp_path_factory.mktemp("tools-server"),
         tools_model,
         CHATAPP_MODELS=f"plain={plain}",
-    ).start()
-    srv.make_user("apiuser", PASSWORD)
+    )
+    started(srv, users_code("apiuser"))
     yield srv
     srv.stop()
 

@@ -21,6 +21,7 @@ from chatapp.chat.models import Conversation, Message
 from chatapp.openai_api.keys import create_key
 from chatapp.openai_api.limits import KeyLimiter, RateLimited
 from chatapp.openai_api.models import ApiKey
+from tests.servers import started, users_code
 from tests.sockets import open_socket
 from tools.live_server import LiveServer
 
@@ -262,8 +263,8 @@ PASSWORD = "a-long-test-password-1"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[LiveServer]:
-    srv = LiveServer(tmp_path_factory.mktemp("bad-input-server"), tiny_model_dir).start()
-    srv.make_user("framer", PASSWORD)
+    srv = started(LiveServer(tmp_path_factory.mktemp("bad-input-server"), tiny_model_dir),
+                  users_code("framer", password=PASSWORD))  # fmt: skip
     yield srv
     srv.stop()
 

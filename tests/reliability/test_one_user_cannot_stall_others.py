@@ -17,7 +17,7 @@ import pytest
 
 from tests.chat.documents import pdf_of_shared_empty_operators
 from tests.chat.test_import import own_export_chains
-from tests.servers import PASSWORD
+from tests.servers import PASSWORD, started, users_code
 from tools.live_server import LiveServer
 
 PDF_TIMEOUT_S = 6.0
@@ -29,9 +29,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> It
         tmp_path_factory.mktemp("stall-server"),
         tiny_model_dir,
         CHAT_PDF_TIMEOUT_S=str(PDF_TIMEOUT_S),
-    ).start()
-    srv.make_user("alice", PASSWORD)
-    srv.make_user("bob", PASSWORD)
+    )
+    started(srv, users_code("alice", "bob"))
     yield srv
     srv.stop()
 

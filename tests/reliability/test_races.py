@@ -18,6 +18,7 @@ import httpx
 import pytest
 import websockets.sync.client as ws_client
 
+from tests.servers import started, users_code
 from tools.live_server import LiveServer
 
 PASSWORD = "a-long-test-password-1"
@@ -26,11 +27,8 @@ LONG = {"max_tokens": 1500, "temperature": 0}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[LiveServer]:
-    srv = LiveServer(tmp_path_factory.mktemp("races"), tiny_model_dir).start()
-    srv.python(
-        "from django.contrib.auth import get_user_model as g; "
-        f"[g().objects.create_user(n, password={PASSWORD!r}) for n in ('alice', 'bob', 'carol')]"
-    )
+    srv = LiveServer(tmp_path_factory.mktemp("races"), tiny_model_dir)
+    started(srv, users_code("alice", "bob", "carol", password=PASSWORD))
     yield srv
     srv.stop()
 

@@ -166,8 +166,8 @@ def test_distributed_mode_is_ready_only_while_a_worker_serves_the_model(
     (tmp_path / "web").mkdir()
     server = LiveServer(tmp_path / "web", tiny_model_dir, ENGINE_MODE="distributed", **workers)
     try:
+        server.start()  # answers at once in distributed mode: while the worker loads
         first.wait_registered(redis)
-        server.start()
         status, body = health(server, "?engine=1")
         assert status == 200 and body["checks"]["engine"]["state"] == "ok", body
 

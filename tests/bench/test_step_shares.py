@@ -11,7 +11,7 @@ import pytest
 
 from inference.bench import step_kinds
 from inference.bench.api_clients import run_level
-from tests.servers import PASSWORD, engine_stats
+from tests.servers import PASSWORD, engine_stats, started, users_code
 from tools.live_server import LiveServer
 
 TOKEN = "step-shares-test-token"
@@ -21,8 +21,8 @@ TOKEN = "step-shares-test-token"
 def server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[LiveServer]:
     srv = LiveServer(
         tmp_path_factory.mktemp("step-shares"), tiny_model_dir, METRICS_BEARER_TOKEN=TOKEN
-    ).start()
-    srv.make_user("apiuser", PASSWORD)
+    )
+    started(srv, users_code("apiuser", password=PASSWORD))
     yield srv
     srv.stop()
 

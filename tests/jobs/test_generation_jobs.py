@@ -27,6 +27,7 @@ from tests.engine_workers import REDIS_URL as WORKERS_REDIS
 from tests.engine_workers import Worker as EngineWorker
 from tests.engine_workers import cleanup, worker_env
 from tests.jobs.test_celery_worker import BROKER, KV_TIER, Worker
+from tests.servers import started, users_code
 from tools.live_server import LiveServer
 
 QUESTION = "How do I bake a simple loaf of bread at home without a machine?"
@@ -111,8 +112,7 @@ def embedded(
     try:
         worker.start()
         server.migrated = True  # the worker's start migrated their one database
-        server.start()
-        server.make_user("titler", PASSWORD)
+        started(server, users_code("titler", password=PASSWORD))
         yield server, worker
     finally:
         server.stop()

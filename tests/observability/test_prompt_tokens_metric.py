@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.servers import started, users_code
 from tools.live_server import LiveServer
 
 TOKEN = "prompt-tokens-metric"
@@ -25,8 +26,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> It
         METRICS_BEARER_TOKEN=TOKEN,
         ENGINE_MAX_MODEL_LEN="128",
         ENGINE_MAX_WAITING_TOKENS="40",
-    ).start()
-    srv.make_user("metrics-user", "a-long-test-password-1")
+    )
+    started(srv, users_code("metrics-user", password="a-long-test-password-1"))
     yield srv
     srv.stop()
 

@@ -22,7 +22,7 @@ import pytest
 from redis import Redis
 
 from tests.engine_workers import Worker, cleanup, worker_env, workers_running
-from tests.servers import PASSWORD
+from tests.servers import PASSWORD, started, users_code
 from tools.live_server import LiveServer, free_port
 
 pytestmark = pytest.mark.slow  # a web process and real workers (~5 s each to load)
@@ -38,8 +38,7 @@ def web(
     srv = LiveServer(tmp_path_factory.mktemp("web"), tiny_model_dir, ENGINE_MODE="distributed",
                      **worker_env(namespace))  # fmt: skip
     try:
-        srv.start()
-        srv.make_user("apiuser", PASSWORD)
+        started(srv, users_code("apiuser", password=PASSWORD))
         yield srv
     finally:
         srv.stop()

@@ -19,6 +19,7 @@ import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
 
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, require_browser_and_bundle
+from tests.servers import started
 from tools.live_server import LiveServer
 
 PASSWORD = "correct-horse-battery-9"
@@ -59,10 +60,8 @@ SETUP_CODE = (
 @pytest.fixture(scope="package")
 def server(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     require_browser_and_bundle("app.js", "app.css")
-    srv = LiveServer(tmp_path_factory.mktemp("e2e-server"), real_model_dir)
-    srv.start()
+    srv = started(LiveServer(tmp_path_factory.mktemp("e2e-server"), real_model_dir), SETUP_CODE)
     try:
-        srv.python(SETUP_CODE)
         yield srv
     finally:
         srv.stop()

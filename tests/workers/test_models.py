@@ -22,7 +22,7 @@ from inference.engine import SamplingParams
 from inference.model_files import MODEL_NAME
 from inference.workers.registry import WorkerInfo
 from tests.engine_workers import Worker, cleanup, distributed_client, worker_env
-from tests.servers import PASSWORD
+from tests.servers import PASSWORD, started, users_code
 from tools.live_server import LiveServer
 
 pytestmark = pytest.mark.slow  # the real default model in a worker, and a web process
@@ -156,8 +156,7 @@ def web(
     srv = LiveServer(tmp_path_factory.mktemp("web"), real_model_dir, ENGINE_MODE="distributed",
                      **worker_env(namespace))  # fmt: skip
     try:
-        srv.start()
-        srv.make_user("apiuser", PASSWORD)
+        started(srv, users_code("apiuser", password=PASSWORD))
         yield srv
     finally:
         srv.stop()

@@ -73,38 +73,45 @@ static inline __attribute__((always_inline)) void q8_tile_n(const Q8Matrix *W, i
     }
 }
 
-#define Q8_TILES(Q6)                                                                          \
+/* TILE_N (q8_tile_n or q8u_tile_n) for nr rows and Q6, each compiled apart. */
+#define Q8_TILES(TILE_N, Q6)                                                                  \
     switch (nr) {                                                                             \
-    case 1: q8_tile_n(W, g0, g1, q, r0, 1, Q6, y); break;                                     \
-    case 2: q8_tile_n(W, g0, g1, q, r0, 2, Q6, y); break;                                     \
-    case 3: q8_tile_n(W, g0, g1, q, r0, 3, Q6, y); break;                                     \
-    default: q8_tile_n(W, g0, g1, q, r0, 4, Q6, y); break;                                    \
+    case 1: TILE_N(W, g0, g1, q, r0, 1, Q6, y); break;                                        \
+    case 2: TILE_N(W, g0, g1, q, r0, 2, Q6, y); break;                                        \
+    case 3: TILE_N(W, g0, g1, q, r0, 3, Q6, y); break;                                        \
+    default: TILE_N(W, g0, g1, q, r0, 4, Q6, y); break;                                       \
     }
 
-static void q8_tile(const Q8Matrix *W, int g0, int g1, const Wide *q, int r0, int nr, float *y) {
+/* A tile of nr rows for groups g0 .. g1, x in the activations its product takes (qv). */
+typedef void (*q8_tile_fn)(const Q8Matrix *W, int g0, int g1, const void *qv, int r0, int nr,
+                           float *y);
+
+static void q8_tile(const Q8Matrix *W, int g0, int g1, const void *qv, int r0, int nr, float *y) {
+    const Wide *q = (const Wide *)qv;
     if (W->sc) {
-        Q8_TILES(1)
+        Q8_TILES(q8_tile_n, 1)
     } else {
-        Q8_TILES(0)
+        Q8_TILES(q8_tile_n, 0)
     }
 }
 
 typedef struct {
     const Q8Matrix *w;
-    const Wide *q;
+    const void *q;
     int rows;
     float *y;
+    q8_tile_fn tile;
 } Q8Task;
 
 static void q8_chunk(void *arg, int c) {
     const Q8Task *t = (const Q8Task *)arg;
     int g0 = c * CHUNK_GROUPS, g1 = chunk_end(t->w->n, c);
     for (int r0 = 0; r0 < t->rows; r0 += ROW_TILE)
-        q8_tile(t->w, g0, g1, t->q, r0, t->rows - r0 < ROW_TILE ? t->rows - r0 : ROW_TILE, t->y);
+        t->tile(t->w, g0, g1, t->q, r0, t->rows - r0 < ROW_TILE ? t->rows - r0 : ROW_TILE, t->y);
 }
 
 void q8_int16_matmul(const Q8Matrix *w, const Wide *q, int rows, float *y, int nthreads) {
-    Q8Task t = {w, q, rows, y};
+    Q8Task t = {w, q, rows, y, q8_tile};
     pool_run(q8_chunk, &t, chunks_of(w->n), nthreads);
 }
 
@@ -176,40 +183,19 @@ static inline __attribute__((always_inline)) void q8u_tile_n(const Q8Matrix *W, 
     }
 }
 
-#define Q8U_TILES(Q6)                                                                         \
-    switch (nr) {                                                                             \
-    case 1: q8u_tile_n(W, g0, g1, q, r0, 1, Q6, y); break;                                    \
-    case 2: q8u_tile_n(W, g0, g1, q, r0, 2, Q6, y); break;                                    \
-    case 3: q8u_tile_n(W, g0, g1, q, r0, 3, Q6, y); break;                                    \
-    default: q8u_tile_n(W, g0, g1, q, r0, 4, Q6, y); break;                                   \
-    }
-
-static void q8u_tile(const Q8Matrix *W, int g0, int g1, const QuantizedRows *q, int r0, int nr,
+static void q8u_tile(const Q8Matrix *W, int g0, int g1, const void *qv, int r0, int nr,
                      float *y) {
+    const QuantizedRows *q = (const QuantizedRows *)qv;
     if (W->sc) {
-        Q8U_TILES(1)
+        Q8_TILES(q8u_tile_n, 1)
     } else {
-        Q8U_TILES(0)
+        Q8_TILES(q8u_tile_n, 0)
     }
-}
-
-typedef struct {
-    const Q8Matrix *w;
-    const QuantizedRows *q;
-    int rows;
-    float *y;
-} Q8uTask;
-
-static void q8u_chunk(void *arg, int c) {
-    const Q8uTask *t = (const Q8uTask *)arg;
-    int g0 = c * CHUNK_GROUPS, g1 = chunk_end(t->w->n, c);
-    for (int r0 = 0; r0 < t->rows; r0 += ROW_TILE)
-        q8u_tile(t->w, g0, g1, t->q, r0, t->rows - r0 < ROW_TILE ? t->rows - r0 : ROW_TILE, t->y);
 }
 
 void q8_int8_matmul(const Q8Matrix *w, const QuantizedRows *q, int rows, float *y,
                     int nthreads) {
-    Q8uTask t = {w, q, rows, y};
-    pool_run(q8u_chunk, &t, chunks_of(w->n), nthreads);
+    Q8Task t = {w, q, rows, y, q8u_tile};
+    pool_run(q8_chunk, &t, chunks_of(w->n), nthreads);
 }
 #endif

@@ -24,11 +24,15 @@ static void quantize_row(const float *x, int K, int8_t *qx, float *dx, float *sx
         __m256 vid = _mm256_set1_ps(id);
         __m256i q[4];
         for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], vid));
-        const int lo = hsum_epi32(_mm256_add_epi32(q[0], q[1]));
-        const int hi = hsum_epi32(_mm256_add_epi32(q[2], q[3]));
-        const int sum = lo + hi;
-        s16[2 * b] = lo;
-        s16[2 * b + 1] = hi;
+        int sum;
+        if (s16) {
+            s16[2 * b] = hsum_epi32(_mm256_add_epi32(q[0], q[1]));
+            s16[2 * b + 1] = hsum_epi32(_mm256_add_epi32(q[2], q[3]));
+            sum = s16[2 * b] + s16[2 * b + 1];
+        } else {
+            sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]),
+                                              _mm256_add_epi32(q[2], q[3])));
+        }
         __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
                                        _mm256_packs_epi32(q[2], q[3]));
         _mm256_storeu_si256((__m256i *)(qx + b * QK), _mm256_permutevar8x32_epi32(p, order));
@@ -48,18 +52,19 @@ static void quantize_one(void *arg, int r) {
     const int nb = t->K / QK;
     quantize_row(t->x + (size_t)r * t->K, t->K, t->out->qx + (size_t)r * t->K,
                  t->out->dx + (size_t)r * nb, t->out->sx + (size_t)r * nb,
-                 t->out->s16 + (size_t)r * 2 * nb);
+                 t->out->s16 ? t->out->s16 + (size_t)r * 2 * nb : NULL);
 }
 
 /* Over the pool: at a step of 64 rows, quantizing a product's input on the caller alone
  * left the other thread waiting for ~4% of the step. */
-int quantize_rows(const float *x, int rows, int K, QuantizedRows *out, int nthreads) {
+int quantize_rows(const float *x, int rows, int K, QuantizedRows *out, int nthreads,
+                  int halves) {
     int nb = K / QK;
     out->qx = (int8_t *)aligned_alloc(32, ((size_t)rows * K + 31) / 32 * 32);
     out->dx = (float *)malloc(sizeof(float) * (size_t)rows * nb);
     out->sx = (float *)malloc(sizeof(float) * (size_t)rows * nb);
-    out->s16 = (int32_t *)malloc(sizeof(int32_t) * (size_t)rows * 2 * nb);
-    if (!out->qx || !out->dx || !out->sx || !out->s16) return -1;
+    out->s16 = halves ? (int32_t *)malloc(sizeof(int32_t) * (size_t)rows * 2 * nb) : NULL;
+    if (!out->qx || !out->dx || !out->sx || (halves && !out->s16)) return -1;
     QuantTask t = {x, K, out};
     pool_rows(quantize_one, &t, rows, nthreads);
     return 0;

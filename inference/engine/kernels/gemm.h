@@ -46,12 +46,14 @@ static inline void store_group(float *y, int col, int n, __m256 v) {
 typedef struct {
     int8_t *qx;
     float *dx, *sx; /* per row and block: the scale, and scale * sum(qx) */
-    int32_t *s16;   /* per row and 16 k: sum(qx) (the 8-bit Q8_0 and Q6_K products' offsets) */
+    int32_t *s16;   /* per row and 16 k: sum(qx), where asked (the 8-bit Q8_0 and Q6_K
+                     * products' offsets); else NULL */
 } QuantizedRows;
 
-/* x [rows, K] per block of 32 to int8 (Q4_1's products), over the pool; -1 out of memory
- * (free_rows then frees what was taken). */
-HIDDEN int quantize_rows(const float *x, int rows, int K, QuantizedRows *out, int nthreads);
+/* x [rows, K] per block of 32 to int8 (Q4_1's products; `halves`: each 16's sum(qx) too,
+ * s16), over the pool; -1 out of memory (free_rows then frees what was taken). */
+HIDDEN int quantize_rows(const float *x, int rows, int K, QuantizedRows *out, int nthreads,
+                         int halves);
 HIDDEN void free_rows(QuantizedRows *q);
 
 /* The head's input is the final hidden state, which has outliers ~30x its typical value:
@@ -97,7 +99,8 @@ HIDDEN void q4_int8_matmul(const Q4Matrix *w, const QuantizedRows *q, int rows, 
                            int nthreads);
 HIDDEN void q8_int16_matmul(const Q8Matrix *w, const Wide *q, int rows, float *y, int nthreads);
 #if HAVE_VNNI
-/* Q8_0 or Q6_K W by int8 x, a few rows a tile (q8_0_gemm.c; the panels': common.h). */
+/* Q8_0 W by int8 x (quantized with its halves' sums), a few rows a tile (q8_0_gemm.c; the
+ * panels', Q6_K's too: common.h). */
 HIDDEN void q8_int8_matmul(const Q8Matrix *w, const QuantizedRows *q, int rows, float *y,
                            int nthreads);
 #endif

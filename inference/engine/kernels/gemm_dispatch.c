@@ -32,7 +32,7 @@ int q4_matmul(const Q4Matrix *w, const float *x, int rows, int as_rows, float *y
         q4_amx_matmul(w, x, rows, y, nthreads) == 0)
         return 0;
     QuantizedRows q;
-    if (quantize_rows(x, rows, w->k, &q, nthreads)) {
+    if (quantize_rows(x, rows, w->k, &q, nthreads, 0)) {
         free_rows(&q);
         return -1;
     }
@@ -61,7 +61,7 @@ int q8_layers_matmul(const Q8Matrix *w, const float *x, int rows, int as_rows, f
     const int panels = panels_from(as_rows);
     if (w->sc && !panels) return q8_i16_matmul(w, x, rows, y, nthreads, 0);
     QuantizedRows q;
-    int rc = quantize_rows(x, rows, w->k, &q, nthreads);
+    int rc = quantize_rows(x, rows, w->k, &q, nthreads, 1);
     if (!rc) {
         if (panels)
             rc = q8_panel8_matmul(w, q.qx, q.dx, q.sx, q.s16, rows, y, nthreads);

@@ -552,7 +552,8 @@ static void tile256_u8(const void *task, const int32_t *panel, int r0, int rows,
 
 #if HAVE_I16_VNNI
 /* A GGUF's Q8_0 and Q6_K layers on the same 8-bit panels (the native path's products of
- * many rows; fewer rows: q8_0_gemm.c's q8u_tile_n). The bytes go in unsigned, as there:
+ * many rows; fewer: Q8_0 on q8_0_gemm.c's q8u_tile_n, Q6_K at 16 bits). The bytes go in
+ * unsigned, as there:
  * Q8_0's q + 128, whose offset is an m of -128 d (sx = dx sum(qx): tile512_u8 unchanged);
  * Q6_K's q (0..63), whose two scales a block (one per 16 k) take the panel's d and m slots
  * (lo, hi) and whose -32 comes off each half's integer sums (tile512_u8_q6). */

@@ -73,13 +73,12 @@ static inline __attribute__((always_inline)) void q8_tile_n(const Q8Matrix *W, i
     }
 }
 
-/* TILE_N (q8_tile_n or q8u_tile_n) for nr rows and Q6, each compiled apart. */
-#define Q8_TILES(TILE_N, Q6)                                                                  \
+#define Q8_TILES(Q6)                                                                          \
     switch (nr) {                                                                             \
-    case 1: TILE_N(W, g0, g1, q, r0, 1, Q6, y); break;                                        \
-    case 2: TILE_N(W, g0, g1, q, r0, 2, Q6, y); break;                                        \
-    case 3: TILE_N(W, g0, g1, q, r0, 3, Q6, y); break;                                        \
-    default: TILE_N(W, g0, g1, q, r0, 4, Q6, y); break;                                       \
+    case 1: q8_tile_n(W, g0, g1, q, r0, 1, Q6, y); break;                                     \
+    case 2: q8_tile_n(W, g0, g1, q, r0, 2, Q6, y); break;                                     \
+    case 3: q8_tile_n(W, g0, g1, q, r0, 3, Q6, y); break;                                     \
+    default: q8_tile_n(W, g0, g1, q, r0, 4, Q6, y); break;                                    \
     }
 
 /* A tile of nr rows for groups g0 .. g1, x in the activations its product takes (qv). */
@@ -89,9 +88,9 @@ typedef void (*q8_tile_fn)(const Q8Matrix *W, int g0, int g1, const void *qv, in
 static void q8_tile(const Q8Matrix *W, int g0, int g1, const void *qv, int r0, int nr, float *y) {
     const Wide *q = (const Wide *)qv;
     if (W->sc) {
-        Q8_TILES(q8_tile_n, 1)
+        Q8_TILES(1)
     } else {
-        Q8_TILES(q8_tile_n, 0)
+        Q8_TILES(0)
     }
 }
 
@@ -116,57 +115,30 @@ void q8_int16_matmul(const Q8Matrix *w, const Wide *q, int rows, float *y, int n
 }
 
 #if HAVE_VNNI
-/* Q8_0 and Q6_K by int8 activations (a GGUF's 8-bit and Q6_K layers, as llama.cpp takes
- * them: q8_0 and q8_K activations): vpdpbusd does 4 k of a column an instruction where the
- * 16-bit product's vpdpwssd does 2. Its first operand is unsigned, so the weights go in
- * offset: Q8_0's q + 128 (0..255), Q6_K's q (0..63, the file's, before its -32), and each
- * 16 k's sum(qx) (QuantizedRows.s16) times the offset comes off the integer sums (32 x 255
- * x 127 < 2^31). At 16 rows of a Llama-1B-shaped Q4_K_M file's Q6_K ffn_down the 16-bit
- * product took ~2.5x Q4_K's time a weight (python -m inference.bench.kernels --shapes
- * llama-1b). */
+/* Q8_0 by int8 activations (a GGUF's 8-bit layers, as llama.cpp takes them: q8_0
+ * activations): vpdpbusd does 4 k of a column an instruction where the 16-bit product's
+ * vpdpwssd does 2. Its first operand is unsigned, so the weights go in offset, q + 128
+ * (0..255), and 128 times the block's sum(qx) (QuantizedRows.s16) comes off the integer sums
+ * (32 x 255 x 127 < 2^31). Q6_K takes 8-bit x on the panels only (panel_gemm.c): a pair at a
+ * time its 6-bit unpacking outweighed the halved multiply-adds here. At 16 rows of a
+ * Llama-1B-shaped Q4_K_M file the 16-bit products took ~2.5x Q4_K's time a weight (python
+ * -m inference.bench.kernels --shapes llama-1b). */
 
-/* Rows r0 .. r0 + NR of y for groups g0 .. g1 of Q8_0 W (Q6: Q6_K W), by int8 x: per block
- * the 16 k halves' sums apart where Q6_K's scales change, as q8_tile_n's. */
+/* Rows r0 .. r0 + NR of y for groups g0 .. g1 of Q8_0 W by int8 x. */
 static inline __attribute__((always_inline)) void q8u_tile_n(const Q8Matrix *W, int g0, int g1,
                                                              const QuantizedRows *q, int r0,
-                                                             const int NR, const int Q6,
-                                                             float *y) {
+                                                             const int NR, float *y) {
     const int K = W->k, N = W->n, nb = K / QK;
     for (int g = g0; g < g1; g++) {
-        const int8_t *wq = Q6 ? NULL : W->qs + (size_t)g * nb * 256;
-        const float *wd = Q6 ? NULL : W->d + (size_t)g * nb * GROUP;
+        const int8_t *wq = W->qs + (size_t)g * nb * 256;
+        const float *wd = W->d + (size_t)g * nb * GROUP;
         __m256 acc[ROW_TILE];
         for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
-            const size_t gb = (size_t)g * nb + b;
             __m256i w[8];
             for (int i = 0; i < 8; i++) {
-                __m128i a, c;
-                if (Q6) {
-                    a = q6_pair_u(W, gb, 2 * i);
-                    c = q6_pair_u(W, gb, 2 * i + 1);
-                } else {
-                    const int8_t *wb = wq + (size_t)b * 256 + 32 * i;
-                    a = q8_pair_u(wb);
-                    c = q8_pair_u(wb + 16);
-                }
-                w[i] = quad_of_pairs(a, c);
-            }
-            if (Q6) {
-                __m256 lo, hi;
-                q6_block_scales(W, (size_t)g, b, &lo, &hi);
-                for (int r = 0; r < NR; r++) {
-                    const size_t row = (size_t)(r0 + r);
-                    const int8_t *xq = q->qx + row * K + b * QK;
-                    const int32_t *s16 = q->s16 + row * 2 * nb + 2 * b;
-                    __m256i s = _mm256_set1_epi32(-32 * s16[0]), h = _mm256_set1_epi32(-32 * s16[1]);
-                    for (int i = 0; i < 4; i++) s = _mm256_dpbusd_epi32(s, w[i], bcast4(xq + 4 * i));
-                    for (int i = 4; i < 8; i++) h = _mm256_dpbusd_epi32(h, w[i], bcast4(xq + 4 * i));
-                    const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), hi,
-                                                     _mm256_mul_ps(_mm256_cvtepi32_ps(s), lo));
-                    acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(q->dx[row * nb + b]), acc[r]);
-                }
-                continue;
+                const int8_t *wb = wq + (size_t)b * 256 + 32 * i;
+                w[i] = quad_of_pairs(q8_pair_u(wb), q8_pair_u(wb + 16));
             }
             const __m256 d8 = _mm256_loadu_ps(wd + b * GROUP);
             for (int r = 0; r < NR; r++) {
@@ -186,10 +158,11 @@ static inline __attribute__((always_inline)) void q8u_tile_n(const Q8Matrix *W, 
 static void q8u_tile(const Q8Matrix *W, int g0, int g1, const void *qv, int r0, int nr,
                      float *y) {
     const QuantizedRows *q = (const QuantizedRows *)qv;
-    if (W->sc) {
-        Q8_TILES(q8u_tile_n, 1)
-    } else {
-        Q8_TILES(q8u_tile_n, 0)
+    switch (nr) {
+    case 1: q8u_tile_n(W, g0, g1, q, r0, 1, y); break;
+    case 2: q8u_tile_n(W, g0, g1, q, r0, 2, y); break;
+    case 3: q8u_tile_n(W, g0, g1, q, r0, 3, y); break;
+    default: q8u_tile_n(W, g0, g1, q, r0, 4, y); break;
     }
 }
 

@@ -428,16 +428,7 @@ def q8_0_gemm(
     AMX's tiles from amx_min_rows()[1] rows where they run: both in bf16), by the product a
     step of `as_rows` rows takes (default: x's rows; fewer where the rows must come out as
     a smaller step's would, gemm_dispatch.c)"""
-    rows, k = x.shape
-    y = torch.empty(rows, n, dtype=torch.float32)
-    rc = lib.q8_0_gemm(
-        qs.data_ptr(), d.data_ptr(), n, k, x.data_ptr(), rows,
-        rows if as_rows is None else as_rows, y.data_ptr(), threads(),
-        None if sc is None else sc.data_ptr(),
-    )  # fmt: skip
-    if rc:
-        raise RuntimeError(f"q8_0_gemm failed ({rc})")
-    return y
+    return _q8_product(lib.q8_0_gemm, qs, d, x, n, as_rows, sc)
 
 
 def q8_0_layers_gemm(
@@ -451,14 +442,28 @@ def q8_0_layers_gemm(
     """The native path's product of a Q8_0 or Q6_K layer matrix (q8_0_gemm's weights):
     x at 8 bits a block where the kernels have AVX512-VNNI (as llama.cpp takes them), else
     at 16 (gemm_dispatch.c's q8_layers_matmul)."""
+    return _q8_product(lib.q8_0_layers_gemm, qs, d, x, n, None, sc)
+
+
+def _q8_product(
+    fn: Callable[..., int],
+    qs: torch.Tensor,
+    d: torch.Tensor,
+    x: torch.Tensor,
+    n: int,
+    as_rows: int | None,
+    sc: torch.Tensor | None,
+) -> torch.Tensor:
+    """One of the Q8_0/Q6_K entry points (q8_0_gemm, q8_0_layers_gemm: the same arguments)."""
     rows, k = x.shape
     y = torch.empty(rows, n, dtype=torch.float32)
-    rc = lib.q8_0_layers_gemm(
-        qs.data_ptr(), d.data_ptr(), n, k, x.data_ptr(), rows, rows, y.data_ptr(), threads(),
+    rc = fn(
+        qs.data_ptr(), d.data_ptr(), n, k, x.data_ptr(), rows,
+        rows if as_rows is None else as_rows, y.data_ptr(), threads(),
         None if sc is None else sc.data_ptr(),
     )  # fmt: skip
     if rc:
-        raise RuntimeError(f"q8_0_layers_gemm failed ({rc})")
+        raise RuntimeError(f"{getattr(fn, '__name__', fn)} failed ({rc})")
     return y
 
 

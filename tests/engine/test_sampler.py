@@ -222,6 +222,26 @@ def test_nan_and_masked_logits_are_never_drawn():
 
 
 @needs_kernels
+@pytest.mark.parametrize("vocab", [1, 7, 32, 33, 1000, 49152])
+def test_native_greedy_picks_are_torchs_argmax(vocab):
+    """sampler.greedy_picks (sample.c's argmax_rows) picks what torch.argmax picks on every
+    row: the first of tied maxima, the first NaN where a row has one (torch ranks NaN above
+    every number, wherever it lies), +inf, rows of -inf only, and any tail length."""
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(12, vocab, generator=gen)
+    logits[1] = 0.0
+    logits[2] = float("-inf")
+    logits[3, vocab // 2 :] = float("inf")
+    logits[4, -1] = float("nan")
+    logits[5, :: max(1, vocab // 3)] = float("nan")
+    logits[6] = torch.randint(0, 3, (vocab,), generator=gen).float()
+    logits[7, vocab // 3] = float("nan")
+    logits[7, 0] = float("inf")
+    assert sampler.greedy_picks(logits) == logits.argmax(dim=-1).tolist()
+    assert sampler.greedy_picks(logits[3:4]) == logits[3:4].argmax(dim=-1).tolist()
+
+
+@needs_kernels
 def test_native_draws_match_the_torch_ops_on_a_real_sized_vocabulary():
     """Over 49k tokens with a peaked head (as a model's logits are), the native draws keep
     the tokens filter_logits keeps, in its proportions."""

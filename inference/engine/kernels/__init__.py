@@ -171,6 +171,8 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.silu_mul.restype = None
     lib.sample_rows.argtypes = [p, i, i, p, p, p, p, p, p, i]
     lib.sample_rows.restype = None
+    lib.argmax_rows.argtypes = [p, i, i, p, i]
+    lib.argmax_rows.restype = None
     lib.spec_sample.argtypes = [p, i, f, i, f, f, ctypes.c_int64, f, f]
     lib.spec_sample.restype = ctypes.c_int64
     lib.sample_kept.argtypes = [p, i, f, i, f, f, p]
@@ -487,6 +489,15 @@ def sample_rows(
     )  # fmt: skip
     if (out == -2).any():
         raise MemoryError("sample_rows: out of memory")
+    return out
+
+
+def argmax_rows(lib: ctypes.CDLL, logits: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(logits, dim=-1) of logits [rows, vocab] float32 contiguous (sample.c):
+    each row's first largest value, or its first NaN; spread over the kernels' threads."""
+    rows, vocab = logits.shape
+    out = torch.empty(rows, dtype=torch.int64)
+    lib.argmax_rows(logits.data_ptr(), rows, vocab, out.data_ptr(), threads())
     return out
 
 

@@ -161,11 +161,13 @@ INVARIANT_FOLD_ROWS = 16
 # side (a prompt's chunk from one or two streams counts: counting only decoding streams
 # made served TTFT worse, the web side being busiest while a wave of prompts arrives).
 # Steps whose products run in the pool by ALL_CORES_POOLED's products take
-# small_step_threads whatever their streams; the bf16 and AMX products were not measured
-# so and keep the rule. Measured served: python -m inference.bench.vs_llama --workload chat
-# --concurrency 1 16 64, before and after a change here.
+# small_step_threads whatever their streams: with AMX's tiles, a mixed step of 63 decodes
+# and a 128-token chunk took 0.66x the time on both cores (the web side needs a fraction
+# of one at 64 chats), served chat-mix at 16 and 64 chats gained (below); the bf16
+# products were not measured so and keep the rule. Measured served: python -m
+# inference.bench.vs_llama --concurrency 16 64, before and after a change here.
 FEW_STREAMS = 2
-ALL_CORES_POOLED = frozenset({"i16"})
+ALL_CORES_POOLED = frozenset({"i16", "amx"})
 
 
 def _row_limits(setting: str, layers: int, head: int) -> tuple[int, int]:

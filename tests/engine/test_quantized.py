@@ -537,8 +537,8 @@ def test_torch_path_steps_of_one_or_two_streams_take_every_core(make_engine):
     """A prompt's chunk with at most one other stream takes the small steps' threads; a
     step of more streams keeps num_threads (the web side is busy serving them), unless its
     products run in the pool by a product measured to win on every core (ALL_CORES_POOLED:
-    the 16-bit prompt products of AVX2 CPUs). Where its products run in the kernels' pool,
-    torch stays on one thread and the pool gets that count."""
+    the 16-bit prompt products of AVX2 CPUs, AMX's tiles). Where its products run in the
+    kernels' pool, torch stays on one thread and the pool gets that count."""
     before = torch.get_num_threads()
     engine = make_engine(quantization="hybrid", num_threads=1, small_step_threads=2)
     runner = engine.runner

@@ -10,9 +10,8 @@ Greedy rows take the argmax in one batched call (`greedy_picks`), and unseeded r
 are filtered and drawn together (`sample_batch`): in the native kernels where they build
 (sample.c: for random rows a few passes over the vocabulary and a selection instead of its
 sort, ~10x fewer microseconds than the torch ops, ~100x fewer on a nearly flat row), else
-in a few tensor ops. Seeded
-rows go one by one, each with its own generator, so a seeded request gives the same output
-whatever else shares its batch.
+in a few tensor ops. Seeded rows go one by one, each with its own generator, so a seeded
+request gives the same output whatever else shares its batch.
 """
 
 from __future__ import annotations
@@ -122,11 +121,18 @@ def draw(weights: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, u, right=True).clamp_(max=weights.shape[1] - 1)
 
 
+def _native(logits: torch.Tensor) -> ctypes.CDLL | None:
+    """The kernels' library where sample.c takes these logits (float32 on the CPU)."""
+    if logits.device.type != "cpu" or logits.dtype != torch.float32:
+        return None
+    return kernels.load()
+
+
 def greedy_picks(logits: torch.Tensor) -> list[int]:
     """argmax of each row of logits [B, vocab]: in the native kernels where they build (torch's
     argmax runs on one thread, ~5 ms for 64 rows of 49k logits), else torch's."""
-    lib = kernels.load() if logits.device.type == "cpu" else None
-    if lib is not None and logits.dtype == torch.float32:
+    lib = _native(logits)
+    if lib is not None:
         picks: list[int] = kernels.argmax_rows(lib, logits.contiguous()).tolist()
         return picks
     out: list[int] = logits.argmax(dim=-1).tolist()
@@ -136,8 +142,8 @@ def greedy_picks(logits: torch.Tensor) -> list[int]:
 def sample_batch(logits: torch.Tensor, params: list[SamplingParams]) -> list[int]:
     """One draw per row of logits [B, vocab] with each row's temperature, top-k, top-p and
     min-p: the same distribution as filter_logits + softmax, row by row."""
-    lib = kernels.load() if logits.device.type == "cpu" else None
-    if lib is not None and logits.dtype == torch.float32:
+    lib = _native(logits)
+    if lib is not None:
         return _sample_native(lib, logits, params)
     return _sample_torch(logits, params)
 

@@ -91,20 +91,38 @@ static int reserve(int V) {
     return 0;
 }
 
-/* The largest of l[0 .. V), NaNs passed over. In four vectors: the scalar loop is a chain of
- * dependent maxss. vmaxps(a, b) gives b where a is NaN or the two are equal, as the scalar
- * `a > b ? a : b` does, so the maximum is the same value. */
-static float max_of(const float *l, int V) {
-    __m256 a[4];
+/* The largest of l[0 .. V), NaNs passed over; where find_nan (a constant at each call, so
+ * the other callers' loop carries no check), *nan says whether l holds a NaN. In four
+ * vectors: the scalar loop is a chain of dependent maxss. vmaxps(a, b) gives b where a is
+ * NaN or the two are equal, as the scalar `a > b ? a : b` does, so the maximum is the same
+ * value. */
+static inline __attribute__((always_inline)) float max_scan(const float *l, int V,
+                                                           const int find_nan, int *nan) {
+    __m256 a[4], unordered = _mm256_setzero_ps();
     for (int j = 0; j < 4; j++) a[j] = _mm256_set1_ps(-INFINITY);
     int i = 0;
     for (; i + 32 <= V; i += 32)
-        for (int j = 0; j < 4; j++) a[j] = _mm256_max_ps(_mm256_loadu_ps(l + i + 8 * j), a[j]);
-    for (; i + 8 <= V; i += 8) a[0] = _mm256_max_ps(_mm256_loadu_ps(l + i), a[0]);
+        for (int j = 0; j < 4; j++) {
+            const __m256 x = _mm256_loadu_ps(l + i + 8 * j);
+            a[j] = _mm256_max_ps(x, a[j]);
+            if (find_nan) unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+        }
+    for (; i + 8 <= V; i += 8) {
+        const __m256 x = _mm256_loadu_ps(l + i);
+        a[0] = _mm256_max_ps(x, a[0]);
+        if (find_nan) unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    }
     float mx = hmax256(_mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3])));
-    for (; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+    int seen = find_nan && _mm256_movemask_ps(unordered) != 0;
+    for (; i < V; i++) {
+        if (find_nan) seen |= isnan(l[i]);
+        mx = l[i] > mx ? l[i] : mx;
+    }
+    if (find_nan) *nan = seen;
     return mx;
 }
+
+static float max_of(const float *l, int V) { return max_scan(l, V, 0, NULL); }
 
 /* A row nothing weighs (every logit -inf or NaN, or +inf ones): its first largest logit. */
 static int64_t first_max(const float *l, int V) {
@@ -119,23 +137,10 @@ static int64_t first_max(const float *l, int V) {
  * is there, a second to the first index holding it: ~20x faster than torch's single-
  * threaded argmax over 49k logits. */
 static int64_t argmax_row(const float *l, int V) {
-    __m256 a[4], nan = _mm256_setzero_ps();
-    for (int j = 0; j < 4; j++) a[j] = _mm256_set1_ps(-INFINITY);
-    int i = 0;
-    for (; i + 32 <= V; i += 32)
-        for (int j = 0; j < 4; j++) {
-            const __m256 x = _mm256_loadu_ps(l + i + 8 * j);
-            a[j] = _mm256_max_ps(x, a[j]);
-            nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-        }
-    float mx = hmax256(_mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3])));
-    int has_nan = _mm256_movemask_ps(nan) != 0;
-    for (; i < V; i++) {
-        has_nan |= isnan(l[i]);
-        mx = l[i] > mx ? l[i] : mx;
-    }
-    for (int k = 0; k < V; k++)
-        if (has_nan ? isnan(l[k]) : l[k] == mx) return k;
+    int nan;
+    const float mx = max_scan(l, V, 1, &nan);
+    for (int i = 0; i < V; i++)
+        if (nan ? isnan(l[i]) : l[i] == mx) return i;
     return 0;
 }
 

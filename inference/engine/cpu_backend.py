@@ -141,9 +141,10 @@ PANEL_MIN_ROWS = {"avx512": (48, 16), "avx2": (24, 24)}
 # -m inference.bench.kernels --rows 4 8 16 --threads 1 2 --kinds int8 int8-single.
 PAIR_MIN_ROWS = 8
 # A GGUF's Q8_0 and Q6_K layer matrices (all of a Q8_0 or Q6_K file's, a Q4_K_M or Q5_K_M
-# file's Q6_K ones and those fused with them) take the head's 16-bit products
-# at every size, on the native path too, the panels from the head's panel rows, never AMX's tiles
-# (whose bf16 cost those files' next tokens their precision: q8_0_layers_gemm.c).
+# file's Q6_K ones) take the head's 16-bit products (8-bit activations on the native path
+# with AVX512-VNNI: gemm_dispatch.c's q8_layers_matmul), the panels from the head's panel
+# rows, never AMX's tiles (whose bf16 cost those files' next tokens their precision:
+# q8_0_layers_gemm.c).
 # A mixed step (decodes and a prompt's chunk) splits from this many decoding rows, where
 # the split is not off (EngineConfig.split_mixed_steps; auto: not on AMX, whose tiles
 # take the chunk's rows with the decodes): python -m inference.bench.mixed_step.

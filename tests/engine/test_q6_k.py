@@ -184,8 +184,8 @@ def test_the_native_paths_8bit_layer_products_are_exact_on_their_activations(row
     """A GGUF's Q8_0 and Q6_K layers on the native path (kernels.q8_0_layers_gemm): with
     AVX512-VNNI, x at 8 bits a block as llama.cpp takes them, the weights offset to unsigned
     and the offsets taken off in integers; the product then equals float64's on those
-    activations (grouped tiles for Q8_0, panels for both). Elsewhere, and for Q6_K below the
-    panels, the 16-bit product: within its rounding of the exact one."""
+    activations (grouped tiles and panels, both formats). Elsewhere the 16-bit product:
+    within its rounding of the exact one."""
     lib = kernels.load()
     assert lib is not None
     eight_bit = kernels.backend().vnni
@@ -200,7 +200,7 @@ def test_the_native_paths_8bit_layer_products_are_exact_on_their_activations(row
             sc = w.k_parts()
             with _panel_rows(0, panels):
                 got = kernels.q8_0_layers_gemm(lib, w.qs, w.d, x, w.n, sc).double()
-            on_8bit = eight_bit and (panels or sc is None)
+            on_8bit = eight_bit
             want = (_as_8bit_x(x) if on_8bit else x.double()) @ w.dequantize().double().T
             bound = 1e-6 if on_8bit else 5e-4  # 16 bits a block, one x 30x its block
             assert (got - want).abs().max() <= bound * want.abs().max(), (type(w).__name__, n)

@@ -96,6 +96,33 @@ static inline __attribute__((always_inline)) __m128i q6_pair_u(const Q8Matrix *W
     return _mm_or_si128(nib, _mm_and_si128(t, _mm_set1_epi8(0x30)));
 }
 
+/* Four of Q6_K's pairs of group and block gb two to a vector, j in 0..3: *lo pairs 2j,
+ * 2j + 1 (k 4j .. 4j + 3), *hi pairs 2j + 8, 2j + 9 (k 16 + 4j ..), each vector's first pair
+ * in its low 128 bits; q 0..63, q6_pair_u's values. One 32-byte load of low nibbles holds
+ * both vectors' (runs 2j, 2j + 1) and one of top bits their runs (p & 3 of each pair): a
+ * block's 16 pairs cost half q6_pair_u's instructions. */
+static inline __attribute__((always_inline)) void q6_pairs4(const Q8Matrix *W, size_t gb, int j,
+                                                            __m256i *lo, __m256i *hi) {
+    const uint8_t *b = (const uint8_t *)W->qs + gb * 192;
+    const __m256i l = _mm256_loadu_si256((const __m256i *)(b + 32 * j));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * (j & 1)));
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    /* the top bits of pairs 4j' + i at bits 2j', 2j' + 1: j' = j >> 1 for *lo, + 2 for *hi */
+    const __m256i tlo = (j >> 1) ? _mm256_slli_epi16(h, 2) : _mm256_slli_epi16(h, 4);
+    const __m256i thi = (j >> 1) ? _mm256_srli_epi16(h, 2) : h;
+    *lo = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(tlo, m30));
+    *hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m4),
+                          _mm256_and_si256(thi, m30));
+}
+
+/* A vector of two pairs (q6_pairs4's) as one of each column's 4 k, column c in lane c:
+ * quad_of_pairs of its halves. */
+static inline __m256i quad_of_pair_vector(__m256i v) {
+    const __m256i order = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
+                                           0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+    return _mm256_shuffle_epi8(_mm256_permute4x64_epi64(v, _MM_SHUFFLE(3, 1, 2, 0)), order);
+}
+
 /* The same as int8 q - 32. */
 static inline __attribute__((always_inline)) __m128i q6_pair(const Q8Matrix *W, size_t gb,
                                                              int p) {

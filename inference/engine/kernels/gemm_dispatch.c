@@ -55,11 +55,9 @@ static inline int panels_from(int as_rows) {
 int q8_layers_matmul(const Q8Matrix *w, const float *x, int rows, int as_rows, float *y,
                      int nthreads) {
 #if HAVE_VNNI
-    /* 8-bit x, as llama.cpp takes these layers: Q8_0's a few rows a tile, both on the
-     * panels from the head's panel rows; Q6_K below them keeps the 16-bit tile (its 6-bit
-     * unpacking a pair at a time outweighed the halved multiply-adds there). */
+    /* 8-bit x, as llama.cpp takes these layers: a few rows a tile, on the panels from the
+     * head's panel rows. */
     const int panels = panels_from(as_rows);
-    if (w->sc && !panels) return q8_i16_matmul(w, x, rows, y, nthreads, 0);
     QuantizedRows q;
     int rc = quantize_rows(x, rows, w->k, &q, nthreads, 1);
     if (!rc) {

@@ -552,7 +552,7 @@ static void tile256_u8(const void *task, const int32_t *panel, int r0, int rows,
 
 #if HAVE_I16_VNNI
 /* A GGUF's Q8_0 and Q6_K layers on the same 8-bit panels (the native path's products of
- * many rows; fewer: Q8_0 on q8_0_gemm.c's q8u_tile_n, Q6_K at 16 bits). The bytes go in
+ * many rows; fewer: q8_0_gemm.c's q8u_tile_n and q6u_tile_n). The bytes go in
  * unsigned, as there:
  * Q8_0's q + 128, whose offset is an m of -128 d (sx = dx sum(qx): tile512_u8 unchanged);
  * Q6_K's q (0..63), whose two scales a block (one per 16 k) take the panel's d and m slots
@@ -569,9 +569,12 @@ static void panel_q8_u8(const void *w, int g, int h, int32_t *panel) {
             q6_block_scales(W, (size_t)g, b, &lo, &hi);
             _mm256_store_ps(ds + b * NR + 8 * h, lo);
             _mm256_store_ps(ms + b * NR + 8 * h, hi);
-            for (int i = 0; i < QK / 4; i++)
-                _mm256_store_si256((__m256i *)(out + i * NR),
-                                   quad_of_pairs(q6_pair_u(W, gb, 2 * i), q6_pair_u(W, gb, 2 * i + 1)));
+            for (int j = 0; j < 4; j++) {
+                __m256i lo4, hi4;
+                q6_pairs4(W, gb, j, &lo4, &hi4);
+                _mm256_store_si256((__m256i *)(out + j * NR), quad_of_pair_vector(lo4));
+                _mm256_store_si256((__m256i *)(out + (4 + j) * NR), quad_of_pair_vector(hi4));
+            }
             continue;
         }
         const __m256 d = _mm256_loadu_ps(W->d + gb * GROUP);
@@ -672,10 +675,18 @@ static void panel_q8(const void *w, int g, int h, int32_t *panel) {
             const __m128i sc2 = _mm_loadl_epi64((const __m128i *)(W->sc + gs * GROUP + GROUP));
             const __m256i s[2] = {_mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sc, sc)),
                                   _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sc2, sc2))};
-            for (int p = 0; p < QK / 2; p++)
-                _mm256_store_si256((__m256i *)(out + p * NR),
-                                   _mm256_mullo_epi16(_mm256_cvtepi8_epi16(q6_pair(W, gb, p)),
-                                                      s[p / 8]));
+            for (int j = 0; j < 4; j++) {
+                __m256i v[2];
+                q6_pairs4(W, gb, j, &v[0], &v[1]);
+                for (int h2 = 0; h2 < 2; h2++) { /* pairs 2j, 2j + 1, then 2j + 8, 2j + 9 */
+                    const __m256i q = _mm256_sub_epi8(v[h2], _mm256_set1_epi8(32));
+                    const __m128i pq[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+                    for (int e = 0; e < 2; e++)
+                        _mm256_store_si256(
+                            (__m256i *)(out + (8 * h2 + 2 * j + e) * NR),
+                            _mm256_mullo_epi16(_mm256_cvtepi8_epi16(pq[e]), s[h2]));
+                }
+            }
             continue;
         }
         const int8_t *q = W->qs + gb * 256;

@@ -17,19 +17,42 @@ static inline __m256i dot16(__m256i acc, __m256i w, __m256i x) {
 #endif
 }
 
-/* Each row's sums of pairs p0 .. p1 - 1 of a block (Q8_0's bytes at wb, or Q6_K's pairs of
- * group and block gb unpacked: q6_pair) with x's, each column in its lane. */
+/* Each row's sums of a Q8_0 block (its bytes at wb) with x's, each column in its lane. */
 static inline __attribute__((always_inline)) void q8_pair_sums(const Q8Matrix *W, const int8_t *wb,
-                                                               size_t gb, const Wide *q,
-                                                               size_t x0, int r0, const int NR,
-                                                               const int Q6, int p0, int p1,
-                                                               __m256i s[ROW_TILE]) {
+                                                               const Wide *q, size_t x0, int r0,
+                                                               const int NR, __m256i s[ROW_TILE]) {
     for (int r = 0; r < NR; r++) s[r] = _mm256_setzero_si256();
-    for (int p = p0; p < p1; p++) {
-        __m128i v = Q6 ? q6_pair(W, gb, p) : _mm_loadu_si128((const __m128i *)(wb + 16 * p));
-        __m256i w = _mm256_cvtepi8_epi16(v);
+    for (int p = 0; p < 16; p++) {
+        __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 16 * p)));
         for (int r = 0; r < NR; r++)
             s[r] = dot16(s[r], w, bcast4(q->qx + (size_t)(r0 + r) * W->k + x0 + 2 * p));
+    }
+}
+
+/* Each row's sums of Q6_K block gb's k 0..15 (s) and 16..31 (h), its pairs unpacked two to a
+ * vector (q6_pairs4). */
+static inline __attribute__((always_inline)) void q6_half_sums(const Q8Matrix *W, size_t gb,
+                                                               const Wide *q, size_t x0, int r0,
+                                                               const int NR, __m256i s[ROW_TILE],
+                                                               __m256i h[ROW_TILE]) {
+    const __m256i off = _mm256_set1_epi8(32);
+    for (int r = 0; r < NR; r++) s[r] = h[r] = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {
+        __m256i a, c;
+        q6_pairs4(W, gb, j, &a, &c);
+        a = _mm256_sub_epi8(a, off);
+        c = _mm256_sub_epi8(c, off);
+        const __m256i w[4] = {
+            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(a)),
+            _mm256_cvtepi8_epi16(_mm256_extracti128_si256(a, 1)),
+            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(c)),
+            _mm256_cvtepi8_epi16(_mm256_extracti128_si256(c, 1)),
+        };
+        for (int r = 0; r < NR; r++) {
+            const int16_t *x = q->qx + (size_t)(r0 + r) * W->k + x0 + 4 * j;
+            s[r] = dot16(dot16(s[r], w[0], bcast4(x)), w[1], bcast4(x + 2));
+            h[r] = dot16(dot16(h[r], w[2], bcast4(x + 16)), w[3], bcast4(x + 18));
+        }
     }
 }
 
@@ -52,8 +75,7 @@ static inline __attribute__((always_inline)) void q8_tile_n(const Q8Matrix *W, i
                 __m256i h[ROW_TILE];
                 __m256 lo, hi;
                 q6_block_scales(W, (size_t)g, b, &lo, &hi);
-                q8_pair_sums(W, NULL, gb, q, x0, r0, NR, 1, 0, 8, s);
-                q8_pair_sums(W, NULL, gb, q, x0, r0, NR, 1, 8, 16, h);
+                q6_half_sums(W, gb, q, x0, r0, NR, s, h);
                 for (int r = 0; r < NR; r++) {
                     __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h[r]), hi,
                                                _mm256_mul_ps(_mm256_cvtepi32_ps(s[r]), lo));
@@ -62,7 +84,7 @@ static inline __attribute__((always_inline)) void q8_tile_n(const Q8Matrix *W, i
                 }
                 continue;
             }
-            q8_pair_sums(W, wq + (size_t)b * 256, gb, q, x0, r0, NR, 0, 0, 16, s);
+            q8_pair_sums(W, wq + (size_t)b * 256, q, x0, r0, NR, s);
             __m256 d8 = _mm256_loadu_ps(wd + b * GROUP);
             for (int r = 0; r < NR; r++) {
                 __m256 sc = _mm256_mul_ps(d8, _mm256_set1_ps(q->dx[(size_t)(r0 + r) * nb + b]));
@@ -119,10 +141,9 @@ void q8_int16_matmul(const Q8Matrix *w, const Wide *q, int rows, float *y, int n
  * activations): vpdpbusd does 4 k of a column an instruction where the 16-bit product's
  * vpdpwssd does 2. Its first operand is unsigned, so the weights go in offset, q + 128
  * (0..255), and 128 times the block's sum(qx) (QuantizedRows.s16) comes off the integer sums
- * (32 x 255 x 127 < 2^31). Q6_K takes 8-bit x on the panels only (panel_gemm.c): a pair at a
- * time its 6-bit unpacking outweighed the halved multiply-adds here. At 16 rows of a
- * Llama-1B-shaped Q4_K_M file the 16-bit products took ~2.5x Q4_K's time a weight (python
- * -m inference.bench.kernels --shapes llama-1b). */
+ * (32 x 255 x 127 < 2^31). Q6_K's q go in as they are (0..63), its pairs unpacked two to a
+ * vector (q6_pairs4): a 2048 x 8192 Q6_K matrix's product took 0.75-0.83x the 16-bit one's
+ * time at 1-8 rows; unpacked a pair at a time (q6_pair) the 16-bit one had been faster. */
 
 /* Rows r0 .. r0 + NR of y for groups g0 .. g1 of Q8_0 W by int8 x. */
 static inline __attribute__((always_inline)) void q8u_tile_n(const Q8Matrix *W, int g0, int g1,
@@ -155,14 +176,59 @@ static inline __attribute__((always_inline)) void q8u_tile_n(const Q8Matrix *W, 
     }
 }
 
+/* The same for Q6_K W: its q (0..63) unsigned as they are, each half block's sums (its
+ * scale's 16 k) from -32 times the half's sum(qx) (|sum| <= 16 x 63 x 127 + 32 x 16 x 127). */
+static inline __attribute__((always_inline)) void q6u_tile_n(const Q8Matrix *W, int g0, int g1,
+                                                             const QuantizedRows *q, int r0,
+                                                             const int NR, float *y) {
+    const int K = W->k, N = W->n, nb = K / QK;
+    for (int g = g0; g < g1; g++) {
+        __m256 acc[ROW_TILE];
+        for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            const size_t gb = (size_t)g * nb + b;
+            __m256i w[8];
+            for (int j = 0; j < 4; j++) {
+                __m256i a, c;
+                q6_pairs4(W, gb, j, &a, &c);
+                w[j] = quad_of_pair_vector(a);
+                w[4 + j] = quad_of_pair_vector(c);
+            }
+            __m256 lo, hi;
+            q6_block_scales(W, (size_t)g, b, &lo, &hi);
+            for (int r = 0; r < NR; r++) {
+                const size_t row = (size_t)(r0 + r);
+                const int8_t *xq = q->qx + row * K + b * QK;
+                const int32_t *s16 = q->s16 + row * 2 * nb + 2 * b;
+                __m256i sl = _mm256_set1_epi32(-32 * s16[0]), sh = _mm256_set1_epi32(-32 * s16[1]);
+                for (int i = 0; i < 4; i++) {
+                    sl = _mm256_dpbusd_epi32(sl, w[i], bcast4(xq + 4 * i));
+                    sh = _mm256_dpbusd_epi32(sh, w[4 + i], bcast4(xq + 16 + 4 * i));
+                }
+                const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sh), hi,
+                                                 _mm256_mul_ps(_mm256_cvtepi32_ps(sl), lo));
+                acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(q->dx[row * nb + b]), acc[r]);
+            }
+        }
+        for (int r = 0; r < NR; r++) store_group(y + (size_t)(r0 + r) * N, g * GROUP, N, acc[r]);
+    }
+}
+
+#define Q8U_TILES(TILE)                                                                       \
+    switch (nr) {                                                                             \
+    case 1: TILE(W, g0, g1, q, r0, 1, y); break;                                              \
+    case 2: TILE(W, g0, g1, q, r0, 2, y); break;                                              \
+    case 3: TILE(W, g0, g1, q, r0, 3, y); break;                                              \
+    default: TILE(W, g0, g1, q, r0, 4, y); break;                                             \
+    }
+
 static void q8u_tile(const Q8Matrix *W, int g0, int g1, const void *qv, int r0, int nr,
                      float *y) {
     const QuantizedRows *q = (const QuantizedRows *)qv;
-    switch (nr) {
-    case 1: q8u_tile_n(W, g0, g1, q, r0, 1, y); break;
-    case 2: q8u_tile_n(W, g0, g1, q, r0, 2, y); break;
-    case 3: q8u_tile_n(W, g0, g1, q, r0, 3, y); break;
-    default: q8u_tile_n(W, g0, g1, q, r0, 4, y); break;
+    if (W->sc) {
+        Q8U_TILES(q6u_tile_n)
+    } else {
+        Q8U_TILES(q8u_tile_n)
     }
 }
 

@@ -34,7 +34,7 @@ import torch
 
 if TYPE_CHECKING:
     from inference.engine.layers.attention import AttentionMetadata
-    from inference.engine.layers.linear import Linear
+    from inference.engine.layers.linear import Linear, StackedLinear
     from inference.engine.models.base import DecoderModel
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class StepState:
 
 
 _lock = threading.Lock()
-_LINEARS: list[Linear] = []
+_LINEARS: list[Linear | StackedLinear] = []
 _STATES: list[StepState] = []
 
 
@@ -159,7 +159,7 @@ class CompiledStep:
         key = self._key
         ops = torch.ops.engine
 
-        def linear(lin: Linear, x: torch.Tensor) -> torch.Tensor:
+        def linear(lin: Linear | StackedLinear, x: torch.Tensor) -> torch.Tensor:
             y: torch.Tensor = ops.linear(x, lin.compile_key)
             return y
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine import kernels
-from inference.engine.layers.linear import BiasedLinear
+from inference.engine.layers.linear import Linear, StackedLinear
 from inference.engine.quantized import Q4_1, Q8_0
 
 if TYPE_CHECKING:
@@ -61,6 +61,22 @@ def _native_blocks(blocks: object) -> bool:
     return isinstance(blocks, (Q4_1, Q8_0)) and blocks.kernel
 
 
+def _products(lin: Linear | StackedLinear) -> list[Linear]:
+    """A layer product's Linears: itself, or a stacked one's parts."""
+    return lin.parts if isinstance(lin, StackedLinear) else [lin]
+
+
+def _qkv(lin: Linear | StackedLinear) -> tuple[kernels.LayerMatrix, kernels.LayerMatrix, int]:
+    """The q/k/v product as decode_layer.c takes it: its matrix, and where it is two
+    (StackedLinear: q and k, then v) the second and the first's rows (LayerWeights'
+    qkv_v, qkv_split)."""
+    parts = _products(lin)
+    if len(parts) == 1:
+        return _matrix(parts[0].blocks), kernels.LayerMatrix(), 0
+    first, second = parts
+    return _matrix(first.blocks), _matrix(second.blocks), first.out_features
+
+
 class NativeDecoder:
     def __init__(
         self, model: DecoderModel, lib: ctypes.CDLL, max_rows: int, any_chunk_rows: int = 8
@@ -84,13 +100,16 @@ class NativeDecoder:
                 layer.post_norm.data_ptr(),
                 _pointer(layer.q_norm),
                 _pointer(layer.k_norm),
-                _pointer(layer.qkv.bias if isinstance(layer.qkv, BiasedLinear) else None),
-                _matrix(layer.qkv.blocks),
+                _pointer(getattr(layer.qkv, "bias", None)),
+                qkv,
                 _matrix(layer.o.blocks),
                 _matrix(layer.gate_up.blocks),
                 _matrix(layer.down.blocks),
+                qkv_v,
+                split,
             )
             for layer in model.layers
+            for qkv, qkv_v, split in [_qkv(layer.qkv)]
         ]
         self.layers = (kernels.LayerWeights * len(layers))(*layers)
         self._shape: kernels.LayerShape | None = None
@@ -104,9 +123,13 @@ class NativeDecoder:
             and model.dtype == torch.float32
             and model.tp_size == 1
             and all(
-                _native_blocks(lin.blocks)
+                len(_products(layer.qkv)) <= 2
+                and all(
+                    _native_blocks(lin.blocks)
+                    for p in (layer.qkv, layer.o, layer.gate_up, layer.down)
+                    for lin in _products(p)
+                )
                 for layer in model.layers
-                for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
             )
         )
 

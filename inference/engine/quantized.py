@@ -414,9 +414,9 @@ _BIT_SHIFTS = torch.arange(8, dtype=torch.uint8)  # bit i of a byte, for i in 0.
 class Q8_0:
     """W[n, k] = d[n, k // 32] * q; q in [-127, 127]. The GGUF's embedding / lm_head, and
     a GGUF's Q8_0 layer matrices, and K-quant ones fused with a Q6_K or Q8_0 matrix of
-    another type (gguf_model.layer_formats); its product takes the activations at 16 bits
-    (kernels: q8_0_gemm), since 8-bit ones lost the head's answer to the final hidden
-    state's outliers (see model.py).
+    another type (gguf_model.layer_formats: q with k, gate with up); its product takes
+    the activations at 16 bits (kernels: q8_0_gemm), since 8-bit ones lost the head's
+    answer to the final hidden state's outliers (see model.py).
 
     The kernel's layout (kernel=True): columns in groups of 8 (the last zero-padded), per
     group and block 16 pairs of k, each 16 bytes (k and k + 1 of each column); d float32

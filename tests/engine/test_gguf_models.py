@@ -43,6 +43,7 @@ from inference.engine.formats.gguf_model import (
     load_gguf_weights,
     open_gguf,
 )
+from inference.engine.layers.linear import Linear, StackedLinear
 from inference.engine.layers.rotary import rope_tables
 from inference.engine.models.describe import ModelFiles, describe_model
 from inference.engine.quantized import Q4_1, Q4_K, Q5_K, Q6_K, Q8_0
@@ -121,11 +122,6 @@ def test_float_files_give_back_the_checkpoints_weights_under_their_names(
             assert torch.equal(rounded[name], expected), (file_type, name)
 
 
-# The types a 4-bit matrix fused with one of them is held as Q8_0 beside (layer_formats);
-# beside Q5_K a Q4_K matrix is Q5_K.
-HELD_AT_8_BITS_BESIDE = ("Q6_K", "Q8_0")
-
-
 @pytest.mark.parametrize(
     "file_type", ["Q4_0", "Q4_1", "Q4_K_M", "Q4_K_S", "Q8_0", "Q6_K", "Q5_K_M"]
 )
@@ -176,10 +172,10 @@ def test_a_mixed_files_layers_hold_each_matrix_in_its_own_blocks(
     ggufs: TinyGGUFs, file_type: str
 ) -> None:
     """A K-quant file mixes 4-bit matrices with 5- and 6-bit ones (Q4_K_M: Q6_K for some
-    attn_v and ffn_down): the Q4_K, Q5_K and Q6_K ones are held in their own blocks, but
-    where one product multiplies two types (q, k and v; gate and up), which is held as Q8_0
-    whole beside Q6_K or Q8_0, as Q5_K whole beside Q5_K. The loaded model's products keep
-    those blocks, and its native steps take them."""
+    attn_v and ffn_down): each is held in its own blocks, v beside q and k of another type
+    too (these files' q and k, gate and up, share theirs). The loaded model multiplies q/k/v
+    as two products where v's type is not q's and k's (StackedLinear), each product keeps
+    its blocks, and its native steps take them."""
     path = ggufs.file(file_type)
     blocks = load_gguf_blocks(path)
     stored = _stored_types(path)
@@ -187,28 +183,32 @@ def test_a_mixed_files_layers_hold_each_matrix_in_its_own_blocks(
     for name, b in blocks.items():
         if name.startswith("layers."):
             held[name] = type(b)
-            layer, module = name.split(".")[1], name.split(".")[2:]
             kind = stored[_gguf_name(name)]
-            if module[0] == "self_attn" and module[1] != "o_proj":
-                v = stored[f"blk.{layer}.attn_v.weight"]
-                want = {"Q5_K": Q5_K}.get(v, Q8_0 if v in HELD_AT_8_BITS_BESIDE else Q4_K)
-                assert type(b) is want, (name, kind, v)
-            else:
-                own = {"Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K, "Q8_0": Q8_0}[kind]
-                assert type(b) is own, (name, kind)
+            own = {"Q4_K": Q4_K, "Q5_K": Q5_K, "Q6_K": Q6_K, "Q8_0": Q8_0}[kind]
+            assert type(b) is own, (name, kind)
     main = Q5_K if file_type == "Q5_K_M" else Q4_K
     assert main in set(held.values()) and len(set(held.values())) > 1, held
     if file_type == "Q4_K_M":
         assert Q6_K in set(held.values()), held
     model = exact_engine(path, "hybrid").runner.model
     assert model.native is not None
+    stacked = 0
     for i, layer in enumerate(model.layers):
+        qk = {held[f"layers.{i}.self_attn.{n}.weight"] for n in ("q_proj", "k_proj")}
+        v = held[f"layers.{i}.self_attn.v_proj.weight"]
+        if qk == {v}:
+            assert isinstance(layer.qkv, Linear) and type(layer.qkv.blocks) is v
+        else:
+            assert isinstance(layer.qkv, StackedLinear)
+            assert [{type(p.blocks)} for p in layer.qkv.parts] == [qk, {v}]
+            stacked += 1
         for lin, names in (
-            (layer.qkv, ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
             (layer.o, ("self_attn.o_proj",)), (layer.down, ("mlp.down_proj",)),
             (layer.gate_up, ("mlp.gate_proj", "mlp.up_proj")),
         ):  # fmt: skip
             assert {held[f"layers.{i}.{n}.weight"] for n in names} == {type(lin.blocks)}
+    if file_type in ("Q4_K_M", "Q5_K_M"):
+        assert stacked, "these files' attn_v is Q6_K in some layers"
 
 
 # Mean KL(exact mode || the default mode) of the next token on PROMPTS, on the same file,

@@ -25,7 +25,7 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase
 from inference.engine.errors import UnsupportedModelError
 from inference.engine.formats.ggml_types import k_low_nibbles, k_scales
 from inference.engine.formats.gguf_file import GGUFFile, GGUFTensor, return_freed_memory
-from inference.engine.layers.fused import FUSED_PRODUCTS
+from inference.engine.layers.fused import FUSED_PRODUCTS, QKV
 from inference.engine.quantized import (
     GROUP,
     K_QUANT_DIVISORS,
@@ -439,9 +439,9 @@ def load_gguf_blocks(path: str | Path) -> dict[str, BlockWeight]:
     by its own type in the file).
 
     Q4_1, Q4_K, Q5_K, Q6_K and Q8_0 blocks are kept as they are; Q4_0 is Q4_1 exactly (its
-    offset is -8 scales); a matrix fused with one of another format than its own is held
-    in the widest of theirs (layer_formats); any other (the float types) is dequantized per
-    tensor and quantized to the engine's format."""
+    offset is -8 scales); a matrix fused with one of another format than its own (q with
+    k, gate with up) is held in the widest of theirs (layer_formats); any other (the float
+    types) is dequantized per tensor and quantized to the engine's format."""
     file = open_gguf(path)
     config, arch = gguf_config(file), architecture(file)
     formats = layer_formats(file)
@@ -474,14 +474,17 @@ def load_gguf_blocks(path: str | Path) -> dict[str, BlockWeight]:
 # Q6_K) with these layers at 4 bits, 19-22/24 at 8, as in exact mode; a Q4_K_M file's 15/24
 # with its Q6_K matrices at 4 bits, 20/24 with them at 8 (tests/engine/test_gguf_models.py).
 # Q5_K and Q6_K are held in their own blocks (held_as), at 8 bits only where fused with
-# another format (layer_formats). The float types go to 4 bits, as a float folder's layers
-# are quantized at load.
+# another format (layer_formats: q with k, gate with up). The float types go to 4 bits, as
+# a float folder's layers are quantized at load.
 _HELD_AT_8_BITS = frozenset({"Q8_0"})
 
 # The matrices of a layer that the engine multiplies as one (layers/fused.py's table, which
-# DecoderLayer fuses by), by their GGUF names: one product, one format.
+# DecoderLayer fuses by), by their GGUF names: one product, one format. Except v: a q/k/v
+# product may be two (q and k, then v: DecoderLayer's StackedLinear), so v keeps its own.
 _GGUF_LAYER_NAMES = {hf: gguf for gguf, hf in _LAYER_NAMES.items()}
-_FUSED = tuple(tuple(_GGUF_LAYER_NAMES[m] for m in group) for group in FUSED_PRODUCTS)
+_FUSED = tuple(
+    tuple(_GGUF_LAYER_NAMES[m] for m in group if m != QKV[-1]) for group in FUSED_PRODUCTS
+)
 
 
 LayerFormat = type[Q4_1] | type[Q4_K] | type[Q5_K] | type[Q6_K] | type[Q8_0]
@@ -503,9 +506,9 @@ def layer_formats(file: GGUFFile) -> dict[str, LayerFormat]:
     kernels take one format, and Q6_K's values with Q4_K's or Q5_K's are no one block
     format's exactly: Q8_0 holds both within half an 8-bit step); Q5_K where the rest are
     Q4_K (which Q5_K holds exactly, its fifth bits 0); else Q4_1 (which holds Q4_K's values
-    with its scales rounded to float16). So a Q4_K_M file's Q6_K ffn_down and head keep
-    their own blocks, and a layer whose attn_v is Q6_K has its q/k/v product at 8 bits (Q4_K
-    to 8 bits is a rounding of ~1/16 of a 4-bit step); the rest stays Q4_K."""
+    with its scales rounded to float16). v keeps its own format beside q's and k's (_FUSED).
+    So a Q4_K_M file's Q6_K ffn_down, attn_v and head keep their own blocks, and the rest
+    stays Q4_K."""
     formats: dict[str, LayerFormat] = {
         name: held_as(t.type.name)
         for name, t in file.tensors().items()

@@ -236,6 +236,8 @@ class LayerWeights(ctypes.Structure):
         ("o", LayerMatrix),
         ("gate_up", LayerMatrix),
         ("down", LayerMatrix),
+        ("qkv_v", LayerMatrix),
+        ("qkv_split", ctypes.c_int),
     ]
 
 

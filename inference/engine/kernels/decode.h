@@ -25,6 +25,11 @@ typedef struct {
     /* The q/k/v product's bias, q's then k's then v's (Qwen2's); NULL: none. */
     const float *qkv_bias;
     LayerMatrix qkv, o, gate_up, down;
+    /* Where q/k/v are two products of their own formats (a GGUF's q and k in Q4_K beside its
+     * v in Q6_K): qkv's rows are q's and k's, qkv_v's the rest; qkv_split: qkv's rows (0:
+     * qkv holds them all, qkv_v unused). */
+    LayerMatrix qkv_v;
+    int qkv_split;
 } LayerWeights;
 
 typedef struct {

@@ -6,10 +6,11 @@
  * paged pool, attention over each row's blocks, o, residual, norm, gate/up, SiLU, down,
  * residual. In torch this is ~30 small ops a layer whose dispatch cost more than the
  * 4-bit matrix products themselves.
- * Each product's matrix is Q4_1 or Q8_0 (decode.h's LayerMatrix).
+ * Each product's matrix is Q4_1 or Q8_0 (decode.h's LayerMatrix); q/k/v's may be two.
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common.h"
 #include "decode.h"
@@ -21,6 +22,26 @@ static inline int layer_matmul(const LayerMatrix *w, const float *x, int rows, i
                                float *y, int nthreads) {
     if (w->format == LAYER_Q8_0) return q8_layers_matmul(&w->q8, x, rows, as_rows, y, nthreads);
     return q4_matmul(&w->q4, x, rows, as_rows, y, nthreads);
+}
+
+/* The q/k/v product into qkv [rows, n]: one product, or two side by side (qkv_split). */
+static int qkv_matmul(const LayerWeights *w, const float *x, int rows, int as_rows, int n,
+                      float *qkv, int nthreads) {
+    if (!w->qkv_split) return layer_matmul(&w->qkv, x, rows, as_rows, qkv, nthreads);
+    const int a = w->qkv_split, b = n - a;
+    float *ya = malloc(sizeof(float) * rows * a), *yb = malloc(sizeof(float) * rows * b);
+    int rc = -1;
+    if (ya && yb && !layer_matmul(&w->qkv, x, rows, as_rows, ya, nthreads) &&
+        !layer_matmul(&w->qkv_v, x, rows, as_rows, yb, nthreads)) {
+        for (int r = 0; r < rows; r++) {
+            memcpy(qkv + (size_t)r * n, ya + (size_t)r * a, sizeof(float) * a);
+            memcpy(qkv + (size_t)r * n + a, yb + (size_t)r * b, sizeof(float) * b);
+        }
+        rc = 0;
+    }
+    free(ya);
+    free(yb);
+    return rc;
 }
 
 /* as_rows: the step the products are picked for (q4_matmul's), rows or fewer. */
@@ -41,7 +62,7 @@ int decode_layer(const LayerShape *s, const LayerWeights *w, float *x, int rows,
 
     /* The work between the products runs over the pool too (row_ops.c), as they do. */
     add_rms_norm(x, NULL, w->input_norm, rows, H, s->eps, h, nthreads);
-    if (layer_matmul(&w->qkv, h, rows, as_rows, qkv, nthreads)) goto out;
+    if (qkv_matmul(w, h, rows, as_rows, nqkv, qkv, nthreads)) goto out;
     if (w->qkv_bias)
         for (int r = 0; r < rows; r++)
             for (int i = 0; i < nqkv; i++) qkv[(size_t)r * nqkv + i] += w->qkv_bias[i];

@@ -170,6 +170,26 @@ class BiasedLinear(Linear):
         return super().__call__(x, as_rows) + self.bias
 
 
+class StackedLinear:
+    """A product whose outputs come from parts held in different block formats, each part
+    its own Linear, their outputs side by side: a GGUF's q and k in Q4_K beside its v in
+    Q6_K (a Q4_K_M file's), read as the file holds them rather than all three widened to
+    8 bits (gguf_model.layer_formats)."""
+
+    def __init__(self, parts: list[Linear], bias: torch.Tensor | None = None) -> None:
+        self.parts = parts
+        self.bias = bias
+        self.out_features = sum(p.out_features for p in parts)
+        self.compile_key = -1
+        # The torch path's 16-bit block product: what every part takes (model_runner).
+        self.prompt_rows = min(p.prompt_rows for p in parts)
+        self.prompt_product = parts[0].prompt_product
+
+    def __call__(self, x: torch.Tensor, as_rows: int | None = None) -> torch.Tensor:
+        y = torch.cat([p(x, as_rows) for p in self.parts], dim=-1)
+        return y if self.bias is None else y + self.bias
+
+
 @dataclass
 class WeightFormats:
     """How the linear weights are held: `large` is the float format ("none", "fp16", "int8";
@@ -185,5 +205,5 @@ class WeightFormats:
     prompt_product: str = "bf16"
 
 
-def call_linear(linear: Linear, x: torch.Tensor) -> torch.Tensor:
+def call_linear(linear: Linear | StackedLinear, x: torch.Tensor) -> torch.Tensor:
     return linear(x)

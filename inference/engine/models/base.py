@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -44,6 +46,7 @@ from inference.engine.layers.linear import (
     QUANTIZATIONS,
     BiasedLinear,
     Linear,
+    StackedLinear,
     WeightFormats,
     blocks_take_every_row,
     call_linear,
@@ -122,7 +125,20 @@ class DecoderLayer:
                 return t[lo:hi] if dim == 0 or t.dim() == 1 else t[:, lo:hi].contiguous()
             return t.rows(lo, hi) if dim == 0 else t.cols(lo, hi)
 
-        def linear(names: tuple[str, ...], dim: int) -> Linear:
+        def qkv_product() -> Linear | StackedLinear:
+            # A GGUF whose q/k/v the file holds in different formats (a Q4_K_M file's q and
+            # k in Q4_K, v in Q6_K: gguf_model.layer_formats): a Linear per run of one format.
+            if formats.blocks is not None:
+                held = [type(formats.blocks[f"{prefix}.{n}.weight"]) for n in QKV]
+                if len(set(held)) > 1:
+                    runs = [
+                        tuple(n for _, n in run)
+                        for _, run in groupby(zip(held, QKV, strict=True), itemgetter(0))
+                    ]
+                    return StackedLinear([linear(r, 0, None) for r in runs], _bias(QKV, 0))
+            return linear(QKV, 0, _bias(QKV, 0))
+
+        def linear(names: tuple[str, ...], dim: int, bias: torch.Tensor | None) -> Linear:
             # dim 0: column-parallel (a slice of the outputs); 1: row-parallel (the inputs).
             keys = [f"{prefix}.{n}.weight" for n in names]
             blocks = None
@@ -138,7 +154,6 @@ class DecoderLayer:
                 weight = torch.cat([put(shard(w[k], dim)) for k in keys])
             args = (weight, formats.large or "none", blocks, formats.block_rows,
                     formats.prompt_rows, formats.prompt_product, "i16")  # fmt: skip
-            bias = _bias(names, dim)
             made = Linear(*args) if bias is None else BiasedLinear(bias, *args)
             # The GGUF-layout blocks go back to the system now, not at the layer's end: a
             # layer's matrices in both layouts at once were a GGUF load's peak.
@@ -170,10 +185,10 @@ class DecoderLayer:
             self.q_norm = norm(w[f"{prefix}.self_attn.q_norm.weight"])
             self.k_norm = norm(w[f"{prefix}.self_attn.k_norm.weight"])
         # Split per projection, then fuse: each rank's qkv is [its q heads; its k; its v].
-        self.qkv = linear(QKV, 0)
-        self.o = linear(("self_attn.o_proj",), 1)
-        self.gate_up = linear(GATE_UP, 0)
-        self.down = linear(("mlp.down_proj",), 1)
+        self.qkv = qkv_product()
+        self.o = linear(("self_attn.o_proj",), 1, _bias(("self_attn.o_proj",), 1))
+        self.gate_up = linear(GATE_UP, 0, _bias(GATE_UP, 0))
+        self.down = linear(("mlp.down_proj",), 1, _bias(("mlp.down_proj",), 1))
         self.rope = spec.rope
         window = spec.window if spec.window is not None and spec.window < model.max_len else None
         self.attention = LayerAttention(window, model.attn_softcap)
@@ -478,7 +493,7 @@ class DecoderModel:
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        linear: Callable[[Linear, torch.Tensor], torch.Tensor],
+        linear: Callable[[Linear | StackedLinear, torch.Tensor], torch.Tensor],
         attend: Callable[[int, torch.Tensor], torch.Tensor],
         ops: RowOps | None = None,
     ) -> torch.Tensor:

@@ -95,12 +95,13 @@ static inline __attribute__((always_inline)) void q8_tile_n(const Q8Matrix *W, i
     }
 }
 
-#define Q8_TILES(Q6)                                                                          \
+/* A tile's call by its rows (nr, 1 to ROW_TILE), each a constant there. */
+#define Q8_TILES(TILE, Q6)                                                                    \
     switch (nr) {                                                                             \
-    case 1: q8_tile_n(W, g0, g1, q, r0, 1, Q6, y); break;                                     \
-    case 2: q8_tile_n(W, g0, g1, q, r0, 2, Q6, y); break;                                     \
-    case 3: q8_tile_n(W, g0, g1, q, r0, 3, Q6, y); break;                                     \
-    default: q8_tile_n(W, g0, g1, q, r0, 4, Q6, y); break;                                    \
+    case 1: TILE(W, g0, g1, q, r0, 1, Q6, y); break;                                          \
+    case 2: TILE(W, g0, g1, q, r0, 2, Q6, y); break;                                          \
+    case 3: TILE(W, g0, g1, q, r0, 3, Q6, y); break;                                          \
+    default: TILE(W, g0, g1, q, r0, 4, Q6, y); break;                                         \
     }
 
 /* A tile of nr rows for groups g0 .. g1, x in the activations its product takes (qv). */
@@ -110,9 +111,9 @@ typedef void (*q8_tile_fn)(const Q8Matrix *W, int g0, int g1, const void *qv, in
 static void q8_tile(const Q8Matrix *W, int g0, int g1, const void *qv, int r0, int nr, float *y) {
     const Wide *q = (const Wide *)qv;
     if (W->sc) {
-        Q8_TILES(1)
+        Q8_TILES(q8_tile_n, 1)
     } else {
-        Q8_TILES(0)
+        Q8_TILES(q8_tile_n, 0)
     }
 }
 
@@ -145,90 +146,70 @@ void q8_int16_matmul(const Q8Matrix *w, const Wide *q, int rows, float *y, int n
  * vector (q6_pairs4): a 2048 x 8192 Q6_K matrix's product took 0.75-0.83x the 16-bit one's
  * time at 1-8 rows; unpacked a pair at a time (q6_pair) the 16-bit one had been faster. */
 
-/* Rows r0 .. r0 + NR of y for groups g0 .. g1 of Q8_0 W by int8 x. */
+/* Rows r0 .. r0 + NR of y for groups g0 .. g1 of Q8_0 W by int8 x; of Q6_K W (Q6, a
+ * constant at each call) its q (0..63) unsigned as they are, each half block's sums (its
+ * scale's 16 k) from -32 times the half's sum(qx) (|sum| <= 16 x 63 x 127 + 32 x 16 x 127). */
 static inline __attribute__((always_inline)) void q8u_tile_n(const Q8Matrix *W, int g0, int g1,
                                                              const QuantizedRows *q, int r0,
-                                                             const int NR, float *y) {
+                                                             const int NR, const int Q6,
+                                                             float *y) {
     const int K = W->k, N = W->n, nb = K / QK;
     for (int g = g0; g < g1; g++) {
-        const int8_t *wq = W->qs + (size_t)g * nb * 256;
-        const float *wd = W->d + (size_t)g * nb * GROUP;
+        const int8_t *wq = Q6 ? NULL : W->qs + (size_t)g * nb * 256;
+        const float *wd = Q6 ? NULL : W->d + (size_t)g * nb * GROUP;
         __m256 acc[ROW_TILE];
         for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
             __m256i w[8];
-            for (int i = 0; i < 8; i++) {
-                const int8_t *wb = wq + (size_t)b * 256 + 32 * i;
-                w[i] = quad_of_pairs(q8_pair_u(wb), q8_pair_u(wb + 16));
+            __m256 d8 = _mm256_setzero_ps(), lo = d8, hi = d8;
+            if (Q6) {
+                for (int j = 0; j < 4; j++) {
+                    __m256i a, c;
+                    q6_pairs4(W, (size_t)g * nb + b, j, &a, &c);
+                    w[j] = quad_of_pair_vector(a);
+                    w[4 + j] = quad_of_pair_vector(c);
+                }
+                q6_block_scales(W, (size_t)g, b, &lo, &hi);
+            } else {
+                for (int i = 0; i < 8; i++) {
+                    const int8_t *wb = wq + (size_t)b * 256 + 32 * i;
+                    w[i] = quad_of_pairs(q8_pair_u(wb), q8_pair_u(wb + 16));
+                }
+                d8 = _mm256_loadu_ps(wd + b * GROUP);
             }
-            const __m256 d8 = _mm256_loadu_ps(wd + b * GROUP);
             for (int r = 0; r < NR; r++) {
                 const size_t row = (size_t)(r0 + r);
                 const int8_t *xq = q->qx + row * K + b * QK;
                 const int32_t *s16 = q->s16 + row * 2 * nb + 2 * b;
+                const __m256 dx = _mm256_set1_ps(q->dx[row * nb + b]);
+                if (Q6) {
+                    __m256i sl = _mm256_set1_epi32(-32 * s16[0]);
+                    __m256i sh = _mm256_set1_epi32(-32 * s16[1]);
+                    for (int i = 0; i < 4; i++) {
+                        sl = _mm256_dpbusd_epi32(sl, w[i], bcast4(xq + 4 * i));
+                        sh = _mm256_dpbusd_epi32(sh, w[4 + i], bcast4(xq + 16 + 4 * i));
+                    }
+                    const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sh), hi,
+                                                     _mm256_mul_ps(_mm256_cvtepi32_ps(sl), lo));
+                    acc[r] = _mm256_fmadd_ps(t, dx, acc[r]);
+                    continue;
+                }
                 __m256i s = _mm256_set1_epi32(-128 * (s16[0] + s16[1]));
                 for (int i = 0; i < 8; i++) s = _mm256_dpbusd_epi32(s, w[i], bcast4(xq + 4 * i));
-                const __m256 sc = _mm256_mul_ps(d8, _mm256_set1_ps(q->dx[row * nb + b]));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(d8, dx), acc[r]);
             }
         }
         for (int r = 0; r < NR; r++) store_group(y + (size_t)(r0 + r) * N, g * GROUP, N, acc[r]);
     }
 }
-
-/* The same for Q6_K W: its q (0..63) unsigned as they are, each half block's sums (its
- * scale's 16 k) from -32 times the half's sum(qx) (|sum| <= 16 x 63 x 127 + 32 x 16 x 127). */
-static inline __attribute__((always_inline)) void q6u_tile_n(const Q8Matrix *W, int g0, int g1,
-                                                             const QuantizedRows *q, int r0,
-                                                             const int NR, float *y) {
-    const int K = W->k, N = W->n, nb = K / QK;
-    for (int g = g0; g < g1; g++) {
-        __m256 acc[ROW_TILE];
-        for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
-        for (int b = 0; b < nb; b++) {
-            const size_t gb = (size_t)g * nb + b;
-            __m256i w[8];
-            for (int j = 0; j < 4; j++) {
-                __m256i a, c;
-                q6_pairs4(W, gb, j, &a, &c);
-                w[j] = quad_of_pair_vector(a);
-                w[4 + j] = quad_of_pair_vector(c);
-            }
-            __m256 lo, hi;
-            q6_block_scales(W, (size_t)g, b, &lo, &hi);
-            for (int r = 0; r < NR; r++) {
-                const size_t row = (size_t)(r0 + r);
-                const int8_t *xq = q->qx + row * K + b * QK;
-                const int32_t *s16 = q->s16 + row * 2 * nb + 2 * b;
-                __m256i sl = _mm256_set1_epi32(-32 * s16[0]), sh = _mm256_set1_epi32(-32 * s16[1]);
-                for (int i = 0; i < 4; i++) {
-                    sl = _mm256_dpbusd_epi32(sl, w[i], bcast4(xq + 4 * i));
-                    sh = _mm256_dpbusd_epi32(sh, w[4 + i], bcast4(xq + 16 + 4 * i));
-                }
-                const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sh), hi,
-                                                 _mm256_mul_ps(_mm256_cvtepi32_ps(sl), lo));
-                acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(q->dx[row * nb + b]), acc[r]);
-            }
-        }
-        for (int r = 0; r < NR; r++) store_group(y + (size_t)(r0 + r) * N, g * GROUP, N, acc[r]);
-    }
-}
-
-#define Q8U_TILES(TILE)                                                                       \
-    switch (nr) {                                                                             \
-    case 1: TILE(W, g0, g1, q, r0, 1, y); break;                                              \
-    case 2: TILE(W, g0, g1, q, r0, 2, y); break;                                              \
-    case 3: TILE(W, g0, g1, q, r0, 3, y); break;                                              \
-    default: TILE(W, g0, g1, q, r0, 4, y); break;                                             \
-    }
 
 static void q8u_tile(const Q8Matrix *W, int g0, int g1, const void *qv, int r0, int nr,
                      float *y) {
     const QuantizedRows *q = (const QuantizedRows *)qv;
     if (W->sc) {
-        Q8U_TILES(q6u_tile_n)
+        Q8_TILES(q8u_tile_n, 1)
     } else {
-        Q8U_TILES(q8u_tile_n)
+        Q8_TILES(q8u_tile_n, 0)
     }
 }
 

@@ -182,13 +182,15 @@ static inline __m512 q8_floats(const int8_t *q) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
 }
 
-/* Q6_K's pair p of group and block gb as floats (q - 32). */
-static inline __m512 q6_floats(const Q8Matrix *W, size_t gb, int p) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q6_pair(W, gb, p)));
+/* Bytes 16h .. 16h + 15 of v (q6_pairs4's pair h) less 32, as floats. */
+static inline __m512 q6_floats(__m256i v, int h) {
+    const __m128i p = h ? _mm256_extracti128_si256(v, 1) : _mm256_castsi256_si128(v);
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(p, _mm_set1_epi8(32))));
 }
 
 /* Q6_K's blocks as unpack_q8's: each weight d * sc * (q - 32), its 16's scale d * sc
- * (q6_block_scales) times q - 32 in float32, then rounded to bf16. */
+ * (q6_block_scales) times q - 32 in float32, then rounded to bf16. Pairs four at a time
+ * (q6_pairs4): tile rows 2j, 2j + 1 and 2j + 8, 2j + 9. */
 static void unpack_q6(const Q8Matrix *W, int n0, uint16_t *out) {
     const int nb = W->k / QK;
     for (int b = 0; b < nb; b++) {
@@ -203,9 +205,16 @@ static void unpack_q6(const Q8Matrix *W, int n0, uint16_t *out) {
             uint16_t *tile = out + ((size_t)b * 2 + t) * 512;
             fetch_ahead(W->qs + (ba + AHEAD) * 192, 192);
             fetch_ahead(W->qs + (bb + AHEAD) * 192, 192);
-            for (int p = 0; p < 16; p++)
-                store_row(tile + p * 32, _mm512_mul_ps(q6_floats(W, ba, p), da[p / 8]),
-                          _mm512_mul_ps(q6_floats(W, bb, p), db[p / 8]));
+            for (int j = 0; j < 4; j++) {
+                __m256i qa[2], qb[2]; /* [0]: pairs 2j, 2j + 1; [1]: 2j + 8, 2j + 9 */
+                q6_pairs4(W, ba, j, &qa[0], &qa[1]);
+                q6_pairs4(W, bb, j, &qb[0], &qb[1]);
+                for (int u = 0; u < 2; u++)
+                    for (int h = 0; h < 2; h++)
+                        store_row(tile + (8 * u + 2 * j + h) * 32,
+                                  _mm512_mul_ps(q6_floats(qa[u], h), da[u]),
+                                  _mm512_mul_ps(q6_floats(qb[u], h), db[u]));
+            }
         }
     }
 }

@@ -62,7 +62,7 @@ static inline void q4_block_scales(const Q4Matrix *W, size_t g, int b, __m256 *d
 /* Q8_0 in the kernel layout: per group of 8 columns and block, 16 pairs of k, each 16
  * bytes (k, k + 1 of each column); d float32 [group][block][8].
  *
- * Q6_K (sc set) holds the same pairs at 6 bits, 192 bytes a group and block (q6_pair):
+ * Q6_K (sc set) holds the same pairs at 6 bits, 192 bytes a group and block (q6_pairs4):
  * 128 bytes of low nibbles, 8 runs of 16 whose low nibbles are pair i's and high ones pair
  * i + 8's, then 64 bytes of top 2 bits, 4 runs of 16 whose bits 2j, 2j + 1 top pair
  * 4j + i. w = d * sc * (q - 32): sc int8 per 16 k ([group][k / 16][8]), d6 fp16 per 256
@@ -82,25 +82,12 @@ static inline Q8Matrix q8_matrix(const void *qs, const void *d, int n, int k, co
     return w;
 }
 
-/* Q6_K's pair p (0..15) of group and block gb: 16 q (0..63, the file's, before its -32) in
- * Q8_0's byte order. */
-static inline __attribute__((always_inline)) __m128i q6_pair_u(const Q8Matrix *W, size_t gb,
-                                                               int p) {
-    const uint8_t *lo = (const uint8_t *)W->qs + gb * 192, *hi = lo + 128;
-    const __m128i l = _mm_loadu_si128((const __m128i *)(lo + 16 * (p & 7)));
-    const __m128i h = _mm_loadu_si128((const __m128i *)(hi + 16 * (p & 3)));
-    const __m128i nib = _mm_and_si128(p < 8 ? l : _mm_srli_epi16(l, 4), _mm_set1_epi8(0x0F));
-    /* the top bits 2j, 2j + 1 moved to bits 4, 5 (within each byte: masked after) */
-    const int j = p >> 2;
-    const __m128i t = j < 3 ? _mm_slli_epi16(h, 4 - 2 * j) : _mm_srli_epi16(h, 2);
-    return _mm_or_si128(nib, _mm_and_si128(t, _mm_set1_epi8(0x30)));
-}
-
 /* Four of Q6_K's pairs of group and block gb two to a vector, j in 0..3: *lo pairs 2j,
  * 2j + 1 (k 4j .. 4j + 3), *hi pairs 2j + 8, 2j + 9 (k 16 + 4j ..), each vector's first pair
- * in its low 128 bits; q 0..63, q6_pair_u's values. One 32-byte load of low nibbles holds
- * both vectors' (runs 2j, 2j + 1) and one of top bits their runs (p & 3 of each pair): a
- * block's 16 pairs cost half q6_pair_u's instructions. */
+ * in its low 128 bits; q 0..63 (the file's, before its -32), in Q8_0's byte order. One
+ * 32-byte load of low nibbles holds both vectors' (runs 2j, 2j + 1) and one of top bits
+ * their runs (p & 3 of each pair): a block's 16 pairs cost half the instructions of
+ * unpacking them one at a time. */
 static inline __attribute__((always_inline)) void q6_pairs4(const Q8Matrix *W, size_t gb, int j,
                                                             __m256i *lo, __m256i *hi) {
     const uint8_t *b = (const uint8_t *)W->qs + gb * 192;
@@ -121,12 +108,6 @@ static inline __m256i quad_of_pair_vector(__m256i v) {
     const __m256i order = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
                                            0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
     return _mm256_shuffle_epi8(_mm256_permute4x64_epi64(v, _MM_SHUFFLE(3, 1, 2, 0)), order);
-}
-
-/* The same as int8 q - 32. */
-static inline __attribute__((always_inline)) __m128i q6_pair(const Q8Matrix *W, size_t gb,
-                                                             int p) {
-    return _mm_sub_epi8(q6_pair_u(W, gb, p), _mm_set1_epi8(32));
 }
 
 /* Pairs p and p + 1 of a block (16 bytes each: k, k + 1 of 8 columns) as one vector of each

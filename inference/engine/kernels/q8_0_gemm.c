@@ -144,7 +144,7 @@ void q8_int16_matmul(const Q8Matrix *w, const Wide *q, int rows, float *y, int n
  * (0..255), and 128 times the block's sum(qx) (QuantizedRows.s16) comes off the integer sums
  * (32 x 255 x 127 < 2^31). Q6_K's q go in as they are (0..63), its pairs unpacked two to a
  * vector (q6_pairs4): a 2048 x 8192 Q6_K matrix's product took 0.75-0.83x the 16-bit one's
- * time at 1-8 rows; unpacked a pair at a time (q6_pair) the 16-bit one had been faster. */
+ * time at 1-8 rows; unpacked a pair at a time the 16-bit one had been faster. */
 
 /* Rows r0 .. r0 + NR of y for groups g0 .. g1 of Q8_0 W by int8 x; of Q6_K W (Q6, a
  * constant at each call) its q (0..63) unsigned as they are, each half block's sums (its

@@ -1,7 +1,8 @@
 """The prompts' chunk attention (kernels/chunk_attention.c) against SDPA over the gathered
 context, for every shape it takes: block sizes around its key groups, chunks that start
 after a cached context or at position 0, grouped and plain heads, one and two threads, and
-its bf16 products where the CPU has them, over float32, float16 and int8 pools."""
+its bf16 products where the CPU has them (AVX512-BF16's tiles, and AMX's where they run:
+chunk_attention_amx.c), over float32, float16 and int8 pools."""
 
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ from tests.engine.conftest import needs_kernels
 lib = kernels.load()
 pytestmark = needs_kernels
 BF16 = "-mavx512bf16" in kernels.cpu_build_flags()
+# The tile kinds this CPU runs: name -> (bf16 products, AMX's tiles).
+KINDS = {"float32": (False, False)}
+if BF16:
+    KINDS["bf16"] = (True, False)
+if kernels.amx_available():
+    KINDS["amx"] = (True, True)
 
 
 def _case(heads, kv_heads, head_dim, block_size, rows, cached, seed=0):
@@ -43,7 +50,7 @@ def _reference(pool, table, qkv, positions, heads, kv_heads, scale):
     return out[0].transpose(0, 1)
 
 
-def _run(pool, table, qkv, positions, heads, kv_heads, scale, bf16, threads):
+def _run(pool, table, qkv, positions, heads, kv_heads, scale, bf16, threads, amx=False):
     _, num_blocks, block_size, _ = pool.shape
     d = qkv.shape[-1]
     shape = kernels.ChunkShape(
@@ -52,27 +59,32 @@ def _run(pool, table, qkv, positions, heads, kv_heads, scale, bf16, threads):
         bf16=int(bf16),
     )  # fmt: skip
     assert lib is not None
-    return kernels.chunk_attention(lib, shape, qkv, positions, table, pool, threads)
+    lib.set_chunk_amx(int(amx))
+    try:
+        return kernels.chunk_attention(lib, shape, qkv, positions, table, pool, threads)
+    finally:
+        lib.set_chunk_amx(int(kernels.backend().chunk_amx))
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.int8])
-@pytest.mark.parametrize("bf16", [False, True] if BF16 else [False])
+@pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(
     "heads,kv_heads,head_dim",
-    [(9, 3, 64), (4, 4, 64), (8, 2, 32), (6, 3, 64)],
+    [(9, 3, 64), (4, 4, 64), (8, 2, 32), (6, 3, 64), (4, 2, 128), (4, 2, 96)],
 )
 @pytest.mark.parametrize(
     "block_size,rows,cached",
     [(16, 34, 700), (16, 100, 0), (4, 23, 0), (4, 9, 30), (5, 13, 17), (16, 2, 40), (32, 65, 33)],
 )
 def test_a_chunk_matches_sdpa_over_its_gathered_context(
-    kv_dtype, bf16, threads, heads, kv_heads, head_dim, block_size, rows, cached
+    kv_dtype, kind, threads, heads, kv_heads, head_dim, block_size, rows, cached
 ):
     pool, table, qkv, positions = _case(heads, kv_heads, head_dim, block_size, rows, cached)
     pool = to_pool(pool, kv_dtype)
     scale = head_dim**-0.5
-    got = _run(pool, table, qkv, positions, heads, kv_heads, scale, bf16, threads)
+    bf16, amx = KINDS[kind]
+    got = _run(pool, table, qkv, positions, heads, kv_heads, scale, bf16, threads, amx)
     assert got is not None
     # A float16 or int8 pool's values, exactly as the kernel reads them.
     values = from_pool(pool, head_dim, torch.float32)
@@ -82,16 +94,18 @@ def test_a_chunk_matches_sdpa_over_its_gathered_context(
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
 
-def test_the_rows_write_nothing_and_each_sees_only_up_to_its_own_position():
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_the_rows_write_nothing_and_each_sees_only_up_to_its_own_position(kind):
     pool, table, qkv, positions = _case(9, 3, 64, 16, 20, 10)
+    bf16, amx = KINDS[kind]
     before = pool.clone()
-    got = _run(pool, table, qkv, positions, 9, 3, 0.125, False, 1)
+    got = _run(pool, table, qkv, positions, 9, 3, 0.125, bf16, 1, amx)
     assert torch.equal(pool, before)
     # Changing the keys and values past the first row's position moves every row but it.
     later = pool.clone()
     slots = [int(table[p // 16]) * 16 + p % 16 for p in range(11, 30)]
     later.view(6, -1, 64)[:, slots] += 1.0
-    moved = _run(later, table, qkv, positions, 9, 3, 0.125, False, 1)
+    moved = _run(later, table, qkv, positions, 9, 3, 0.125, bf16, 1, amx)
     assert moved is not None and got is not None
     torch.testing.assert_close(moved[0], got[0])
     assert not torch.allclose(moved[1:], got[1:])

@@ -79,7 +79,9 @@ def _loaded() -> tuple[ctypes.CDLL, Isa] | None:
             log.warning("native kernels: the %s build does not load: %s", isa.name, exc)
             continue
         declare(lib)
-        amx, panel = Backend(isa, bool(lib.q4_1_amx_available())).kernel_min_rows()
+        chosen = Backend(isa, bool(lib.q4_1_amx_available()))
+        amx, panel = chosen.kernel_min_rows()
+        lib.set_chunk_amx(int(chosen.chunk_amx))
         lib.set_amx_min_rows(*amx)
         lib.set_panel_min_rows(*panel)
         lib.set_pair_min_rows(cpu_backend.PAIR_MIN_ROWS)
@@ -145,6 +147,8 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.set_amx_min_rows.restype = None
     lib.set_panel_min_rows.argtypes = [i, i]
     lib.set_panel_min_rows.restype = None
+    lib.set_chunk_amx.argtypes = [i]
+    lib.set_chunk_amx.restype = None
     lib.set_pair_min_rows.argtypes = [i]
     lib.set_pair_min_rows.restype = None
     lib.q8_0_gemm.argtypes = [p, p, i, i, p, i, i, p, i, p]

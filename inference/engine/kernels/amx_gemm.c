@@ -33,13 +33,6 @@
 
 #include "common.h"
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && \
-    defined(__AVX512BW__)
-#define HAVE_AMX 1
-#else
-#define HAVE_AMX 0
-#endif
-
 /* Writes columns n0 .. n0 + 31 of a weight matrix, unpacked to bf16 tiles (unpack_q4). */
 typedef void (*unpack_fn)(const void *w, int n0, uint16_t *out);
 
@@ -55,25 +48,30 @@ static void amx_request(void) {
     amx_permitted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 }
 
+int amx_ready(void) {
+    pthread_once(&amx_once, amx_request);
+    return amx_permitted;
+}
+
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
     uint8_t rows[16];
 } TileConfig;
 
-/* Tiles 0-3: the output's 2 x 2 blocks of 16 x 16 floats; 4, 5: two 16-row slices of x;
- * 6, 7: the two 16-column halves of the chunk's weights. Every tile is 16 rows of 64 bytes.
- * Loaded for each chunk and released after it: oneDNN (torch's bf16 products) loads its own
- * and releases the tiles on the same threads, after which a tile instruction is illegal. */
-static void amx_configure(void) {
-    TileConfig c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        c.rows[t] = 16;
-        c.colsb[t] = 64;
-    }
-    _tile_loadconfig(&c);
+/* Every tile 16 rows of 64 bytes. Here tiles 0-3 are the output's 2 x 2 blocks of 16 x 16
+ * floats; 4, 5: two 16-row slices of x; 6, 7: the two 16-column halves of the chunk's
+ * weights. Loaded for each chunk and released after it: oneDNN (torch's bf16 products)
+ * loads its own and releases the tiles on the same threads, after which a tile instruction
+ * is illegal. */
+void amx_configure(void) {
+    /* In static memory: built on the stack, gcc dropped the stores only ldtilecfg reads. */
+    static const TileConfig config = {
+        .palette = 1,
+        .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+        .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+    };
+    _tile_loadconfig(&config);
 }
 
 static __thread uint16_t *tls_b;
@@ -324,8 +322,7 @@ static void amx_chunk(void *arg, int c) {
 static int amx_matmul(const void *w, unpack_fn unpack, int N, int K, const float *x, int rows,
                       float *y, int nthreads) {
 #if HAVE_AMX
-    pthread_once(&amx_once, amx_request);
-    if (!amx_permitted) return -3;
+    if (!amx_ready()) return -3;
     if (K % QK || N % COLS || rows <= 0) return -2;
     const int padded = (rows + 15) / 16 * 16;
     uint16_t *xb = (uint16_t *)aligned_alloc(64, (size_t)padded * K * sizeof(uint16_t));
@@ -362,8 +359,7 @@ int q8_amx_matmul(const Q8Matrix *w, const float *x, int rows, float *y, int nth
 /* 1 where q4_1_gemm_amx runs (built with AMX, and the process granted its tiles), else 0. */
 int q4_1_amx_available(void) {
 #if HAVE_AMX
-    pthread_once(&amx_once, amx_request);
-    return amx_permitted;
+    return amx_ready();
 #else
     return 0;
 #endif

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chunk_attention.h"
 #include "common.h"
 #include "simd.h"
 #include "simd_mappings.h"
@@ -37,13 +38,6 @@
 
 #define TL (2 * VL)
 #define MAX_BLOCK 256 /* keys per paged block this kernel takes */
-
-typedef struct {
-    int heads, kv_heads, head_dim, block_size, num_blocks;
-    float scale;
-    int kv_type; /* the pool's elements: simd.h's KV_F32, KV_F16 or KV_I8 */
-    int bf16;    /* products in bfloat16 (float32 sums) where the build has AVX512-BF16 */
-} ChunkShape;
 
 typedef struct {
     const ChunkShape *s;
@@ -213,36 +207,8 @@ static void tile(void *arg, int index) {
 /* The same tile with its products in bfloat16: VDPBF16PS multiplies pairs of bf16 and adds
  * both products to a float32 lane, so each instruction does the work of two FMAs. Queries
  * and keys pair along head_dim (a key's row converts as it lies); weights and values pair
- * along the keys (two keys' rows interleaved). Sums, the softmax and the output stay
- * float32, as in flash attention on a GPU. */
-static inline __m512i interleave_bf16(__m512 a, __m512 b) {
-    /* 32-bit lanes (a[i], b[i]) as bf16 pairs, a in the low half. */
-    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17,
-                                         1, 16, 0);
-    return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b, a));
-}
-
-/* exp(x) for x <= 0 to about bf16's precision (relative error ~1e-4): 2^(x log2 e) as 2^n
- * times a degree-4 polynomial of the fraction. Apart from simd.h's exp on purpose: the bf16
- * products round these weights to bf16 next, so exp's float precision (~1e-7, two more
- * terms) would be thrown away; the float32 products use vexp. */
-static inline __m512 exp_bf16(__m512 x) {
-    __m512 t = _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _mm512_set1_ps(-126.0f));
-    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(t, n); /* [-0.5, 0.5] */
-    __m512 p = _mm512_set1_ps(1.3333558e-3f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    /* -inf (a masked key) gives t = -126 and a weight of ~1e-38 against a maximum of 1:
-     * flushed below as 0 by the bf16 rounding of the tiny product. */
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ),
-                               _mm512_scalef_ps(p, n));
-}
-
+ * along the keys (two keys' rows interleaved: interleave_bf16). Sums, the softmax and the
+ * output stay float32, as in flash attention on a GPU. */
 static inline __m512 dpbf16(__m512 acc, __m512i a, __m512i b) {
     return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
 }
@@ -378,6 +344,9 @@ int chunk_attention(const ChunkShape *s, const float *qkv, int rows, const int64
         if (positions[r] < 0 || positions[r] / s->block_size >= table_len) return -2;
     for (int b = 0; b < table_len; b++)
         if (table[b] < 0 || table[b] >= s->num_blocks) return -2;
+    /* With bf16 products, AMX's tiles where they run (chunk_attention_amx.c). */
+    if (s->bf16 && chunk_attention_amx(s, qkv, rows, positions, table, pool, out, nthreads) == 0)
+        return 0;
     int group = s->heads / s->kv_heads, tiles = (rows * group + TL - 1) / TL;
     ChunkTask t = {s, qkv, rows, positions, table, table_len, pool, out, tiles};
     chunk_fn fn = tile;

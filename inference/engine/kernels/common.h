@@ -191,6 +191,17 @@ static inline __m512 pair_scales_ph(const uint16_t *s) {
 }
 #endif
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && \
+    defined(__AVX512BW__)
+#define HAVE_AMX 1
+/* amx_gemm.c: whether this process may use AMX's tiles (asked of Linux once), and the
+ * tiles' configuration every user of them loads: all eight 16 rows of 64 bytes. */
+__attribute__((visibility("hidden"))) int amx_ready(void);
+__attribute__((visibility("hidden"))) void amx_configure(void);
+#else
+#define HAVE_AMX 0
+#endif
+
 /* y [rows, N] = x [rows, K] @ W.T on AMX tiles (amx_gemm.c): 0, or -2 for a shape they do
  * not take, -3 where AMX cannot run, -1 out of memory. */
 __attribute__((visibility("hidden"))) int q4_amx_matmul(const Q4Matrix *w, const float *x, int rows,

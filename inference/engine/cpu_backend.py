@@ -134,7 +134,7 @@ AMX_COLUMNS = 32  # a product's outputs on AMX's tiles: whole chunks of this man
 # 48 64 --threads 2 --kinds int8 panel amx (and --shapes llama-1b: a GGUF's Q4_K layers).
 # With AVX512-VNNI the grouped tiles take two column groups a tile from PAIR_MIN_ROWS rows,
 # which beat the panels up to ~48 rows.
-AMX_MIN_ROWS = (32, 4)
+AMX_MIN_ROWS = (16, 4)
 PANEL_MIN_ROWS = {"avx512": (48, 16), "avx2": (24, 24)}
 # Below the panels, from how many rows the 8-bit-activation product of Q4_1 and Q4_K takes
 # two column groups a 512-bit tile (q4_1_gemm.c's q4_pair_tile; AVX512-VNNI builds): python

@@ -249,13 +249,69 @@ typedef struct {
     const uint16_t *xb; /* [padded rows][K] bf16, the padding zero */
     int rows, padded;
     float *y;
+    int group;         /* chunks a task: each 32-row slab of x runs across them in turn */
     atomic_int failed; /* a thread's buffer could not be had: the caller computes it all again */
 } AmxTask;
 
-static void amx_chunk(void *arg, int c) {
+/* Output columns n0 .. n0 + 31 of rows m0 .. m0 + 31 (or 16) from the chunk's unpacked
+ * weights wb: two tiles of x's slab against the chunk's two halves, a block of k at a time. */
+static void amx_slab(const AmxTask *t, const uint16_t *wb, int n0, int m0) {
+    const int K = t->k, N = t->n, nb = K / QK;
+    const size_t xs = (size_t)K * sizeof(uint16_t), ys = (size_t)N * sizeof(float);
+    float tmp[16 * 16] __attribute__((aligned(64)));
+    const int two = t->padded - m0 >= 32;
+    const uint16_t *x0 = t->xb + (size_t)m0 * K, *x1 = x0 + (size_t)16 * K;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int b = 0; b < nb; b++) {
+        const uint16_t *w = wb + (size_t)b * 1024;
+        _tile_loadd(6, w, 64);
+        _tile_loadd(7, w + 512, 64);
+        _tile_loadd(4, x0 + b * QK, xs);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if (two) {
+            _tile_loadd(5, x1 + b * QK, xs);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    /* Full 16-row slices go straight to y; the last, partial one through tmp. */
+    for (int s = 0; s < (two ? 2 : 1); s++) {
+        int r0 = m0 + 16 * s, valid = t->rows - r0;
+        if (valid <= 0) break;
+        float *y = t->y + (size_t)r0 * N + n0;
+        if (valid >= 16) {
+            if (s == 0) {
+                _tile_stored(0, y, ys);
+                _tile_stored(1, y + 16, ys);
+            } else {
+                _tile_stored(2, y, ys);
+                _tile_stored(3, y + 16, ys);
+            }
+            continue;
+        }
+        for (int h = 0; h < 2; h++) {
+            if (s == 0 && h == 0) _tile_stored(0, tmp, 64);
+            if (s == 0 && h == 1) _tile_stored(1, tmp, 64);
+            if (s == 1 && h == 0) _tile_stored(2, tmp, 64);
+            if (s == 1 && h == 1) _tile_stored(3, tmp, 64);
+            for (int r = 0; r < valid; r++)
+                memcpy(y + (size_t)r * N + 16 * h, tmp + 16 * r, 16 * sizeof(float));
+        }
+    }
+}
+
+/* Task `task`: chunks task * group .. of 32 output columns, each unpacked once for all of
+ * K, then every 32-row slab of x across them in turn (the slab stays in the caches for the
+ * next chunk). */
+static void amx_chunk(void *arg, int task) {
     AmxTask *t = (AmxTask *)arg;
-    const int K = t->k, N = t->n, nb = K / QK, n0 = c * COLS;
-    size_t need = (size_t)nb * 2 * 512;
+    const int nb = t->k / QK, c0 = task * t->group;
+    const int chunks = t->n / COLS - c0 < t->group ? t->n / COLS - c0 : t->group;
+    const size_t per = (size_t)nb * 2 * 512, need = per * chunks;
     if (tls_b_cap < need) {
         free(tls_b);
         tls_b = (uint16_t *)aligned_alloc(64, need * sizeof(uint16_t));
@@ -266,55 +322,21 @@ static void amx_chunk(void *arg, int c) {
         }
     }
     amx_configure();
-    t->unpack(t->w, n0, tls_b);
-    const size_t xs = (size_t)K * sizeof(uint16_t), ys = (size_t)N * sizeof(float);
-    float tmp[16 * 16] __attribute__((aligned(64)));
-    for (int m0 = 0; m0 < t->padded; m0 += 32) {
-        const int two = t->padded - m0 >= 32;
-        const uint16_t *x0 = t->xb + (size_t)m0 * K, *x1 = x0 + (size_t)16 * K;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int b = 0; b < nb; b++) {
-            const uint16_t *wb = tls_b + (size_t)b * 1024;
-            _tile_loadd(6, wb, 64);
-            _tile_loadd(7, wb + 512, 64);
-            _tile_loadd(4, x0 + b * QK, xs);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            if (two) {
-                _tile_loadd(5, x1 + b * QK, xs);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
-            }
-        }
-        /* Full 16-row slices go straight to y; the last, partial one through tmp. */
-        for (int s = 0; s < (two ? 2 : 1); s++) {
-            int r0 = m0 + 16 * s, valid = t->rows - r0;
-            if (valid <= 0) break;
-            float *y = t->y + (size_t)r0 * N + n0;
-            if (valid >= 16) {
-                if (s == 0) {
-                    _tile_stored(0, y, ys);
-                    _tile_stored(1, y + 16, ys);
-                } else {
-                    _tile_stored(2, y, ys);
-                    _tile_stored(3, y + 16, ys);
-                }
-                continue;
-            }
-            for (int h = 0; h < 2; h++) {
-                if (s == 0 && h == 0) _tile_stored(0, tmp, 64);
-                if (s == 0 && h == 1) _tile_stored(1, tmp, 64);
-                if (s == 1 && h == 0) _tile_stored(2, tmp, 64);
-                if (s == 1 && h == 1) _tile_stored(3, tmp, 64);
-                for (int r = 0; r < valid; r++)
-                    memcpy(y + (size_t)r * N + 16 * h, tmp + 16 * r, 16 * sizeof(float));
-            }
-        }
-    }
+    for (int c = 0; c < chunks; c++) t->unpack(t->w, (c0 + c) * COLS, tls_b + c * per);
+    for (int m0 = 0; m0 < t->padded; m0 += 32)
+        for (int c = 0; c < chunks; c++) amx_slab(t, tls_b + c * per, (c0 + c) * COLS, m0);
     _tile_release();
+}
+
+/* Chunks a task: the most of AMX_GROUP that splits them into at least two tasks a thread.
+ * A chunk a task took 1.1-1.2x the time at 32-512 rows (2 threads; one thread alike): each
+ * task loads the tiles' configuration and releases it, and streams x again (python -m
+ * inference.bench.kernels --rows 32 64 128 256 512 --kinds amx). */
+#define AMX_GROUP 8
+static int chunk_group(int chunks, int nthreads) {
+    for (int g = AMX_GROUP; g > 1; g--)
+        if (chunks % g == 0 && chunks / g >= 2 * nthreads) return g;
+    return 1;
 }
 #endif
 
@@ -331,8 +353,9 @@ static int amx_matmul(const void *w, unpack_fn unpack, int N, int K, const float
         for (int k = 0; k < K; k += QK)
             _mm512_store_si512((void *)(xb + r * K + k), (__m512i)bf16_of_32(x + r * K + k));
     memset(xb + (size_t)rows * K, 0, (size_t)(padded - rows) * K * sizeof(uint16_t));
-    AmxTask t = {w, unpack, N, K, xb, rows, padded, y, 0};
-    pool_run(amx_chunk, &t, N / COLS, nthreads);
+    const int group = chunk_group(N / COLS, nthreads);
+    AmxTask t = {w, unpack, N, K, xb, rows, padded, y, group, 0};
+    pool_run(amx_chunk, &t, (N / COLS + group - 1) / group, nthreads);
     free(xb);
     return atomic_load(&t.failed) ? -1 : 0;
 #else

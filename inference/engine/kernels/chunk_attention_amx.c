@@ -253,19 +253,21 @@ int chunk_attention_amx(const ChunkShape *s, const float *qkv, int rows, const i
         if (positions[r] + 1 > ctx) ctx = (int)positions[r] + 1;
     const int ctx_pad = (ctx + 31) / 32 * 32, group = s->heads / s->kv_heads;
     const size_t elems = (size_t)s->kv_heads * ctx_pad * s->head_dim;
-    AmxAttnTask t = {s, qkv, rows, positions, table, pool, out, ctx, ctx_pad,
-                     (rows * group + LANES - 1) / LANES, NULL, NULL, 0};
-    t.kt = (uint16_t *)aligned_alloc(64, elems * sizeof(uint16_t));
-    t.vp = (uint16_t *)aligned_alloc(64, elems * sizeof(uint16_t));
-    int rc = -1;
-    if (t.kt && t.vp) {
-        pool_run(stage_kv, &t, s->kv_heads * (ctx_pad / 32), nthreads);
-        pool_run(attend_tile, &t, t.tiles * s->kv_heads, nthreads);
-        rc = atomic_load(&t.failed) ? -1 : 0;
+    /* The staged keys and values in the calling thread's buffer, kept for its next call:
+     * allocated and freed each call, a long context's were fresh pages every layer. */
+    static __thread uint16_t *staged;
+    static __thread size_t staged_cap;
+    if (staged_cap < 2 * elems) {
+        free(staged);
+        staged = (uint16_t *)aligned_alloc(64, 2 * elems * sizeof(uint16_t));
+        staged_cap = staged ? 2 * elems : 0;
+        if (!staged) return -1;
     }
-    free(t.kt);
-    free(t.vp);
-    return rc;
+    AmxAttnTask t = {s, qkv, rows, positions, table, pool, out, ctx, ctx_pad,
+                     (rows * group + LANES - 1) / LANES, staged, staged + elems, 0};
+    pool_run(stage_kv, &t, s->kv_heads * (ctx_pad / 32), nthreads);
+    pool_run(attend_tile, &t, t.tiles * s->kv_heads, nthreads);
+    return atomic_load(&t.failed) ? -1 : 0;
 #else
     (void)s, (void)qkv, (void)rows, (void)positions, (void)table, (void)pool, (void)out,
         (void)nthreads;

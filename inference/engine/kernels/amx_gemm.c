@@ -61,7 +61,7 @@ typedef struct {
 
 /* Every tile 16 rows of 64 bytes. Here tiles 0-3 are the output's 2 x 2 blocks of 16 x 16
  * floats; 4, 5: two 16-row slices of x; 6, 7: the two 16-column halves of the chunk's
- * weights. Loaded for each chunk and released after it: oneDNN (torch's bf16 products)
+ * weights. Loaded by each task and released after it: oneDNN (torch's bf16 products)
  * loads its own and releases the tiles on the same threads, after which a tile instruction
  * is illegal. */
 void amx_configure(void) {

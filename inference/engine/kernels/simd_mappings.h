@@ -21,6 +21,7 @@ static inline void vstore(float *p, vec v) { _mm512_storeu_ps(p, v); }
 static inline vec vset1(float x) { return _mm512_set1_ps(x); }
 static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+static inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
 static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
 static inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
@@ -75,6 +76,7 @@ static inline void vstore(float *p, vec v) { _mm256_storeu_ps(p, v); }
 static inline vec vset1(float x) { return _mm256_set1_ps(x); }
 static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
 static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+static inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
 static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
 static inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
 static inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }

@@ -20,6 +20,8 @@ import json
 import os
 import platform
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -31,7 +33,7 @@ from inference.engine.kv_codec import to_pool
 LAYERS, HEADS, KV_HEADS, BLOCK = 30, 9, 3, 16
 
 
-def kinds(lib: ctypes.CDLL) -> dict[str, tuple[bool, bool]]:
+def kinds() -> dict[str, tuple[bool, bool]]:
     """The tile kinds this build and CPU run: name -> (bf16 products, AMX's tiles)."""
     out = {"float32": (False, False)}
     if "-mavx512bf16" in kernels.cpu_build_flags():
@@ -55,6 +57,16 @@ def _case(rows: int, cached: int, head_dim: int, gen: torch.Generator) -> dict[s
     return {"table": table, "pools": pools, "qkv": qkv, "positions": positions}
 
 
+@contextmanager
+def amx_tiles(lib: ctypes.CDLL, on: bool) -> Iterator[None]:
+    """Chunks on AMX's tiles or not (where they run), then as the kernels set it at load."""
+    lib.set_chunk_amx(int(on))
+    try:
+        yield
+    finally:
+        lib.set_chunk_amx(int(kernels.backend().chunk_amx))
+
+
 def _time(lib: ctypes.CDLL, x: dict[str, Any], bf16: bool, amx: bool, threads: int) -> float:
     head_dim = x["qkv"].shape[-1]
     shape = kernels.ChunkShape(
@@ -62,14 +74,11 @@ def _time(lib: ctypes.CDLL, x: dict[str, Any], bf16: bool, amx: bool, threads: i
         num_blocks=x["pools"][0].shape[1], scale=head_dim**-0.5,
         kv_type=kernels.kv_type(x["pools"][0]), bf16=int(bf16),
     )  # fmt: skip
-    lib.set_chunk_amx(int(amx))
-    try:
+    with amx_tiles(lib, amx):
         t0 = time.perf_counter()
         for pool in x["pools"]:
             kernels.chunk_attention(lib, shape, x["qkv"], x["positions"], x["table"], pool, threads)
         return (time.perf_counter() - t0) * 1000
-    finally:
-        lib.set_chunk_amx(int(kernels.backend().chunk_amx))
 
 
 def run(
@@ -78,7 +87,7 @@ def run(
     lib = kernels.load()
     if lib is None:
         raise SystemExit("the native kernels are not available here")
-    variants = kinds(lib)
+    variants = kinds()
     gen = torch.Generator().manual_seed(0)
     out: dict[str, Any] = {
         "machine": platform.machine(), "cpus": os.cpu_count(), "threads": threads,

@@ -10,19 +10,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from inference.bench.chunk_attention import amx_tiles, kinds
 from inference.engine import kernels
 from inference.engine.kv_codec import from_pool, to_pool
 from tests.engine.conftest import needs_kernels
 
 lib = kernels.load()
 pytestmark = needs_kernels
-BF16 = "-mavx512bf16" in kernels.cpu_build_flags()
 # The tile kinds this CPU runs: name -> (bf16 products, AMX's tiles).
-KINDS = {"float32": (False, False)}
-if BF16:
-    KINDS["bf16"] = (True, False)
-if kernels.amx_available():
-    KINDS["amx"] = (True, True)
+KINDS = kinds()
 
 
 def _case(heads, kv_heads, head_dim, block_size, rows, cached, seed=0):
@@ -59,11 +55,8 @@ def _run(pool, table, qkv, positions, heads, kv_heads, scale, bf16, threads, amx
         bf16=int(bf16),
     )  # fmt: skip
     assert lib is not None
-    lib.set_chunk_amx(int(amx))
-    try:
+    with amx_tiles(lib, amx):
         return kernels.chunk_attention(lib, shape, qkv, positions, table, pool, threads)
-    finally:
-        lib.set_chunk_amx(int(kernels.backend().chunk_amx))
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16, torch.int8])

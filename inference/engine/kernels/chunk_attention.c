@@ -57,9 +57,8 @@ typedef struct {
 static inline const float *block_floats(const ChunkTask *t, int kv, int g, int b, int n,
                                         float *buf) {
     const ChunkShape *s = t->s;
-    const size_t bs = (size_t)s->block_size, row = kv_row(s->head_dim, s->kv_type);
-    const size_t at = ((size_t)(kv * s->kv_heads + g) * s->num_blocks + (size_t)t->table[b]) * bs * row;
-    return kv_floats(t->pool, at, n, s->head_dim, s->kv_type, buf);
+    return kv_floats(t->pool, chunk_kv_at(s, kv, g, t->table[b], 0), n, s->head_dim, s->kv_type,
+                     buf);
 }
 
 /* The tile's queries, transposed to [head_dim][TL] and scaled, and its lanes' positions.
@@ -345,8 +344,7 @@ int chunk_attention(const ChunkShape *s, const float *qkv, int rows, const int64
     for (int b = 0; b < table_len; b++)
         if (table[b] < 0 || table[b] >= s->num_blocks) return -2;
     /* With bf16 products, AMX's tiles where they run (chunk_attention_amx.c). */
-    if (s->bf16 && chunk_attention_amx(s, qkv, rows, positions, table, pool, out, nthreads) == 0)
-        return 0;
+    if (chunk_attention_amx(s, qkv, rows, positions, table, pool, out, nthreads) == 0) return 0;
     int group = s->heads / s->kv_heads, tiles = (rows * group + TL - 1) / TL;
     ChunkTask t = {s, qkv, rows, positions, table, table_len, pool, out, tiles};
     chunk_fn fn = tile;

@@ -4,7 +4,10 @@
 #define CHATAPP_KERNELS_CHUNK_ATTENTION_H
 
 #include <immintrin.h>
+#include <stddef.h>
 #include <stdint.h>
+
+#include "simd.h"
 
 typedef struct {
     int heads, kv_heads, head_dim, block_size, num_blocks;
@@ -12,6 +15,14 @@ typedef struct {
     int kv_type; /* the pool's elements: simd.h's KV_F32, KV_F16 or KV_I8 */
     int bf16;    /* products in bfloat16 (float32 sums) where the build has AVX512-BF16 */
 } ChunkShape;
+
+/* The element offset of slot `slot` of pool block `block` of KV head g's keys (kv = 0) or
+ * values (kv = 1): [2 * kv_heads, num_blocks, block_size, kv_row(head_dim)]. */
+static inline size_t chunk_kv_at(const ChunkShape *s, int kv, int g, int64_t block, int slot) {
+    return (((size_t)(kv * s->kv_heads + g) * s->num_blocks + (size_t)block) * s->block_size +
+            (size_t)slot) *
+           kv_row(s->head_dim, s->kv_type);
+}
 
 #ifdef __AVX512BF16__
 static inline __m512i interleave_bf16(__m512 a, __m512 b) {

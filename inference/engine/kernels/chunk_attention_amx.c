@@ -46,15 +46,12 @@ typedef struct {
     atomic_int failed;
 } AmxAttnTask;
 
-/* Position p's keys (kv = 0) or values (kv = 1) of KV head g as floats (buf: head_dim). */
-static const float *row_floats(const AmxAttnTask *t, int kv, int g, int p, float *buf) {
+/* Position p's keys (kv = 0) or values (kv = 1) of KV head g into dst (head_dim floats). */
+static void row_floats(const AmxAttnTask *t, int kv, int g, int p, float *dst) {
     const ChunkShape *s = t->s;
-    const size_t bs = (size_t)s->block_size, row = kv_row(s->head_dim, s->kv_type);
-    const size_t block = (size_t)t->table[p / s->block_size];
-    const size_t at = (((size_t)(kv * s->kv_heads + g) * s->num_blocks + block) * bs +
-                       (size_t)(p % s->block_size)) *
-                      row;
-    return kv_floats(t->pool, at, 1, s->head_dim, s->kv_type, buf);
+    const size_t at = chunk_kv_at(s, kv, g, t->table[p / s->block_size], p % s->block_size);
+    const float *src = kv_floats(t->pool, at, 1, s->head_dim, s->kv_type, dst);
+    if (src != dst) memcpy(dst, src, sizeof(float) * s->head_dim); /* a float32 pool's own */
 }
 
 /* Step 1, for KV head g and 32 positions (c = g's chunk of them): the scores' B tiles of
@@ -68,7 +65,6 @@ static void stage_kv(void *arg, int index) {
     float k[32][d] __attribute__((aligned(64)));
     float v[32][d] __attribute__((aligned(64)));
     uint32_t kw[32][d2] __attribute__((aligned(64))); /* each key's dims as bf16 pairs */
-    float buf[d];
     for (int j = 0; j < 32; j++) {
         const int p = 32 * c + j;
         if (p >= t->ctx) {
@@ -76,8 +72,8 @@ static void stage_kv(void *arg, int index) {
             memset(v[j], 0, sizeof(float) * d);
             continue;
         }
-        memcpy(k[j], row_floats(t, 0, g, p, buf), sizeof(float) * d);
-        memcpy(v[j], row_floats(t, 1, g, p, buf), sizeof(float) * d);
+        row_floats(t, 0, g, p, k[j]);
+        row_floats(t, 1, g, p, v[j]);
     }
     for (int j = 0; j < 32; j++)
         for (int i = 0; i < d; i += 32)

@@ -200,6 +200,12 @@ static int pair_min_rows;
 
 void set_pair_min_rows(int rows) { pair_min_rows = rows; }
 
+/* Rows that share one unpacking of two groups' block (q4_pair_tile) for Q4_K and Q5_K:
+ * Llama-1B's Q4_K layers took 0.94-0.97x of four rows' time at 8-32 rows; Q4_1's keep
+ * ROW_TILE (eight took 1.03-1.05x at 16-32 rows). Both by an A/B of the two builds on
+ * python -m inference.bench.kernels's shapes (--shapes llama-1b). */
+#define PAIR_ROW_TILE 8
+
 #if HAVE_VNNI
 /* Two groups side by side (16 columns) in 512-bit vectors: the same sums, lane for lane, as
  * q4_tile_n's and q4k_tile_n's on each group alone (the same integer products, the same
@@ -234,14 +240,17 @@ static inline __attribute__((always_inline)) void q4_unpack_pair(const uint8_t *
     }
 }
 
+/* Two chains of four, as q4_block_dot's: integer sums, so the same to the bit. */
 static inline __m512i q4_pair_dot(const __m512i w[8], const int8_t *xq) {
-    __m512i s = _mm512_setzero_si512();
-    for (int i = 0; i < 8; i++) {
-        int32_t v;
-        memcpy(&v, xq + 4 * i, 4);
-        s = _mm512_dpbusd_epi32(s, w[i], _mm512_set1_epi32(v));
+    __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+    for (int i = 0; i < 8; i += 2) {
+        int32_t v0, v1;
+        memcpy(&v0, xq + 4 * i, 4);
+        memcpy(&v1, xq + 4 * i + 4, 4);
+        s0 = _mm512_dpbusd_epi32(s0, w[i], _mm512_set1_epi32(v0));
+        s1 = _mm512_dpbusd_epi32(s1, w[i + 1], _mm512_set1_epi32(v1));
     }
-    return s;
+    return _mm512_add_epi32(s0, s1);
 }
 
 /* 16 fp16 values, 8 at a and 8 at b, as float32. */
@@ -272,7 +281,7 @@ static inline __attribute__((always_inline)) void q4_pair_tile_n(const Q4Matrix 
     const int K = W->k, N = W->n, nb = K / QK, ns = K / QK_K;
     const size_t next = (size_t)nb * 128;
     const uint8_t *wq = W->qs + (size_t)g * next;
-    __m512 acc[ROW_TILE], accm[ROW_TILE];
+    __m512 acc[PAIR_ROW_TILE], accm[PAIR_ROW_TILE];
     for (int r = 0; r < NR; r++) acc[r] = accm[r] = _mm512_setzero_ps();
     if (K4) {
         const size_t bn = (size_t)nb * GROUP, sn = (size_t)ns * GROUP;
@@ -281,7 +290,7 @@ static inline __attribute__((always_inline)) void q4_pair_tile_n(const Q4Matrix 
         const size_t hnext = (size_t)nb * 32;
         const uint8_t *wh = W->qh ? W->qh + (size_t)g * hnext : NULL;
         for (int sb = 0; sb < ns; sb++) {
-            __m512 part[ROW_TILE];
+            __m512 part[PAIR_ROW_TILE];
             for (int r = 0; r < NR; r++) part[r] = _mm512_setzero_ps();
             for (int b = sb * (QK_K / QK); b < (sb + 1) * (QK_K / QK); b++) {
                 __m512i w[8];
@@ -299,7 +308,7 @@ static inline __attribute__((always_inline)) void q4_pair_tile_n(const Q4Matrix 
             for (int r = 0; r < NR; r++) acc[r] = _mm512_fmadd_ps(part[r], d16, acc[r]);
         }
         for (int sb = 0; sb < ns; sb++) {
-            __m512 part[ROW_TILE];
+            __m512 part[PAIR_ROW_TILE];
             for (int r = 0; r < NR; r++) part[r] = _mm512_setzero_ps();
             for (int b = sb * (QK_K / QK); b < (sb + 1) * (QK_K / QK); b++) {
                 const __m512 mn16 = _mm512_cvtepi32_ps(u8_pair(mn + b * GROUP, mn + bn + b * GROUP));
@@ -336,14 +345,18 @@ static inline __attribute__((always_inline)) void q4_pair_tile_n(const Q4Matrix 
     for (int r = 0; r < NR; r++) store_pair(y + (size_t)(r0 + r) * N, g * GROUP, N, acc[r]);
 }
 
-static inline __attribute__((always_inline)) void q4_pair_tile(const Q4Matrix *W, int g,
-                                                               const QuantizedRows *q, int r0,
-                                                               int nr, const int K4, float *y) {
+static void q4_pair_tile(const Q4Matrix *W, int g, const QuantizedRows *q, int r0, int nr,
+                         const int K4, float *y) {
     switch (nr) {
     case 1: q4_pair_tile_n(W, g, q, r0, 1, K4, y); break;
     case 2: q4_pair_tile_n(W, g, q, r0, 2, K4, y); break;
     case 3: q4_pair_tile_n(W, g, q, r0, 3, K4, y); break;
-    default: q4_pair_tile_n(W, g, q, r0, 4, K4, y); break;
+    case 4: q4_pair_tile_n(W, g, q, r0, 4, K4, y); break;
+    case PAIR_ROW_TILE: q4_pair_tile_n(W, g, q, r0, PAIR_ROW_TILE, K4, y); break;
+    default:
+        q4_pair_tile_n(W, g, q, r0, 4, K4, y);
+        q4_pair_tile(W, g, q, r0 + 4, nr - 4, K4, y);
+        break;
     }
 }
 #endif
@@ -361,13 +374,7 @@ static inline __attribute__((always_inline)) void q4k_tile(const Q4Matrix *W, in
 }
 
 static void q4_tile(const Q4Matrix *W, int g0, int g1, const QuantizedRows *q, int r0, int nr,
-                    int rows, float *y) {
-#if HAVE_VNNI
-    if (pair_min_rows > 0 && rows >= pair_min_rows) {
-        for (; g0 + 2 <= g1; g0 += 2) q4_pair_tile(W, g0, q, r0, nr, W->sc != NULL, y);
-        if (g0 == g1) return;
-    }
-#endif
+                    float *y) {
     if (W->qh) {
         q4k_tile(W, g0, g1, q, r0, nr, 1, y);
         return;
@@ -396,9 +403,20 @@ typedef struct {
 static void q4_chunk(void *arg, int c) {
     const Q4Task *t = (const Q4Task *)arg;
     int g0 = c * CHUNK_GROUPS, g1 = chunk_end(t->w->n, c);
+#if HAVE_VNNI
+    if (pair_min_rows > 0 && t->rows >= pair_min_rows) {
+        const int gp = g0 + ((g1 - g0) & ~1), k4 = t->w->sc != NULL;
+        const int tile = k4 ? PAIR_ROW_TILE : ROW_TILE;
+        for (int r0 = 0; r0 < t->rows; r0 += tile) {
+            const int nr = t->rows - r0 < tile ? t->rows - r0 : tile;
+            for (int g = g0; g < gp; g += 2) q4_pair_tile(t->w, g, t->q, r0, nr, k4, t->y);
+        }
+        g0 = gp;
+    }
+#endif
+    if (g0 == g1) return;
     for (int r0 = 0; r0 < t->rows; r0 += ROW_TILE)
-        q4_tile(t->w, g0, g1, t->q, r0, t->rows - r0 < ROW_TILE ? t->rows - r0 : ROW_TILE, t->rows,
-                t->y);
+        q4_tile(t->w, g0, g1, t->q, r0, t->rows - r0 < ROW_TILE ? t->rows - r0 : ROW_TILE, t->y);
 }
 
 void q4_int8_matmul(const Q4Matrix *w, const QuantizedRows *q, int rows, float *y,

@@ -1,8 +1,9 @@
-"""The KV pool on huge pages (inference/engine/huge_pages.py): really on them, where the
-kernel offers them, and zeroed either way."""
+"""The KV pool and the weights' arena on huge pages (inference/engine/huge_pages.py): really
+on them, where the kernel offers them, and the same values either way."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -48,3 +49,54 @@ def test_small_and_non_cpu_buffers_are_left_alone():
     assert small.shape == (4, 16) and torch.count_nonzero(small) == 0
     assert not huge_pages.advise(small)
     assert not huge_pages.advise(torch.empty(0))
+
+
+def test_the_arena_copies_tensors_side_by_side_and_settles_a_dataclass():
+    arena = huge_pages.Arena(torch.device("cpu"))
+    a = torch.arange(10, dtype=torch.float16)
+    b = torch.arange(7, dtype=torch.uint8)
+    ta, tb = arena.take(a), arena.take(b)
+    assert torch.equal(ta, a) and torch.equal(tb, b) and ta.dtype == a.dtype
+    if not arena.on:
+        return  # no madvise here: the tensors stay where they were
+    same = ta.untyped_storage().data_ptr() == tb.untyped_storage().data_ptr()
+    assert same
+    assert ta.data_ptr() % huge_pages.HUGE_PAGE == 0  # a slab starts on a huge page
+    assert tb.data_ptr() - ta.data_ptr() == huge_pages.ALIGN
+    # A tensor larger than a slab gets a slab of its own.
+    big = torch.ones(huge_pages.SLAB_BYTES + 1, dtype=torch.uint8)
+    assert torch.equal(arena.take(big), big)
+    # Non-contiguous tensors are left as they are (the kernels take contiguous blocks).
+    t = torch.ones(4, 4).t()
+    assert arena.take(t) is t
+
+    @dataclasses.dataclass
+    class Blocks:
+        qs: torch.Tensor
+        n: int
+
+    held = Blocks(torch.arange(64, dtype=torch.uint8).reshape(8, 8), 8)
+    before = held.qs.data_ptr()
+    arena.settle(held)
+    assert held.n == 8 and torch.equal(held.qs, torch.arange(64, dtype=torch.uint8).reshape(8, 8))
+    moved = held.qs.data_ptr()
+    assert moved != before and held.qs.untyped_storage().nbytes() >= huge_pages.SLAB_BYTES
+
+
+def test_a_loaded_models_blocks_share_the_arena(tiny_model_dir: Path):
+    """Every block matrix of a model lies in the load's arena, on huge pages where given."""
+    from inference.engine.models import load_model
+
+    model = load_model(str(tiny_model_dir), quantization="int4", dtype=torch.float32)
+    linears = [model.lm_head] + [
+        p for layer in model.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)
+    ]
+    blocks = [getattr(x, "blocks", None) for x in linears]
+    tensors = [b.qs for b in blocks if b is not None]
+    assert tensors
+    if not huge_pages.Arena(torch.device("cpu")).on:
+        return
+    storages = {t.untyped_storage().data_ptr() for t in tensors}
+    assert len(storages) == 1, len(storages)  # the tiny model's blocks fit one slab
+    if THP.exists() and "[never]" not in THP.read_text():
+        assert _huge_kb(tensors[0]) >= 2048

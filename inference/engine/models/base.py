@@ -24,13 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import groupby
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig
 
-from inference.engine import kernels, paged_attention
+from inference.engine import huge_pages, kernels, paged_attention
 from inference.engine.errors import UnsupportedModelError
 from inference.engine.formats.gguf_file import return_freed_memory
 from inference.engine.layers.activation import ACTIVATIONS, softcap
@@ -68,6 +68,8 @@ from inference.engine.row_ops import PoolRowOps, RowOps, TorchRowOps, rms_norm
 
 if TYPE_CHECKING:
     from inference.engine.native_decode import NativeDecoder
+
+L = TypeVar("L", bound=Linear)
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,7 @@ class DecoderLayer:
                 weight = torch.cat([put(shard(w[k], dim)) for k in keys])
             args = (weight, formats.large or "none", blocks, formats.block_rows,
                     formats.prompt_rows, formats.prompt_product, "i16")  # fmt: skip
-            made = Linear(*args) if bias is None else BiasedLinear(bias, *args)
+            made = model.settled(Linear(*args) if bias is None else BiasedLinear(bias, *args))
             # The GGUF-layout blocks go back to the system now, not at the layer's end: a
             # layer's matrices in both layouts at once were a GGUF load's peak.
             del args, blocks
@@ -353,13 +355,17 @@ class DecoderModel:
             # As transformers does: sqrt(hidden) rounded to the model's dtype.
             self.embed_scale = torch.tensor(self.hidden_size**0.5, dtype=dtype, device=self.device)
         self.norm = self.norm_weight(w["norm.weight"])
-        self.lm_head = self._lm_head(w, stored, formats, dtype, native_rows)
+        # The blocks each decode step streams whole, on huge pages (huge_pages.Arena).
+        self._arena: huge_pages.Arena | None = huge_pages.Arena(self.device)
+        head = self._lm_head(w, stored, formats, dtype, native_rows)
+        self.lm_head = None if head is None else self.settled(head)
         self.layers = []
         for i in range(self.num_layers):
             self.layers.append(DecoderLayer(self, w, f"layers.{i}", formats, specs[i]))
             # Each layer's conversions freed as much as it keeps: give that back now, so
             # that the load's peak stays near what the model holds.
             return_freed_memory()
+        self._arena = None
         # Fused weights were copied; drop the per-projection originals.
         del w
         self._rope_tables(config, {layer.rope for layer in self.layers})
@@ -376,6 +382,12 @@ class DecoderModel:
 
     def put(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(device=self.device, dtype=self.dtype)
+
+    def settled(self, linear: L) -> L:
+        """`linear`, its blocks moved into the load's arena (while the model is built)."""
+        if linear.blocks is not None and self._arena is not None:
+            self._arena.settle(linear.blocks)
+        return linear
 
     def norm_weight(self, w: torch.Tensor) -> torch.Tensor:
         if self.norm_offset:

@@ -4,6 +4,7 @@ on them, where the kernel offers them, and the same values either way."""
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import re
 from pathlib import Path
 
@@ -39,9 +40,14 @@ def test_a_pool_is_on_huge_pages():
     assert _huge_kb(t) >= 24 * 1024
     if "[madvise]" in THP.read_text():
         # Only where huge pages are given on advice does a plain buffer go without them
-        # ("always" gives every large mapping huge pages, advised or not).
-        plain = torch.zeros((16, 1024, 1024), dtype=torch.float16)
-        assert _huge_kb(plain) < _huge_kb(t)
+        # ("always" gives every large mapping huge pages, advised or not). The plain buffer is
+        # a fresh mapping: torch.zeros may reuse malloc's heap where an earlier tensor was
+        # advised, and the advice outlives that tensor.
+        with mmap.mmap(-1, 32 << 20) as raw:
+            plain = torch.frombuffer(raw, dtype=torch.float16)
+            plain.fill_(0)
+            assert _huge_kb(plain) < _huge_kb(t)
+            del plain
 
 
 def test_small_and_non_cpu_buffers_are_left_alone():

@@ -28,6 +28,10 @@ from tests.tiny_model import TOKENIZER_FILES
 # makes from the F32 file.
 CONVERTED = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0"}
 QUANTIZED = ("Q4_0", "Q4_1", "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q6_K")
+# Types a file holds whole where llama-quantize is asked for them, and in part where a
+# matrix's rows are not whole super-blocks of a K-quant (Q5_0 in a Q4_K_M file, Q5_1 in a
+# Q5_K_M one, IQ4_NL in smaller ones).
+FALLBACKS = ("Q5_0", "Q5_1", "IQ4_NL")
 
 
 def build_tiny_llama_256(folder: Path, tokenizer_source: Path, seed: int = 0) -> Path:
@@ -252,7 +256,7 @@ def _close(pipe: IO[str] | None) -> None:
 def make_gguf(
     hf_folder: Path, file_type: str, out_dir: Path, converter: Converter, quantize: Path
 ) -> Path:
-    """`hf_folder` as a GGUF of `file_type` (a key of CONVERTED or one of QUANTIZED) in
+    """`hf_folder` as a GGUF of `file_type` (a key of CONVERTED, one of QUANTIZED or FALLBACKS) in
     `out_dir`; the F32 file is made first where a quantized one needs it."""
     out = out_dir / f"{hf_folder.name}.{file_type}.gguf"
     if out.is_file():
@@ -266,11 +270,11 @@ def make_gguf(
             str(hf_folder), "--outtype", CONVERTED[file_type], "--outfile", str(partial),
             "--model-name", "tiny test model",
         ])  # fmt: skip
-    elif file_type in QUANTIZED:
+    elif file_type in (*QUANTIZED, *FALLBACKS):
         source = make_gguf(hf_folder, "F32", out_dir, converter, quantize)
         # On every core: each thread quantizes rows of its own, the file is the same.
         _run([str(quantize), str(source), str(partial), file_type, str(os.cpu_count() or 1)])
     else:
-        raise ValueError(f"no recipe for {file_type}; known: {*CONVERTED, *QUANTIZED}")
+        raise ValueError(f"no recipe for {file_type}; known: {*CONVERTED, *QUANTIZED, *FALLBACKS}")
     partial.rename(out)
     return out

@@ -16,11 +16,11 @@ from gguf.quants import dequantize
 from inference.bench.llama_server import binary_path, missing_build_tools
 from inference.engine.formats.ggml_types import TYPES, GGMLType, UnsupportedWeightType
 from inference.engine.formats.gguf_file import GGUFFile
-from tests.gguf_files import CONVERTED, QUANTIZED, TinyGGUFs
+from tests.gguf_files import CONVERTED, FALLBACKS, QUANTIZED, TinyGGUFs
 
 # Where each block type keeps its float16 scales (the rest of a block is any bytes).
-SCALE_OFFSETS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2),
-                 "Q6_K": (208,)}  # fmt: skip
+SCALE_OFFSETS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+                 "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,)}  # fmt: skip
 
 
 def random_rows(t: GGMLType, rows: int, blocks: int, rng: np.random.Generator) -> np.ndarray:
@@ -70,7 +70,7 @@ def test_a_type_outside_the_registry_is_refused_by_tensor_and_type_name(tmp_path
         GGUFFile(path)
     message = str(refused.value)
     assert "tensor blk.0.attn_q.weight has type IQ2_XS, which is not supported" in message
-    assert "supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K" in message
+    assert "supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K" in message
 
 
 def test_the_header_reads_every_value_type_and_tensor_as_gguf_does(tmp_path: Path) -> None:
@@ -133,7 +133,7 @@ def ggufs(real_model_path: Path) -> Iterator[TinyGGUFs]:
 @pytest.mark.slow
 def test_llama_cpps_own_files_dequantize_bit_for_bit_as_gguf_does(ggufs: TinyGGUFs) -> None:
     seen: dict[str, set[str]] = {}
-    for file_type in (*CONVERTED, *QUANTIZED):
+    for file_type in (*CONVERTED, *QUANTIZED, *FALLBACKS):
         file = GGUFFile(ggufs.file(file_type))
         for name, t in file.tensors().items():
             seen.setdefault(file_type, set()).add(t.type.name)

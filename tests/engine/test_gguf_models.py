@@ -51,6 +51,7 @@ from tests.architectures import build_tiny
 from tests.engine.conftest import greedy, run_to_completion, token_ids_of
 from tests.engine.test_architectures import _next_token_logits
 from tests.gguf_files import (
+    FALLBACKS,
     FAMILY_SOURCES,
     QUANTIZED,
     TinyGGUFs,
@@ -58,6 +59,9 @@ from tests.gguf_files import (
     build_llama,
     tiny_ggufs,
 )
+
+# A scale and an int8 a weight per 32: what Q8_0's blocks hold exactly.
+EXACT_AS_Q8_0 = ("Q5_0", "IQ4_NL")
 
 # (No prompt whose next token llama-server would hold back as a partial UTF-8 character: it
 # then sends no probabilities.)
@@ -123,7 +127,7 @@ def test_float_files_give_back_the_checkpoints_weights_under_their_names(
 
 
 @pytest.mark.parametrize(
-    "file_type", ["Q4_0", "Q4_1", "Q4_K_M", "Q4_K_S", "Q8_0", "Q6_K", "Q5_K_M"]
+    "file_type", ["Q4_0", "Q4_1", "Q4_K_M", "Q4_K_S", "Q8_0", "Q6_K", "Q5_K_M", *FALLBACKS]
 )
 def test_every_matrix_becomes_the_engines_blocks_and_keeps_its_values(
     ggufs: TinyGGUFs, file_type: str
@@ -132,9 +136,10 @@ def test_every_matrix_becomes_the_engines_blocks_and_keeps_its_values(
     matrix in its own type's blocks where it has one, else as Q8_0 where the file's type
     has more than 4 bits or 4-bit blocks (the mixed files' test below says which). Q4_0,
     Q4_1, Q4_K, Q5_K and Q6_K tensors are kept as they are, exactly: Q4_0 and Q4_1 as Q4_1,
-    Q4_K, Q5_K and Q6_K in their own blocks (a Q4_K fused with a Q5_K as Q5_K). Q8_0 blocks
-    stay Q8_0 exactly; a K-quant matrix that shares a product with a Q6_K or Q8_0 one of
-    another type is held at 8 bits, each weight within half an 8-bit step."""
+    Q4_K, Q5_K and Q6_K in their own blocks (a Q4_K fused with a Q5_K as Q5_K). Q8_0, Q5_0
+    and IQ4_NL tensors are Q8_0 blocks exactly; Q5_1 ones, and a K-quant matrix that shares
+    a product with a Q6_K or Q8_0 one of another type, are held at 8 bits, each weight
+    within half an 8-bit step."""
     path = ggufs.file(file_type)
     blocks, floats = load_gguf_blocks(path), load_gguf_weights(path)
     stored = _stored_types(path)
@@ -143,7 +148,7 @@ def test_every_matrix_becomes_the_engines_blocks_and_keeps_its_values(
     for name in layers:
         ours, theirs = blocks[name].dequantize(), floats[f"model.{name}"]
         kind, b = stored[_gguf_name(name)], blocks[name]
-        if kind in ("Q4_0", "Q4_1") or (type(b) is Q8_0 and kind == "Q8_0"):
+        if kind in ("Q4_0", "Q4_1") or (type(b) is Q8_0 and kind in ("Q8_0", *EXACT_AS_Q8_0)):
             assert torch.equal(ours, theirs), name
         elif isinstance(b, Q4_1):
             assert kind in ("Q4_K", "Q5_K") and isinstance(b, Q4_K), name
@@ -153,17 +158,19 @@ def test_every_matrix_becomes_the_engines_blocks_and_keeps_its_values(
             assert kind == "Q6_K", name
             assert torch.equal(ours, theirs), name
         else:
-            assert type(b) is Q8_0 and kind in ("Q4_K", "Q5_K", "Q6_K"), name
+            assert type(b) is Q8_0 and kind in ("Q4_K", "Q5_K", "Q6_K", "Q5_1"), name
             # (A 6-bit value may fall halfway between two 8-bit ones; float32's rounding
             # of d * q then adds an ulp.)
             half_step = b.d.repeat_interleave(32, dim=1) / 2
             assert ((ours - theirs).abs() <= half_step * 1.001).all(), name
+    if file_type in FALLBACKS:
+        assert {stored[_gguf_name(n)] for n in layers} == {file_type}
     head = blocks["embed_tokens.weight"]
     assert blocks["lm_head.weight"] is head
     assert type(head) is (Q6_K if stored["token_embd.weight"] == "Q6_K" else Q8_0)
     ids = torch.tensor([0, 7, 8, 49151])
     rows = head.embedding(ids)
-    if stored["token_embd.weight"] in ("Q8_0", "Q6_K"):
+    if stored["token_embd.weight"] in ("Q8_0", "Q6_K", *EXACT_AS_Q8_0):
         assert torch.equal(rows, floats["model.embed_tokens.weight"][ids])
 
 
@@ -270,7 +277,6 @@ PEAK_RSS_PER_FILE_BYTE = 1.4
 # test's own, after other tests) starts with its parent's mark.
 _MEASURE_LOAD = """
 import os, sys, torch
-from inference.engine import kernels
 from inference.engine.models import load_model
 from inference.engine.models.loader import load_config
 def status_kb(field):
@@ -453,7 +459,7 @@ MIN_SAME = 0.75
 # falling either way. With these layers at 4 bits they were far off (Q8_0 9, Q6_K 5, Q5_K_M
 # 5, Q4_K_M and Q4_K_S 15), as the float files requantized to 4 bits still are (F32 10, F16
 # 10).
-QUANTIZED_AS_STORED = ("Q4_0", "Q4_1", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_K_S")
+QUANTIZED_AS_STORED = ("Q4_0", "Q4_1", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_K_S", *FALLBACKS)
 # Where a file's bound is above MIN_SAME: Q4_K_M's, what it reaches.
 MIN_SAME_OF = {"Q4_K_M": 19 / 24}
 
@@ -464,9 +470,12 @@ MIN_SAME_OF = {"Q4_K_M": 19 / 24}
     ("file_type", "quantization"),
     [
         (t, mode)
-        for t in ("F32", "F16", "Q8_0", *QUANTIZED)
+        for t in ("F32", "F16", "Q8_0", *QUANTIZED, *FALLBACKS)
         for mode in ("none", "hybrid")
-        if mode == "none" or t in QUANTIZED_AS_STORED
+        # (The fallback types' exact mode is their dequantization: bit for bit as gguf's,
+        # tests/engine/test_gguf_formats.py.)
+        if (mode == "none" and t not in FALLBACKS)
+        or (mode == "hybrid" and t in QUANTIZED_AS_STORED)
     ],
 )
 def test_the_engine_on_a_gguf_chooses_the_next_token_as_llama_cpp_does(
@@ -478,6 +487,31 @@ def test_the_engine_on_a_gguf_chooses_the_next_token_as_llama_cpp_does(
     path = ggufs.file(file_type)
     min_same = MIN_SAME_OF.get(file_type, MIN_SAME) if quantization == "hybrid" else MIN_SAME
     assert_chooses_as_llama_cpp(path, None, quantization, llama_cpp, min_same)
+
+
+@pytest.mark.slow
+def test_a_q4_k_m_file_whose_rows_are_not_whole_super_blocks_chooses_as_llama_cpp_does(
+    ggufs: TinyGGUFs, llama_cpp: LlamaCppAnswers
+) -> None:
+    """Hidden 384 (as SmolLM2's 576 or Qwen2.5-0.5B's 896, not a multiple of 256): the Q4_K_M
+    file holds the matrices that read the hidden state as Q5_0, ffn_down as Q4_K or Q6_K,
+    the head as Q8_0. The Q5_0 ones are served as Q8_0 blocks, the file's values exactly,
+    beside the K-quants in their own."""
+    source = ggufs.model(
+        "tiny-llama-384",
+        lambda folder, tokenizer: build_llama(folder, tokenizer, hidden=384, layers=2, mlp=768),
+    )
+    path = ggufs.file("Q4_K_M", source)
+    stored, blocks = _stored_types(path), load_gguf_blocks(path)
+    layers = [n for n in blocks if n.startswith("layers.")]
+    kinds = {stored[_gguf_name(n)] for n in layers}
+    assert "Q5_0" in kinds and kinds & {"Q4_K", "Q6_K"}, kinds
+    floats = load_gguf_weights(path)
+    for name in layers:
+        if stored[_gguf_name(name)] == "Q5_0":
+            assert type(blocks[name]) is Q8_0, name
+            assert torch.equal(blocks[name].dequantize(), floats[f"model.{name}"]), name
+    assert_chooses_as_llama_cpp(path, None, "hybrid", llama_cpp, MIN_SAME)
 
 
 def assert_chooses_as_llama_cpp(
@@ -494,8 +528,12 @@ def assert_chooses_as_llama_cpp(
     engine = exact_engine(path, quantization)
     prompts = [(tokenizer or engine.tokenizer)(p).input_ids for p in PROMPTS]
     choices = [c[0] for c in engine_greedy(engine, prompts, 1)]
-    same, near = 0, []
+    same, near, answered = 0, [], 0
     for theirs, ours in zip(llama_cpp.top(path, prompts, ctx_per_slot), choices, strict=True):
+        if not theirs:
+            near.append(0.0)  # no answer to compare with (llama_cpp_logprobs)
+            continue
+        answered += 1
         best = max(theirs.values())
         same += ours == max(theirs, key=lambda t: theirs[t])
         near.append(best - theirs.get(ours, float("-inf")))
@@ -510,7 +548,8 @@ def assert_chooses_as_llama_cpp(
         ties = exact_ties([prompts[i] for i in far], path, [choices[i] for i in far])
         far = [i for i, tie in zip(far, ties, strict=True) if not tie]
     assert not far, (path.name, same, near)
-    assert same >= len(PROMPTS) * min_same, (path.name, same, near)
+    assert answered >= len(PROMPTS) - 2, (path.name, answered)
+    assert same >= answered * min_same, (path.name, same, near)
 
 
 # Exact mode's log-probabilities this close count as a tie (exact_ties).
@@ -622,6 +661,10 @@ def llama_cpp_logprobs(url: str, ids: list[int]) -> dict[int, float]:
         f"{url}/completion", json.dumps(body).encode(), {"Content-Type": "application/json"}
     )
     reply = json.loads(urllib.request.urlopen(request, timeout=60).read())
+    if "completion_probabilities" not in reply:
+        # Its best token is part of a UTF-8 character, which llama-server holds back (and
+        # with it the probabilities): that prompt has no answer.
+        return {}
     top = reply["completion_probabilities"][0]["top_logprobs"]
     return {int(t["id"]): float(t["logprob"]) for t in top}
 

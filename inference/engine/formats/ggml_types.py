@@ -20,6 +20,9 @@ QK_K = 256  # weights per k-quant super-block
 K_SCALE_BYTES = 12  # a k-quant's eight 6-bit scales and eight 6-bit minimums
 
 
+Int8Blocks = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
 @dataclass(frozen=True)
 class GGMLType:
     name: str
@@ -28,6 +31,9 @@ class GGMLType:
     block_bytes: int
     # uint8 [..., block_bytes] -> float32 [..., block_elems]
     dequantize_blocks: Callable[[torch.Tensor], torch.Tensor]
+    # Where each block of 32 is a scale times an int8 a weight: uint8 [..., block_bytes] ->
+    # (d float32 [...], q int8 [..., 32]); Q8_0's blocks hold such a type's values exactly.
+    int8_blocks: Int8Blocks | None = None
 
     def row_bytes(self, elems: int) -> int:
         if elems % self.block_elems:
@@ -72,10 +78,54 @@ def _q4_1(b: torch.Tensor) -> torch.Tensor:
     return d[..., None] * nibbles(b[..., 4:]).float() + m[..., None]
 
 
-def _q8_0(b: torch.Tensor) -> torch.Tensor:
+def _scaled(int8_blocks: Int8Blocks) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The dequantization of a type whose weights are d * q, q an int8 (GGMLType.int8_blocks)."""
+
+    def dequantize(b: torch.Tensor) -> torch.Tensor:
+        d, q = int8_blocks(b)
+        return d[..., None] * q.float()
+
+    return dequantize
+
+
+def _q8_0_int8(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """d f16, 32 int8: x = d * q."""
-    d = _f16(b[..., 0:2])
-    return d[..., None] * b[..., 2:].contiguous().view(torch.int8).float()
+    return _f16(b[..., 0:2]), b[..., 2:].contiguous().view(torch.int8)
+
+
+_BITS_32 = torch.arange(32, dtype=torch.int64)
+
+
+def _fifth_bits(b: torch.Tensor) -> torch.Tensor:
+    """Q5_0's and Q5_1's 4 bytes (a little-endian uint32 whose bit j tops weight j) ->
+    uint8 [..., 32], each 0 or 16."""
+    qh = b.to(torch.int64)
+    word = qh[..., 0] | qh[..., 1] << 8 | qh[..., 2] << 16 | qh[..., 3] << 24
+    return (((word[..., None] >> _BITS_32) & 1) << 4).to(torch.uint8)
+
+
+def _q5_0_int8(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """d f16, 4 bytes of fifth bits, 16 bytes of nibbles: x = d * (q - 16), q 0..31."""
+    q = nibbles(b[..., 6:22]) | _fifth_bits(b[..., 2:6])
+    return _f16(b[..., 0:2]), q.to(torch.int8) - 16
+
+
+def _q5_1(b: torch.Tensor) -> torch.Tensor:
+    """d f16, m f16, 4 bytes of fifth bits, 16 bytes of nibbles: x = d * q + m, q 0..31."""
+    d, m = _f16(b[..., 0:2]), _f16(b[..., 2:4])
+    q = nibbles(b[..., 8:24]) | _fifth_bits(b[..., 4:8])
+    return d[..., None] * q.float() + m[..., None]
+
+
+# IQ4_NL's 16 values, which its nibbles index (ggml-common.h's kvalues_iq4nl).
+_IQ4_NL_VALUES = torch.tensor(
+    [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=torch.int8
+)
+
+
+def _iq4_nl_int8(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """d f16, 16 bytes of nibbles indexing _IQ4_NL_VALUES: x = d * value."""
+    return _f16(b[..., 0:2]), _IQ4_NL_VALUES[nibbles(b[..., 2:18]).long()]
 
 
 def k_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,17 +182,20 @@ def _q6_k(b: torch.Tensor) -> torch.Tensor:
     return ((d[..., None] * sc)[..., None] * q).flatten(-2)
 
 
-# name, ggml_type id, weights per block, bytes per block, dequantization
+# name, ggml_type id, weights per block, bytes per block, dequantization[, int8 blocks]
 TYPES: tuple[GGMLType, ...] = (
     GGMLType("F32", 0, 1, 4, _f32),
     GGMLType("F16", 1, 1, 2, _f16_values),
     GGMLType("BF16", 30, 1, 2, _bf16_values),
     GGMLType("Q4_0", 2, 32, 18, _q4_0),
     GGMLType("Q4_1", 3, 32, 20, _q4_1),
-    GGMLType("Q8_0", 8, 32, 34, _q8_0),
+    GGMLType("Q5_0", 6, 32, 22, _scaled(_q5_0_int8), _q5_0_int8),
+    GGMLType("Q5_1", 7, 32, 24, _q5_1),
+    GGMLType("Q8_0", 8, 32, 34, _scaled(_q8_0_int8), _q8_0_int8),
     GGMLType("Q4_K", 12, QK_K, 144, _q4_k),
     GGMLType("Q5_K", 13, QK_K, 176, _q5_k),
     GGMLType("Q6_K", 14, QK_K, 210, _q6_k),
+    GGMLType("IQ4_NL", 20, 32, 18, _scaled(_iq4_nl_int8), _iq4_nl_int8),
 )
 _BY_ID = {t.id: t for t in TYPES}
 SUPPORTED = ", ".join(t.name for t in TYPES)

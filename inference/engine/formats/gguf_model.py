@@ -476,7 +476,12 @@ def load_gguf_blocks(path: str | Path) -> dict[str, BlockWeight]:
 # Q5_K and Q6_K are held in their own blocks (held_as), at 8 bits only where fused with
 # another format (layer_formats: q with k, gate with up). The float types go to 4 bits, as
 # a float folder's layers are quantized at load.
-_HELD_AT_8_BITS = frozenset({"Q8_0"})
+# Q5_0 and Q5_1 are what llama-quantize writes, in a Q4_K_M or Q5_K_M file, for a matrix
+# whose rows are not whole super-blocks of 256 (hidden 576, 896 or 960: SmolLM2's, Qwen2.5
+# 0.5B's), and IQ4_NL in place of smaller K-quants: the kernels have no 5-bit format with a
+# scale per 32, so Q8_0 holds them, Q5_0's and IQ4_NL's values exactly (a scale and an int8
+# a weight: GGMLType.int8_blocks), Q5_1's within half an 8-bit step.
+_HELD_AT_8_BITS = frozenset({"Q8_0", "Q5_0", "Q5_1", "IQ4_NL"})
 
 # The matrices of a layer that the engine multiplies as one (layers/fused.py's table, which
 # DecoderLayer fuses by), by their GGUF names: one product, one format. Except v: a q/k/v
@@ -682,9 +687,10 @@ def _as_kernel_q8_0(t: GGUFTensor) -> Q8_0:
 
 
 def _rows_as_q8_0(t: GGUFTensor) -> Q8_0:
-    if t.type.name == "Q8_0":
-        b = t.raw.reshape(t.shape[0], -1, t.type.block_bytes)
-        return Q8_0(_qs(b[..., 2:]).view(torch.int8), _f16(b[..., 0:2]))
+    if t.type.int8_blocks is not None:
+        # A scale and an int8 a weight per 32 (Q8_0, Q5_0, IQ4_NL): Q8_0's blocks exactly.
+        d, q = t.type.int8_blocks(t.raw.reshape(t.shape[0], -1, t.type.block_bytes))
+        return Q8_0(_qs(q), d.contiguous())
     if t.type.name in _SEARCHED:
         # Each block's scale searched (K_QUANT_DIVISORS): with 127 alone, the Q6_K file's
         # next token agreed with llama-server's on 17/24 prompts in exact mode, 20 with
@@ -732,7 +738,7 @@ _HOLD: dict[LayerFormat, Callable[[GGUFTensor], BlockWeight]] = {
 
 
 # The types whose Q8_0 scales are searched (_rows_as_q8_0).
-_SEARCHED = frozenset({"Q5_K", "Q6_K"})
+_SEARCHED = frozenset({"Q5_K", "Q6_K", "Q5_1"})
 
 
 def _qs(b: torch.Tensor) -> torch.Tensor:

@@ -126,6 +126,17 @@ HEAD_BLOCK_ROWS_FP16 = 64  # fp16 (AVX2)
 BF16_BLOCK_ROWS = 64
 AMX_BLOCK_ROWS = 1 << 30  # every step
 I16_BLOCK_ROWS = 1 << 30  # every step
+INT8_BLOCK_ROWS = 1 << 30  # every step
+# A GGUF's own blocks (Q4_K, Q5_K, and the Q6_K and Q8_0 ones held at 8 bits) take prompts'
+# rows with 8-bit activations, a scale per 32 (the native path's products at every row
+# count), where the 4-bit blocks would take the 16-bit product's VNNI tile: llama.cpp
+# multiplies those files' prompts at 8 bits too, and the engine's next tokens stay as close
+# to its on the same file (tests/engine/test_gguf_models.py). Llama-1B's Q4_K layers took
+# 0.53-0.56x the time at 128-512 rows, its Q6_K ones 0.69-0.71x (python -m
+# inference.bench.kernels --shapes llama-1b --rows 128 512 --kinds int8 i16 for the Q4_K
+# ones). Q4_1 keeps 16 bits: on the default model 8 bits over a whole prompt cost its first
+# token (docs/performance.md).
+GGUF_PROMPTS_INT8 = True
 AMX_COLUMNS = 32  # a product's outputs on AMX's tiles: whole chunks of this many
 # Inside the native path's products (pushed into the kernels: set_amx_min_rows,
 # set_panel_min_rows), (layers, head): from how many rows the 8-bit-activation product
@@ -168,7 +179,7 @@ INVARIANT_FOLD_ROWS = 16
 # products were not measured so and keep the rule. Measured served: python -m
 # inference.bench.vs_llama --concurrency 16 64, before and after a change here.
 FEW_STREAMS = 2
-ALL_CORES_POOLED = frozenset({"i16", "amx"})
+ALL_CORES_POOLED = frozenset({"i16", "amx", "int8"})
 
 
 def _row_limits(setting: str, layers: int, head: int) -> tuple[int, int]:
@@ -263,9 +274,15 @@ class Backend:
             return "i16"
         return "bf16" if self.bf16_product else None
 
+    def gguf_prompts_int8(self, kind: str | None) -> bool:
+        """Whether a GGUF's own blocks take prompts at 8 bits where the 4-bit blocks take
+        prompt_product's `kind` (GGUF_PROMPTS_INT8)."""
+        return GGUF_PROMPTS_INT8 and kind == "i16" and self.vnni
+
     def prompt_rows(self, kind: str | None) -> int:
         """Up to how many rows the torch path's steps take prompt_product's product."""
-        rows = {"amx": AMX_BLOCK_ROWS, "bf16": BF16_BLOCK_ROWS, "i16": I16_BLOCK_ROWS}
+        rows = {"amx": AMX_BLOCK_ROWS, "bf16": BF16_BLOCK_ROWS, "i16": I16_BLOCK_ROWS,
+                "int8": INT8_BLOCK_ROWS}  # fmt: skip
         return rows.get(kind or "", 0)
 
     def large_format(self, dtype: torch.dtype) -> str:

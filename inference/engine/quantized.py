@@ -486,7 +486,8 @@ class Q8_0:
         """x [rows, K] @ W.T in float32: x at 16 bits a block, by kernels.q8_0_gemm (kind
         "q8_0": on AMX's tiles, both in bf16, from the head's AMX rows where they run, picked
         for a step of `as_rows` rows), or "i16", never on the tiles (a GGUF's Q8_0 layers:
-        q8_0_layers_gemm.c says why)."""
+        q8_0_layers_gemm.c says why); or at 8 bits a block where the kernels have
+        AVX512-VNNI ("int8": the native path's product of a layer, q8_0_layers_gemm)."""
         lib = kernels.load()
         if lib is None or not self.kernel:
             return x.float() @ self.dequantize().T
@@ -494,6 +495,8 @@ class Q8_0:
         sc = self.k_parts()
         if kind == "i16":
             return _q8_0_gemm_i16(lib, self.qs, self.d, x, self.n, sc)
+        if kind == "int8":
+            return kernels.q8_0_layers_gemm(lib, self.qs, self.d, x, self.n, sc)
         return kernels.q8_0_gemm(lib, self.qs, self.d, x, self.n, as_rows, sc)
 
     def k_parts(self) -> torch.Tensor | None:

@@ -32,6 +32,7 @@ from transformers import (
 )
 
 from inference.bench.llama_server import LlamaServer, llama_server_binary
+from inference.engine import kernels
 from inference.engine.config import EngineConfig
 from inference.engine.engine import LLMEngine
 from inference.engine.formats.gguf_model import (
@@ -43,7 +44,7 @@ from inference.engine.formats.gguf_model import (
     load_gguf_weights,
     open_gguf,
 )
-from inference.engine.layers.linear import Linear, StackedLinear
+from inference.engine.layers.linear import Linear, StackedLinear, prompt_block_rows
 from inference.engine.layers.rotary import rope_tables
 from inference.engine.models.describe import ModelFiles, describe_model
 from inference.engine.quantized import Q4_1, Q4_K, Q5_K, Q6_K, Q8_0
@@ -218,6 +219,39 @@ def test_a_mixed_files_layers_hold_each_matrix_in_its_own_blocks(
         assert stacked, "these files' attn_v is Q6_K in some layers"
 
 
+def test_a_k_quant_files_prompts_take_8_bit_activations_where_the_backend_says(
+    ggufs: TinyGGUFs,
+) -> None:
+    """Prompts' rows past the native path multiply a Q4_K_M file's own blocks (Q4_K, Q6_K)
+    with 8-bit activations where the 4-bit blocks of other files would take the VNNI tile's
+    16 bits (cpu_backend's gguf_prompts_int8), as llama.cpp's do; on the blocks at every row
+    count, with no float copy."""
+    backend = kernels.backend()
+    kind = backend.prompt_product(backend.large_format(torch.float32))
+    int8 = backend.gguf_prompts_int8(kind)
+    assert int8 == (backend.vnni and kind == "i16")
+    model = exact_engine(ggufs.file("Q4_K_M"), "hybrid").runner.model
+    x = torch.randn(40, model.config.hidden_size)
+    seen = set()
+    for layer in model.layers:
+        stacked = (layer.qkv, layer.o, layer.gate_up, layer.down)
+        for lin in (p for s in stacked for p in (s.parts if isinstance(s, StackedLinear) else [s])):
+            if lin.blocks is None or lin.blocks.shape[1] != x.shape[1]:
+                continue  # (down reads the MLP's width)
+            seen.add(type(lin.blocks))
+            if isinstance(lin.blocks, Q8_0):
+                want = lin.blocks.matmul_t(x, kind="int8" if int8 else "i16")
+            elif int8:
+                assert (lin.prompt_rows, lin.prompt_product) == (prompt_block_rows("int8"), "int8")
+                assert lin.weight is None and lin.packed is None  # no float copy
+                want = lin.blocks.matmul_t(x, kind="int8")
+            else:
+                assert lin.prompt_product == kind or not lin.prompt_rows
+                continue
+            assert torch.equal(lin(x), want.to(x.dtype))
+    assert {Q4_K, Q6_K} <= seen, seen
+
+
 # Mean KL(exact mode || the default mode) of the next token on PROMPTS, on the same file,
 # the last prompt token a decode step (the native path's): with each matrix in its own
 # blocks Q4_K_M 0.006, Q4_K_S 0.005, Q5_K_M 0.007 (0.008, 0.008 with their Q6_K matrices
@@ -277,6 +311,7 @@ PEAK_RSS_PER_FILE_BYTE = 1.4
 # test's own, after other tests) starts with its parent's mark.
 _MEASURE_LOAD = """
 import os, sys, torch
+from inference.engine import kernels
 from inference.engine.models import load_model
 from inference.engine.models.loader import load_config
 def status_kb(field):

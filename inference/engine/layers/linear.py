@@ -10,10 +10,15 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine import kernels
-from inference.engine.cpu_backend import AMX_BLOCK_ROWS, AMX_COLUMNS, I16_BLOCK_ROWS
+from inference.engine.cpu_backend import (
+    AMX_BLOCK_ROWS,
+    AMX_COLUMNS,
+    I16_BLOCK_ROWS,
+    INT8_BLOCK_ROWS,
+)
 from inference.engine.cpu_backend import BF16_BLOCK_ROWS as BF16_BLOCK_ROWS
 from inference.engine.cpu_backend import HYBRID_MAX_ROWS as HYBRID_MAX_ROWS
-from inference.engine.quantized import Q4_1, Q8_0
+from inference.engine.quantized import Q4_1, Q4_K, Q8_0
 
 _LINEAR_FP16: Callable[[torch.Tensor, object], torch.Tensor] = (
     torch.ops.quantized.linear_dynamic_fp16.default
@@ -39,6 +44,11 @@ def head_block_rows(large: str | None, native_max_rows: int) -> int:
 def prompt_blocks(large: str | None) -> str | None:
     """Which 4-bit product the torch path's steps take (kernels.q4_1_gemm's kind), or None."""
     return kernels.backend().prompt_product(large)
+
+
+def gguf_prompts_int8(kind: str | None) -> bool:
+    """Whether a GGUF's own blocks take prompts at 8 bits where the 4-bit ones take `kind`."""
+    return kernels.backend().gguf_prompts_int8(kind)
 
 
 def prompt_block_rows(kind: str | None) -> int:
@@ -67,7 +77,8 @@ def blocks_take_every_row(blocks: Q4_1 | Q8_0 | None, rows: int, kind: str) -> b
     (~212 MB of fp16 or bf16 for the bundled model's layers)."""
     if isinstance(blocks, Q8_0):
         return kernels.load() is not None
-    return blocks_rows(blocks, rows, kind) >= min(AMX_BLOCK_ROWS, I16_BLOCK_ROWS)
+    every = min(AMX_BLOCK_ROWS, I16_BLOCK_ROWS, INT8_BLOCK_ROWS)
+    return blocks_rows(blocks, rows, kind) >= every
 
 
 class Linear:
@@ -89,7 +100,8 @@ class Linear:
         q8_kind: str = "q8_0",
     ) -> None:
         self.blocks = blocks.for_kernel() if blocks is not None else None
-        # Q8_0 blocks' product (Q8_0.matmul_t's kind): the head's "q8_0", a layer's "i16".
+        # Q8_0 blocks' product (Q8_0.matmul_t's kind): the head's "q8_0", a layer's "i16" or
+        # "int8" (WeightFormats.q8_kind).
         self.q8_kind = q8_kind
         self.block_rows = block_rows if blocks is not None else 0
         self.prompt_rows = blocks_rows(blocks, prompt_rows, prompt_product)
@@ -203,6 +215,20 @@ class WeightFormats:
     # this product (cpu_backend's prompt_product: "bf16", "amx" or "i16").
     prompt_rows: int = 0
     prompt_product: str = "bf16"
+    # A GGUF's Q4_K, Q5_K, Q6_K and Q8_0 blocks take prompts at 8 bits (cpu_backend's
+    # gguf_prompts_int8).
+    gguf_int8: bool = False
+
+    def prompt_of(self, blocks: Q4_1 | Q8_0 | None) -> tuple[int, str]:
+        """(prompt_rows, prompt_product) for a matrix of these blocks."""
+        if self.gguf_int8 and isinstance(blocks, Q4_K):
+            return INT8_BLOCK_ROWS, "int8"
+        return self.prompt_rows, self.prompt_product
+
+    @property
+    def q8_kind(self) -> str:
+        """The product a layer's Q8_0 (and Q6_K) blocks take (Q8_0.matmul_t's kind)."""
+        return "int8" if self.gguf_int8 else "i16"
 
 
 def call_linear(linear: Linear | StackedLinear, x: torch.Tensor) -> torch.Tensor:

@@ -51,6 +51,7 @@ from inference.engine.layers.linear import (
     blocks_take_every_row,
     call_linear,
     default_native_max_rows,
+    gguf_prompts_int8,
     head_block_rows,
     large_format,
     prompt_block_rows,
@@ -150,12 +151,13 @@ class DecoderLayer:
                 blocks = parts[0] if len(parts) == 1 else type(parts[0]).cat(parts)
                 del parts
             weight = None
+            prompt_rows, prompt_product = formats.prompt_of(blocks)
             if formats.large is not None and not blocks_take_every_row(
-                blocks, formats.prompt_rows, formats.prompt_product
+                blocks, prompt_rows, prompt_product
             ):
                 weight = torch.cat([put(shard(w[k], dim)) for k in keys])
             args = (weight, formats.large or "none", blocks, formats.block_rows,
-                    formats.prompt_rows, formats.prompt_product, "i16")  # fmt: skip
+                    prompt_rows, prompt_product, formats.q8_kind)  # fmt: skip
             made = model.settled(Linear(*args) if bias is None else BiasedLinear(bias, *args))
             # The GGUF-layout blocks go back to the system now, not at the layer's end: a
             # layer's matrices in both layouts at once were a GGUF load's peak.
@@ -335,6 +337,7 @@ class DecoderModel:
             kind = prompt_blocks(formats.large)
             if kind is not None:
                 formats.prompt_rows, formats.prompt_product = prompt_block_rows(kind), kind
+            formats.gguf_int8 = gguf_prompts_int8(kind)
         self.native_rows = native_rows
         self.has_blocks = formats.blocks is not None
         # A GGUF's embedding stays in its 8-bit blocks, shared with a tied head: a float

@@ -175,7 +175,8 @@ INVARIANT_FOLD_ROWS = 16
 # Steps whose products run in the pool by ALL_CORES_POOLED's products take
 # small_step_threads whatever their streams: with AMX's tiles, a mixed step of 63 decodes
 # and a 128-token chunk took 0.66x the time on both cores (the web side needs a fraction
-# of one at 64 chats), served chat-mix gained 3-5% tok/s at 16 and 64 chats; the bf16
+# of one at 64 chats), served chat-mix gained 3-5% tok/s at 16 and 64 chats; a GGUF's
+# 8-bit prompts ("int8", GGUF_PROMPTS_INT8) take i16's place and its rule; the bf16
 # products were not measured so and keep the rule. Measured served: python -m
 # inference.bench.vs_llama --concurrency 16 64, before and after a change here.
 FEW_STREAMS = 2

@@ -50,21 +50,24 @@ LLAMA_1B = (16, ((3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192)), (4915
 
 @contextmanager
 def _row_limits(
-    lib: Any, amx: tuple[int, int], panel: tuple[int, int], pairs: int = cpu_backend.PAIR_MIN_ROWS
+    lib: Any,
+    amx: tuple[int, int],
+    panel: tuple[int, int],
+    pairs: tuple[int, int] = cpu_backend.PAIR_MIN_ROWS,
 ) -> Iterator[None]:
     """The products' AMX and 512-bit tile row limits, (layers, head) each, and the grouped
     tiles' two-group rows, set for a measurement (0: never), then put back as the kernels
     set them at load."""
     lib.set_amx_min_rows(*amx)
     lib.set_panel_min_rows(*panel)
-    lib.set_pair_min_rows(pairs)
+    lib.set_pair_min_rows(*pairs)
     try:
         yield
     finally:
         if kernels.amx_available():
             lib.set_amx_min_rows(*kernels.amx_min_rows())
         lib.set_panel_min_rows(*kernels.default_panel_min_rows())
-        lib.set_pair_min_rows(cpu_backend.PAIR_MIN_ROWS)
+        lib.set_pair_min_rows(*cpu_backend.PAIR_MIN_ROWS)
 
 
 def head_kinds(kinds: list[str]) -> list[str]:
@@ -157,7 +160,7 @@ def run(
         # int8 alone: the native path's product moves to AMX's tiles from AMX_MIN_ROWS rows;
         # int8-single: one column group a tile at every row count (no q4_pair_tile).
         panel = (1, 1) if kind == "panel" else (0, 0)
-        pair_rows = 0 if kind == "int8-single" else cpu_backend.PAIR_MIN_ROWS
+        pair_rows = (0, 0) if kind == "int8-single" else cpu_backend.PAIR_MIN_ROWS
         with _row_limits(lib, (0, 0), panel, pair_rows):
             start = time.perf_counter()
             for m in layers:

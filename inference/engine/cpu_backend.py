@@ -147,10 +147,15 @@ AMX_COLUMNS = 32  # a product's outputs on AMX's tiles: whole chunks of this man
 # which beat the panels up to ~48 rows.
 AMX_MIN_ROWS = (16, 4)
 PANEL_MIN_ROWS = {"avx512": (48, 16), "avx2": (24, 24)}
-# Below the panels, from how many rows the 8-bit-activation product of Q4_1 and Q4_K takes
-# two column groups a 512-bit tile (q4_1_gemm.c's q4_pair_tile; AVX512-VNNI builds): python
-# -m inference.bench.kernels --rows 4 8 16 --threads 1 2 --kinds int8 int8-single.
-PAIR_MIN_ROWS = 8
+# Below the panels, from how many rows the 8-bit-activation product takes two column groups
+# a 512-bit tile (q4_1_gemm.c's q4_pair_tile; AVX512-VNNI builds), (Q4_1, Q4_K and Q5_K):
+# python -m inference.bench.kernels --rows 1 2 4 8 16 --threads 1 2 --kinds int8 int8-single
+# (and --shapes llama-1b for the K-quants). The same bits either way. The K-quants' tile
+# spends more per block on its scales, which two groups a tile halve: Llama-1B's Q4_K
+# layers took 0.84x, 0.81x, 0.77x the time at 1, 2, 4 rows on an Intel Xeon, where one row
+# was bound by the arithmetic (15 GB/s against 28 for a plain read); the bundled model's
+# small Q4_1 matrices 1.02-1.11x.
+PAIR_MIN_ROWS = (8, 1)
 # A GGUF's Q8_0 and Q6_K layer matrices (all of a Q8_0 or Q6_K file's, a Q4_K_M or Q5_K_M
 # file's Q6_K ones) take the head's 16-bit products (8-bit activations on the native path
 # with AVX512-VNNI: gemm_dispatch.c's q8_layers_matmul), the panels from the head's panel

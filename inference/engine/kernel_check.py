@@ -40,7 +40,7 @@ def check(path: Path) -> None:
     for tiles, pairs in (((0, 0), 0), ((0, 0), 1), ((1, 1), 0)):
         lib.set_panel_min_rows(*tiles)
         lib.set_amx_min_rows(*tiles)
-        lib.set_pair_min_rows(pairs)
+        lib.set_pair_min_rows(pairs, pairs)
         for kind in kinds:
             got = kernels.q4_1_gemm(lib, q4.qs, q4.d, q4.m, x, q4.n, kind)
             _agree(f"q4_1 {kind}, tiles from {tiles[0]} rows", got, x @ q4.dequantize().T)

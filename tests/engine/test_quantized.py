@@ -725,10 +725,10 @@ def test_two_column_groups_a_tile_give_the_same_bits(rows, n):
     for w in formats:
         with _panel_rows(0, 0):
             try:
-                lib.set_pair_min_rows(0)
+                lib.set_pair_min_rows(0, 0)
                 one = w.matmul_t(x)
-                lib.set_pair_min_rows(1)
+                lib.set_pair_min_rows(1, 1)
                 two = w.matmul_t(x)
             finally:
-                lib.set_pair_min_rows(cpu_backend.PAIR_MIN_ROWS)
+                lib.set_pair_min_rows(*cpu_backend.PAIR_MIN_ROWS)
         assert torch.equal(one, two), type(w).__name__

@@ -84,7 +84,7 @@ def _loaded() -> tuple[ctypes.CDLL, Isa] | None:
         lib.set_chunk_amx(int(chosen.chunk_amx))
         lib.set_amx_min_rows(*amx)
         lib.set_panel_min_rows(*panel)
-        lib.set_pair_min_rows(cpu_backend.PAIR_MIN_ROWS)
+        lib.set_pair_min_rows(*cpu_backend.PAIR_MIN_ROWS)
         log.info("native kernels: the %s build (%s)", isa.name, path.name)
         return lib, isa
     log.warning("native kernels off, the engine uses torch's products: %s", _why_none())
@@ -149,7 +149,7 @@ def declare(lib: ctypes.CDLL) -> None:
     lib.set_panel_min_rows.restype = None
     lib.set_chunk_amx.argtypes = [i]
     lib.set_chunk_amx.restype = None
-    lib.set_pair_min_rows.argtypes = [i]
+    lib.set_pair_min_rows.argtypes = [i, i]
     lib.set_pair_min_rows.restype = None
     lib.q8_0_gemm.argtypes = [p, p, i, i, p, i, i, p, i, p]
     lib.q8_0_gemm.restype = i

@@ -195,10 +195,14 @@ static inline __attribute__((always_inline)) void q4k_tile_n(const Q4Matrix *W, 
 }
 
 /* Products of at least this many rows take two groups a tile (q4_pair_tile) where built
- * for AVX512-VNNI; 0: never (kernels/__init__.py sets cpu_backend's limit at load). */
-static int pair_min_rows;
+ * for AVX512-VNNI, Q4_1's and the K-quants' (sc set); 0: never (kernels/__init__.py sets
+ * cpu_backend's limits at load). */
+static int pair_min_rows, pair_min_rows_k;
 
-void set_pair_min_rows(int rows) { pair_min_rows = rows; }
+void set_pair_min_rows(int rows, int k_rows) {
+    pair_min_rows = rows;
+    pair_min_rows_k = k_rows;
+}
 
 /* Rows that share one unpacking of two groups' block (q4_pair_tile) for Q4_K and Q5_K:
  * Llama-1B's Q4_K layers took 0.94-0.97x of four rows' time at 8-32 rows; Q4_1's keep
@@ -210,9 +214,9 @@ void set_pair_min_rows(int rows) { pair_min_rows = rows; }
 /* Two groups side by side (16 columns) in 512-bit vectors: the same sums, lane for lane, as
  * q4_tile_n's and q4k_tile_n's on each group alone (the same integer products, the same
  * float operations in the same order: the results are equal to the bit), in half the
- * instructions. That pays where a step is bound by the products' arithmetic, from ~8 rows;
- * at fewer, where the weights' bytes bound it, the two groups' streams read slower
- * (cpu_backend.PAIR_MIN_ROWS). */
+ * instructions. That pays where a step is bound by the products' arithmetic: Q4_1's from
+ * ~8 rows (at fewer its small matrices took longer), the K-quants' from one on a CPU whose
+ * one-row product is bound by their scales' arithmetic (cpu_backend.PAIR_MIN_ROWS). */
 static inline __m512i pair256(const uint8_t *a, const uint8_t *b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
                               _mm256_loadu_si256((const __m256i *)b), 1);
@@ -404,8 +408,9 @@ static void q4_chunk(void *arg, int c) {
     const Q4Task *t = (const Q4Task *)arg;
     int g0 = c * CHUNK_GROUPS, g1 = chunk_end(t->w->n, c);
 #if HAVE_VNNI
-    if (pair_min_rows > 0 && t->rows >= pair_min_rows) {
-        const int gp = g0 + ((g1 - g0) & ~1), k4 = t->w->sc != NULL;
+    const int k4 = t->w->sc != NULL, pair_rows = k4 ? pair_min_rows_k : pair_min_rows;
+    if (pair_rows > 0 && t->rows >= pair_rows) {
+        const int gp = g0 + ((g1 - g0) & ~1);
         const int tile = k4 ? PAIR_ROW_TILE : ROW_TILE;
         for (int r0 = 0; r0 < t->rows; r0 += tile) {
             const int nr = t->rows - r0 < tile ? t->rows - r0 : tile;

@@ -5,7 +5,8 @@
     python -m inference.bench.kernels --rows 8 16 32 64 128 256 --kinds int8 i16 fbgemm
 
 The default model's shapes (30 layers of q/k/v 960x576, o 576x576, gate/up 3072x576, down
-576x1536 in Q4_1, the head 49152x576 in Q8_0) with random weights in the kernels' layout:
+576x1536 in Q4_1, the head 49152x576 in Q8_0; `--shapes llama-1b`: a Llama-3.2-1B-shaped
+Q4_K_M file's Q4_K layers and Q6_K head) with random weights in the kernels' layout:
 ms per step's worth of products and the rate the weights are read at (GB/s; at one row the
 products are bound by it: compare with what one core streams). The layers' products by
 `--kinds`: int8 (8-bit activations, the native path's grouped kernel alone), panel (the
@@ -36,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine import cpu_backend, kernels
-from inference.engine.kernel_check import random_q4_k
+from inference.engine.kernel_check import random_q4_k, random_q6_k
 from inference.engine.quantized import Q4_1, Q8_0
 
 LAYERS = 30
@@ -44,7 +45,7 @@ SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 HEAD = (49152, 576)
 # --shapes llama-1b: a Llama-3.2-1B-shaped model's layers in Q4_K (a Q4_K_M file's most
 # bytes; 16 layers of q/k/v 3072x2048, o 2048x2048, gate/up 16384x2048, down 2048x8192) and
-# its head 49152x2048.
+# its head 49152x2048 in Q6_K, as a Q4_K_M file holds it.
 LLAMA_1B = (16, ((3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192)), (49152, 2048))
 
 
@@ -102,7 +103,11 @@ def run(
             for _ in range(n_layers)
             for n, k in layer_shapes
         ]
-    head = Q8_0.quantize(torch.randn(*head_shape, generator=gen) * 0.05).for_kernel()
+    head: Q8_0
+    if shapes == "llama-1b":
+        head = random_q6_k(*head_shape, gen).for_kernel()
+    else:
+        head = Q8_0.quantize(torch.randn(*head_shape, generator=gen) * 0.05).for_kernel()
     dense, head_dense = [], torch.empty(0)
     if "onednn" in kinds:
         dense = [
@@ -124,7 +129,7 @@ def run(
     layer_bytes = sum(
         _nbytes(m.qs, m.d, m.m, *(p for p in m.k_parts() if p is not None)) for m in layers
     )
-    head_bytes = _nbytes(head.qs, head.d)
+    head_bytes = _nbytes(head.qs, head.d, *(p for p in [head.k_parts()] if p is not None))
     torch.set_num_threads(1)
 
     def onednn_once(products: list[tuple[torch.Tensor, torch.Tensor]], t: int) -> float:
@@ -180,7 +185,7 @@ def run(
         amx = (0, 1 if kind == "amx" else 0)
         with _row_limits(lib, amx, (1, 1) if kind == "panel" else (0, 0)):
             start = time.perf_counter()
-            kernels.q8_0_gemm(lib, head.qs, head.d, x, head.n)
+            kernels.q8_0_gemm(lib, head.qs, head.d, x, head.n, None, head.k_parts())
             return time.perf_counter() - start
 
     cases = [(t, r) for t in threads for r in rows]

@@ -151,10 +151,10 @@ PANEL_MIN_ROWS = {"avx512": (48, 16), "avx2": (24, 24)}
 # a 512-bit tile (q4_1_gemm.c's q4_pair_tile; AVX512-VNNI builds), (Q4_1, Q4_K and Q5_K):
 # python -m inference.bench.kernels --rows 1 2 4 8 16 --threads 1 2 --kinds int8 int8-single
 # (and --shapes llama-1b for the K-quants). The same bits either way. The K-quants' tile
-# spends more per block on its scales, which two groups a tile halve: Llama-1B's Q4_K
-# layers took 0.84x, 0.81x, 0.77x the time at 1, 2, 4 rows on an Intel Xeon, where one row
-# was bound by the arithmetic (15 GB/s against 28 for a plain read); the bundled model's
-# small Q4_1 matrices 1.02-1.11x.
+# spends more per block on its scales, which two groups a tile halve: where one row is bound
+# by that arithmetic (15 GB/s against 28 for a plain read), Llama-1B's Q4_K layers took
+# 0.84x, 0.81x, 0.77x the time at 1, 2, 4 rows; the bundled model's small Q4_1 matrices
+# 1.02-1.11x.
 PAIR_MIN_ROWS = (8, 1)
 # A GGUF's Q8_0 and Q6_K layer matrices (all of a Q8_0 or Q6_K file's, a Q4_K_M or Q5_K_M
 # file's Q6_K ones) take the head's 16-bit products (8-bit activations on the native path

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import math
 import sys
+import weakref
 from typing import Any
 
 import torch
@@ -63,6 +65,39 @@ def advise(t: torch.Tensor) -> bool:
     return hi > lo and _LIBC.madvise(lo, hi - lo, MADV_HUGEPAGE) == 0
 
 
+def _aligned(size: int) -> torch.Tensor:
+    """An uninitialized uint8 buffer of `size` bytes (whole huge pages) from a 2 MB boundary,
+    advised: the untouched remainder of its allocation is never resident."""
+    raw = torch.empty(size + HUGE_PAGE, dtype=torch.uint8)
+    start = -raw.data_ptr() % HUGE_PAGE
+    buf = raw[start : start + size]
+    advise(buf)
+    return buf
+
+
+# Tensors made on huge pages by empty(): Arena.take leaves them (and views of them) in place.
+_PLACED: weakref.WeakSet[torch.Tensor] = weakref.WeakSet()
+
+
+def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """torch.empty on the CPU, on huge pages where it is large enough for them. A matrix
+    converted at load straight into such a tensor stays there (Arena.take): a load's peak
+    then holds it once, not once more while it is copied into the arena (the largest matrix
+    of a small model, its embedding, is a third of its file)."""
+    size = math.prod(shape) * dtype.itemsize
+    if _LIBC is None or size < MIN_BYTES:
+        return torch.empty(shape, dtype=dtype)
+    t = _aligned(-(-size // HUGE_PAGE) * HUGE_PAGE)[:size].view(dtype).view(shape)
+    _PLACED.add(t)
+    return t
+
+
+def placed(t: torch.Tensor) -> bool:
+    """Whether t lies within a tensor made by empty()."""
+    lo, hi = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    return any(b.data_ptr() <= lo and hi <= b.data_ptr() + b.nbytes for b in list(_PLACED))
+
+
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """torch.zeros, on huge pages where a CPU tensor can have them."""
     if device.type != "cpu":
@@ -91,6 +126,8 @@ class Arena:
         """A copy of contiguous CPU tensor t in the arena (t itself where there is none)."""
         if not self.on or t.device.type != "cpu" or not t.is_contiguous() or t.numel() == 0:
             return t
+        if placed(t):
+            return t
         size = t.numel() * t.element_size()
         if self._used + size > self._slab.numel():
             self._new_slab(size)
@@ -107,9 +144,5 @@ class Arena:
                 setattr(obj, f.name, self.take(value))
 
     def _new_slab(self, size: int) -> None:
-        need = -(-max(size, SLAB_BYTES) // HUGE_PAGE) * HUGE_PAGE
-        raw = torch.empty(need + HUGE_PAGE, dtype=torch.uint8)
-        start = -raw.data_ptr() % HUGE_PAGE  # the slab from a huge page's boundary
-        self._slab = raw[start : start + need]
-        advise(self._slab)
+        self._slab = _aligned(-(-max(size, SLAB_BYTES) // HUGE_PAGE) * HUGE_PAGE)
         self._used = 0

@@ -295,16 +295,17 @@ def _gguf_name(hf: str) -> str:
 # Peak RSS of loading a GGUF with 4-bit blocks for every step (int4; hybrid is the same
 # where the kernels' products serve steps of any size, else it adds the float copy of the
 # layers its large steps multiply), over what the process held before, as a multiple of
-# the file's size. A llama of hidden 1024, 8 layers, MLP 4096: Q4_K_M 118.8 MB, peak +151
-# MB (1.27-1.28x, three loads), 136.4 MB held after (1.15x: its Q4_K and Q6_K matrices,
-# the embedding among them, in their own blocks, 4.625 and 6.5625 bits a weight; the q/k/v
-# of the layers whose attn_v is Q6_K as Q8_0, 8.5 bits); Q5_K_M 132.1 MB, +164 MB
-# (1.24-1.25x, two loads; 1.55-1.56x with its Q5_K matrices held as Q8_0); Q8_0 189.0 MB,
-# +213.7 MB (1.13x).
+# the file's size. A llama of hidden 1024, 8 layers, MLP 4096: Q4_K_M 118.8 MB, peak
+# +149-151 MB (1.25-1.27x), ~130 MB held after (1.09x: its Q4_K and Q6_K matrices, the
+# embedding among them, in their own blocks, 4.625 and 6.5625 bits a weight; the q/k/v of
+# the layers whose attn_v is Q6_K as Q8_0, 8.5 bits); Q5_K_M 132.1 MB, +167 MB (1.26x);
+# Q8_0 189.0 MB, +225 MB (1.19x). The peak is where the layers' matrices are copied into
+# the huge-page arena one by one; the embedding (a third of the Q4_K_M file) is converted
+# straight onto huge pages (huge_pages.empty): copied there after, it held +0.11x more.
 # A float32 copy of the weights would be +740 MB: the bound leaves room for how far the
 # allocator's high-water mark moves with other processes busy beside the load (it moved a
 # peak by +0.04x), not for a float copy of the embedding.
-PEAK_RSS_PER_FILE_BYTE = 1.4
+PEAK_RSS_PER_FILE_BYTE = 1.35
 
 # The peak is the kernel's high-water mark, reset once the process holds the metadata:
 # getrusage's ru_maxrss is no measure here, as a child started from a large process (this

@@ -90,6 +90,22 @@ def test_the_arena_copies_tensors_side_by_side_and_settles_a_dataclass():
     assert moved != before and held.qs.untyped_storage().nbytes() >= huge_pages.SLAB_BYTES
 
 
+def test_a_tensor_made_on_huge_pages_stays_where_it_was_made():
+    """huge_pages.empty's tensors (a GGUF's embedding, converted straight into one) and the
+    views of them are not copied into the arena: a load holds them once."""
+    arena = huge_pages.Arena(torch.device("cpu"))
+    made = huge_pages.empty((huge_pages.MIN_BYTES // 2, 2), torch.int8)
+    assert made.shape == (huge_pages.MIN_BYTES // 2, 2) and made.dtype == torch.int8
+    rows = made[8:16]
+    if not arena.on:
+        return  # no madvise here: an ordinary tensor
+    assert made.data_ptr() % huge_pages.HUGE_PAGE == 0 and huge_pages.placed(rows)
+    assert arena.take(made) is made and arena.take(rows) is rows
+    # A small one is an ordinary tensor, copied as any other.
+    small = huge_pages.empty((16,), torch.float16)
+    assert not huge_pages.placed(small) and arena.take(small) is not small
+
+
 def test_a_loaded_models_blocks_share_the_arena(tiny_model_dir: Path):
     """Every block matrix of a model lies in the load's arena, on huge pages where given."""
     from inference.engine.models import load_model

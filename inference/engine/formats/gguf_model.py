@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase
 
+from inference.engine import huge_pages
 from inference.engine.errors import UnsupportedModelError
 from inference.engine.formats.ggml_types import k_low_nibbles, k_scales
 from inference.engine.formats.gguf_file import GGUFFile, GGUFTensor, return_freed_memory
@@ -676,7 +677,7 @@ def _as_kernel_q8_0(t: GGUFTensor) -> Q8_0:
     rows, k = t.shape
     step = max(GROUP, CHUNK_ELEMS // k // GROUP * GROUP)
     padded = -(-rows // GROUP) * GROUP
-    qs = torch.empty(padded, k, dtype=torch.int8)
+    qs = huge_pages.empty((padded, k), torch.int8)
     d = torch.empty(padded, k // QK, dtype=torch.float32)
     for lo in range(0, rows, step):
         part = t.raw[lo : lo + step]
@@ -716,7 +717,7 @@ def _as_kernel_q6_k(t: GGUFTensor) -> Q6_K:
     rows, k = t.shape
     step = max(GROUP, CHUNK_ELEMS // k // GROUP * GROUP)
     padded = -(-rows // GROUP) * GROUP
-    qs = torch.empty(padded, k * 3 // 4, dtype=torch.uint8)
+    qs = huge_pages.empty((padded, k * 3 // 4), torch.uint8)
     d = torch.empty(padded, k // QK_K, dtype=torch.float16)
     sc = torch.empty(padded, k // 16, dtype=torch.int8)
     for lo in range(0, rows, step):

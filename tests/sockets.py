@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
@@ -48,13 +49,39 @@ class ChatSocket:
         await self.c.disconnect()
 
 
+# The sockets a test opened (open_socket, opened), closed at its end by
+# sockets_closed_at_the_end while its event loop still runs. A consumer left running waits on the
+# channel layer; cancelled only as pytest-asyncio closed the loop, the Redis layer's
+# receive at times never finished, and the PostgreSQL pass hung there until the 300 s
+# test timeout (a refused socket's consumer: test_foreign_origin_is_refused).
+_opened: list[WebsocketCommunicator] = []
+
+
+def opened(communicator: WebsocketCommunicator) -> WebsocketCommunicator:
+    """`communicator`, closed at the test's end (sockets_closed_at_the_end) unless it is first."""
+    _opened.append(communicator)
+    return communicator
+
+
+@pytest.fixture(autouse=True)
+async def sockets_closed_at_the_end() -> AsyncIterator[None]:
+    """Every socket a test opened through `opened` whose consumer still runs, disconnected
+    while the test's event loop runs (autouse where a conftest imports it)."""
+    yield
+    while _opened:
+        communicator = _opened.pop()
+        if not communicator.future.done():
+            with contextlib.suppress(Exception):
+                await communicator.disconnect()
+
+
 async def open_socket(
     user: Any | None, origin: bytes = b"http://127.0.0.1"
 ) -> tuple[ChatSocket, bool, Any]:
     headers = [(b"origin", origin), (b"host", b"127.0.0.1")]
     if user is not None:
         headers.append((b"cookie", await database_sync_to_async(session_cookie)(user)))
-    communicator = WebsocketCommunicator(application, "/ws/chat/", headers=headers)
+    communicator = opened(WebsocketCommunicator(application, "/ws/chat/", headers=headers))
     connected, code = await communicator.connect()
     return ChatSocket(communicator), connected, code
 

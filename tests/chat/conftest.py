@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from inference.backends.embedded import EmbeddedClient
-from tests.sockets import ChatSocket, user_socket
+from tests.sockets import ChatSocket, sockets_closed_at_the_end, user_socket
+
+__all__ = ["sockets_closed_at_the_end"]  # autouse here (tests/sockets.py)
 
 
 @pytest.fixture

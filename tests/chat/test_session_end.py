@@ -15,7 +15,7 @@ from django.conf import settings as django_settings
 from django.test import Client
 
 from chatapp.asgi import application
-from tests.sockets import open_socket
+from tests.sockets import open_socket, opened
 from tools.live_server import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,7 +43,7 @@ async def socket_of(client: Client) -> WebsocketCommunicator:
     """A chat socket opened with this browser session's cookie."""
     cookie = f"{django_settings.SESSION_COOKIE_NAME}={client.session.session_key}".encode()
     headers = [(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1"), (b"cookie", cookie)]
-    communicator = WebsocketCommunicator(application, "/ws/chat/", headers=headers)
+    communicator = opened(WebsocketCommunicator(application, "/ws/chat/", headers=headers))
     connected, _ = await communicator.connect()
     assert connected
     return communicator

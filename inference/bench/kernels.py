@@ -54,7 +54,7 @@ def _row_limits(
     lib: Any,
     amx: tuple[int, int],
     panel: tuple[int, int],
-    pairs: tuple[int, int] = cpu_backend.PAIR_MIN_ROWS,
+    pairs: tuple[int, int] = cpu_backend.pair_min_rows(),
 ) -> Iterator[None]:
     """The products' AMX and 512-bit tile row limits, (layers, head) each, and the grouped
     tiles' two-group rows, set for a measurement (0: never), then put back as the kernels
@@ -68,7 +68,7 @@ def _row_limits(
         if kernels.amx_available():
             lib.set_amx_min_rows(*kernels.amx_min_rows())
         lib.set_panel_min_rows(*kernels.default_panel_min_rows())
-        lib.set_pair_min_rows(*cpu_backend.PAIR_MIN_ROWS)
+        lib.set_pair_min_rows(*cpu_backend.pair_min_rows())
 
 
 def head_kinds(kinds: list[str]) -> list[str]:
@@ -165,7 +165,7 @@ def run(
         # int8 alone: the native path's product moves to AMX's tiles from AMX_MIN_ROWS rows;
         # int8-single: one column group a tile at every row count (no q4_pair_tile).
         panel = (1, 1) if kind == "panel" else (0, 0)
-        pair_rows = (0, 0) if kind == "int8-single" else cpu_backend.PAIR_MIN_ROWS
+        pair_rows = (0, 0) if kind == "int8-single" else cpu_backend.pair_min_rows()
         with _row_limits(lib, (0, 0), panel, pair_rows):
             start = time.perf_counter()
             for m in layers:

@@ -63,6 +63,28 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+@cache
+def split_512() -> bool:
+    """Whether the CPU runs 512-bit operations as two 256-bit halves: AMD's Zen 4 (family
+    25; its Zen 3 siblings have no AVX512). Intel's AVX512 cores and Zen 5 run them whole."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if not line.strip():
+                    break  # the first processor's fields
+                fields[key.strip()] = value.strip()
+    except OSError:
+        return False
+    return fields.get("vendor_id") == "AuthenticAMD" and fields.get("cpu family") == "25"
+
+
+def pair_min_rows() -> tuple[int, int]:
+    """PAIR_MIN_ROWS for this CPU, as the kernels take them (set_pair_min_rows)."""
+    return PAIR_MIN_ROWS["halves" if split_512() else "full"]
+
+
 def supported_isas() -> list[Isa]:
     """The builds this CPU can run, best first: what the build makes."""
     return [i for i in ISAS if i.needs <= cpu_flags()]
@@ -148,14 +170,17 @@ AMX_COLUMNS = 32  # a product's outputs on AMX's tiles: whole chunks of this man
 AMX_MIN_ROWS = (16, 4)
 PANEL_MIN_ROWS = {"avx512": (48, 16), "avx2": (24, 24)}
 # Below the panels, from how many rows the 8-bit-activation product takes two column groups
-# a 512-bit tile (q4_1_gemm.c's q4_pair_tile; AVX512-VNNI builds), (Q4_1, Q4_K and Q5_K):
-# python -m inference.bench.kernels --rows 1 2 4 8 16 --threads 1 2 --kinds int8 int8-single
-# (and --shapes llama-1b for the K-quants). The same bits either way. The K-quants' tile
-# spends more per block on its scales, which two groups a tile halve: where one row is bound
-# by that arithmetic (15 GB/s against 28 for a plain read), Llama-1B's Q4_K layers took
-# 0.84x, 0.81x, 0.77x the time at 1, 2, 4 rows; the bundled model's small Q4_1 matrices
-# 1.02-1.11x.
-PAIR_MIN_ROWS = (8, 1)
+# a 512-bit tile (q4_1_gemm.c's q4_pair_tile; AVX512-VNNI builds), (Q4_1, Q4_K and Q5_K),
+# by how the CPU runs 512-bit operations (split_512): python -m inference.bench.kernels
+# --rows 1 2 4 8 16 --threads 1 2 --kinds int8 int8-single (and --shapes llama-1b for the
+# K-quants). The same bits either way. The K-quants' tile spends more per block on its
+# scales, which two groups a tile halve: where one row is bound by that arithmetic (15 GB/s
+# against 28 for a plain read), Llama-1B's Q4_K layers took 0.84x, 0.81x, 0.77x the time at
+# 1, 2, 4 rows; the bundled model's small Q4_1 matrices 1.02-1.11x. Where 512-bit
+# operations run as two 256-bit halves, the pair's 512-bit vectors (built by inserts) buy
+# nothing at few rows: Llama-1B's Q4_K layers took 1.21x, 1.17x, 1.04x at 1, 2, 4 rows,
+# 0.88x at 8 and 0.87x at 16.
+PAIR_MIN_ROWS = {"full": (8, 1), "halves": (8, 8)}
 # A GGUF's Q8_0 and Q6_K layer matrices (all of a Q8_0 or Q6_K file's, a Q4_K_M or Q5_K_M
 # file's Q6_K ones) take the head's 16-bit products (8-bit activations on the native path
 # with AVX512-VNNI: gemm_dispatch.c's q8_layers_matmul), the panels from the head's panel

@@ -730,5 +730,5 @@ def test_two_column_groups_a_tile_give_the_same_bits(rows, n):
                 lib.set_pair_min_rows(1, 1)
                 two = w.matmul_t(x)
             finally:
-                lib.set_pair_min_rows(*cpu_backend.PAIR_MIN_ROWS)
+                lib.set_pair_min_rows(*cpu_backend.pair_min_rows())
         assert torch.equal(one, two), type(w).__name__

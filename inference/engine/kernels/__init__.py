@@ -84,7 +84,7 @@ def _loaded() -> tuple[ctypes.CDLL, Isa] | None:
         lib.set_chunk_amx(int(chosen.chunk_amx))
         lib.set_amx_min_rows(*amx)
         lib.set_panel_min_rows(*panel)
-        lib.set_pair_min_rows(*cpu_backend.PAIR_MIN_ROWS)
+        lib.set_pair_min_rows(*cpu_backend.pair_min_rows())
         log.info("native kernels: the %s build (%s)", isa.name, path.name)
         return lib, isa
     log.warning("native kernels off, the engine uses torch's products: %s", _why_none())

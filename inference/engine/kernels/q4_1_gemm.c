@@ -216,7 +216,7 @@ void set_pair_min_rows(int rows, int k_rows) {
  * float operations in the same order: the results are equal to the bit), in half the
  * instructions. That pays where a step is bound by the products' arithmetic: Q4_1's from
  * ~8 rows (at fewer its small matrices took longer), the K-quants' from one on a CPU whose
- * one-row product is bound by their scales' arithmetic (cpu_backend.PAIR_MIN_ROWS). */
+ * one-row product is bound by their scales' arithmetic (cpu_backend.PAIR_MIN_ROWS, per CPU). */
 static inline __m512i pair256(const uint8_t *a, const uint8_t *b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
                               _mm256_loadu_si256((const __m256i *)b), 1);

@@ -249,11 +249,12 @@ def test_waiting_the_advertised_retry_after_gets_past_the_per_minute_limit(
     key.refresh_from_db()
     request = RequestFactory().post("/v1/chat/completions")
     limiter = KeyLimiter()
-    async_to_sync(limiter.acquire)(key, request)()
+    # acquire returns the coroutine function that ends the request: ended at once here.
+    async_to_sync(async_to_sync(limiter.acquire)(key, request))()
     with pytest.raises(RateLimited) as limited:
         async_to_sync(limiter.acquire)(key, request)
     time.sleep(limited.value.retry_after + 0.2)
-    async_to_sync(limiter.acquire)(key, request)()  # not refused again
+    async_to_sync(async_to_sync(limiter.acquire)(key, request))()  # not refused again
 
 
 # --- frames larger than the transport's own limit (a real daphne) ------------------------

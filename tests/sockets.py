@@ -50,10 +50,9 @@ class ChatSocket:
 
 
 # The sockets a test opened (open_socket, opened), closed at its end by
-# sockets_closed_at_the_end while its event loop still runs. A consumer left running waits on the
-# channel layer; cancelled only as pytest-asyncio closed the loop, the Redis layer's
-# receive at times never finished, and the PostgreSQL pass hung there until the 300 s
-# test timeout (a refused socket's consumer: test_foreign_origin_is_refused).
+# sockets_closed_at_the_end while its event loop still runs. A consumer left running waits
+# on the channel layer, and the Redis layer's receive, cancelled only as pytest-asyncio
+# closes the loop with every other task, may never finish: the test's teardown then hangs.
 _opened: list[WebsocketCommunicator] = []
 
 

@@ -50,34 +50,33 @@ ISAS = (AMX, AVX512_BF16, AVX512, AVX2)
 
 
 @cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's flags as the kernel sees them (/proc/cpuinfo), not the compiler's own
-    -march=native probe, which on some virtual machines enables what the host hides."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-@cache
-def split_512() -> bool:
-    """Whether the CPU runs 512-bit operations as two 256-bit halves: AMD's Zen 4 (family
-    25; its Zen 3 siblings have no AVX512). Intel's AVX512 cores and Zen 5 run them whole."""
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (none where it cannot be read)."""
     fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                key, _, value = line.partition(":")
                 if not line.strip():
-                    break  # the first processor's fields
+                    break
+                key, _, value = line.partition(":")
                 fields[key.strip()] = value.strip()
     except OSError:
-        return False
-    return fields.get("vendor_id") == "AuthenticAMD" and fields.get("cpu family") == "25"
+        pass
+    return fields
+
+
+@cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's flags as the kernel sees them (/proc/cpuinfo), not the compiler's own
+    -march=native probe, which on some virtual machines enables what the host hides."""
+    return frozenset(_cpuinfo().get("flags", "").split())
+
+
+def split_512() -> bool:
+    """Whether the CPU runs 512-bit operations as two 256-bit halves: AMD's family 25, whose
+    AVX512 parts execute them so (the rest of that family has no AVX512)."""
+    info = _cpuinfo()
+    return info.get("vendor_id") == "AuthenticAMD" and info.get("cpu family") == "25"
 
 
 def pair_min_rows() -> tuple[int, int]:

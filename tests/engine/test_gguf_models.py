@@ -301,7 +301,7 @@ def _gguf_name(hf: str) -> str:
 # the layers whose attn_v is Q6_K as Q8_0, 8.5 bits); Q5_K_M 132.1 MB, +167 MB (1.26x);
 # Q8_0 189.0 MB, +225 MB (1.19x). The peak is where the layers' matrices are copied into
 # the huge-page arena one by one; the embedding (a third of the Q4_K_M file) is converted
-# straight onto huge pages (huge_pages.empty): copied there after, it held +0.11x more.
+# straight onto huge pages (huge_pages.empty), so it is never held twice.
 # A float32 copy of the weights would be +740 MB: the bound leaves room for how far the
 # allocator's high-water mark moves with other processes busy beside the load (it moved a
 # peak by +0.04x), not for a float copy of the embedding.

@@ -234,9 +234,8 @@ def test_rate_limit_per_key_answers_429_with_retry_after(server: LiveServer, mod
         "from chatapp.openai_api.models import ApiKey; print(ApiKey.objects.latest('pk').pk)"
     )
     # The four requests must fall in one of the key's counting windows, whose edge is at a
-    # second of the minute of its own (django-ratelimit): past its edge they counted from
-    # nought again, all four answered 200. Wait past an edge that is about to come (the
-    # window still counts its last second).
+    # second of the minute of its own (django-ratelimit): past the edge the count starts
+    # again. Wait past an edge that is about to come (the window counts its last second).
     edge = _get_window(pk, 60) + 1
     if edge - time.time() < 3:
         time.sleep(max(0.0, edge - time.time()) + 0.5)
